@@ -1,0 +1,393 @@
+"""The dilated attention pattern (DESIGN §1): the one place that defines which pairs are allowed.
+
+A pattern is a list of configs ``(w_i, r_i)`` (segment length, dilation rate). For query head
+``h``, query position ``p`` and key position ``s`` (true positions, not storage indices):
+
+* ``seg_i(x) = x // w_i`` and ``t_i(x) = x % w_i``;
+* ``per_head`` query dilation: config ``i`` allows the pair iff ``seg_i(p) == seg_i(s)`` and
+  ``t_i(p) % r_i == t_i(s) % r_i == h % r_i``;
+* ``all`` query dilation: iff ``seg_i(p) == seg_i(s)`` and ``t_i(p) % r_i == t_i(s) % r_i``;
+* the pattern allows the pair iff *any* config does (a union: a key counts once);
+* causal attention additionally needs ``s <= p``; keys of another document, or padding, never.
+
+Inside one segment ``t(p) - t(s) == p - s``, so ``t(p) % r == t(s) % r`` is ``p ≡ s (mod r)``:
+both modes reduce to "same segment and ``p ≡ s (mod r)``", per_head adding that the query's own
+class is ``h % r``. ``count_pairs`` and the kernels rely on that identity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import combinations
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+
+QUERY_DILATION_MODES = ("per_head", "all")
+ORDERINGS = ("natural", "hilbert", "auto")
+
+__all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS"]
+
+
+def _as_int_tuple(name: str, values) -> tuple:
+    if isinstance(values, (int, str)) or values is None:
+        raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}")
+    try:
+        values = tuple(values)
+    except TypeError:
+        raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}") from None
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int):
+            # Accept integral floats / numpy ints from YAML or configs, reject anything else.
+            try:
+                as_int = int(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}[{i}] must be an integer, got {v!r}") from None
+            if as_int != v or isinstance(v, bool):
+                raise ValueError(f"{name}[{i}] must be an integer, got {v!r}")
+            v = as_int
+        out.append(v)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class DilatedPattern:
+    """A LongNet-style dilated attention pattern.
+
+    Args:
+        segment_lengths: ``w_i`` for each config, each ``>= 1``.
+        dilation_rates: ``r_i`` for each config, ``1 <= r_i <= w_i``.
+        query_dilation: ``"per_head"`` (head ``h`` uses class ``h % r_i``; LongNet) or ``"all"``
+            (every query uses every config with its own class).
+        ordering: storage layout of tokens: ``"natural"``, ``"hilbert"`` or ``"auto"``. A layout
+            never changes the function computed.
+
+    Raises:
+        ValueError: naming the bad field and value.
+    """
+
+    segment_lengths: tuple
+    dilation_rates: tuple
+    query_dilation: str = "per_head"
+    ordering: str = "natural"
+    _key: tuple = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self):
+        w = _as_int_tuple("segment_lengths", self.segment_lengths)
+        r = _as_int_tuple("dilation_rates", self.dilation_rates)
+        if len(w) == 0:
+            raise ValueError("segment_lengths must be non-empty, got []")
+        if len(r) == 0:
+            raise ValueError("dilation_rates must be non-empty, got []")
+        if len(w) != len(r):
+            raise ValueError(
+                f"segment_lengths and dilation_rates must have equal length, got {len(w)} "
+                f"segment_lengths {list(w)} and {len(r)} dilation_rates {list(r)}"
+            )
+        for i, wi in enumerate(w):
+            if wi < 1:
+                raise ValueError(f"segment_lengths[{i}] must be >= 1, got {wi}")
+        for i, (wi, ri) in enumerate(zip(w, r)):
+            if ri < 1:
+                raise ValueError(f"dilation_rates[{i}] must be >= 1, got {ri}")
+            if ri > wi:
+                raise ValueError(
+                    f"dilation_rates[{i}] must be <= segment_lengths[{i}] = {wi}, got {ri}"
+                )
+        if self.query_dilation not in QUERY_DILATION_MODES:
+            raise ValueError(
+                f"query_dilation must be one of {QUERY_DILATION_MODES}, got {self.query_dilation!r}"
+            )
+        if self.ordering not in ORDERINGS:
+            raise ValueError(f"ordering must be one of {ORDERINGS}, got {self.ordering!r}")
+        if self.query_dilation == "per_head" and 1 not in r:
+            raise ValueError(
+                f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
+                f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'"
+            )
+        object.__setattr__(self, "segment_lengths", w)
+        object.__setattr__(self, "dilation_rates", r)
+        object.__setattr__(self, "_key", (w, r, self.query_dilation, self.ordering))
+
+    # ------------------------------------------------------------------ construction / IO
+    @classmethod
+    def dense(cls, max_length: int, **kwargs) -> "DilatedPattern":
+        """The pattern equal to plain (causal) attention for positions ``< max_length``."""
+        return cls([int(max_length)], [1], **kwargs)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DilatedPattern":
+        if isinstance(d, DilatedPattern):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"a pattern dict is needed, got {type(d).__name__}: {d!r}")
+        known = {"segment_lengths", "dilation_rates", "query_dilation", "ordering"}
+        unknown = set(d) - known - {"description"}
+        if unknown:
+            raise ValueError(f"unknown pattern field(s) {sorted(unknown)}; known: {sorted(known)}")
+        for req in ("segment_lengths", "dilation_rates"):
+            if req not in d:
+                raise ValueError(f"pattern is missing the field {req!r}: {d!r}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return {
+            "segment_lengths": list(self.segment_lengths),
+            "dilation_rates": list(self.dilation_rates),
+            "query_dilation": self.query_dilation,
+            "ordering": self.ordering,
+        }
+
+    @classmethod
+    def from_yaml(cls, path: Union[str, Path]) -> "DilatedPattern":
+        import yaml
+
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"pattern file not found: {path}")
+        with open(path) as f:
+            data = yaml.safe_load(f)
+        return cls.from_dict(data)
+
+    def to_yaml(self, path: Union[str, Path, None] = None) -> str:
+        import yaml
+
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def replace(self, **kwargs) -> "DilatedPattern":
+        d = self.to_dict()
+        d.update(kwargs)
+        return DilatedPattern.from_dict(d)
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, DilatedPattern) and self._key == other._key
+
+    def __str__(self):
+        cfg = ", ".join(f"({w},{r})" for w, r in zip(self.segment_lengths, self.dilation_rates))
+        return f"DilatedPattern[{cfg}; {self.query_dilation}, {self.ordering}]"
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_configs(self) -> int:
+        return len(self.segment_lengths)
+
+    @property
+    def configs(self) -> tuple:
+        return tuple(zip(self.segment_lengths, self.dilation_rates))
+
+    @property
+    def max_segment(self) -> int:
+        return max(self.segment_lengths)
+
+    @property
+    def max_rate(self) -> int:
+        return max(self.dilation_rates)
+
+    def is_dense_for(self, length: int) -> bool:
+        """True if the pattern allows every (causal) pair among positions ``< length``."""
+        return any(w >= length and r == 1 for w, r in self.configs)
+
+    # ------------------------------------------------------------------ the rule
+    def allowed(self, head, q_pos, k_pos) -> torch.Tensor:
+        """Allowed-pair rule on broadcastable integer tensors (no causality, no documents)."""
+        head = torch.as_tensor(head)
+        q_pos = torch.as_tensor(q_pos)
+        k_pos = torch.as_tensor(k_pos)
+        out = None
+        for w, r in self.configs:
+            ok = torch.div(q_pos, w, rounding_mode="floor") == torch.div(k_pos, w, rounding_mode="floor")
+            if r > 1:
+                tq = torch.remainder(q_pos, w) % r
+                tk = torch.remainder(k_pos, w) % r
+                ok = ok & (tq == tk)
+                if self.query_dilation == "per_head":
+                    ok = ok & (tq == torch.remainder(head, r))
+            out = ok if out is None else (out | ok)
+        return out
+
+    def build_mask(
+        self,
+        num_heads: int,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        causal: bool = True,
+        q_doc_ids: Optional[torch.Tensor] = None,
+        k_doc_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Dense boolean mask ``[B, H, Sq, Sk]`` (True = attend) for given positions.
+
+        Positions are ``[S]`` or ``[B, S]`` integer tensors. Document ids (same shapes) forbid
+        pairs across documents; a key whose document id is negative is padding and never allowed.
+        This is O(Sq*Sk): it is for references, tests and small masks.
+        """
+        qp = _as_2d(q_positions)
+        kp = _as_2d(k_positions)
+        h = torch.arange(num_heads, device=qp.device).view(1, num_heads, 1, 1)
+        qp4 = qp[:, None, :, None]
+        kp4 = kp[:, None, None, :]
+        mask = self.allowed(h, qp4, kp4)
+        if causal:
+            mask = mask & (kp4 <= qp4)
+        if q_doc_ids is not None or k_doc_ids is not None:
+            if q_doc_ids is None or k_doc_ids is None:
+                raise ValueError("q_doc_ids and k_doc_ids must be given together")
+            qd = _as_2d(q_doc_ids)[:, None, :, None]
+            kd = _as_2d(k_doc_ids)[:, None, None, :]
+            mask = mask & (qd == kd) & (kd >= 0)
+        batch = max(qp.shape[0], kp.shape[0], mask.shape[0])
+        return mask.expand(batch, num_heads, qp.shape[1], kp.shape[1])
+
+    def mask_mod(
+        self,
+        causal: bool = True,
+        q_positions: Optional[torch.Tensor] = None,
+        k_positions: Optional[torch.Tensor] = None,
+        q_doc_ids: Optional[torch.Tensor] = None,
+        k_doc_ids: Optional[torch.Tensor] = None,
+    ) -> Callable:
+        """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for this pattern.
+
+        With no positions, index == position. Position / document tensors are ``[S]`` or
+        ``[B, S]`` and are indexed with the storage indices FlexAttention passes in.
+        """
+        qp = None if q_positions is None else _as_2d(q_positions)
+        kp = None if k_positions is None else _as_2d(k_positions)
+        qd = None if q_doc_ids is None else _as_2d(q_doc_ids)
+        kd = None if k_doc_ids is None else _as_2d(k_doc_ids)
+        configs = self.configs
+        per_head = self.query_dilation == "per_head"
+
+        def _pick(t, b, idx):
+            return t[b % t.shape[0] if t.shape[0] > 1 else 0, idx]
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            p = q_idx if qp is None else _pick(qp, b, q_idx)
+            s = kv_idx if kp is None else _pick(kp, b, kv_idx)
+            ok = None
+            for w, r in configs:
+                c = (p // w) == (s // w)
+                if r > 1:
+                    tq = (p % w) % r
+                    c = c & (tq == (s % w) % r)
+                    if per_head:
+                        c = c & (tq == h % r)
+                ok = c if ok is None else (ok | c)
+            if causal:
+                ok = ok & (s <= p)
+            if qd is not None:
+                dq = _pick(qd, b, q_idx)
+                dk = _pick(kd, b, kv_idx)
+                ok = ok & (dq == dk) & (dk >= 0)
+            return ok
+
+        cfg = "_".join(f"w{w}r{r}" for w, r in configs)
+        mask_mod.__name__ = f"dilated_{cfg}_{self.query_dilation}{'_causal' if causal else ''}"
+        return mask_mod
+
+    # ------------------------------------------------------------------ counting
+    def count_pairs(
+        self,
+        seq_len: int,
+        num_heads: int,
+        *,
+        causal: bool = True,
+        q_len: Optional[int] = None,
+    ) -> list:
+        """Exact number of allowed (query, key) pairs per query head, without materialising S².
+
+        Keys are positions ``0..seq_len-1``; queries are the last ``q_len`` positions (default:
+        all). Inclusion–exclusion over subsets of configs: a subset's intersection is "same
+        segment in every config, ``p ≡ s`` modulo the lcm of its rates", whose per-query count
+        is closed form; queries are grouped by their class vector so every head is one lookup.
+        """
+        seq_len = int(seq_len)
+        if seq_len < 0:
+            raise ValueError(f"seq_len must be >= 0, got {seq_len}")
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        q_len = seq_len if q_len is None else int(q_len)
+        if not 0 <= q_len <= seq_len:
+            raise ValueError(f"q_len must be in [0, seq_len={seq_len}], got {q_len}")
+        return list(_count_pairs_cached(self._key[:3], seq_len, num_heads, causal, q_len))
+
+    def count_pairs_total(self, seq_len: int, num_heads: int, **kw) -> int:
+        return int(sum(self.count_pairs(seq_len, num_heads, **kw)))
+
+    def attention_flops(self, seq_len: int, num_heads: int, head_dim: int, *, causal=True,
+                        backward: bool = False, batch: int = 1) -> float:
+        """Useful FLOPs (allowed pairs only): 4·D per pair forward (QKᵀ and PV), 2.5× that for
+        the backward (the FlashAttention-2 convention)."""
+        pairs = self.count_pairs_total(seq_len, num_heads, causal=causal)
+        f = 4.0 * head_dim * pairs * batch
+        return f * 2.5 if backward else f
+
+
+def _as_2d(t) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    if t.dim() == 1:
+        return t.unsqueeze(0)
+    if t.dim() != 2:
+        raise ValueError(f"positions / document ids must be [S] or [B, S], got shape {tuple(t.shape)}")
+    return t
+
+
+@lru_cache(maxsize=256)
+def _count_pairs_cached(key, seq_len, num_heads, causal, q_len):
+    w_all, r_all, mode = key
+    per_head = mode == "per_head"
+    k = len(w_all)
+    totals = [0] * num_heads
+    if seq_len == 0 or q_len == 0:
+        return tuple(totals)
+    chunk = 1 << 20
+    for start in range(seq_len - q_len, seq_len, chunk):
+        p = torch.arange(start, min(seq_len, start + chunk), dtype=torch.int64)
+        for size in range(1, k + 1):
+            sign = 1 if size % 2 else -1
+            for subset in combinations(range(k), size):
+                ws = [w_all[j] for j in subset]
+                rs = [r_all[j] for j in subset]
+                m = math.lcm(*rs)
+                lo = torch.zeros_like(p)
+                hi = torch.full_like(p, seq_len - 1)
+                for w in ws:
+                    s0 = (p // w) * w
+                    lo = torch.maximum(lo, s0)
+                    hi = torch.minimum(hi, s0 + w - 1)
+                if causal:
+                    hi = torch.minimum(hi, p)
+                # keys s in [lo, hi] with s ≡ p (mod m); p itself lies in [lo, hi] (hi >= p).
+                cnt = torch.div(p - lo, m, rounding_mode="floor") + 1
+                if not causal:
+                    cnt = cnt + torch.div(hi - p, m, rounding_mode="floor")
+                if not per_head:
+                    total = int(cnt.sum())
+                    for h in range(num_heads):
+                        totals[h] += sign * total
+                    continue
+                # per_head: the query must be in class h % r_j of every config j in the subset.
+                code = torch.zeros_like(p)
+                radix = 1
+                for w, r in zip(ws, rs):
+                    code = code + ((p % w) % r) * radix
+                    radix *= r
+                sums = torch.bincount(code, weights=cnt.to(torch.float64), minlength=radix)
+                sums = sums.round().to(torch.int64).tolist()
+                for h in range(num_heads):
+                    c, rad = 0, 1
+                    for r in rs:
+                        c += (h % r) * rad
+                        rad *= r
+                    totals[h] += sign * sums[c]
+    return tuple(totals)

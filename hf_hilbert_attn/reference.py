@@ -1,0 +1,62 @@
+"""Ground truth: dense masked softmax attention in float32 (or float64).
+
+``reference_attention`` materialises the full ``[B, H, Sq, Sk]`` mask from ``pattern.py``; it is
+O(Sq*Sk) and exists for tests and benchmarks, never for production paths.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .inputs import check_inputs
+from .pattern import DilatedPattern
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pattern: DilatedPattern,
+    *,
+    causal: bool = True,
+    scale: Optional[float] = None,
+    q_positions: Optional[torch.Tensor] = None,
+    k_positions: Optional[torch.Tensor] = None,
+    q_doc_ids: Optional[torch.Tensor] = None,
+    k_doc_ids: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+    dtype: torch.dtype = torch.float32,
+):
+    """Dense masked attention of the dilated pattern (same arguments as ``dilated_attention``).
+
+    Returns ``out`` ``[B, Hq, Sq, D]`` in ``dtype`` (float32 or float64), and with
+    ``return_lse=True`` also ``lse`` ``[B, Hq, Sq]`` (natural log; ``-inf`` for a query with no
+    allowed key, whose output is 0). Differentiable with respect to q, k, v.
+    """
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"reference dtype must be float32 or float64, got {dtype}")
+    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+    mask = pattern.build_mask(a.hq, a.q_positions, a.k_positions, causal=causal,
+                              q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids)  # [B', Hq, Sq, Sk]
+    group = a.hq // a.hkv
+    qf = q.to(dtype)
+    kf = k.to(dtype).repeat_interleave(group, dim=1)
+    vf = v.to(dtype).repeat_interleave(group, dim=1)
+    scores = torch.matmul(qf, kf.transpose(-1, -2)) * a.scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # -inf where the row is empty
+    safe_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    p = torch.exp(scores - safe_lse.unsqueeze(-1))  # exp(-inf) = 0 on masked / empty rows
+    out = torch.matmul(p, vf)
+    return (out, lse) if return_lse else out
+
+
+def chunked_attention(q, k, v, pattern, a, *, causal=True):
+    """PLACEHOLDER (to be replaced by the memory-efficient PyTorch path): returns (out, lse)."""
+    out, lse = reference_attention(q, k, v, pattern, causal=causal, scale=a.scale,
+                                   q_positions=a.q_positions, k_positions=a.k_positions,
+                                   q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids, return_lse=True)
+    return out.to(q.dtype), lse

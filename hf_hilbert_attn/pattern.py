@@ -198,20 +198,42 @@ class DilatedPattern:
         return any(w >= length and r == 1 for w, r in self.configs)
 
     # ------------------------------------------------------------------ the rule
-    def allowed(self, head, q_pos, k_pos) -> torch.Tensor:
-        """Allowed-pair rule on broadcastable integer tensors (no causality, no documents)."""
-        head = torch.as_tensor(head)
+    def segment_and_class(self, i: int, pos) -> tuple:
+        """Config ``i``'s segment ``pos // w_i`` and dilation class ``(pos % w_i) % r_i``.
+
+        Config ``i`` can only allow a pair whose two positions agree in both (and, per_head,
+        whose class is the head's ``h % r_i``), so grouping tokens by ``(segment, class)``
+        finds every pair the config can allow. Works on any integer tensor, elementwise.
+        """
+        w, r = self.configs[i]
+        pos = torch.as_tensor(pos)
+        seg = torch.div(pos, w, rounding_mode="floor")
+        cls = torch.remainder(pos, w) % r if r > 1 else torch.zeros_like(pos)
+        return seg, cls
+
+    def config_allowed(self, i: int, head, q_pos, k_pos) -> torch.Tensor:
+        """The rule of config ``i`` alone, on broadcastable integer tensors.
+
+        The pattern's rule is the OR of this over all configs (see :meth:`allowed`); the result
+        has no head dimension when config ``i`` does not depend on the head.
+        """
+        w, r = self.configs[i]
         q_pos = torch.as_tensor(q_pos)
         k_pos = torch.as_tensor(k_pos)
+        ok = torch.div(q_pos, w, rounding_mode="floor") == torch.div(k_pos, w, rounding_mode="floor")
+        if r > 1:
+            tq = torch.remainder(q_pos, w) % r
+            tk = torch.remainder(k_pos, w) % r
+            ok = ok & (tq == tk)
+            if self.query_dilation == "per_head":
+                ok = ok & (tq == torch.remainder(torch.as_tensor(head), r))
+        return ok
+
+    def allowed(self, head, q_pos, k_pos) -> torch.Tensor:
+        """Allowed-pair rule on broadcastable integer tensors (no causality, no documents)."""
         out = None
-        for w, r in self.configs:
-            ok = torch.div(q_pos, w, rounding_mode="floor") == torch.div(k_pos, w, rounding_mode="floor")
-            if r > 1:
-                tq = torch.remainder(q_pos, w) % r
-                tk = torch.remainder(k_pos, w) % r
-                ok = ok & (tq == tk)
-                if self.query_dilation == "per_head":
-                    ok = ok & (tq == torch.remainder(head, r))
+        for i in range(self.num_configs):
+            ok = self.config_allowed(i, head, q_pos, k_pos)
             out = ok if out is None else (out | ok)
         return out
 

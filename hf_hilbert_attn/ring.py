@@ -1,16 +1,86 @@
-"""Ring dilated attention over a sequence-parallel process group (placeholder: being written)."""
+"""Ring dilated attention over a sequence-parallel process group (DESIGN §4, "Ring advice").
+
+Each rank of the group holds a shard of the sequence: queries, keys and values of some tokens
+together with their *true* positions (any layout: contiguous, zigzag, Hilbert, ...). The result
+on every rank equals the rows of full-sequence :func:`~hf_hilbert_attn.dilated_attention` for
+its queries.
+
+How it works
+------------
+1. **Agreement.** One small ``all_gather`` of shapes / pattern / dtype, so ranks that disagree
+   raise a ``ValueError`` on *every* rank instead of hanging in a mismatched send/recv.
+2. **Plan.** Positions (and document ids) are all-gathered (int64, ``8·S`` bytes per rank —
+   small next to K/V). From them every rank computes, for each other rank, exactly which
+   ``(kv head, key row)`` entries some query of that rank can attend under the pattern
+   (:func:`_key_need`, the rule of ``pattern.py`` evaluated per (segment, class) bucket).
+   Both ends compute the same plan, so no sizes are exchanged. A config whose segments stay
+   inside a shard contributes nothing remote; a dilated config contributes only its classes,
+   and per kv head only the classes of that head's query heads (``per_head`` mode).
+3. **Steps.** At step ``j`` rank ``r`` sends its needed K and V entries (separate buffers) to
+   ``r + j`` and receives from ``r - j`` (``batch_isend_irecv``); step ``j + 1`` is posted
+   before step ``j`` is computed, so communication overlaps compute. A step with nothing to
+   send or receive costs nothing. Unsent entries of a received block are zero and are never
+   attended (the plan is a superset of the allowed pairs), so each block is an ordinary call of
+   ``dilated_attention`` with the block's true key positions.
+4. **Merge.** Per-step ``(out_b, lse_b)`` are merged in float32:
+   ``lse = logaddexp(lse, lse_b)``, ``out = Σ_b exp(lse_b - lse) · out_b``. Each key lives on
+   exactly one rank, so the union rule of DESIGN §1 (a key counts once) holds across steps.
+5. **Backward** (custom autograd Function) re-sends K/V with the same plan, recomputes each
+   step's block and sends the block's dK/dV (float32) back to the rank owning those keys.
+
+Backward math. For block ``b`` with recomputed ``(o_b, lse_b)`` and the final ``(out, lse)``::
+
+    out   = Σ_b c_b · o_b,   c_b = exp(lse_b - lse),   lse = logsumexp_b lse_b
+    ∂out/∂o_b   = c_b
+    ∂out/∂lse_b = c_b · (o_b - out)        (since ∂lse/∂lse_b = c_b)
+
+so with ``dout`` (and ``dlse`` when the caller uses the returned lse) the block's inputs get
+their exact gradient by back-propagating through ``dilated_attention(q, k_b, v_b,
+return_lse=True)`` with::
+
+    grad(o_b)   = c_b · dout
+    grad(lse_b) = c_b · (dout·o_b - dout·out + dlse)
+
+This is FlashAttention's ``dS = P ∘ (dP - delta)`` with ``P`` the *final* probabilities
+``c_b · P_b`` and ``delta = rowsum(dout ∘ out)``: the op's backward must propagate the lse
+gradient (``dS += P_b ∘ grad(lse_b)``), which every path of ``dilated_attention`` does.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+import json
+import logging
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+
+from .ops import dilated_attention
+from .pattern import DilatedPattern
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["sequence_parallel", "get_sequence_parallel_group", "ring_attention", "plan_ring"]
 
 _ACTIVE_GROUP = []
 
 
 @contextlib.contextmanager
 def sequence_parallel(group):
-    """Inside this context the registered ``hilbert_dilated`` attention runs as ring attention."""
+    """Inside this context the registered ``hilbert_dilated`` attention runs as ring attention.
+
+    Args:
+        group: a ``torch.distributed`` process group whose ranks each hold one shard of the
+            sequence (see :func:`hf_hilbert_attn.sharding.shard_batch`), or None (no ring).
+
+    Example::
+
+        with hf_hilbert_attn.sequence_parallel(group):
+            loss = model(**shard_batch(batch, group)).loss
+    """
     _ACTIVE_GROUP.append(group)
     try:
         yield group
@@ -28,6 +98,500 @@ def get_sequence_parallel_group():
     return None if dist.get_world_size(g) == 1 else g
 
 
+# ---------------------------------------------------------------------------------- the plan
+def _key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
+              q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``.
+
+    ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key row is needed for a
+    batch entry if some query of that entry is in the key's (segment, class) bucket of some
+    config, is not before it (causal), and — per_head — some query head of the kv head uses that
+    class. Documents are ignored: the result is a superset of the allowed pairs, which is all a
+    send plan needs. O((Sq + Sk + S/w·r) · configs), no S².
+    """
+    dev = k_pos.device
+    b = max(q_pos.shape[0], k_pos.shape[0])
+    qp = q_pos.expand(b, -1)
+    kp = k_pos.expand(b, -1)
+    sk = kp.shape[1]
+    need = torch.zeros(hkv, sk, dtype=torch.bool, device=dev)
+    if qp.numel() == 0 or sk == 0:
+        return need
+    hi = int(torch.maximum(qp.max(), kp.max())) + 1
+    per_head = pattern.query_dilation == "per_head"
+    heads_of_kv = torch.arange(hq, device=dev).view(hkv, hq // hkv)  # [Hkv, G] query heads
+    for w, r in pattern.configs:
+        nb = (hi // w + 1) * r  # (segment, class) buckets per batch entry
+        off = (torch.arange(b, device=dev) * nb).unsqueeze(1)
+        qcls = torch.remainder(qp, w) % r
+        kcls = torch.remainder(kp, w) % r
+        qb = (qp // w * r + qcls + off).flatten()
+        kb = kp // w * r + kcls + off  # [B, Sk]
+        if causal:
+            # latest query position per bucket; a key is reachable iff it is not after it
+            latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
+            latest.scatter_reduce_(0, qb, qp.flatten(), reduce="amax")
+            ok = latest[kb] >= kp  # [B, Sk]
+        else:
+            hit = torch.zeros(b * nb, dtype=torch.bool, device=dev)
+            hit[qb] = True
+            ok = hit[kb]
+        if per_head and r > 1:
+            # kv head g serves class c iff one of its query heads h has h % r == c
+            serves = torch.zeros(hkv, r, dtype=torch.bool, device=dev)
+            serves.scatter_(1, heads_of_kv % r, True)
+            need |= (serves[:, kcls] & ok.unsqueeze(0)).any(1)  # [Hkv, B, Sk] -> [Hkv, Sk]
+        else:
+            need |= ok.any(0).unsqueeze(0)
+    return need
+
+
+@dataclass
+class _Step:
+    """One ring step ``j`` seen from one rank: what it sends to ``dst`` and receives from ``src``."""
+
+    j: int
+    dst: int  # group rank we send our keys to
+    src: int  # group rank whose keys we receive
+    send_head: torch.Tensor  # [Ns] kv head of each sent entry
+    send_row: torch.Tensor  # [Ns] local key row of each sent entry
+    send_dense: bool  # the entries are all heads x send_rows (a plain k[:, :, rows] slice)
+    send_rows: torch.Tensor  # [Us] distinct rows sent
+    recv_head: torch.Tensor  # [Nr]
+    recv_slot: torch.Tensor  # [Nr] index into the received block's rows
+    recv_dense: bool
+    recv_rows: torch.Tensor  # [Ur] src's key rows that make up the received block
+    recv_kpos: torch.Tensor  # [Bp, Ur] true positions of the received block
+    recv_kdoc: Optional[torch.Tensor]  # [Bd, Ur] or None
+
+    @property
+    def n_send(self) -> int:
+        return int(self.send_head.numel())
+
+    @property
+    def n_recv(self) -> int:
+        return int(self.recv_head.numel())
+
+
+@dataclass
+class RingPlan:
+    """The send/receive plan of one rank (see :func:`plan_ring`)."""
+
+    rank: int
+    world: int
+    hkv: int
+    steps: List[_Step] = field(default_factory=list)  # steps 1..world-1
+
+    def entries_sent(self) -> int:
+        """(kv head, row) entries this rank sends per tensor (K or V) in one forward."""
+        return sum(s.n_send for s in self.steps)
+
+
+def _entries(need: torch.Tensor):
+    """(heads, rows, distinct rows, dense?) of a need mask ``[Hkv, S]``."""
+    rows = need.any(0).nonzero().flatten()
+    head, row = need.nonzero(as_tuple=True)
+    dense = head.numel() == need.shape[0] * rows.numel()
+    return head, row, rows, dense
+
+
+def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: int,
+              q_positions: List[torch.Tensor], k_positions: List[torch.Tensor],
+              k_doc_ids: Optional[List[torch.Tensor]] = None) -> RingPlan:
+    """The ring plan of ``rank`` given every rank's positions.
+
+    Args:
+        pattern, hq, hkv, causal: the attention being computed.
+        rank: the group rank to plan for.
+        q_positions, k_positions: per group rank, ``[Bp, S]`` int64 true positions.
+        k_doc_ids: per group rank ``[Bd, S]`` or None.
+
+    Returns:
+        A :class:`RingPlan`. A pure function of its arguments, so sender and receiver compute
+        matching halves of each exchange without telling each other sizes.
+    """
+    world = len(k_positions)
+    plan = RingPlan(rank, world, hkv)
+    for j in range(1, world):
+        dst, src = (rank + j) % world, (rank - j) % world
+        sh, sr, srows, sdense = _entries(
+            _key_need(pattern, hq, hkv, causal, q_positions[dst], k_positions[rank]))
+        need_in = _key_need(pattern, hq, hkv, causal, q_positions[rank], k_positions[src])
+        rh, rr, rrows, rdense = _entries(need_in)
+        slot_of_row = torch.cumsum(need_in.any(0), 0) - 1
+        plan.steps.append(_Step(
+            j, dst, src, sh, sr, sdense, srows, rh, slot_of_row[rr], rdense, rrows,
+            k_positions[src].index_select(1, rrows),
+            None if k_doc_ids is None else k_doc_ids[src].index_select(1, rrows)))
+    return plan
+
+
+# ---------------------------------------------------------------------------------- comms
+def _post(sends, recvs, group):
+    """Post point-to-point ops ``(tensor, group_peer, tag)``; returns the Work handles."""
+    import torch.distributed as dist
+
+    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group, tag)
+           for t, p, tag in sends]
+    ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group, tag)
+            for t, p, tag in recvs]
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def _gather_entries(x: torch.Tensor, step: _Step) -> torch.Tensor:
+    """Entries of local ``x`` ``[B, H, S, D]`` to send: flat ``[B, Ns, D]`` contiguous."""
+    if step.send_dense:
+        return x.index_select(2, step.send_rows).flatten(1, 2).contiguous()
+    return x[:, step.send_head, step.send_row].contiguous()
+
+
+def _scatter_block(flat: torch.Tensor, step: _Step, hkv: int) -> torch.Tensor:
+    """Received flat entries ``[B, Nr, D]`` -> block ``[B, Hkv, Ur, D]`` (zeros where unsent)."""
+    b, _, d = flat.shape
+    ur = step.recv_rows.numel()
+    if step.recv_dense:
+        return flat.view(b, hkv, ur, d)
+    block = flat.new_zeros(b, hkv, ur, d)
+    block[:, step.recv_head, step.recv_slot] = flat
+    return block
+
+
+def _entries_of_block(block: torch.Tensor, step: _Step) -> torch.Tensor:
+    """Inverse of :func:`_scatter_block` (for sending a block's gradient back)."""
+    if step.recv_dense:
+        return block.flatten(1, 2).contiguous()
+    return block[:, step.recv_head, step.recv_slot].contiguous()
+
+
+class _KVExchange:
+    """Double-buffered K/V exchange: ``post(j)`` starts step ``j``, ``block(j)`` waits for it."""
+
+    def __init__(self, k, v, plan: RingPlan, group):
+        self.k, self.v, self.plan, self.group = k, v, plan, group
+        self.pending = {}
+
+    def post(self, j: int):
+        if j >= self.plan.world or j in self.pending:
+            return
+        st = self.plan.steps[j - 1]
+        b, _, _, d = self.k.shape
+        sends, recvs, keep = [], [], []
+        if st.n_send:
+            ks, vs = _gather_entries(self.k, st), _gather_entries(self.v, st)
+            sends = [(ks, st.dst, 4 * j), (vs, st.dst, 4 * j + 1)]
+            keep = [ks, vs]
+        kr = vr = None
+        if st.n_recv:
+            kr = self.k.new_empty(b, st.n_recv, d)
+            vr = self.v.new_empty(b, st.n_recv, self.v.shape[-1])
+            recvs = [(kr, st.src, 4 * j), (vr, st.src, 4 * j + 1)]
+        self.pending[j] = (_post(sends, recvs, self.group), kr, vr, keep)
+
+    def block(self, j: int):
+        """``(k_blk, v_blk)`` of step ``j`` (``[B, Hkv, Ur, D]``), or None if nothing comes."""
+        works, kr, vr, _ = self.pending.pop(j)
+        for w in works:
+            w.wait()
+        if kr is None:
+            return None
+        st = self.plan.steps[j - 1]
+        return _scatter_block(kr, st, self.plan.hkv), _scatter_block(vr, st, self.plan.hkv)
+
+
+# ---------------------------------------------------------------------------------- checks
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_META_FIELDS = ("batch size", "query heads", "key/value heads", "query shard length",
+                "key shard length", "head_dim", "value head_dim", "causal", "pattern (crc32)",
+                "scale (float64 bits)", "dtype", "q_positions batch", "k_positions batch",
+                "document ids given", "document ids batch", "device type (1 = cuda)")
+
+
+def _pattern_crc(pattern: DilatedPattern) -> int:
+    d = {k: pattern.to_dict()[k] for k in ("segment_lengths", "dilation_rates", "query_dilation")}
+    return zlib.crc32(json.dumps(d, sort_keys=True).encode())
+
+
+def _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group):
+    """All-gather a small descriptor; raise the same ``ValueError`` on every rank on mismatch."""
+    import torch.distributed as dist
+
+    meta = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
+            int(causal), _pattern_crc(pattern),
+            struct.unpack("<q", struct.pack("<d", float(scale)))[0],
+            _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1, qp.shape[0], kp.shape[0],
+            int(kd is not None), -1 if kd is None else kd.shape[0], int(q.is_cuda)]
+    t = torch.tensor(meta, dtype=torch.int64, device=q.device)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t, group=group)
+    table = torch.stack(out).cpu()
+    bad = [i for i in range(len(meta)) if not bool((table[:, i] == table[0, i]).all())]
+    if bad:
+        lines = []
+        for i in bad:
+            vals = ", ".join(f"rank {r}: {int(table[r, i])}" for r in range(table.shape[0]))
+            lines.append(f"{_META_FIELDS[i]} ({vals})")
+        raise ValueError(
+            "ring_attention: the ranks of the sequence-parallel group disagree on "
+            + "; ".join(lines) + f". Every rank must call it with equal shard shapes, pattern, "
+            f"dtype and options (this rank: q {tuple(q.shape)}, k {tuple(k.shape)}, {pattern}); "
+            "pad the sequence with shard_batch(...) so it divides the group.")
+
+
+def _positions(name, t, batch, length, device):
+    if t is None:
+        raise ValueError(f"ring_attention needs {name} (the true positions of this rank's shard), "
+                         "got None")
+    t = torch.as_tensor(t, device=device)
+    if t.is_floating_point() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() != 2 or t.shape[1] != length or t.shape[0] not in (1, batch):
+        raise ValueError(f"{name} must have shape [{length}] or [1 or {batch}, {length}], "
+                         f"got {tuple(t.shape)}")
+    t = t.to(torch.int64)
+    if t.numel() and int(t.min()) < 0:
+        raise ValueError(f"{name} must be >= 0 (true positions), got min {int(t.min())}")
+    return t.contiguous()
+
+
+def _all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
+    import torch.distributed as dist
+
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
+# ---------------------------------------------------------------------------------- compute
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 accumulation (float64 inputs keep float64, so fp64 tests compare exactly)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _neg_inf_safe(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with -inf replaced by 0, so ``exp(y - safe(x))`` is 0 (not NaN) for empty rows."""
+    return torch.where(torch.isneginf(x), torch.zeros_like(x), x)
+
+
+@dataclass
+class _Ctx:
+    pattern: DilatedPattern
+    causal: bool
+    scale: float
+    group: object
+    plan: RingPlan
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    q_doc: Optional[torch.Tensor]
+    k_doc: Optional[torch.Tensor]
+    backend: str
+
+
+def _block_inputs(ctx: _Ctx, xchg: _KVExchange, j: int, k, v):
+    """(k_blk, v_blk, k_positions, k_doc_ids) of step ``j``, or None when the step is empty."""
+    if j == 0:
+        return k, v, ctx.k_pos, ctx.k_doc
+    blk = xchg.block(j)
+    if blk is None:
+        return None
+    st = ctx.plan.steps[j - 1]
+    return blk[0], blk[1], st.recv_kpos, st.recv_kdoc
+
+
+def _attend(ctx: _Ctx, q, kb, vb, kpos, kdoc):
+    return dilated_attention(q, kb, vb, ctx.pattern, causal=ctx.causal, scale=ctx.scale,
+                             q_positions=ctx.q_pos, k_positions=kpos,
+                             q_doc_ids=None if kdoc is None else ctx.q_doc, k_doc_ids=kdoc,
+                             return_lse=True, backend=ctx.backend)
+
+
+def _ring_forward(ctx: _Ctx, q, k, v):
+    """Merged ``(out [B, Hq, Sq, Dv] in q.dtype, lse [B, Hq, Sq] float32)``."""
+    world = ctx.plan.world
+    acc_dtype = _acc_dtype(q)
+    xchg = _KVExchange(k, v, ctx.plan, ctx.group)
+    xchg.post(1)
+    acc = lse = None
+    for j in range(world):
+        xchg.post(j + 1)  # next step's transfer runs while this step computes
+        blk = _block_inputs(ctx, xchg, j, k, v)
+        if blk is None:
+            continue
+        out_b, lse_b = _attend(ctx, q, *blk)
+        out_b, lse_b = out_b.to(acc_dtype), lse_b.to(acc_dtype)
+        if acc is None:
+            acc, lse = out_b, lse_b
+            continue
+        new = torch.logaddexp(lse, lse_b)
+        ref = _neg_inf_safe(new)
+        acc = acc * torch.exp(lse - ref).unsqueeze(-1) + out_b * torch.exp(lse_b - ref).unsqueeze(-1)
+        lse = new
+    return acc.to(q.dtype), lse
+
+
+def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
+    """``(dq, dk, dv)`` of the ring forward; see the module docstring for the math."""
+    world = ctx.plan.world
+    acc = _acc_dtype(q)
+    dout32 = dout.to(acc)
+    delta = (dout32 * out.to(acc)).sum(-1)  # [B, Hq, Sq]
+    if dlse is not None:
+        delta = delta - dlse.to(acc)
+    ref = _neg_inf_safe(lse)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    xchg = _KVExchange(k, v, ctx.plan, ctx.group)
+    xchg.post(1)
+    grads_in = []  # (works, dk_in, dv_in, step, keep-alive)
+    for j in range(world):
+        xchg.post(j + 1)
+        blk = _block_inputs(ctx, xchg, j, k, v)
+        gk = gv = None
+        if blk is not None:
+            kb, vb, kpos, kdoc = blk
+            with torch.enable_grad():
+                qd = q.detach().requires_grad_(True)
+                kd = kb.detach().requires_grad_(True)
+                vd = vb.detach().requires_grad_(True)
+                o_b, lse_b = _attend(ctx, qd, kd, vd, kpos, kdoc)
+                c = torch.exp(lse_b.detach().to(acc) - ref)  # [B, Hq, Sq]; 0 on empty rows
+                g_o = (dout32 * c.unsqueeze(-1)).to(o_b.dtype)
+                g_l = c * ((dout32 * o_b.detach().to(acc)).sum(-1) - delta)
+                gq, gk, gv = torch.autograd.grad((o_b, lse_b), (qd, kd, vd),
+                                                 (g_o, g_l.to(lse_b.dtype)))
+            dq += gq.to(acc)
+        if j == 0:
+            if gk is not None:
+                dk += gk.to(acc)
+                dv += gv.to(acc)
+            continue
+        # Send this block's dK/dV to the rank owning those keys and receive ours from dst, in
+        # the same step on every rank, so each pair of ranks posts its ops in the same order
+        # (NCCL matches point-to-point ops by order, not by tag).
+        st = ctx.plan.steps[j - 1]
+        sends = []
+        if gk is not None:
+            sends = [(_entries_of_block(gk.to(acc), st), st.src, 4 * j + 2),
+                     (_entries_of_block(gv.to(acc), st), st.src, 4 * j + 3)]
+        grads_in.append(_post_grad_recv(st, j, k, v, sends, ctx.group))
+    for works, gk_in, gv_in, st, _ in grads_in:
+        for w in works:
+            w.wait()
+        if gk_in is None:
+            continue
+        if st.send_dense:
+            b = gk_in.shape[0]
+            dk.index_add_(2, st.send_rows, gk_in.view(b, -1, st.send_rows.numel(), gk_in.shape[-1]))
+            dv.index_add_(2, st.send_rows, gv_in.view(b, -1, st.send_rows.numel(), gv_in.shape[-1]))
+        else:
+            # [B, Hkv, S, D] viewed as [Hkv, S, B, D] so the (head, row) pairs index dims 0, 1
+            idx = (st.send_head, st.send_row)
+            dk.permute(1, 2, 0, 3).index_put_(idx, gk_in.transpose(0, 1), accumulate=True)
+            dv.permute(1, 2, 0, 3).index_put_(idx, gv_in.transpose(0, 1), accumulate=True)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _post_grad_recv(st: _Step, j, k, v, sends, group):
+    gk_in = gv_in = None
+    acc = _acc_dtype(k)
+    recvs = []
+    if st.n_send:
+        b = k.shape[0]
+        gk_in = torch.empty(b, st.n_send, k.shape[-1], dtype=acc, device=k.device)
+        gv_in = torch.empty(b, st.n_send, v.shape[-1], dtype=acc, device=v.device)
+        recvs = [(gk_in, st.dst, 4 * j + 2), (gv_in, st.dst, 4 * j + 3)]
+    return _post(sends, recvs, group), gk_in, gv_in, st, sends
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx, q, k, v, ctx):
+        out, lse = _ring_forward(ctx, q, k, v)
+        fctx.save_for_backward(q, k, v, out, lse)
+        fctx.ring = ctx
+        fctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(fctx, dout, dlse):
+        q, k, v, out, lse = fctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = _ring_backward(fctx.ring, q, k, v, out, lse, dout, dlse)
+        return dq, dk, dv, None
+
+
+# ---------------------------------------------------------------------------------- public
 def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
-                   q_doc_ids=None, k_doc_ids=None, return_lse=False):
-    raise NotImplementedError("ring_attention is being written")
+                   q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
+    """Dilated attention over a sequence sharded across the ranks of ``group``.
+
+    Every rank calls this with its shard; all ranks must agree on shapes, pattern and options.
+
+    Args:
+        q: ``[B, Hq, Sq, D]`` queries of this rank's tokens.
+        k, v: ``[B, Hkv, Sk, D]`` keys/values of this rank's tokens (``Hq % Hkv == 0``).
+        pattern: the :class:`~hf_hilbert_attn.DilatedPattern`.
+        group: the sequence-parallel process group (None or size 1: plain
+            :func:`~hf_hilbert_attn.dilated_attention`).
+        q_positions, k_positions: true positions ``[S]`` or ``[B, S]`` (int, >= 0) of this
+            rank's queries and keys in the full sequence. Required.
+        causal, scale: as in :func:`~hf_hilbert_attn.dilated_attention`.
+        q_doc_ids, k_doc_ids: document ids of this rank's tokens, ``[S]`` or ``[B, S]``; a
+            negative key id is padding.
+        return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]``.
+        backend: forwarded to ``dilated_attention`` for every block.
+
+    Returns:
+        ``out`` ``[B, Hq, Sq, D]`` (rows of the full-sequence attention for this rank's queries),
+        and ``lse`` if ``return_lse``.
+
+    Raises:
+        ValueError: bad shapes / positions, or (on every rank) ranks that disagree on shapes,
+            pattern, dtype or options.
+    """
+    import torch.distributed as dist
+
+    if group is None or dist.get_world_size(group) == 1:
+        return dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
+                                 q_positions=q_positions, k_positions=k_positions,
+                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                                 return_lse=return_lse, backend=backend)
+    if not isinstance(pattern, DilatedPattern):
+        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor [B, H, S, D], got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    scale = d ** -0.5 if scale is None else float(scale)
+    qp = _positions("q_positions", q_positions, b, sq, q.device)
+    kp = _positions("k_positions", k_positions, b, sk, q.device)
+    if q_doc_ids is None and k_doc_ids is not None and sq == sk:
+        q_doc_ids = k_doc_ids
+    if (q_doc_ids is None) != (k_doc_ids is None):
+        raise ValueError("q_doc_ids and k_doc_ids must be given together")
+    qd = kd = None
+    if k_doc_ids is not None:
+        qd = torch.as_tensor(q_doc_ids, device=q.device).to(torch.int64)
+        kd = torch.as_tensor(k_doc_ids, device=q.device).to(torch.int64)
+        qd = qd.unsqueeze(0) if qd.dim() == 1 else qd
+        kd = kd.unsqueeze(0) if kd.dim() == 1 else kd
+        if kd.shape[-1] != sk or qd.shape[-1] != sq:
+            raise ValueError(f"doc ids must match the shard lengths ({sq}, {sk}), got "
+                             f"{tuple(qd.shape)} and {tuple(kd.shape)}")
+    _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group)
+
+    rank = dist.get_rank(group)
+    all_qp = _all_gather(qp, group)
+    all_kp = _all_gather(kp, group)
+    all_kd = None if kd is None else _all_gather(kd, group)
+    plan = plan_ring(pattern, hq, hkv, causal, rank, all_qp, all_kp, all_kd)
+    ctx = _Ctx(pattern, causal, scale, group, plan, qp, kp, qd, kd, backend)
+    out, lse = _RingAttention.apply(q, k, v, ctx)
+    return (out, lse) if return_lse else out

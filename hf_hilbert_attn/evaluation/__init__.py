@@ -1,0 +1,22 @@
+"""Long-context evaluation and the end-to-end model benchmark.
+
+``hf-hilbert-attn eval`` / ``examples/eval_long_context.py`` run :func:`run_eval`;
+``hf-hilbert-attn bench model`` / ``examples/benchmarks/bench_model.py`` run
+:mod:`hf_hilbert_attn.evaluation.bench_model`.
+"""
+
+from .passkey import evaluate_passkey, make_passkey_prompt, score_passkey
+from .perplexity import evaluate_perplexity, strided_windows
+from .runner import EvalConfig, hilbert_available, resolve_pattern, run_eval
+
+__all__ = [
+    "EvalConfig",
+    "run_eval",
+    "resolve_pattern",
+    "hilbert_available",
+    "evaluate_perplexity",
+    "strided_windows",
+    "evaluate_passkey",
+    "make_passkey_prompt",
+    "score_passkey",
+]

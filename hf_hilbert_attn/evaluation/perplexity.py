@@ -1,0 +1,125 @@
+"""Perplexity as a function of context length, with strided windows.
+
+For context length ``L`` and stride ``s``, windows ``[b, b + L)`` start at ``b = 0, s, 2s, …``;
+each window scores only the tokens no earlier window scored (its last ``s`` tokens; all of the
+first window), so every token of the stream is scored exactly once, each with between
+``L - s`` and ``L - 1`` tokens of context (the first window: fewer)::
+
+    stream   t0 t1 t2 t3 t4 t5 t6 t7 t8 t9        L = 6, s = 2
+    window0  [x  S  S  S  S  S]                   x: context only, S: scored
+    window1        [x  x  x  x  S  S]
+    window2              [x  x  x  x  S  S]
+
+Perplexity = exp(sum of scored negative log-likelihoods / number of scored tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, List, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["strided_windows", "window_nll", "PerplexityResult", "evaluate_perplexity"]
+
+
+def strided_windows(num_tokens: int, length: int, stride: int) -> Iterator[Tuple[int, int, int]]:
+    """Yield ``(begin, end, num_scored)`` for each window; the scored tokens are the last
+    ``num_scored`` of ``[begin, end)`` (the first window: all but its first token).
+
+    Raises:
+        ValueError: ``length < 2``, ``stride`` not in ``[1, length - 1]`` (a window's first token
+            is predicted from outside the window, so a stride of ``length`` would skip it), or
+            fewer than 2 tokens.
+    """
+    if length < 2:
+        raise ValueError(f"context length must be >= 2, got {length}")
+    if not 1 <= stride <= length - 1:
+        raise ValueError(f"stride must be in [1, context length - 1 = {length - 1}], got {stride}")
+    if num_tokens < 2:
+        raise ValueError(f"need at least 2 tokens to score, got {num_tokens}")
+    prev_end = 0
+    for begin in range(0, num_tokens, stride):
+        end = min(begin + length, num_tokens)
+        scored = end - prev_end
+        if begin == 0:
+            scored -= 1  # the stream's first token has nothing to be predicted from
+        yield begin, end, scored
+        prev_end = end
+        if end == num_tokens:
+            break
+
+
+@torch.inference_mode()
+def window_nll(model, input_ids: torch.Tensor, num_scored: int, *, chunk: int = 4096) -> float:
+    """Sum of the negative log-likelihoods of the last ``num_scored`` tokens of ``input_ids``.
+
+    Only the logits that predict scored tokens are materialised (``logits_to_keep``, where the
+    model accepts it), and the float32 cross-entropy runs in chunks of ``chunk`` positions, so
+    memory outside the model is ``O(num_scored × vocab)`` at the model's dtype.
+
+    Args:
+        model: a causal LM.
+        input_ids: ``[1, L]``.
+        num_scored: ``1 <= num_scored <= L - 1``.
+
+    Returns:
+        The summed NLL (natural log) as a Python float.
+    """
+    L = input_ids.shape[1]
+    if not 1 <= num_scored <= L - 1:
+        raise ValueError(f"num_scored must be in [1, {L - 1}], got {num_scored}")
+    keep = num_scored + 1  # logits at positions L-keep .. L-2 predict tokens L-num_scored .. L-1
+    try:
+        logits = model(input_ids=input_ids, logits_to_keep=keep, use_cache=False).logits
+    except TypeError:  # a model without logits_to_keep
+        logits = model(input_ids=input_ids, use_cache=False).logits
+    logits = logits[0, -keep:-1]  # [num_scored, V]
+    targets = input_ids[0, L - num_scored:]
+    total = 0.0
+    for i in range(0, num_scored, chunk):
+        total += float(
+            F.cross_entropy(logits[i:i + chunk].float(), targets[i:i + chunk], reduction="sum")
+        )
+    return total
+
+
+@dataclass
+class PerplexityResult:
+    length: int
+    stride: int
+    nll_sum: float
+    scored_tokens: int
+    processed_tokens: int
+    windows: int
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll_sum / self.scored_tokens)
+
+
+def evaluate_perplexity(model, tokens: torch.Tensor, length: int, stride: int, *,
+                        progress=None) -> PerplexityResult:
+    """Perplexity of ``model`` over the token stream ``tokens`` ``[N]`` with ``length``-token
+    windows every ``stride`` tokens (see the module docstring).
+
+    Args:
+        progress: an optional tqdm bar, advanced once per window.
+    """
+    device = next(model.parameters()).device
+    nll, scored_total, processed, windows = 0.0, 0, 0, 0
+    for begin, end, scored in strided_windows(int(tokens.numel()), length, stride):
+        ids = tokens[begin:end].unsqueeze(0).to(device)
+        nll += window_nll(model, ids, scored)
+        scored_total += scored
+        processed += end - begin
+        windows += 1
+        if progress is not None:
+            progress.update(1)
+    return PerplexityResult(length, stride, nll, scored_total, processed, windows)
+
+
+def count_windows(num_tokens: int, length: int, stride: int) -> int:
+    return sum(1 for _ in strided_windows(num_tokens, length, stride))

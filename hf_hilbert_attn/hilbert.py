@@ -1,0 +1,288 @@
+"""Hilbert-curve storage layouts (DESIGN §2): a layout of tokens, never a change of the function.
+
+The curve is the *generalised* Hilbert curve on any ``W x H`` rectangle: the rectangle is cut in
+halves (when it is long) or in three parts (when it is squarish), each part is traversed by the
+same construction in a rotated / reflected frame, and the parts are joined end to start. On
+``2^k x 2^k`` squares it is the classic Hilbert curve; on other shapes it keeps the same
+locality (every part is about as wide as it is long). See ``docs/hilbert.md`` for a drawing.
+
+Guarantees (tested for every shape up to 40 x 40 and many larger ones):
+
+* a bijection onto the cells, starting at cell ``(0, 0)``;
+* consecutive cells are grid neighbours (one unit step) for **every** shape. The classic
+  construction ends on the start's side of the long axis, which no unit-step path can do when
+  the long side is odd and the short side even (checkerboard parity); there we let the last,
+  squarish part end elsewhere instead of taking a diagonal step.
+
+Everything is built from per-shape sub-curves cached by shape, so the recursion visits only a
+few distinct shapes per level and the cells themselves are produced by tensor operations.
+"""
+
+from __future__ import annotations
+
+import operator
+from functools import lru_cache
+from typing import Optional, Tuple, Union
+
+import torch
+
+from .pattern import ORDERINGS, DilatedPattern
+
+__all__ = [
+    "hilbert_curve",
+    "hilbert_permutation",
+    "to_storage",
+    "from_storage",
+    "storage_positions",
+    "resolve_ordering",
+]
+
+Device = Union[str, torch.device, None]
+
+
+# ---------------------------------------------------------------------------------- the curve
+def _even_half(n: int) -> int:
+    """About half of ``n``, rounded to an even number when ``n > 2``.
+
+    An even first part can always be traversed from one corner to the next corner along its
+    long side with unit steps, whatever the other side's parity.
+    """
+    half = n // 2
+    if half % 2 == 1 and n > 2:
+        half += 1
+    return half
+
+
+def _frame(uv: torch.Tensor, origin=(0, 0), swap: bool = False, flip_u: int = 0,
+           flip_v: int = 0) -> torch.Tensor:
+    """Place a sub-curve ``uv`` ``[n, 2]`` into its parent's frame.
+
+    ``swap`` exchanges the axes (the sub-curve's long axis runs along the parent's minor axis);
+    ``flip_u`` / ``flip_v`` > 0 reflect that axis inside an extent of that many cells.
+    """
+    if swap:
+        uv = uv.flip(1)
+    u, v = uv[:, 0], uv[:, 1]
+    if flip_u:
+        u = flip_u - 1 - u
+    if flip_v:
+        v = flip_v - 1 - v
+    return torch.stack((u + origin[0], v + origin[1]), dim=1)
+
+
+@lru_cache(maxsize=4096)
+def _corner_to_corner(major: int, minor: int) -> torch.Tensor:
+    """Generalised Hilbert curve on ``major x minor`` cells, as ``(u, v)`` int64 ``[n, 2]``.
+
+    Starts at ``(0, 0)`` and ends at ``(major - 1, 0)``: both ends on the ``v = 0`` side, like a
+    Hilbert curve entering and leaving a quadrant. All steps are unit steps when (``major`` is
+    even or ``minor`` odd) and (``major >= 2`` or ``minor == 1``); every part this function
+    creates satisfies that whenever its parent does. ``_free_end`` handles the other shapes.
+    """
+    if minor == 1:
+        u = torch.arange(major, dtype=torch.int64)
+        return torch.stack((u, torch.zeros_like(u)), dim=1)
+    if major == 1:
+        # A single column cannot come back to its start; it ends at (0, minor - 1).
+        v = torch.arange(minor, dtype=torch.int64)
+        return torch.stack((torch.zeros_like(v), v), dim=1)
+    m2 = _even_half(major)
+    if 2 * major > 3 * minor:
+        # Long: two halves side by side along the major axis, both in the parent's orientation.
+        return torch.cat((_corner_to_corner(m2, minor),
+                          _frame(_corner_to_corner(major - m2, minor), origin=(m2, 0))))
+    # Squarish: 1) the lower-left block [0, m2) x [0, n2), its long axis along v (up);
+    # 2) the full-width top band [0, major) x [n2, minor), left to right;
+    # 3) the lower-right block [m2, major) x [0, n2), coming back down to (major - 1, 0).
+    n2 = _even_half(minor)
+    first = _frame(_corner_to_corner(n2, m2), swap=True)
+    second = _frame(_corner_to_corner(major, minor - n2), origin=(0, n2))
+    third = _frame(_corner_to_corner(n2, major - m2), swap=True, flip_u=major - m2,
+                   flip_v=n2, origin=(m2, 0))
+    return torch.cat((first, second, third))
+
+
+@lru_cache(maxsize=1024)
+def _free_end(major: int, minor: int) -> torch.Tensor:
+    """Curve on ``major x minor`` cells from ``(0, 0)``, ending anywhere; unit steps only.
+
+    When ``major`` is odd and ``minor`` even, a unit-step path cannot end on the start's side
+    (both ends would have the same checkerboard colour, while an even number of cells needs
+    them different). Peel even-length halves off with ``_corner_to_corner`` while the rest is
+    long, then traverse the last squarish block with its (even) minor side as the long axis:
+    it ends at the far side, which nothing follows.
+    """
+    if major % 2 == 0 or minor % 2 == 1:
+        return _corner_to_corner(major, minor)
+    if 2 * major > 3 * minor:
+        m2 = _even_half(major)
+        return torch.cat((_corner_to_corner(m2, minor),
+                          _frame(_free_end(major - m2, minor), origin=(m2, 0))))
+    return _frame(_corner_to_corner(minor, major), swap=True)
+
+
+def _check_int(name: str, n, minimum: int) -> int:
+    # operator.index accepts Python / numpy / 0-d tensor integers and rejects floats and strings.
+    try:
+        if isinstance(n, bool):
+            raise TypeError
+        value = operator.index(n)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {n!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+@lru_cache(maxsize=256)
+def _hilbert_curve_cached(rows: int, cols: int) -> torch.Tensor:
+    # The curve's long axis runs along the grid's longer side.
+    if rows >= cols:
+        uv = _free_end(rows, cols)
+        r, c = uv[:, 0], uv[:, 1]
+    else:
+        uv = _free_end(cols, rows)
+        c, r = uv[:, 0], uv[:, 1]
+    return (r * cols + c).contiguous()
+
+
+def hilbert_curve(rows: int, cols: int) -> torch.Tensor:
+    """The generalised Hilbert curve over a ``rows x cols`` grid.
+
+    Args:
+        rows, cols: grid size, any integers ``>= 1`` (not only powers of two).
+
+    Returns:
+        int64 CPU tensor ``[rows * cols]``: the flat cell indices ``row * cols + col`` in visiting
+        order, starting at cell 0. Consecutive cells are grid neighbours. The tensor is cached
+        and shared between callers: do not modify it in place.
+
+    Raises:
+        ValueError: if ``rows`` or ``cols`` is not an integer ``>= 1``.
+    """
+    return _hilbert_curve_cached(_check_int("rows", rows, 1), _check_int("cols", cols, 1))
+
+
+# ---------------------------------------------------------------------------------- the layout
+def _device_key(device: Device) -> torch.device:
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@lru_cache(maxsize=64)
+def _segment_order(segment: int, rate: int) -> torch.Tensor:
+    """Offsets ``t`` of one segment in storage order: the grid cell of ``t`` is
+    ``(t // rate, t % rate)`` (so its flat index is ``t`` itself); cells ``>= segment`` of a
+    ragged last row are skipped. int64 ``[segment]``."""
+    rows = -(-segment // rate)
+    curve = hilbert_curve(rows, rate)
+    return curve[curve < segment] if rows * rate != segment else curve
+
+
+@lru_cache(maxsize=32)
+def _permutation_cached(seq_len: int, segment: int, rate: int,
+                        device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    order = _segment_order(segment, rate)  # [segment]
+    n_full, rest = divmod(seq_len, segment)
+    starts = torch.arange(n_full, dtype=torch.int64) * segment
+    parts = [(starts[:, None] + order[None, :]).reshape(-1)]  # [n_full * segment]
+    if rest:
+        # The last, partial segment: the same curve, skipping positions >= seq_len.
+        parts.append(order[order < rest] + n_full * segment)
+    perm = torch.cat(parts)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(seq_len, dtype=torch.int64)
+    return perm.to(device), inv.to(device)
+
+
+def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
+                        device: Device = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The Hilbert storage layout of ``seq_len`` tokens for ``pattern`` (DESIGN §2).
+
+    Within each segment of the longest config (``w = pattern.max_segment``; the last segment may
+    be partial), offsets ``t`` form a grid of ``ceil(w / R)`` rows by ``R`` columns
+    (``R = pattern.max_rate``; cell ``(t // R, t % R)``, so each column is one dilation class of
+    the sparsest config), visited in Hilbert-curve order. Tokens never leave their segment.
+    With ``R == 1`` (dense) the layout is the identity.
+
+    Args:
+        seq_len: number of tokens, ``>= 0``.
+        pattern: the :class:`DilatedPattern` (only its longest segment and largest rate matter).
+        device: where the returned tensors live (default CPU).
+
+    Returns:
+        ``(perm, inv)``, both int64 ``[seq_len]`` and exact inverses: ``perm[i]`` is the position
+        of the token stored at index ``i``; ``inv[p]`` is the storage index of position ``p``.
+        Cached per ``(seq_len, max_segment, max_rate, device)`` and shared: do not modify.
+
+    Raises:
+        ValueError: if ``seq_len`` is negative or not an integer.
+        TypeError: if ``pattern`` is not a :class:`DilatedPattern`.
+    """
+    if not isinstance(pattern, DilatedPattern):
+        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
+    seq_len = _check_int("seq_len", seq_len, 0)
+    return _permutation_cached(seq_len, pattern.max_segment, pattern.max_rate, _device_key(device))
+
+
+def to_storage(x: torch.Tensor, perm: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """Reorder ``x`` from natural (position) order into storage order along ``dim``.
+
+    ``out.select(dim, i) == x.select(dim, perm[i])``. Differentiable (``index_select``).
+    The default ``dim=-2`` is the sequence dim of ``[B, H, S, D]``.
+    """
+    return x.index_select(dim, perm.to(x.device))
+
+
+def from_storage(x: torch.Tensor, inv: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """Undo :func:`to_storage`: ``out.select(dim, p) == x.select(dim, inv[p])``."""
+    return x.index_select(dim, inv.to(x.device))
+
+
+# ---------------------------------------------------------------------------------- orderings
+def resolve_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[int] = None,
+                     device: Device = None) -> str:
+    """What ``ordering="auto"`` means for a shape: ``"natural"`` or ``"hilbert"``.
+
+    The rule is set from benchmark numbers (``docs/decisions.md``), not guessed. Until the
+    kernel benchmark has measured a crossover, it is ``"natural"``, which needs no permutation
+    and is never wrong: every ordering computes the same function.
+    """
+    return "natural"
+
+
+@lru_cache(maxsize=32)
+def _arange_cached(seq_len: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(seq_len, dtype=torch.int64, device=device)
+
+
+def storage_positions(seq_len: int, pattern: DilatedPattern, ordering: Optional[str] = None,
+                      device: Device = None, *, head_dim: Optional[int] = None) -> torch.Tensor:
+    """True positions of the tokens in storage order, int64 ``[seq_len]``.
+
+    Args:
+        seq_len: number of tokens.
+        pattern: the :class:`DilatedPattern`.
+        ordering: ``"natural"`` (``arange``), ``"hilbert"`` (``perm`` of
+            :func:`hilbert_permutation`) or ``"auto"`` (:func:`resolve_ordering`); default
+            ``pattern.ordering``.
+        device: device of the result.
+        head_dim: passed to :func:`resolve_ordering` for ``"auto"``.
+
+    Returns:
+        A cached, shared tensor (do not modify).
+
+    Raises:
+        ValueError: for an unknown ``ordering``.
+    """
+    if ordering is None:
+        ordering = pattern.ordering
+    if ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
+    if ordering == "auto":
+        ordering = resolve_ordering(pattern, seq_len, head_dim, device)
+    if ordering == "hilbert":
+        return hilbert_permutation(seq_len, pattern, device)[0]
+    return _arange_cached(_check_int("seq_len", seq_len, 0), _device_key(device))

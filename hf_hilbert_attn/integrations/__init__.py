@@ -1,0 +1,1 @@
+"""Adapters to other libraries (Transformers, Accelerate). Nothing below ``ops``/``ring`` imports them."""

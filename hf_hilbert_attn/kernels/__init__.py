@@ -1,0 +1,237 @@
+"""Triton kernels for dilated attention: forward (out + lse) and backward (dq, dk, dv).
+
+Entry point: :func:`triton_dilated_attention` (differentiable). The launchers
+:func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wraps in ``torch.library`` custom
+ops. Design and measurements: ``docs/kernels.md``. This package imports neither transformers
+nor torch.distributed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+
+from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
+from ._fwd import _fwd_kernel
+from ._plan import PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions
+
+__all__ = [
+    "triton_dilated_attention",
+    "dilated_fwd",
+    "dilated_bwd",
+    "plan_positions",
+    "PositionPlan",
+    "SUPPORTED_HEAD_DIMS",
+    "BLOCK_OVERRIDE",
+]
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+LOG2E = 1.4426950408889634
+# Tests set this to (BM, BN) to force small tiles (many tiles, every boundary case) on tiny shapes.
+BLOCK_OVERRIDE: Optional[tuple] = None
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _blocks(kind, d, dtype):
+    bm, bn, warps, stages = (fwd_blocks if kind == "fwd" else bwd_blocks)(d, dtype, _interpret())
+    if BLOCK_OVERRIDE is not None:
+        bm, bn = BLOCK_OVERRIDE
+    return bm, bn, warps, stages
+
+
+def _dummy(device):
+    return torch.empty(1, device=device, dtype=torch.int32)
+
+
+def _cfg_tensor(cfgs, device):
+    flat = [x for wr in cfgs for x in wr] or [1, 1]
+    return torch.tensor(flat, device=device, dtype=torch.int32)
+
+
+def _seg_range(lo: int, hi: int, w: int):
+    s0 = lo // w
+    return s0, hi // w - s0 + 1
+
+
+def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
+    """(first segment, segments, first block, blocks per segment and class) of the query tiles.
+
+    A short query range inside one segment (decoding, chunked prefill) gets only the blocks
+    that can hold its queries, whatever the class; otherwise every block of the segment.
+    """
+    seg0, nseg = _seg_range(plan.qlo, plan.qhi, w)
+    nblk = triton.cdiv(triton.cdiv(w, r), bm)
+    if nseg == 1:
+        lo = max(0, plan.qlo - seg0 * w - (r - 1)) // r // bm
+        hi = (plan.qhi - seg0 * w) // r // bm
+        return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
+    return seg0, nseg, 0, nblk
+
+
+def _pos_args(plan: PositionPlan, device):
+    d = _dummy(device)
+    qinv = plan.qinv if plan.mapped else d
+    kinv = plan.kinv if plan.mapped else d
+    qdoc = plan.qdoc if plan.qdoc is not None else d
+    kdoc = plan.kdoc if plan.kdoc is not None else d
+    sqi = qinv.stride(0) if plan.mapped and qinv.shape[0] > 1 else 0
+    ski = kinv.stride(0) if plan.mapped and kinv.shape[0] > 1 else 0
+    sqd = qdoc.stride(0) if plan.qdoc is not None and qdoc.shape[0] > 1 else 0
+    skd = kdoc.stride(0) if plan.kdoc is not None and kdoc.shape[0] > 1 else 0
+    return (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd)
+
+
+def _prep(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan):
+    """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log)."""
+    q, k, v = _prep(q), _prep(k), _prep(v)
+    B, HQ, SQ, D = q.shape
+    HKV = k.shape[1]
+    dev = q.device
+    out = torch.empty_like(q)
+    lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    if SQ == 0:
+        return out, lse
+    prio, launch = config_order(pattern)
+    acc = torch.empty(q.shape, device=dev, dtype=torch.float32) if len(launch) > 1 else out
+    per_head = pattern.query_dilation == "per_head"
+    BM, BN, warps, stages = _blocks("fwd", D, q.dtype)
+    cfg_t = _cfg_tensor(prio, dev)
+    lcfg_t = _cfg_tensor(launch, dev)
+    (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
+    for li, (w, r) in enumerate(launch):
+        npri = prio.index((w, r))
+        seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
+        ncls = 1 if per_head else r
+        grid = (nseg * ncls * nblk, B * HQ)
+        _fwd_kernel[grid](
+            q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
+            sqi, ski, sqd, skd,
+            scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo, plan.khi,
+            seg0, ncls, nblk, blk0, w, r, npri, li,
+            BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
+            HAS_DOC=plan.qdoc is not None, FIRST=li == 0, LAST=li == len(launch) - 1,
+            IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages,
+        )
+    return out, lse
+
+
+def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
+                plan: PositionPlan):
+    """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None."""
+    q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
+    B, HQ, SQ, D = q.shape
+    HKV, SK = k.shape[1], k.shape[2]
+    dev = q.device
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if SQ == 0 or SK == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    lse = lse.contiguous()
+    delta = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    dblk = 64 if not _interpret() else 16
+    _delta_kernel[(triton.cdiv(SQ, dblk), B * HQ)](
+        out, do, dlse.contiguous() if dlse is not None else delta, delta, SQ,
+        out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2), HQ,
+        BM=dblk, D=D, HAS_DLSE=dlse is not None,
+    )
+    prio, launch = config_order(pattern)
+    multi = len(launch) > 1
+    dqacc = torch.empty(q.shape, device=dev, dtype=torch.float32) if multi else dq
+    dkacc = torch.empty(k.shape, device=dev, dtype=torch.float32) if multi else dk
+    dvacc = torch.empty(v.shape, device=dev, dtype=torch.float32) if multi else dv
+    per_head = pattern.query_dilation == "per_head"
+    BM, BN, warps, stages = _blocks("bwd", D, q.dtype)
+    cfg_t = _cfg_tensor(prio, dev)
+    lcfg_t = _cfg_tensor(launch, dev)
+    (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
+    common = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
+                  HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
+                  num_warps=warps, num_stages=stages)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    for li, (w, r) in enumerate(launch):
+        npri = prio.index((w, r))
+        first, last = li == 0, li == len(launch) - 1
+        # dk, dv: one program per key tile of one key/value head
+        kseg0, knseg = _seg_range(plan.klo, plan.khi, w)
+        knblk = triton.cdiv(triton.cdiv(w, r), BN)
+        _dkdv_kernel[(knseg * r * knblk, B * HKV)](
+            q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t,
+            *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
+            sqi, ski, sqd, skd, SQ,
+            scale, scale * LOG2E, HKV, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
+            plan.khi, kseg0, knblk, w, r, npri, FIRST=first, LAST=last, **common,
+        )
+        # dq: one program per query tile, as in the forward
+        seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
+        ncls = 1 if per_head else r
+        _dq_kernel[(nseg * ncls * nblk, B * HQ)](
+            q, k, v, do, lse, delta, dq, dqacc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
+            *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
+            sqi, ski, sqd, skd, SQ,
+            scale, scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
+            plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, FIRST=first, LAST=last, **common,
+        )
+    return dq, dk, dv
+
+
+class _DilatedAttnFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pattern, scale, causal, plan):
+        out, lse = dilated_fwd(q, k, v, pattern, scale, causal, plan)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (pattern, scale, causal, plan)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        pattern, scale, causal, plan = ctx.args
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, scale, causal, plan)
+        return dq, dk, dv, None, None, None, None
+
+
+def triton_dilated_attention(q, k, v, pattern, a, *, causal: bool = True,
+                             plan: Optional[PositionPlan] = None):
+    """Dilated attention through the Triton kernels (differentiable; lse too).
+
+    Args:
+        q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Sk, D]`` (GQA read in place), fp16/bf16/fp32,
+            D in ``SUPPORTED_HEAD_DIMS``.
+        pattern: the ``DilatedPattern``.
+        a: ``inputs.AttnInputs`` from ``check_inputs`` (scale, positions, document ids).
+        causal: mask keys after the query.
+        plan: a ``PositionPlan`` already built for ``a`` (else built here).
+
+    Returns:
+        ``(out [B, Hq, Sq, D] in q.dtype, lse [B, Hq, Sq] float32, natural log)``.
+
+    Raises:
+        ValueError: if the head size or positions are not supported (``ops._triton_ok`` and
+            ``plan_positions`` say so beforehand; ``ops`` then uses the PyTorch path).
+    """
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for q, k and v, got "
+                         f"{q.shape[-1]} and {v.shape[-1]}")
+    if plan is None:
+        plan, why = plan_positions(a)
+        if plan is None:
+            raise ValueError(f"the Triton kernels cannot take these positions: {why}")
+    return _DilatedAttnFn.apply(q, k, v, pattern, float(a.scale), bool(causal), plan)

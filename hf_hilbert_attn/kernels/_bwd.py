@@ -1,0 +1,287 @@
+"""Backward kernels (FlashAttention-2 style), one launch of each per config.
+
+``P`` is recomputed with the FINAL lse, so every pair gets its true probability whichever
+config owns it; ``delta = rowsum(dO * O) - dlse`` uses the final output. The configs own
+disjoint pairs (union rule), so their gradient contributions simply add:
+
+* ``_dq_kernel``: program per query tile (as in the forward); the sum over configs goes through
+  a float32 buffer, the last launch (covering every query) writes ``dq`` in the input dtype;
+* ``_dkdv_kernel``: program per key tile of one key/value head; it loops over the query heads of
+  its group that read this class (GQA without atomics or expanded K/V), float32 buffers across
+  launches, the last launch writes ``dk``/``dv`` in the input dtype.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import _classify, _n_range, _participates, _union_keep
+
+
+@triton.jit
+def _delta_kernel(O, DO, DLSE, DELTA, S, sob, soh, sos, sdb, sdh, sds, HQ,
+                  BM: tl.constexpr, D: tl.constexpr, HAS_DLSE: tl.constexpr):
+    # delta[b, h, i] = sum_d dO * O  (- dlse), float32 [B, Hq, Sq] contiguous
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = (bh % HQ).to(tl.int64)
+    rows = pid * BM + tl.arange(0, BM)
+    ok = rows < S
+    offs_d = tl.arange(0, D)
+    o = tl.load(O + b * sob + h * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :],
+                mask=ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None].to(tl.int64) * sds + offs_d[None, :],
+                 mask=ok[:, None], other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta = delta - tl.load(DLSE + bh.to(tl.int64) * S + rows, mask=ok, other=0.0)
+    tl.store(DELTA + bh.to(tl.int64) * S + rows, delta, mask=ok)
+
+
+@triton.jit
+def _dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, DQACC,
+    QINV, KINV, QDOC, KDOC, CFG, LCFG,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
+    sqinv, skinv, sqdoc, skdoc, SQ,
+    scale, scale_log2, HQ, GROUP, QOFF, QLO, QHI, KLO, KHI,
+    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+    FIRST: tl.constexpr, LAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    hk = h // GROUP
+    blk = BLK0 + tile % NBLK
+    t2 = tile // NBLK
+    seg = SEG0 + t2 // NCLS
+    if PER_HEAD:
+        c = h % R
+    else:
+        c = t2 % NCLS
+    sbase = seg * W + c
+    ncl = (W - c + R - 1) // R
+
+    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
+    offs_m = blk * BM + tl.arange(0, BM)
+    pq = sbase + R * offs_m
+    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    if MAPPED:
+        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
+        row_ok = row_ok & (qidx >= 0)
+    else:
+        qidx = pq - QOFF
+    qidx = tl.where(row_ok, qidx, 0)
+    row64 = qidx.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b64 * sdb + h64 * sdh + row64[:, None] * sds + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * SQ + row64, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # empty rows: P = 0
+    delta = tl.load(DELTA + bh.to(tl.int64) * SQ + row64, mask=row_ok, other=0.0)
+    if HAS_DOC:
+        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+
+    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    m_first = tl.maximum(blk * BM, qn_lo)
+    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
+    if CAUSAL:
+        kn_hi = tl.minimum(kn_hi, m_last + 1)
+        full_hi = tl.minimum(kn_hi, blk * BM + 1)
+    else:
+        full_hi = kn_hi
+    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)
+    pq0 = sbase + R * m_first
+    pq1 = sbase + R * tl.maximum(m_last, m_first)
+
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    dq = tl.zeros([BM, D], tl.float32)
+    for start_n in range(kn_lo, kn_hi, BN):
+        pk0 = sbase + R * start_n
+        pk1 = sbase + R * (tl.minimum(start_n + BN, kn_hi) - 1)
+        skip, mixed = _classify(pq0, pq1, pk0, pk1, h, R, CFG, NPRI, PER_HEAD)
+        if skip == 0:
+            offs_n = start_n + tl.arange(0, BN)
+            pk = sbase + R * offs_n
+            col_ok = offs_n < kn_hi
+            if MAPPED:
+                kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
+                col_ok = col_ok & (kidx >= 0)
+                kidx = tl.where(col_ok, kidx, 0)
+            else:
+                kidx = tl.where(col_ok, pk, 0)
+            kidx64 = kidx.to(tl.int64)
+            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+                dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+                dp = tl.dot(do, tl.trans(v))
+            p = tl.math.exp2(s * scale_log2 - lse2[:, None])
+            if MAPPED or HAS_DOC or (mixed != 0) or (start_n + BN > full_hi):
+                keep = col_ok[None, :]
+                if CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None])
+                if mixed != 0:
+                    keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
+                if HAS_DOC:
+                    kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
+                    keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
+                p = tl.where(keep, p, 0.0)
+            ds = p * (dp - delta[:, None])
+            if IEEE:
+                dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
+            else:
+                dq = tl.dot(ds.to(k.dtype), k, dq)
+    dq = dq * scale
+    acc_ptrs = DQACC + b64 * sgb + h64 * sgh + row64[:, None] * sgs + offs_d[None, :]
+    if not FIRST:
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
+        dq += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
+    if LAST:
+        tl.store(DQ + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(acc_ptrs, dq, mask=row_ok[:, None])
+
+
+@triton.jit
+def _dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DKACC, DVACC,
+    QINV, KINV, QDOC, KDOC, CFG,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
+    sqinv, skinv, sqdoc, skdoc, SQ,
+    scale, scale_log2, HKV, GROUP, QOFF, QLO, QHI, KLO, KHI,
+    SEG0, NBLK, W, R, NPRI,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+    FIRST: tl.constexpr, LAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
+    # belongs to exactly one program, so the first launch writes every row of the buffers.
+    tile = tl.program_id(0)
+    bhk = tl.program_id(1)
+    b = bhk // HKV
+    hk = bhk % HKV
+    blk = tile % NBLK
+    t2 = tile // NBLK
+    seg = SEG0 + t2 // R
+    c = t2 % R
+    sbase = seg * W + c
+    ncl = (W - c + R - 1) // R
+    b64 = b.to(tl.int64)
+
+    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    offs_n = blk * BN + tl.arange(0, BN)
+    pk = sbase + R * offs_n
+    col_ok = (offs_n >= kn_lo) & (offs_n < kn_hi)
+    if MAPPED:
+        kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
+        col_ok = col_ok & (kidx >= 0)
+    else:
+        kidx = pk
+    kidx = tl.where(col_ok, kidx, 0)
+    k64 = kidx.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    k = tl.load(K + b64 * skb + hk.to(tl.int64) * skh + k64[:, None] * sks + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b64 * svb + hk.to(tl.int64) * svh + k64[:, None] * svs + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    if HAS_DOC:
+        kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
+
+    n_first = tl.maximum(blk * BN, kn_lo)
+    n_last = tl.minimum(blk * BN + BN, kn_hi) - 1
+    pk0 = sbase + R * n_first
+    pk1 = sbase + R * tl.maximum(n_last, n_first)
+    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
+    if CAUSAL:
+        qn_lo = tl.maximum(qn_lo, n_first)  # queries n >= the first key's n
+        full_lo = blk * BN + BN - 1  # query tiles starting here see no diagonal
+    else:
+        full_lo = qn_lo
+    qn_hi = tl.where(n_last >= n_first, qn_hi, qn_lo)
+
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    for hh in range(GROUP):
+        h = hk * GROUP + hh
+        h64 = h.to(tl.int64)
+        if PER_HEAD:
+            active = (h % R) == c
+        else:
+            active = h >= 0
+        if active:
+            q_base = Q + b64 * sqb + h64 * sqh
+            do_base = DO + b64 * sdb + h64 * sdh
+            for start_m in range(qn_lo, qn_hi, BM):
+                pq0 = sbase + R * start_m
+                pq1 = sbase + R * (tl.minimum(start_m + BM, qn_hi) - 1)
+                skip, mixed = _classify(pq0, pq1, pk0, pk1, h, R, CFG, NPRI, PER_HEAD)
+                if skip == 0:
+                    offs_m = start_m + tl.arange(0, BM)
+                    pq = sbase + R * offs_m
+                    row_ok = offs_m < qn_hi
+                    if MAPPED:
+                        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
+                        row_ok = row_ok & (qidx >= 0)
+                        qidx = tl.where(row_ok, qidx, 0)
+                    else:
+                        qidx = tl.where(row_ok, pq - QOFF, 0)
+                    q64 = qidx.to(tl.int64)
+                    q = tl.load(q_base + q64[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+                    do = tl.load(do_base + q64[:, None] * sds + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+                    lse2 = tl.load(LSE + (b64 * (HKV * GROUP) + h64) * SQ + q64, mask=row_ok, other=0.0)
+                    lse2 = lse2 * 1.4426950408889634
+                    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
+                    delta = tl.load(DELTA + (b64 * (HKV * GROUP) + h64) * SQ + q64, mask=row_ok, other=0.0)
+                    # transposed tile: rows = keys [BN], columns = queries [BM]
+                    if IEEE:
+                        st = tl.dot(k, tl.trans(q), input_precision="ieee")
+                        dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
+                    else:
+                        st = tl.dot(k, tl.trans(q))
+                        dpt = tl.dot(v, tl.trans(do))
+                    pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
+                    if MAPPED or HAS_DOC or (mixed != 0) or (start_m < full_lo) or (start_m + BM > qn_hi):
+                        keep = row_ok[None, :] & col_ok[:, None]
+                        if CAUSAL:
+                            keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                        if mixed != 0:
+                            keep = keep & _union_keep(pq[None, :], pk[:, None], h, CFG, NPRI, PER_HEAD)
+                        if HAS_DOC:
+                            qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+                            keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
+                        pt = tl.where(keep, pt, 0.0)
+                    dst = pt * (dpt - delta[None, :])
+                    if IEEE:
+                        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision="ieee")
+                        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision="ieee")
+                    else:
+                        dv = tl.dot(pt.to(do.dtype), do, dv)
+                        dk = tl.dot(dst.to(q.dtype), q, dk)
+    dk = dk * scale
+    hk64 = hk.to(tl.int64)
+    ka_ptrs = DKACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]
+    va_ptrs = DVACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]
+    if not FIRST:
+        dk += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
+        dv += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)
+    if LAST:
+        tl.store(DK + b64 * skb + hk64 * skh + k64[:, None] * sks + offs_d[None, :],
+                 dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+        tl.store(DV + b64 * svb + hk64 * svh + k64[:, None] * svs + offs_d[None, :],
+                 dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    else:
+        tl.store(ka_ptrs, dk, mask=col_ok[:, None])
+        tl.store(va_ptrs, dv, mask=col_ok[:, None])

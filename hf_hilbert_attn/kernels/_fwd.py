@@ -1,0 +1,148 @@
+"""Forward kernel: one launch per config, partial results merged exactly through (out, lse).
+
+Program ``(tile, b*Hq + h)`` owns ``BM`` query positions of one class of one segment of the
+config ``(W, R)`` and iterates the key tiles of the same class and segment (causal: up to its
+last query). Its partial result covers the pairs the union rule assigns to this config; it is
+merged with what earlier launches wrote (``ACC`` float32 and ``LSE``) and written back. The
+last launch is the config that covers every query (rate 1 in per_head mode); it writes the
+final output in the input dtype and the natural-log LSE.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import _classify, _n_range, _participates, _union_keep
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, O, LSE, ACC,
+    QINV, KINV, QDOC, KDOC, CFG, LCFG,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
+    sqinv, skinv, sqdoc, skdoc,
+    scale_log2, HQ, GROUP, QOFF, QLO, QHI, KLO, KHI,
+    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+    FIRST: tl.constexpr, LAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    hk = h // GROUP
+    blk = BLK0 + tile % NBLK
+    t2 = tile // NBLK
+    seg = SEG0 + t2 // NCLS
+    if PER_HEAD:
+        c = h % R
+    else:
+        c = t2 % NCLS
+    sbase = seg * W + c  # position of class index n = 0
+    ncl = (W - c + R - 1) // R  # positions of class c in a (full) segment
+
+    # ---- query rows: class indices [blk*BM, blk*BM + BM) that exist
+    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
+    offs_m = blk * BM + tl.arange(0, BM)
+    pq = sbase + R * offs_m  # [BM] positions
+    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
+    b64 = b.to(tl.int64)
+    if MAPPED:
+        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
+        row_ok = row_ok & (qidx >= 0)
+    else:
+        qidx = pq - QOFF
+    qidx = tl.where(row_ok, qidx, 0)
+    offs_d = tl.arange(0, D)
+    q_ptrs = Q + b64 * sqb + h.to(tl.int64) * sqh + qidx[:, None].to(tl.int64) * sqs + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    if HAS_DOC:
+        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+
+    # ---- key range of this tile: same segment and class
+    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    m_first = tl.maximum(blk * BM, qn_lo)
+    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
+    if CAUSAL:
+        kn_hi = tl.minimum(kn_hi, m_last + 1)  # keys n <= the last query's n
+        full_hi = tl.minimum(kn_hi, blk * BM + 1)  # below: no diagonal inside the tile
+    else:
+        full_hi = kn_hi
+    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)  # no query: empty loop
+    pq0 = sbase + R * m_first
+    pq1 = sbase + R * tl.maximum(m_last, m_first)
+
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    for start_n in range(kn_lo, kn_hi, BN):
+        pk0 = sbase + R * start_n
+        pk1 = sbase + R * (tl.minimum(start_n + BN, kn_hi) - 1)
+        skip, mixed = _classify(pq0, pq1, pk0, pk1, h, R, CFG, NPRI, PER_HEAD)
+        if skip == 0:
+            offs_n = start_n + tl.arange(0, BN)
+            pk = sbase + R * offs_n
+            col_ok = offs_n < kn_hi
+            if MAPPED:
+                kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
+                col_ok = col_ok & (kidx >= 0)
+                kidx = tl.where(col_ok, kidx, 0)
+            else:
+                kidx = tl.where(col_ok, pk, 0)
+            kidx64 = kidx.to(tl.int64)
+            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * scale_log2
+            if MAPPED or HAS_DOC or (mixed != 0) or (start_n + BN > full_hi):
+                keep = col_ok[None, :]
+                if CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None])
+                if mixed != 0:
+                    keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
+                if HAS_DOC:
+                    kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
+                    keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
+                s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            if IEEE:
+                acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc)
+            m_i = m_new
+
+    # ---- finish this config's partial, merge with earlier launches, write
+    has = l_i > 0
+    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    row64 = qidx.to(tl.int64)
+    lse_ptrs = LSE + b64 * slb + h.to(tl.int64) * slh + row64
+    acc_ptrs = ACC + b64 * sab + h.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
+    if not FIRST:
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
+        prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * 1.4426950408889634
+        prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
+        new2 = tl.maximum(prev_lse2, lse2)
+        new_safe = tl.where(new2 == float("-inf"), 0.0, new2)
+        wa = tl.math.exp2(prev_lse2 - new_safe)
+        wb = tl.math.exp2(lse2 - new_safe)
+        tot = wa + wb
+        lse2 = tl.where(tot > 0, new_safe + tl.math.log2(tl.where(tot > 0, tot, 1.0)), float("-inf"))
+        inv = 1.0 / tl.where(tot > 0, tot, 1.0)
+        out = prev_out * (wa * inv)[:, None] + out * (wb * inv)[:, None]
+    tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=row_ok)
+    if LAST:
+        o_ptrs = O + b64 * sob + h.to(tl.int64) * soh + row64[:, None] * sos + offs_d[None, :]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(acc_ptrs, out, mask=row_ok[:, None])

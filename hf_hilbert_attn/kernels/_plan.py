@@ -1,0 +1,125 @@
+"""Host-side planning: position → storage maps, config order, block sizes.
+
+Two orderings run through the same kernels:
+
+* natural: keys at positions ``0..Sk-1`` stored at index = position, queries at
+  ``Sk-Sq..Sk-1`` stored at ``position - (Sk - Sq)``: no table, strided loads;
+* mapped: any per-row injective map position → storage (Hilbert order, ring shards, explicit
+  ``position_ids``): an ``int32`` inverse table ``inv[b, pos]`` (``-1`` = absent) over
+  ``[0, max position]`` is built once per call and read by the kernels.
+
+Unsupported (the op falls back to the PyTorch path, see ``docs/kernels.md``): negative
+positions, a position stored twice in one row (e.g. packed documents whose positions restart),
+or positions spread over more than ``MAX_SPREAD`` × the sequence length (tables and empty tiles
+would dominate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+MAX_SPREAD = 4  # position range / sequence length above which the mapped plan is refused
+_W_CAP = 1 << 30  # positions are < 2**30; a longer segment behaves identically
+
+
+@dataclass
+class PositionPlan:
+    mapped: bool
+    qoff: int  # natural: query storage index = position - qoff
+    qlo: int  # query positions lie in [qlo, qhi], keys in [klo, khi]
+    qhi: int
+    klo: int
+    khi: int
+    qinv: Optional[torch.Tensor]  # [Bp, P] int32, -1 = absent
+    kinv: Optional[torch.Tensor]
+    qdoc: Optional[torch.Tensor]  # [Bd, Sq] int32
+    kdoc: Optional[torch.Tensor]
+
+
+def _is_arange(p: torch.Tensor, start: int) -> bool:
+    n = p.shape[-1]
+    ar = torch.arange(start, start + n, device=p.device, dtype=p.dtype)
+    return bool((p == ar).all())
+
+
+def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
+    """inv[b, pos] = storage index, or None if a position repeats within a row."""
+    bp, n = p.shape
+    inv = torch.full((bp, size), -1, device=p.device, dtype=torch.int32)
+    idx = torch.arange(n, device=p.device, dtype=torch.int32).expand(bp, n)
+    inv.scatter_(1, p, idx)
+    if int((inv >= 0).sum()) != bp * n:
+        return None
+    return inv
+
+
+def plan_positions(a) -> tuple:
+    """Build the :class:`PositionPlan` for checked inputs ``a`` (``inputs.AttnInputs``).
+
+    Returns:
+        ``(plan, None)`` or ``(None, reason)`` when the kernels cannot take these positions.
+    """
+    qp, kp = a.q_positions, a.k_positions
+    qdoc = None if a.q_doc_ids is None else a.q_doc_ids.to(torch.int32).contiguous()
+    kdoc = None if a.k_doc_ids is None else a.k_doc_ids.to(torch.int32).contiguous()
+    sq, sk = a.sq, a.sk
+    natural = a.natural_positions
+    if not natural and sq <= sk:
+        natural = _is_arange(kp, 0) and _is_arange(qp, sk - sq)
+    if natural:
+        return PositionPlan(False, sk - sq, sk - sq, sk - 1, 0, sk - 1, None, None, qdoc, kdoc), None
+    if sq == 0 or sk == 0:
+        return None, "empty query or key positions"
+    qlo, qhi = int(qp.min()), int(qp.max())
+    klo, khi = int(kp.min()), int(kp.max())
+    if min(qlo, klo) < 0:
+        return None, f"negative positions (min {min(qlo, klo)})"
+    size = max(qhi, khi) + 1
+    if size > MAX_SPREAD * max(sq, sk) + 4096:
+        return None, f"positions spread over {size} for {max(sq, sk)} tokens"
+    kinv = _inverse(kp, size)
+    qinv = kinv if qp is kp else _inverse(qp, size)
+    if kinv is None or qinv is None:
+        return None, "a position repeats within a row (e.g. packed documents)"
+    return PositionPlan(True, 0, qlo, qhi, klo, khi, qinv, kinv, qdoc, kdoc), None
+
+
+def config_order(pattern):
+    """Priority order (union rule) and launch order of the configs.
+
+    Priority: by rate, then segment length, so the densest config (rate 1) keeps all its pairs
+    and runs mask-free. Launch: the same, with the first (covering every query) moved last so it
+    can write the final output in place.
+
+    Returns:
+        ``(prio, launch)``: lists of ``(w, r)`` with ``w`` capped at 2**30.
+    """
+    cfgs = [(min(w, _W_CAP), r) for w, r in pattern.configs]
+    prio = sorted(dict.fromkeys(cfgs), key=lambda wr: (wr[1], wr[0]))  # duplicates add nothing
+    launch = prio[1:] + prio[:1]
+    return prio, launch
+
+
+def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool):
+    """(BM, BN, num_warps, num_stages) of the forward kernel."""
+    if interpret:
+        return 16, 16, 1, 1
+    if dtype == torch.float32:
+        return 64, 32, 4, 2
+    if d <= 64:
+        return 128, 64, 4, 3
+    return 128, 64, 8, 3
+
+
+def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool):
+    """(BM, BN, num_warps, num_stages) of the backward kernels (dq and dk/dv)."""
+    if interpret:
+        return 16, 16, 1, 1
+    if dtype == torch.float32:
+        return 32, 32, 4, 2
+    if d <= 64:
+        return 64, 64, 4, 3
+    return 64, 64, 8, 2

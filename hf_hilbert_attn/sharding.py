@@ -1,0 +1,261 @@
+"""Sharding a batch over a sequence-parallel group, and gathering it back.
+
+A layout decides which positions of a (padded) sequence of length ``S`` each of the ``W``
+ranks holds, in which storage order; the attention always follows the true positions, so every
+layout computes the same function — layouts differ only in per-rank work and communication.
+
+* ``contiguous``: rank ``r`` holds positions ``[r·L, (r+1)·L)`` (``L = S / W``).
+* ``zigzag``: the sequence is cut into ``2W`` chunks; rank ``r`` holds chunks ``r`` and
+  ``2W-1-r``, so under causal attention every rank holds as many early (cheap) as late
+  (expensive) queries.
+* ``hilbert``: the positions in the pattern's Hilbert storage order (DESIGN §2; within each
+  longest segment a Hilbert curve over the (row, dilation class) grid), cut into ``W``
+  contiguous pieces: each rank holds a compact block of rows × classes.
+
+The default (``DEFAULT_LAYOUT``) was picked from the per-rank allowed-pair counts of
+``examples/benchmarks/ring_volume.py`` (see ``docs/decisions.md``).
+
+Labels are shifted *before* sharding (``shift_labels[t] = labels[t + 1]``), so the token that
+predicts the first token of the next rank's shard keeps its label; Transformers' causal-LM loss
+takes them through its ``shift_labels`` argument and does not shift again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from .pattern import DilatedPattern
+
+__all__ = ["LAYOUTS", "DEFAULT_LAYOUT", "padded_length", "shard_positions", "shard_batch",
+           "gather_sequence", "shift_labels", "pairs_per_rank"]
+
+LAYOUTS = ("contiguous", "zigzag", "hilbert")
+DEFAULT_LAYOUT = "zigzag"
+IGNORE_INDEX = -100
+
+
+def _rank_world(group) -> Tuple[int, int]:
+    if isinstance(group, (tuple, list)):
+        if len(group) != 2:
+            raise ValueError(f"group must be a process group or (rank, world_size), got {group!r}")
+        rank, world = int(group[0]), int(group[1])
+    else:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            if group is None:
+                return 0, 1
+            raise ValueError("a process group was given but torch.distributed is not initialised")
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, world_size), got rank {rank}, world_size {world}")
+    return rank, world
+
+
+def _check_layout(layout: str, pattern: Optional[DilatedPattern]):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "hilbert" and not isinstance(pattern, DilatedPattern):
+        raise ValueError("layout='hilbert' needs the DilatedPattern (pattern=...), got "
+                         f"{type(pattern).__name__}")
+
+
+def padded_length(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
+                  pad_to_multiple: int = 1) -> int:
+    """Smallest length ``>= seq_len`` that ``layout`` can split evenly over ``world_size`` ranks
+    and that is a multiple of ``pad_to_multiple`` per rank."""
+    if seq_len < 0 or world_size < 1 or pad_to_multiple < 1:
+        raise ValueError(f"need seq_len >= 0, world_size >= 1, pad_to_multiple >= 1; got "
+                         f"{seq_len}, {world_size}, {pad_to_multiple}")
+    chunks = 2 * world_size if layout == "zigzag" else world_size
+    unit = math.lcm(chunks, world_size * pad_to_multiple)
+    return max(unit, -(-seq_len // unit) * unit)
+
+
+def shard_positions(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
+                    pattern: Optional[DilatedPattern] = None, pad_to_multiple: int = 1,
+                    device=None) -> torch.Tensor:
+    """Positions held by each rank, in storage order.
+
+    Args:
+        seq_len: the unpadded sequence length.
+        world_size: ranks in the group.
+        layout: one of :data:`LAYOUTS`.
+        pattern: needed for ``"hilbert"``.
+        pad_to_multiple: each shard's length is a multiple of this.
+
+    Returns:
+        int64 ``[world_size, L]``; row ``r`` lists the positions (indices into the padded
+        sequence of length ``world_size · L``) rank ``r`` holds. Positions ``>= seq_len`` are
+        padding.
+    """
+    _check_layout(layout, pattern)
+    s = padded_length(seq_len, world_size, layout, pad_to_multiple)
+    if layout == "contiguous":
+        order = torch.arange(s)
+    elif layout == "zigzag":
+        c = torch.arange(s).view(2 * world_size, -1)
+        order = torch.cat([torch.cat([c[r], c[2 * world_size - 1 - r]]) for r in range(world_size)])
+    else:
+        from .hilbert import hilbert_permutation
+
+        order = hilbert_permutation(s, pattern)[0]
+    return order.view(world_size, -1).to(device)
+
+
+def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """``out[..., t] = labels[..., t + 1]``, last = ``ignore_index`` (what the token at ``t``
+    must predict)."""
+    return torch.nn.functional.pad(labels[..., 1:], (0, 1), value=ignore_index)
+
+
+def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
+                pattern: Optional[DilatedPattern] = None, pad_to_multiple: int = 1, *,
+                pad_token_id: int = 0, seq_dim: int = 1) -> dict:
+    """This rank's shard of a causal-LM batch.
+
+    Args:
+        batch: ``input_ids`` ``[B, S]`` (required) and optionally ``labels`` ``[B, S]``
+            (unshifted, as Transformers takes them), ``position_ids`` ``[B, S]`` or ``[S]``,
+            ``attention_mask`` ``[B, S]``; other tensors with a sequence dim of size ``S`` at
+            ``seq_dim`` are sharded the same way, everything else is passed through.
+        group: the sequence-parallel process group, or ``(rank, world_size)``; None: no
+            sharding (world size 1).
+        layout: one of :data:`LAYOUTS`.
+        pattern: the model's pattern (needed for ``"hilbert"``).
+        pad_to_multiple: pad each shard's length to a multiple of this.
+        pad_token_id: ``input_ids`` value of padding tokens.
+
+    Returns:
+        A new dict: ``input_ids`` ``[B, L]``; ``position_ids`` ``[B, L]`` (true positions;
+        padding continues after the last position so it is never attended causally);
+        ``labels`` and ``shift_labels`` — both the *already shifted* labels of this shard, -100
+        on padding — so that ``model(**shard)`` computes the shard's loss without shifting
+        again; ``attention_mask`` (0 on padding) when the batch had one; and
+        ``num_items`` — the number of non-ignored labels of this shard (a 0-dim tensor).
+
+    Raises:
+        ValueError: unknown layout, missing ``input_ids``, inconsistent shapes.
+    """
+    if "input_ids" not in batch:
+        raise ValueError(f"batch needs 'input_ids', got keys {sorted(batch)}")
+    ids = batch["input_ids"]
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, S], got shape {tuple(ids.shape)}")
+    rank, world = _rank_world(group)
+    bsz, s = ids.shape
+    _check_layout(layout, pattern)
+    pos_table = shard_positions(s, world, layout, pattern, pad_to_multiple)
+    sp = pos_table.numel()
+    idx = pos_table[rank].to(ids.device)  # [L] indices into the padded sequence
+
+    def pad(x, value, dim=1):
+        if x.shape[dim] != s:
+            raise ValueError(f"every sequence tensor must have length {s} at dim {dim}, got "
+                             f"shape {tuple(x.shape)}")
+        if sp == s:
+            return x
+        shape = list(x.shape)
+        shape[dim] = sp - s
+        return torch.cat([x, x.new_full(shape, value)], dim=dim)
+
+    out = {}
+    out["input_ids"] = pad(ids, pad_token_id).index_select(1, idx)
+    pos = batch.get("position_ids")
+    if pos is None:
+        full_pos = torch.arange(sp, device=ids.device).expand(bsz, sp)
+    else:
+        pos = pos.expand(bsz, s) if pos.dim() == 1 else pos
+        last = pos[:, -1:] + 1
+        full_pos = torch.cat([pos, last + torch.arange(sp - s, device=pos.device)], dim=1)
+    out["position_ids"] = full_pos.index_select(1, idx)
+    labels = batch.get("labels")
+    if labels is not None:
+        sh = pad(shift_labels(labels), IGNORE_INDEX).index_select(1, idx)
+        out["labels"] = sh
+        out["shift_labels"] = sh
+        out["num_items"] = (sh != IGNORE_INDEX).sum()
+    if batch.get("attention_mask") is not None:
+        out["attention_mask"] = pad(batch["attention_mask"], 0).index_select(1, idx)
+    for key, val in batch.items():
+        if key in out or key in ("labels", "position_ids", "attention_mask"):
+            continue
+        if isinstance(val, torch.Tensor) and val.dim() > seq_dim and val.shape[seq_dim] == s:
+            out[key] = pad(val, 0, seq_dim).index_select(seq_dim, idx.to(val.device))
+        else:
+            out[key] = val
+    return out
+
+
+def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *,
+                    seq_len: Optional[int] = None, pattern: Optional[DilatedPattern] = None,
+                    dim: int = 1, pad_to_multiple: int = 1) -> torch.Tensor:
+    """Inverse of :func:`shard_batch` for one tensor: all ranks get the whole sequence.
+
+    Args:
+        x: this rank's shard, sequence along ``dim`` (all ranks the same shape).
+        group: the process group (or None: returned as is).
+        layout, pattern, pad_to_multiple: as given to :func:`shard_batch`.
+        seq_len: the unpadded length to trim to (default: keep the padding).
+        dim: the sequence dim.
+
+    Returns:
+        The tensor in natural position order along ``dim``. Differentiable when ``x`` requires
+        grad (the gradient of each rank's slice flows back to that rank).
+    """
+    import torch.distributed as dist
+
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return x if seq_len is None else x.narrow(dim, 0, seq_len)
+    world = dist.get_world_size(group)
+    if x.requires_grad:
+        from torch.distributed.nn.functional import all_gather
+
+        parts = list(all_gather(x.contiguous(), group=group))
+    else:
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+    stored = torch.cat(parts, dim=dim)  # positions pos_table.flatten() along dim
+    full_len = stored.shape[dim]
+    pos_table = _table_for_padded(full_len, world, layout, pattern)
+    inv = torch.empty_like(pos_table.flatten())
+    inv[pos_table.flatten()] = torch.arange(full_len)
+    out = stored.index_select(dim, inv.to(x.device))
+    return out if seq_len is None else out.narrow(dim, 0, seq_len)
+
+
+def _table_for_padded(padded: int, world: int, layout: str, pattern) -> torch.Tensor:
+    table = shard_positions(padded, world, layout, pattern)
+    if table.numel() != padded:
+        raise ValueError(f"a gathered length of {padded} cannot come from layout {layout!r} over "
+                         f"{world} ranks")
+    return table
+
+
+def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,
+                   layout: str = DEFAULT_LAYOUT, num_heads: int = 1) -> list:
+    """Exact allowed (query, key) pairs (causal, summed over heads) per rank for a layout.
+
+    Ranks' query sets are split into runs of consecutive positions; a run ``[a, b)`` of causal
+    queries sees only keys ``< b``, so its count is ``pattern.count_pairs(b, q_len=b - a)`` —
+    the pattern module's exact counter, no S² work. Padding positions are excluded.
+    """
+    table = shard_positions(seq_len, world_size, layout, pattern)
+    out = []
+    for r in range(world_size):
+        p = torch.sort(table[r][table[r] < seq_len]).values
+        if p.numel() == 0:
+            out.append(0)
+            continue
+        breaks = (torch.nonzero(p[1:] != p[:-1] + 1).flatten() + 1).tolist()
+        starts = [0] + breaks
+        ends = breaks + [p.numel()]
+        tot = 0
+        for a, b in zip(starts, ends):
+            lo, hi = int(p[a]), int(p[b - 1]) + 1
+            tot += pattern.count_pairs_total(hi, num_heads, q_len=hi - lo)
+        out.append(tot)
+    return out

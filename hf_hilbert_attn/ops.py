@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -57,10 +57,20 @@ def dilated_attention(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+    if backend == "triton" and not _triton_ok(q, a, any_device=True):
+        raise ValueError(
+            f"backend='triton' needs float16/bfloat16/float32 and head_dim in "
+            f"{_SUPPORTED_HEAD_DIMS} (same for v), got {q.dtype}, head_dim {a.head_dim}/"
+            f"{a.head_dim_v}; use backend='auto' or 'torch'"
+        )
     if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
-        from .kernels import triton_dilated_attention  # noqa: F401 (added by the kernel work)
-
-        out, lse = triton_dilated_attention(q, k, v, pattern, a, causal=causal)
+        # Positions given explicitly travel to the op; it builds the position -> storage map
+        # (or falls back to the PyTorch path when the kernels cannot take them).
+        qp = None if a.natural_positions else a.q_positions
+        kp = None if a.natural_positions else a.k_positions
+        out, lse = torch.ops.hf_hilbert_attn.dilated_attention_fwd(
+            q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),
+            list(pattern.dilation_rates), pattern.query_dilation, bool(causal), float(a.scale))
     else:
         from .reference import chunked_attention
 
@@ -68,5 +78,122 @@ def dilated_attention(
     return (out, lse) if return_lse else out
 
 
-def _triton_ok(q: torch.Tensor, a) -> bool:
-    return False
+_SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _triton_ok(q: torch.Tensor, a, *, any_device: bool = False) -> bool:
+    """Whether the Triton kernels take this call (static checks only: no device sync, so the
+    decision traces under ``torch.compile``).
+
+    False (→ PyTorch path) for: tensors not on CUDA (unless ``any_device``: the interpreter),
+    float64, head_dim not in (16, 32, 64, 128) or differing between q and v, Triton missing.
+    Data-dependent limits (repeated or negative positions, e.g. packed documents whose
+    positions restart) are checked inside the op, which then runs the PyTorch path itself.
+    """
+    if not (any_device or q.is_cuda):
+        return False
+    if q.dtype not in _KERNEL_DTYPES:
+        return False
+    if a.head_dim not in _SUPPORTED_HEAD_DIMS or a.head_dim_v != a.head_dim:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library custom ops: opaque to torch.compile (no graph break), with fake implementations
+# for tracing and an autograd formula that calls the backward op.
+
+
+def _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths,
+               dilation_rates, query_dilation, scale):
+    pattern = DilatedPattern(segment_lengths, dilation_rates, query_dilation=query_dilation)
+    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+    return pattern, a
+
+
+@torch.library.custom_op("hf_hilbert_attn::dilated_attention_fwd", mutates_args=())
+def _fwd_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    q_positions: Optional[torch.Tensor], k_positions: Optional[torch.Tensor],
+    q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
+    segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
+    causal: bool, scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    from .kernels import dilated_fwd, plan_positions
+
+    pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
+                            segment_lengths, dilation_rates, query_dilation, scale)
+    plan, _ = plan_positions(a)
+    if plan is None:
+        from .reference import chunked_attention
+
+        out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
+        return out.contiguous(), lse.float().contiguous()
+    return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths, dilation_rates,
+      query_dilation, causal, scale):
+    b, h, s, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op("hf_hilbert_attn::dilated_attention_bwd", mutates_args=())
+def _bwd_op(
+    dout: torch.Tensor, dlse: Optional[torch.Tensor],
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    q_positions: Optional[torch.Tensor], k_positions: Optional[torch.Tensor],
+    q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
+    segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
+    causal: bool, scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .kernels import dilated_bwd, plan_positions
+
+    pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
+                            segment_lengths, dilation_rates, query_dilation, scale)
+    plan, _ = plan_positions(a)
+    if plan is None:  # same fallback as the forward: differentiate the PyTorch path
+        from .reference import chunked_attention
+
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            o2, l2 = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
+            outs, grads = [o2], [dout]
+            if dlse is not None:
+                outs.append(l2)
+                grads.append(dlse)
+            dq, dk, dv = torch.autograd.grad(outs, (qq, kk, vv), grads, allow_unused=True)
+        return tuple(torch.zeros_like(t) if g is None else g.contiguous()
+                     for g, t in ((dq, q), (dk, k), (dv, v)))
+    return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
+
+
+@_bwd_op.register_fake
+def _(dout, dlse, q, k, v, out, lse, *args):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *inputs[3:7])
+    ctx.static = inputs[7:]
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, qp, kp, qd, kd = ctx.saved_tensors  # optionals come back as None
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
+        dout, dlse, q, k, v, out, lse, qp, kp, qd, kd, *ctx.static)
+    return (dq, dk, dv) + (None,) * 9
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)

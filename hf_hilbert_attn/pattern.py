@@ -211,23 +211,31 @@ class DilatedPattern:
         cls = torch.remainder(pos, w) % r if r > 1 else torch.zeros_like(pos)
         return seg, cls
 
+    def config_keys(self, i: int, head, q_pos, k_pos) -> tuple:
+        """Integer keys with ``config_allowed(i, head, p, s) == (q_key == k_key)`` (broadcast).
+
+        A key is ``2 * (segment * r_i + class)``; per_head, a query whose class is not its
+        head's ``h % r_i`` gets the odd key ``+ 1``, which no key matches. One comparison of
+        keys replaces the three of the rule, which is what block masks of long sequences need.
+        """
+        w, r = self.configs[i]
+        q_seg, q_cls = self.segment_and_class(i, q_pos)
+        k_seg, k_cls = self.segment_and_class(i, k_pos)
+        q_key = (q_seg * r + q_cls) * 2
+        k_key = (k_seg * r + k_cls) * 2
+        if r > 1 and self.query_dilation == "per_head":
+            q_key = q_key + (q_cls != torch.remainder(torch.as_tensor(head), r)).to(q_key.dtype)
+        return q_key, k_key
+
     def config_allowed(self, i: int, head, q_pos, k_pos) -> torch.Tensor:
-        """The rule of config ``i`` alone, on broadcastable integer tensors.
+        """The rule of config ``i`` alone, on broadcastable integer tensors: same segment of
+        ``w_i``, same dilation class, and (per_head) that class is ``head % r_i``.
 
         The pattern's rule is the OR of this over all configs (see :meth:`allowed`); the result
         has no head dimension when config ``i`` does not depend on the head.
         """
-        w, r = self.configs[i]
-        q_pos = torch.as_tensor(q_pos)
-        k_pos = torch.as_tensor(k_pos)
-        ok = torch.div(q_pos, w, rounding_mode="floor") == torch.div(k_pos, w, rounding_mode="floor")
-        if r > 1:
-            tq = torch.remainder(q_pos, w) % r
-            tk = torch.remainder(k_pos, w) % r
-            ok = ok & (tq == tk)
-            if self.query_dilation == "per_head":
-                ok = ok & (tq == torch.remainder(torch.as_tensor(head), r))
-        return ok
+        q_key, k_key = self.config_keys(i, head, q_pos, k_pos)
+        return q_key == k_key
 
     def allowed(self, head, q_pos, k_pos) -> torch.Tensor:
         """Allowed-pair rule on broadcastable integer tensors (no causality, no documents)."""

@@ -90,9 +90,16 @@ class _Pass:
 
 
 def _lex_order(group: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Indices sorting by ``group`` then ``pos`` (two stable sorts)."""
+    """Indices sorting by ``group`` then ``pos`` (ties in both may come in any order)."""
+    if pos.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64, device=pos.device)
+    p_min, p_max = int(pos.min()), int(pos.max())
+    g_min, g_max = int(group.min()), int(group.max())
+    span = p_max - p_min + 1
+    if (g_max - g_min + 1) * span < 2**62:  # one sort of a combined key
+        return torch.sort((group - g_min) * span + (pos - p_min)).indices
     order = torch.sort(pos, stable=True).indices
-    return order[torch.sort(group[order], stable=True).indices]
+    return order.index_select(0, torch.sort(group.index_select(0, order), stable=True).indices)
 
 
 def _tile_bounds(counts: list, cq: int) -> list:
@@ -150,11 +157,12 @@ def _make_pass(pattern, i, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_i
     # A strict subset of heads reads its key/value heads through an index (block-sized copies);
     # all heads use the grouped view q [B, Hkv, G * cq, D], so K/V are never expanded.
     ps.kv_ids = None if len(head_list) == hq else torch.div(ps.head_ids, group_size, rounding_mode="floor")
-    ps.q_order, ps.q_pos = q_idx[qo], q_pos[qo]
-    ps.k_order, ps.k_pos = k_idx[ko], k_pos[ko]
-    ps.q_doc = None if q_doc is None else q_doc[:, qo]
-    ps.k_doc = None if k_doc is None else k_doc[:, ko]
-    qg, kg = qg[qo], kg[ko]
+    # (index_select: advanced indexing is several times slower on CPU)
+    ps.q_order, ps.q_pos = q_idx.index_select(0, qo), q_pos.index_select(0, qo)
+    ps.k_order, ps.k_pos = k_idx.index_select(0, ko), k_pos.index_select(0, ko)
+    ps.q_doc = None if q_doc is None else q_doc.index_select(1, qo)
+    ps.k_doc = None if k_doc is None else k_doc.index_select(1, ko)
+    qg, kg = qg.index_select(0, qo), kg.index_select(0, ko)
 
     cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * len(head_list) * CHUNK_K)))
     counts = torch.unique_consecutive(qg, return_counts=True)[1].tolist()
@@ -244,9 +252,10 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
             else:
                 work = [(slice(None), q_all, k_all)]
             for heads, qs, ks in work:
-                ps = _make_pass(pattern, i, rows, heads, a.hq, group_size, qs, qp[qs],
-                                None if qd is None else qd[:, qs], ks, kp[ks],
-                                None if kd is None else kd[:, ks], causal, n_rows)
+                ps = _make_pass(pattern, i, rows, heads, a.hq, group_size, qs, qp.index_select(0, qs),
+                                None if qd is None else qd.index_select(1, qs), ks,
+                                kp.index_select(0, ks),
+                                None if kd is None else kd.index_select(1, ks), causal, n_rows)
                 if ps is not None:
                     passes.append(ps)
     return passes
@@ -261,9 +270,12 @@ def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
     mask = None
     if need_group:
         mask = pattern.config_allowed(ps.config, h, qc, kc)
-    for j in dedupe:  # the union rule: a pair belongs to the first config that allows it
-        taken = ~pattern.config_allowed(j, h, qc, kc)
-        mask = taken if mask is None else mask & taken
+    taken = None  # the union rule: a pair belongs to the first config that allows it
+    for j in dedupe:
+        t = pattern.config_allowed(j, h, qc, kc)
+        taken = t if taken is None else taken | t
+    if taken is not None:
+        mask = ~taken if mask is None else mask & ~taken
     if need_causal:
         mask = (kc <= qc) if mask is None else mask & (kc <= qc)
     if mask is not None:
@@ -331,10 +343,12 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
                     s = torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
                 m_new = torch.maximum(m, s.amax(-1))
                 m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # empty rows stay 0
-                p = torch.exp(s - m_safe[..., None])
+                p = s.sub_(m_safe[..., None]).exp_()
                 corr = torch.exp(m - m_safe)
-                l = l * corr + p.sum(-1)
-                acc = acc * corr[..., None] + torch.matmul(p, vb)
+                # A ones column on V makes the row sums of p come out of the same matmul.
+                pv = torch.matmul(p, torch.cat([vb, vb.new_ones(vb.shape[:-1] + (1,))], -1))
+                l = l * corr + pv[..., -1]
+                acc = acc * corr[..., None] + pv[..., :-1]
                 m = m_new
             # Tile result (lse_t, out_t), merged into the running (lse, out) of these queries.
             lse_t = (m + torch.log(l)).view(nb, hk * g, cq)  # -inf where nothing was allowed
@@ -380,15 +394,15 @@ def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
                 ki = ps.k_order[k_lo:k_hi]
                 kb = _gather_kv(kf, ps.rows, ki, ps.kv_ids)
                 vb = _gather_kv(vf, ps.rows, ki, ps.kv_ids)
-                s = torch.matmul(qb, kb.transpose(-1, -2)) - lse_b
+                s = torch.matmul(qb, kb.transpose(-1, -2)).sub_(lse_b)
                 kd = None if ps.k_doc is None else ps.k_doc[:, k_lo:k_hi]
                 mask = _block_mask(pattern, ps, qp, ps.k_pos[k_lo:k_hi], qd, kd, chunk)
                 if mask is not None:
                     s5 = s.view(nb, hk, g, cq, -1)
                     s = torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
-                p = torch.exp(s)  # [B', hk, g*cq, ck]
+                p = s.exp_()  # [B', hk, g*cq, ck]
                 dv_b = torch.matmul(p.transpose(-1, -2), dob)  # [B', hk, ck, Dv]
-                ds = p * (torch.matmul(dob, vb.transpose(-1, -2)) - delta_b)
+                ds = torch.matmul(dob, vb.transpose(-1, -2)).sub_(delta_b).mul_(p)
                 dq_t += torch.matmul(ds, kb)
                 dk_b = torch.matmul(ds.transpose(-1, -2), qb)  # q is scaled: d(s)/dk = scale*q
                 if ps.kv_ids is not None:  # fold the pass's heads onto their key/value heads

@@ -349,7 +349,7 @@ def _positions(name, t, batch, length, device):
     if t.dim() != 2 or t.shape[1] != length or t.shape[0] not in (1, batch):
         raise ValueError(f"{name} must have shape [{length}] or [1 or {batch}, {length}], "
                          f"got {tuple(t.shape)}")
-    t = t.to(torch.int64)
+    t = t.to(torch.int64).expand(batch, -1)  # one batch convention on every rank
     if t.numel() and int(t.min()) < 0:
         raise ValueError(f"{name} must be >= 0 (true positions), got min {int(t.min())}")
     return t.contiguous()
@@ -476,21 +476,29 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
             sends = [(_entries_of_block(gk.to(acc), st), st.src, 4 * j + 2),
                      (_entries_of_block(gv.to(acc), st), st.src, 4 * j + 3)]
         grads_in.append(_post_grad_recv(st, j, k, v, sends, ctx.group))
-    for works, gk_in, gv_in, st, _ in grads_in:
-        for w in works:
-            w.wait()
-        if gk_in is None:
-            continue
-        if st.send_dense:
-            b = gk_in.shape[0]
-            dk.index_add_(2, st.send_rows, gk_in.view(b, -1, st.send_rows.numel(), gk_in.shape[-1]))
-            dv.index_add_(2, st.send_rows, gv_in.view(b, -1, st.send_rows.numel(), gv_in.shape[-1]))
-        else:
-            # [B, Hkv, S, D] viewed as [Hkv, S, B, D] so the (head, row) pairs index dims 0, 1
-            idx = (st.send_head, st.send_row)
-            dk.permute(1, 2, 0, 3).index_put_(idx, gk_in.transpose(0, 1), accumulate=True)
-            dv.permute(1, 2, 0, 3).index_put_(idx, gv_in.transpose(0, 1), accumulate=True)
+        if len(grads_in) > 1:  # keep at most two steps of gradient buffers alive
+            _add_grads(dk, dv, grads_in.pop(0))
+    for entry in grads_in:
+        _add_grads(dk, dv, entry)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _add_grads(dk, dv, entry):
+    """Wait for one step's gradient exchange and add what came back into our dK/dV."""
+    works, gk_in, gv_in, st, _ = entry
+    for w in works:
+        w.wait()
+    if gk_in is None:
+        return
+    if st.send_dense:
+        b, _, d = gk_in.shape
+        dk.index_add_(2, st.send_rows, gk_in.view(b, -1, st.send_rows.numel(), d))
+        dv.index_add_(2, st.send_rows, gv_in.view(b, -1, st.send_rows.numel(), gv_in.shape[-1]))
+    else:
+        # [B, Hkv, S, D] viewed as [Hkv, S, B, D] so the (head, row) pairs index dims 0, 1
+        idx = (st.send_head, st.send_row)
+        dk.permute(1, 2, 0, 3).index_put_(idx, gk_in.transpose(0, 1), accumulate=True)
+        dv.permute(1, 2, 0, 3).index_put_(idx, gv_in.transpose(0, 1), accumulate=True)
 
 
 def _post_grad_recv(st: _Step, j, k, v, sends, group):
@@ -582,9 +590,10 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         kd = torch.as_tensor(k_doc_ids, device=q.device).to(torch.int64)
         qd = qd.unsqueeze(0) if qd.dim() == 1 else qd
         kd = kd.unsqueeze(0) if kd.dim() == 1 else kd
-        if kd.shape[-1] != sk or qd.shape[-1] != sq:
+        if kd.shape[-1] != sk or qd.shape[-1] != sq or qd.dim() != 2 or kd.dim() != 2:
             raise ValueError(f"doc ids must match the shard lengths ({sq}, {sk}), got "
                              f"{tuple(qd.shape)} and {tuple(kd.shape)}")
+        qd, kd = qd.expand(b, -1).contiguous(), kd.expand(b, -1).contiguous()
     _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group)
 
     rank = dist.get_rank(group)

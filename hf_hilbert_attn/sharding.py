@@ -12,8 +12,10 @@ layout computes the same function — layouts differ only in per-rank work and c
   longest segment a Hilbert curve over the (row, dilation class) grid), cut into ``W``
   contiguous pieces: each rank holds a compact block of rows × classes.
 
-The default (``DEFAULT_LAYOUT``) was picked from the per-rank allowed-pair counts of
-``examples/benchmarks/ring_volume.py`` (see ``docs/decisions.md``).
+* ``auto`` (the default, :func:`resolve_layout`): ``contiguous`` when every shard is a whole
+  number of the pattern's longest segments (no segment crosses a shard: nothing is sent and every
+  rank does the same work), else ``zigzag``. Picked from the per-rank pair counts and send plans
+  of ``examples/benchmarks/ring_volume.py`` (``docs/decisions.md``).
 
 Labels are shifted *before* sharding (``shift_labels[t] = labels[t + 1]``), so the token that
 predicts the first token of the next rank's shard keeps its label; Transformers' causal-LM loss
@@ -23,17 +25,18 @@ takes them through its ``shift_labels`` argument and does not shift again.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 
 from .pattern import DilatedPattern
 
-__all__ = ["LAYOUTS", "DEFAULT_LAYOUT", "padded_length", "shard_positions", "shard_batch",
-           "gather_sequence", "shift_labels", "pairs_per_rank"]
+__all__ = ["LAYOUTS", "LAYOUT_CHOICES", "DEFAULT_LAYOUT", "resolve_layout", "padded_length",
+           "shard_positions", "shard_batch", "gather_sequence", "shift_labels", "pairs_per_rank"]
 
 LAYOUTS = ("contiguous", "zigzag", "hilbert")
-DEFAULT_LAYOUT = "zigzag"
+LAYOUT_CHOICES = LAYOUTS + ("auto",)
+DEFAULT_LAYOUT = "auto"
 IGNORE_INDEX = -100
 
 
@@ -55,21 +58,38 @@ def _rank_world(group) -> Tuple[int, int]:
     return rank, world
 
 
+def resolve_layout(layout: str, seq_len: int, world_size: int,
+                   pattern: Optional[DilatedPattern] = None) -> str:
+    """The concrete layout ``"auto"`` stands for (other layouts are returned unchanged).
+
+    ``contiguous`` if ``seq_len`` splits into ``world_size`` shards that are each a whole number
+    of ``pattern.max_segment`` tokens — then no segment of any config crosses a shard, the ring
+    sends nothing and every shard holds the same segments — else ``zigzag`` (causal balance).
+    """
+    if layout != "auto":
+        return layout
+    if pattern is not None and seq_len > 0 and seq_len % (world_size * pattern.max_segment) == 0:
+        return "contiguous"
+    return "zigzag"
+
+
 def _check_layout(layout: str, pattern: Optional[DilatedPattern]):
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        raise ValueError(f"layout must be one of {LAYOUT_CHOICES}, got {layout!r}")
     if layout == "hilbert" and not isinstance(pattern, DilatedPattern):
         raise ValueError("layout='hilbert' needs the DilatedPattern (pattern=...), got "
                          f"{type(pattern).__name__}")
 
 
-def padded_length(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
+def padded_length(seq_len: int, world_size: int, layout: str = "zigzag",
                   pad_to_multiple: int = 1) -> int:
     """Smallest length ``>= seq_len`` that ``layout`` can split evenly over ``world_size`` ranks
     and that is a multiple of ``pad_to_multiple`` per rank."""
     if seq_len < 0 or world_size < 1 or pad_to_multiple < 1:
         raise ValueError(f"need seq_len >= 0, world_size >= 1, pad_to_multiple >= 1; got "
                          f"{seq_len}, {world_size}, {pad_to_multiple}")
+    if layout == "auto":
+        raise ValueError("padded_length needs a concrete layout; call resolve_layout first")
     chunks = 2 * world_size if layout == "zigzag" else world_size
     unit = math.lcm(chunks, world_size * pad_to_multiple)
     return max(unit, -(-seq_len // unit) * unit)
@@ -83,7 +103,7 @@ def shard_positions(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
     Args:
         seq_len: the unpadded sequence length.
         world_size: ranks in the group.
-        layout: one of :data:`LAYOUTS`.
+        layout: one of :data:`LAYOUT_CHOICES` (``"auto"``: :func:`resolve_layout`).
         pattern: needed for ``"hilbert"``.
         pad_to_multiple: each shard's length is a multiple of this.
 
@@ -92,6 +112,7 @@ def shard_positions(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
         sequence of length ``world_size · L``) rank ``r`` holds. Positions ``>= seq_len`` are
         padding.
     """
+    layout = resolve_layout(layout, seq_len, world_size, pattern)
     _check_layout(layout, pattern)
     s = padded_length(seq_len, world_size, layout, pad_to_multiple)
     if layout == "contiguous":
@@ -124,7 +145,7 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
             ``seq_dim`` are sharded the same way, everything else is passed through.
         group: the sequence-parallel process group, or ``(rank, world_size)``; None: no
             sharding (world size 1).
-        layout: one of :data:`LAYOUTS`.
+        layout: one of :data:`LAYOUT_CHOICES` (``"auto"``: :func:`resolve_layout`).
         pattern: the model's pattern (needed for ``"hilbert"``).
         pad_to_multiple: pad each shard's length to a multiple of this.
         pad_token_id: ``input_ids`` value of padding tokens.
@@ -132,7 +153,8 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     Returns:
         A new dict: ``input_ids`` ``[B, L]``; ``position_ids`` ``[B, L]`` (true positions;
         padding continues after the last position so it is never attended causally);
-        ``labels`` and ``shift_labels`` — both the *already shifted* labels of this shard, -100
+        ``hilbert_doc_ids`` (global document ids, -1 on padding) when ``position_ids`` restart
+        (packed documents); ``labels`` and ``shift_labels`` — both the *already shifted* labels of this shard, -100
         on padding — so that ``model(**shard)`` computes the shard's loss without shifting
         again; ``attention_mask`` (0 on padding) when the batch had one; and
         ``num_items`` — the number of non-ignored labels of this shard (a 0-dim tensor).
@@ -147,6 +169,7 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         raise ValueError(f"input_ids must be [B, S], got shape {tuple(ids.shape)}")
     rank, world = _rank_world(group)
     bsz, s = ids.shape
+    layout = resolve_layout(layout, s, world, pattern)
     _check_layout(layout, pattern)
     pos_table = shard_positions(s, world, layout, pattern, pad_to_multiple)
     sp = pos_table.numel()
@@ -172,6 +195,11 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         last = pos[:, -1:] + 1
         full_pos = torch.cat([pos, last + torch.arange(sp - s, device=pos.device)], dim=1)
     out["position_ids"] = full_pos.index_select(1, idx)
+    if pos is not None and bool((torch.diff(pos, dim=-1) != 1).any()):
+        # Packed documents (positions restart): a shard cannot see where documents start, so
+        # pass global document ids (padding: -1, never attended) to the attention.
+        docs = torch.nn.functional.pad(torch.diff(pos, dim=-1) != 1, (1, 0)).cumsum(-1)
+        out["hilbert_doc_ids"] = pad(docs, -1).index_select(1, idx)
     labels = batch.get("labels")
     if labels is not None:
         sh = pad(shift_labels(labels), IGNORE_INDEX).index_select(1, idx)
@@ -220,6 +248,11 @@ def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *
         dist.all_gather(parts, x.contiguous(), group=group)
     stored = torch.cat(parts, dim=dim)  # positions pos_table.flatten() along dim
     full_len = stored.shape[dim]
+    if layout == "auto":
+        if seq_len is None:
+            raise ValueError("gather_sequence(layout='auto') needs seq_len (the unpadded length "
+                             "given to shard_batch) to know which layout was used")
+        layout = resolve_layout(layout, seq_len, world, pattern)
     pos_table = _table_for_padded(full_len, world, layout, pattern)
     inv = torch.empty_like(pos_table.flatten())
     inv[pos_table.flatten()] = torch.arange(full_len)
@@ -243,7 +276,7 @@ def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,
     queries sees only keys ``< b``, so its count is ``pattern.count_pairs(b, q_len=b - a)`` —
     the pattern module's exact counter, no S² work. Padding positions are excluded.
     """
-    table = shard_positions(seq_len, world_size, layout, pattern)
+    table = shard_positions(seq_len, world_size, layout, pattern)  # resolves "auto"
     out = []
     for r in range(world_size):
         p = torch.sort(table[r][table[r] < seq_len]).values

@@ -16,12 +16,12 @@ Neither is library code: they live beside the benchmark that needs them.
 
 from __future__ import annotations
 
+import copy
 import inspect
-import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
@@ -34,6 +34,7 @@ __all__ = [
     "build_gather_plan",
     "gather_sdpa_attention",
     "gather_pairs",
+    "gather_kernel_names",
     "double_counted_reference",
     "FlexDilated",
 ]
@@ -131,7 +132,7 @@ def build_gather_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, num
                               torch.device(device) if device is not None else torch.device("cpu"))
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)  # index tables are O(Hq * S) each; keep few alive
 def _build_plan_cached(pattern, S, hq, hkv, device):
     g = hq // hkv
     plans = []
@@ -320,6 +321,13 @@ def _pick_kernel(kernel: str, q: torch.Tensor, group: int, causal: bool):
     return chosen
 
 
+def gather_kernel_names(q: torch.Tensor, plan: GatherPlan, *, causal: bool = True,
+                        kernel: str = "auto") -> List[str]:
+    """Names of the segment kernels :func:`gather_sdpa_attention` uses for ``q``'s device,
+    dtype and head_dim with ``plan`` (after the one-time self-check)."""
+    return sorted({_pick_kernel(kernel, q, c.group, causal).name for c in plan.configs})
+
+
 def _self_check(cand, device, dtype, D, group, causal) -> bool:
     gen = torch.Generator(device="cpu").manual_seed(1234)
 
@@ -469,11 +477,20 @@ def gather_sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def gather_pairs(pattern: DilatedPattern, seq_len: int, num_heads: int, *, causal: bool = True) -> int:
     """Pairs the gather baseline computes: the sum over configs (overlaps counted per config)."""
-    return sum(
-        DilatedPattern([w], [r], query_dilation=pattern.query_dilation)
-        .count_pairs_total(seq_len, num_heads, causal=causal)
-        for w, r in pattern.configs
-    )
+    return sum(_single_config(pattern, w, r).count_pairs_total(seq_len, num_heads, causal=causal)
+               for w, r in pattern.configs)
+
+
+def _single_config(pattern: DilatedPattern, w: int, r: int) -> DilatedPattern:
+    """``pattern`` restricted to its config ``(w, r)``, so its rule (pattern.py) gives that
+    config's pairs alone. Skips validation on purpose: in per_head mode a lone config with
+    ``r > 1`` is a legal *part* of a union but not a legal pattern (some queries see nothing)."""
+    single = copy.copy(pattern)
+    key = ((int(w),), (int(r),), pattern.query_dilation, pattern.ordering)
+    object.__setattr__(single, "segment_lengths", key[0])
+    object.__setattr__(single, "dilation_rates", key[1])
+    object.__setattr__(single, "_key", key)
+    return single
 
 
 def double_counted_reference(q, k, v, pattern: DilatedPattern, *, causal: bool = True,
@@ -486,8 +503,7 @@ def double_counted_reference(q, k, v, pattern: DilatedPattern, *, causal: bool =
     a = check_inputs(q, k, v, pattern, scale=scale)
     count = None
     for w, r in pattern.configs:
-        single = DilatedPattern([w], [r], query_dilation=pattern.query_dilation)
-        m = single.build_mask(a.hq, a.q_positions, a.k_positions, causal=causal).float()
+        m = _single_config(pattern, w, r).build_mask(a.hq, a.q_positions, a.k_positions, causal=causal).float()
         count = m if count is None else count + m
     g = a.hq // a.hkv
     kf = k.float().repeat_interleave(g, dim=1)
@@ -551,7 +567,3 @@ class FlexDilated:
 def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _tuple_ok(x) -> Tuple:  # pragma: no cover - tiny helper kept for symmetry
-    return tuple(x)

@@ -10,6 +10,7 @@ import gc
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -156,8 +157,11 @@ class EvalConfig:
 
 # ----------------------------------------------------------------------------- model loading
 def _device_and_dtype(cfg: EvalConfig):
-    if cfg.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.device == "auto" and torch.cuda.is_available():
+        # one GPU per process under torchrun / accelerate launch
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    elif cfg.device == "auto":
+        device = torch.device("cpu")
     else:
         device = torch.device(cfg.device)
     if cfg.dtype == "auto":
@@ -216,28 +220,28 @@ def sequence_parallel_support() -> Tuple[bool, str]:
     return True, ""
 
 
-def _sp_window_nll(model, ids: torch.Tensor, num_scored: int, group) -> float:
-    """Summed NLL of one window with its sequence sharded over ``group`` (ring attention).
+def _sp_window_nll(model, ids: torch.Tensor, num_scored: int, topo, pattern) -> float:
+    """Summed NLL of one window with its sequence sharded over the SP group (ring attention).
 
-    Labels are shifted before sharding (label[t] = token t+1, -100 where unscored), every rank
-    scores its shard, and the sums are all-reduced.
+    ``shard_for_sequence_parallel`` shards ``input_ids`` and the (unshifted) labels, which are
+    -100 on unscored tokens, and returns this shard's already shifted ``shift_labels``; every
+    rank sums its shard's NLL and the sums are all-reduced over the group.
     """
     import hf_hilbert_attn
-    from hf_hilbert_attn import sharding
+    from hf_hilbert_attn.integrations.accelerate import shard_for_sequence_parallel
 
     L = ids.shape[1]
-    labels = torch.full_like(ids, -100)
-    labels[0, L - num_scored - 1:L - 1] = ids[0, L - num_scored:]
-    positions = torch.arange(L, device=ids.device).unsqueeze(0)
-    batch = sharding.shard_batch(
-        {"input_ids": ids, "labels": labels, "position_ids": positions}, group=group)
-    with hf_hilbert_attn.sequence_parallel(group), torch.inference_mode():
-        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+    labels = ids.clone()
+    labels[0, :L - num_scored] = -100
+    shard = shard_for_sequence_parallel({"input_ids": ids, "labels": labels}, topo,
+                                        pattern=pattern)
+    with hf_hilbert_attn.sequence_parallel(topo.group), torch.inference_mode():
+        logits = model(input_ids=shard["input_ids"], position_ids=shard["position_ids"],
                        use_cache=False).logits
         nll = torch.nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
-            reduction="sum")
-    torch.distributed.all_reduce(nll, group=group)
+            logits.flatten(0, 1).float(), shard["shift_labels"].flatten().to(logits.device),
+            ignore_index=-100, reduction="sum")
+    torch.distributed.all_reduce(nll, group=topo.group)
     return float(nll)
 
 
@@ -275,15 +279,18 @@ def run_eval(cfg: EvalConfig) -> Dict:
     if not methods:
         raise ValueError("nothing to evaluate: no sdpa and no runnable hilbert_dilated pattern")
 
-    group = None
+    topo, rank = None, 0
     if cfg.sp_size > 1:
+        _init_distributed(device)
         ok, why = sequence_parallel_support()
         if not ok:
             raise RuntimeError(f"--sp-size {cfg.sp_size}: {why}")
-        group = _sp_group(cfg.sp_size)
-        if "passkey" in cfg.tasks:
-            notes.append("passkey (generate) runs without sequence parallelism; only the "
-                         "perplexity windows are sharded")
+        from ..integrations.accelerate import sequence_parallel_topology
+
+        topo = sequence_parallel_topology(None, cfg.sp_size)
+        rank = torch.distributed.get_rank()
+        notes.append(f"hilbert_dilated perplexity windows sharded over {cfg.sp_size} ranks (ring "
+                     f"attention); sdpa and passkey (generate) run unsharded on every rank")
 
     tokenizer = load_tokenizer(cfg)
     if "passkey" in cfg.tasks:  # fail before any model runs if the shortest prompt cannot fit
@@ -301,7 +308,7 @@ def run_eval(cfg: EvalConfig) -> Dict:
                          f"are cut to it")
     model_name = cfg.model or "builtin-tiny-llama"
     common = dict(model=model_name, device=str(device), dtype=str(dtype).replace("torch.", ""))
-    disable = not cfg.progress
+    disable = not cfg.progress or rank != 0
 
     for method in methods:
         model = load_model(cfg, method, tokenizer, device, dtype)
@@ -311,10 +318,10 @@ def run_eval(cfg: EvalConfig) -> Dict:
                 n_win = count_windows(int(tokens.numel()), L, stride)
                 with tqdm(total=n_win, desc=f"{method.label} ppl L={L}", disable=disable,
                           leave=False) as bar, Meter(device) as m:
-                    if group is None:
+                    if topo is None or method.pattern is None:
                         res = evaluate_perplexity(model, tokens, L, stride, progress=bar)
                     else:
-                        res = _sp_perplexity(model, tokens, L, stride, group, bar)
+                        res = _sp_perplexity(model, tokens, L, stride, topo, method.pattern, bar)
                 rows.append(dict(common, method=method.label, task="perplexity", length=L,
                                  depth="", value=res.perplexity, stride=stride,
                                  scored_tokens=res.scored_tokens,
@@ -340,6 +347,8 @@ def run_eval(cfg: EvalConfig) -> Dict:
         del model
         _free(device)
 
+    if rank != 0:  # rank 0 writes the results of a sequence-parallel run
+        return {"markdown": "", "files": {}, "notes": notes, "rows": rows}
     out = report.write_eval_report(rows, cfg.out_dir, notes=notes, plots=cfg.plots,
                                    title=f"{model_name} on {device.type} ({common['dtype']})")
     out["notes"] = notes
@@ -347,26 +356,24 @@ def run_eval(cfg: EvalConfig) -> Dict:
     return out
 
 
-def _sp_group(sp_size: int):
+def _init_distributed(device) -> None:
+    """Join the process group that ``torchrun`` / ``accelerate launch`` describe in the
+    environment (NCCL on CUDA, gloo on CPU), unless one exists already."""
     dist = torch.distributed
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world % sp_size:
-        raise ValueError(f"--sp-size {sp_size} must divide the world size {world}")
-    mine = None
-    for start in range(0, world, sp_size):  # every rank must create every group
-        g = dist.new_group(list(range(start, start + sp_size)))
-        if start <= rank < start + sp_size:
-            mine = g
-    return mine
+    if dist.is_available() and not dist.is_initialized() and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
 
 
-def _sp_perplexity(model, tokens, L, stride, group, bar):
+def _sp_perplexity(model, tokens, L, stride, topo, pattern, bar):
     from .perplexity import PerplexityResult, strided_windows
 
     device = next(model.parameters()).device
     nll, scored_total, processed, windows = 0.0, 0, 0, 0
     for begin, end, scored in strided_windows(int(tokens.numel()), L, stride):
-        nll += _sp_window_nll(model, tokens[begin:end].unsqueeze(0).to(device), scored, group)
+        nll += _sp_window_nll(model, tokens[begin:end].unsqueeze(0).to(device), scored, topo,
+                              pattern)
         scored_total += scored
         processed += end - begin
         windows += 1
@@ -503,6 +510,8 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if not out["files"]:  # a non-zero rank of a sequence-parallel run
+        return 0
     print(out["markdown"])
     print(f"\nwrote {', '.join(str(v) for v in out['files'].values())}")
     return 0

@@ -230,6 +230,10 @@ def _unsupported_mask_parts(fn) -> list:
     name = getattr(fn, "__qualname__", type(fn).__name__)
     if name in _KNOWN_MASK_LEAVES:
         return []
+    if name == "or_masks.<locals>.or_mask" and getattr(fn, "__closure__", None):
+        # A union widens the mask (bidirectional blocks, image tokens): never ours to drop.
+        inner = dict(zip(fn.__code__.co_freevars, fn.__closure__))["mask_functions"].cell_contents
+        return [f"or_masks({', '.join(getattr(f, '__qualname__', repr(f)) for f in inner)})"]
     if name in _MASK_WRAPPERS and getattr(fn, "__closure__", None):
         cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
         inner = cells[_MASK_WRAPPERS[name]].cell_contents
@@ -287,6 +291,10 @@ def hilbert_dilated_mask(
         padding = padding[:, kv_offset:kv_offset + kv_length]
         if bool(padding.all()):  # one host sync per forward, as flash_attention_mask does
             padding = None
+    if isinstance(q_offset, torch.Tensor):
+        # A static cache hands out its own step counter, which the first layer's cache update
+        # advances in place before our attention runs: keep the value of this step.
+        q_offset = q_offset.clone()
     return DilatedMaskInfo(q_offset=q_offset, q_length=q_length, kv_length=kv_length,
                            padding_mask=padding)
 
@@ -475,8 +483,20 @@ def hilbert_dilated_attention_forward(
         )
     pattern = get_pattern(module.config)
     group = _ring.get_sequence_parallel_group()
-    lay = _layout(attention_mask, kwargs.get("position_ids"), kwargs.get("hilbert_doc_ids"),
-                  b, sq, sk, query.device, group is not None)
+    doc_ids = kwargs.get("hilbert_doc_ids")
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if doc_ids is None and cu_seqlens is not None:
+        # Flash-style varlen kwargs (DataCollatorWithFlattening(return_flash_attn_kwargs=True)):
+        # one row of concatenated documents. Paged caches (continuous batching) also send them.
+        if b != 1 or sq != sk:
+            raise ValueError(
+                "hilbert_dilated does not support paged / continuous-batching attention "
+                f"(cu_seq_lens with batch {b}, {sq} queries, {sk} keys); use generate() instead"
+            )
+        starts = cu_seqlens.to(device=query.device, dtype=torch.int64)[1:-1]
+        doc_ids = torch.bucketize(torch.arange(sq, device=query.device), starts, right=True)[None]
+    lay = _layout(attention_mask, kwargs.get("position_ids"), doc_ids, b, sq, sk, query.device,
+                  group is not None)
 
     if group is not None:
         if lay.cached:
@@ -513,11 +533,21 @@ def hilbert_dilated_attention_forward(
         )
         out = out.index_select(2, inv)
     else:
-        out = dilated_attention(
+        attend = dilated_attention
+        if lay.cached and torch.compiler.is_compiling():
+            # generate() with a static cache compiles the forward with CUDA graphs; the op plans
+            # explicit positions on the host (a device sync), which graph capture forbids.
+            attend = _eager_dilated_attention
+        out = attend(
             query, key, value, _natural(pattern), causal=causal, scale=scaling,
             q_positions=lay.q_pos, k_positions=lay.k_pos, q_doc_ids=lay.q_doc, k_doc_ids=lay.k_doc,
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+@torch.compiler.disable
+def _eager_dilated_attention(*args, **kwargs):
+    return dilated_attention(*args, **kwargs)
 
 
 # ------------------------------------------------------------------------------ registration

@@ -14,7 +14,7 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import _classify, _n_range, _participates, _union_keep
+from ._common import _covered, _n_range, _participates, _union_keep
 
 
 @triton.jit
@@ -36,6 +36,113 @@ def _delta_kernel(O, DO, DLSE, DELTA, S, sob, soh, sos, sdb, sdh, sds, HQ,
     if HAS_DLSE:
         delta = delta - tl.load(DLSE + bh.to(tl.int64) * S + rows, mask=ok, other=0.0)
     tl.store(DELTA + bh.to(tl.int64) * S + rows, delta, mask=ok)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, lo, hi, end,
+              sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
+              BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
+              CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
+              HAS_DOC: tl.constexpr, IEEE: tl.constexpr):
+    """dq over key tiles ``lo, lo+BN, .. < hi`` (keys ``n < end``); masks as in ``_fwd_tiles``.
+
+    Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal needs a mask.
+    """
+    offs_d = tl.arange(0, D)
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        pk = sbase + R * offs_n
+        col_ok = offs_n < end
+        if MAPPED:
+            kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
+            col_ok = col_ok & (kidx >= 0)
+            kidx = tl.where(col_ok, kidx, 0)
+        elif EDGE:
+            kidx = tl.where(col_ok, pk, 0)
+        else:
+            kidx = pk
+        kidx64 = kidx.to(tl.int64)
+        if EDGE or MAPPED:
+            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :])
+            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :])
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+            dp = tl.dot(do, tl.trans(v))
+        p = tl.math.exp2(s * scale_log2 - lse2[:, None])
+        if (CAUSAL and EDGE) or MAPPED or HAS_DOC or UNION:
+            keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
+            if CAUSAL and EDGE:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if UNION:
+                keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
+            if HAS_DOC:
+                kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
+                keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
+            p = tl.where(keep, p, 0.0)
+        ds = p * (dp - delta[:, None])
+        if IEEE:
+            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
+        else:
+            dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n, pk, lo, hi,
+                end, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs, sds, QOFF, scale_log2, CFG, NPRI,
+                BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
+                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
+                HAS_DOC: tl.constexpr, IEEE: tl.constexpr):
+    """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
+    (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing."""
+    offs_d = tl.arange(0, D)
+    for start_m in range(lo, hi, BM):
+        offs_m = start_m + tl.arange(0, BM)
+        pq = sbase + R * offs_m
+        row_ok = offs_m < end
+        if MAPPED:
+            qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
+            row_ok = row_ok & (qidx >= 0)
+            qidx = tl.where(row_ok, qidx, 0)
+        else:
+            qidx = tl.where(row_ok, pq - QOFF, 0)
+        q64 = qidx.to(tl.int64)
+        q = tl.load(q_base + q64[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_base + q64[:, None] * sds + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        lse2 = tl.load(LSE + lrow + q64, mask=row_ok, other=0.0) * 1.4426950408889634
+        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
+        delta = tl.load(DELTA + lrow + q64, mask=row_ok, other=0.0)
+        if IEEE:
+            st = tl.dot(k, tl.trans(q), input_precision="ieee")
+            dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
+        else:
+            st = tl.dot(k, tl.trans(q))
+            dpt = tl.dot(v, tl.trans(do))
+        pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
+        if (CAUSAL and EDGE) or MAPPED or HAS_DOC or UNION:
+            keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
+            if CAUSAL and EDGE:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :])
+            if UNION:
+                keep = keep & _union_keep(pq[None, :], pk[:, None], h, CFG, NPRI, PER_HEAD)
+            if HAS_DOC:
+                qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+                keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
+            pt = tl.where(keep, pt, 0.0)
+        dst = pt * (dpt - delta[None, :])
+        if IEEE:
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision="ieee")
+            dk = tl.dot(dst.to(q.dtype), q, dk, input_precision="ieee")
+        else:
+            dv = tl.dot(pt.to(do.dtype), do, dv)
+            dk = tl.dot(dst.to(q.dtype), q, dk)
+    return dk, dv
 
 
 @triton.jit
@@ -88,6 +195,8 @@ def _dq_kernel(
     delta = tl.load(DELTA + bh.to(tl.int64) * SQ + row64, mask=row_ok, other=0.0)
     if HAS_DOC:
         qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+    else:
+        qd = qidx
 
     kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
     m_first = tl.maximum(blk * BM, qn_lo)
@@ -104,45 +213,37 @@ def _dq_kernel(
     k_base = K + b64 * skb + hk.to(tl.int64) * skh
     v_base = V + b64 * svb + hk.to(tl.int64) * svh
     dq = tl.zeros([BM, D], tl.float32)
-    for start_n in range(kn_lo, kn_hi, BN):
-        pk0 = sbase + R * start_n
-        pk1 = sbase + R * (tl.minimum(start_n + BN, kn_hi) - 1)
-        skip, mixed = _classify(pq0, pq1, pk0, pk1, h, R, CFG, NPRI, PER_HEAD)
-        if skip == 0:
-            offs_n = start_n + tl.arange(0, BN)
-            pk = sbase + R * offs_n
-            col_ok = offs_n < kn_hi
-            if MAPPED:
-                kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
-                col_ok = col_ok & (kidx >= 0)
-                kidx = tl.where(col_ok, kidx, 0)
-            else:
-                kidx = tl.where(col_ok, pk, 0)
-            kidx64 = kidx.to(tl.int64)
-            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-                dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-                dp = tl.dot(do, tl.trans(v))
-            p = tl.math.exp2(s * scale_log2 - lse2[:, None])
-            if MAPPED or HAS_DOC or (mixed != 0) or (start_n + BN > full_hi):
-                keep = col_ok[None, :]
-                if CAUSAL:
-                    keep = keep & (offs_n[None, :] <= offs_m[:, None])
-                if mixed != 0:
-                    keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
-                if HAS_DOC:
-                    kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
-                    keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
-                p = tl.where(keep, p, 0.0)
-            ds = p * (dp - delta[:, None])
-            if IEEE:
-                dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
-            else:
-                dq = tl.dot(ds.to(k.dtype), k, dq)
+    ca, cb, mixed = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    a_hi = tl.minimum(ca, kn_hi)
+    b_lo = tl.maximum(cb, kn_lo)
+    a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
+    b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
+    if mixed:
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+    else:
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + h64 * sgh + row64[:, None] * sgs + offs_d[None, :]
     if not FIRST:
@@ -199,6 +300,8 @@ def _dkdv_kernel(
                 mask=col_ok[:, None], other=0.0)
     if HAS_DOC:
         kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
+    else:
+        kd = kidx
 
     n_first = tl.maximum(blk * BN, kn_lo)
     n_last = tl.minimum(blk * BN + BN, kn_hi) - 1
@@ -224,52 +327,48 @@ def _dkdv_kernel(
         if active:
             q_base = Q + b64 * sqb + h64 * sqh
             do_base = DO + b64 * sdb + h64 * sdh
-            for start_m in range(qn_lo, qn_hi, BM):
-                pq0 = sbase + R * start_m
-                pq1 = sbase + R * (tl.minimum(start_m + BM, qn_hi) - 1)
-                skip, mixed = _classify(pq0, pq1, pk0, pk1, h, R, CFG, NPRI, PER_HEAD)
-                if skip == 0:
-                    offs_m = start_m + tl.arange(0, BM)
-                    pq = sbase + R * offs_m
-                    row_ok = offs_m < qn_hi
-                    if MAPPED:
-                        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
-                        row_ok = row_ok & (qidx >= 0)
-                        qidx = tl.where(row_ok, qidx, 0)
-                    else:
-                        qidx = tl.where(row_ok, pq - QOFF, 0)
-                    q64 = qidx.to(tl.int64)
-                    q = tl.load(q_base + q64[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-                    do = tl.load(do_base + q64[:, None] * sds + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-                    lse2 = tl.load(LSE + (b64 * (HKV * GROUP) + h64) * SQ + q64, mask=row_ok, other=0.0)
-                    lse2 = lse2 * 1.4426950408889634
-                    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-                    delta = tl.load(DELTA + (b64 * (HKV * GROUP) + h64) * SQ + q64, mask=row_ok, other=0.0)
-                    # transposed tile: rows = keys [BN], columns = queries [BM]
-                    if IEEE:
-                        st = tl.dot(k, tl.trans(q), input_precision="ieee")
-                        dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
-                    else:
-                        st = tl.dot(k, tl.trans(q))
-                        dpt = tl.dot(v, tl.trans(do))
-                    pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
-                    if MAPPED or HAS_DOC or (mixed != 0) or (start_m < full_lo) or (start_m + BM > qn_hi):
-                        keep = row_ok[None, :] & col_ok[:, None]
-                        if CAUSAL:
-                            keep = keep & (offs_n[:, None] <= offs_m[None, :])
-                        if mixed != 0:
-                            keep = keep & _union_keep(pq[None, :], pk[:, None], h, CFG, NPRI, PER_HEAD)
-                        if HAS_DOC:
-                            qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
-                            keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
-                        pt = tl.where(keep, pt, 0.0)
-                    dst = pt * (dpt - delta[None, :])
-                    if IEEE:
-                        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision="ieee")
-                        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision="ieee")
-                    else:
-                        dv = tl.dot(pt.to(do.dtype), do, dv)
-                        dk = tl.dot(dst.to(q.dtype), q, dk)
+            lrow = (b64 * (HKV * GROUP) + h64) * SQ
+            # queries [ca, cb) covered by earlier configs: skipped; each remaining range starts
+            # with the diagonal tiles (masked), then whole unmasked tiles
+            ca, cb, mixed = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
+            a_hi = tl.minimum(ca, qn_hi)
+            b_lo = tl.maximum(cb, qn_lo)
+            a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
+            b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
+            if mixed:
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+            else:
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]

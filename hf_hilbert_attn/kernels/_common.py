@@ -25,40 +25,6 @@ def _n_range(sbase, ncl, LO, HI, R):
 
 
 @triton.jit
-def _classify(pq0, pq1, pk0, pk1, h, R, CFG, NPRI, PER_HEAD: tl.constexpr):
-    """Scalar union test of a (query range, key range) tile against the earlier configs.
-
-    Queries lie in positions ``[pq0, pq1]`` and keys in ``[pk0, pk1]``, all of one class of the
-    current config (so every position is congruent modulo ``R``). Returns ``(skip, mixed)``:
-    ``skip`` when one earlier config covers every pair (the tile is not computed), ``mixed``
-    when some earlier config may cover some pairs (the per-pair union mask is needed).
-    """
-    skip = pq0 < 0  # False, as a scalar tensor
-    mixed = pq0 < 0
-    for j in range(NPRI):
-        wj = tl.load(CFG + 2 * j)
-        rj = tl.load(CFG + 2 * j + 1)
-        qa = pq0 // wj
-        qb = pq1 // wj
-        ka = pk0 // wj
-        kb = pk1 // wj
-        disjoint = (kb < qa) | (qb < ka)
-        single = (qa == qb) & (ka == kb) & (qa == ka)
-        # R % rj == 0: all positions of the tile share one class modulo rj, and p ≡ s (mod rj).
-        uniform = (R % rj) == 0
-        if PER_HEAD:
-            cls_ok = ((pq0 - qa * wj) % rj) == (h % rj)
-            full = single & uniform & cls_ok
-            none = disjoint | (uniform & (qa == qb) & (cls_ok == 0))
-        else:
-            full = single & uniform
-            none = disjoint
-        skip = skip | full
-        mixed = mixed | ((full == 0) & (none == 0))
-    return skip, mixed
-
-
-@triton.jit
 def _union_keep(pq, pk, h, CFG, NPRI, PER_HEAD: tl.constexpr):
     """Per-pair union mask: True where no earlier config allows the pair.
 
@@ -94,3 +60,40 @@ def _participates(pq, h, LCFG, NL, PER_HEAD: tl.constexpr):
         else:
             part = part | (pq >= 0)
     return part
+
+
+@triton.jit
+def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
+    """Range ``[ca, cb)`` of class indices of the *other* side covered by earlier configs.
+
+    One side of a tile holds positions ``[p0, p1]`` (all congruent modulo ``R``); the other side
+    runs over positions ``sbase + R*n``. An earlier config whose segment holds the whole first
+    side, and whose rate divides ``R`` (one class for all), covers every pair with a position
+    of that segment (same class) or none (per_head, another head's class). Those segments all
+    contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, mixed)``;
+    ``ca == cb == empty_at`` when nothing is covered, ``mixed`` when some earlier config needs
+    the per-pair union mask (segment boundary inside the tile, or rate not dividing ``R``).
+    """
+    ca = empty_at + 0 * p0
+    cb = ca
+    found = p0 < 0  # False
+    mixed = p0 < 0
+    for j in range(NPRI):
+        wj = tl.load(CFG + 2 * j)
+        rj = tl.load(CFG + 2 * j + 1)
+        qa = p0 // wj
+        single = qa == (p1 // wj)
+        uniform = (R % rj) == 0
+        if PER_HEAD:
+            cls_ok = ((p0 - qa * wj) % rj) == (h % rj)
+        else:
+            cls_ok = p0 >= 0
+        full = single & uniform & cls_ok
+        none = single & uniform & (cls_ok == 0)
+        mixed = mixed | ((full == 0) & (none == 0))
+        lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
+        hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
+        ca = tl.where(full, tl.where(found, tl.minimum(ca, lo), lo), ca)
+        cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
+        found = found | full
+    return ca, cb, mixed

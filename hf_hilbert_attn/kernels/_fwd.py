@@ -11,7 +11,67 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import _classify, _n_range, _participates, _union_keep
+from ._common import _covered, _n_range, _participates, _union_keep
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, lo, hi, end,
+               sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
+               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
+               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
+               HAS_DOC: tl.constexpr, IEEE: tl.constexpr):
+    """Online softmax over key tiles starting at ``lo, lo+BN, .. < hi``; keys ``n < end``.
+
+    ``EDGE`` tiles need the causal / range-end mask; ``UNION`` tiles the per-pair union mask.
+    No branch inside the loop, so Triton can software-pipeline the loads.
+    """
+    offs_d = tl.arange(0, D)
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        pk = sbase + R * offs_n
+        col_ok = offs_n < end
+        if MAPPED:
+            kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
+            col_ok = col_ok & (kidx >= 0)
+            kidx = tl.where(col_ok, kidx, 0)
+        elif EDGE:
+            kidx = tl.where(col_ok, pk, 0)
+        else:
+            kidx = pk
+        kidx64 = kidx.to(tl.int64)
+        if EDGE or MAPPED:
+            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :])
+            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :])
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * scale_log2
+        if EDGE or MAPPED or HAS_DOC or UNION:
+            keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
+            if CAUSAL and EDGE:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if UNION:
+                keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
+            if HAS_DOC:
+                kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
+                keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -58,6 +118,8 @@ def _fwd_kernel(
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     if HAS_DOC:
         qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+    else:
+        qd = qidx
 
     # ---- key range of this tile: same segment and class
     kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
@@ -77,49 +139,47 @@ def _fwd_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    for start_n in range(kn_lo, kn_hi, BN):
-        pk0 = sbase + R * start_n
-        pk1 = sbase + R * (tl.minimum(start_n + BN, kn_hi) - 1)
-        skip, mixed = _classify(pq0, pq1, pk0, pk1, h, R, CFG, NPRI, PER_HEAD)
-        if skip == 0:
-            offs_n = start_n + tl.arange(0, BN)
-            pk = sbase + R * offs_n
-            col_ok = offs_n < kn_hi
-            if MAPPED:
-                kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
-                col_ok = col_ok & (kidx >= 0)
-                kidx = tl.where(col_ok, kidx, 0)
-            else:
-                kidx = tl.where(col_ok, pk, 0)
-            kidx64 = kidx.to(tl.int64)
-            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * scale_log2
-            if MAPPED or HAS_DOC or (mixed != 0) or (start_n + BN > full_hi):
-                keep = col_ok[None, :]
-                if CAUSAL:
-                    keep = keep & (offs_n[None, :] <= offs_m[:, None])
-                if mixed != 0:
-                    keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
-                if HAS_DOC:
-                    kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
-                    keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
-                s = tl.where(keep, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            if IEEE:
-                acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(p.to(v.dtype), v, acc)
-            m_i = m_new
+    # Keys [ca, cb) are covered by earlier configs for the whole tile: skipped. The rest is two
+    # ranges, each an unmasked run of whole tiles then masked tiles (diagonal, range end).
+    ca, cb, mixed = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    a_hi = tl.minimum(ca, kn_hi)
+    b_lo = tl.maximum(cb, kn_lo)
+    a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
+    b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
+    if mixed:
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
+    else:
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+                                   b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0

@@ -1,0 +1,117 @@
+"""Quick check + timing of the Triton dilated-attention kernels (one device call).
+
+    python examples/benchmarks/kernel_timing.py --seq 65536 --hq 32 --hkv 8 --dim 128
+
+Prints, per case: max error vs a float32 reference on a small shape, then fwd / fwd+bwd ms
+(median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``) and
+peak memory, next to SDPA flash dense causal on the same shape.
+"""
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def check(pattern, s=2048, hq=8, hkv=2, d=128, dtype=torch.bfloat16, causal=True, sq=None):
+    sq = sq or s
+    q = torch.randn(1, hq, sq, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    o = dilated_attention(q, k, v, pattern, causal=causal)
+    do = torch.randn_like(o)
+    o.backward(do)
+    g = [t.grad for t in (q, k, v)]
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ro = reference_attention(qf, kf, vf, pattern, causal=causal)
+    ro.backward(do.float())
+    errs = [_rel(o, ro)] + [_rel(a, b.grad) for a, b in zip(g, (qf, kf, vf))]
+    return errs
+
+
+def time_case(pattern, s, hq, hkv, d, dtype, causal=True, bwd=True, hilbert=False):
+    q = torch.randn(1, hq, s, d, device="cuda", dtype=dtype, requires_grad=bwd)
+    k = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=bwd)
+    v = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=bwd)
+    kw = {}
+    if hilbert:
+        kw = dict(k_positions=torch.randperm(s, device="cuda"))
+    fl = pattern.attention_flops(s, hq, d, causal=causal)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        t_f = triton.testing.do_bench(lambda: dilated_attention(q, k, v, pattern, causal=causal, **kw),
+                                      warmup=50, rep=300, return_mode="median")
+    res = dict(fwd_ms=t_f, fwd_tflops=fl / t_f / 1e9)
+    if bwd:
+        do = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
+
+        def fb():
+            o = dilated_attention(q, k, v, pattern, causal=causal, **kw)
+            o.backward(do)
+
+        t_fb = triton.testing.do_bench(fb, warmup=50, rep=300, return_mode="median",
+                                       grad_to_none=[q, k, v])
+        res.update(fb_ms=t_fb, fb_tflops=fl * 3.5 / t_fb / 1e9)
+    res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return res
+
+
+def time_sdpa(s, hq, hkv, d, dtype):
+    q = torch.randn(1, hq, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    do = torch.randn_like(q)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.cuda.reset_peak_memory_stats()
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        def fb():
+            kk = k.repeat_interleave(hq // hkv, 1)
+            vv = v.repeat_interleave(hq // hkv, 1)
+            F.scaled_dot_product_attention(q, kk, vv, is_causal=True).backward(do)
+        t = triton.testing.do_bench(fb, warmup=50, rep=300, return_mode="median", grad_to_none=[q, k, v])
+    fl = 4.0 * d * hq * s * (s + 1) / 2 * 3.5
+    return dict(fb_ms=t, fb_tflops=fl / t / 1e9, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, nargs="+", default=[65536])
+    ap.add_argument("--hq", type=int, default=32)
+    ap.add_argument("--hkv", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--pattern", default="configs/longnet_lm.yaml")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--hilbert", action="store_true", help="also time a random position map")
+    args = ap.parse_args()
+    pat = DilatedPattern.from_yaml(args.pattern)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    if not args.no_check:
+        small = DilatedPattern([256, 512, 1024], [1, 2, 4])
+        for p, causal, sq in [(small, True, None), (small, False, None),
+                              (small.replace(query_dilation="all"), True, None),
+                              (DilatedPattern([300, 700], [1, 3]), True, None), (small, True, 1)]:
+            t = time.time()
+            e = check(p, s=2049, causal=causal, sq=sq)
+            print(f"check {p} causal={causal} sq={sq}: rel err out/dq/dk/dv "
+                  + " ".join(f"{x:.2e}" for x in e) + f" ({time.time() - t:.1f}s)")
+    for s in args.seq:
+        r = time_case(pat, s, args.hq, args.hkv, args.dim, torch.bfloat16)
+        print(f"ours natural S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+        if args.hilbert:
+            r = time_case(pat, s, args.hq, args.hkv, args.dim, torch.bfloat16, hilbert=True)
+            print(f"ours mapped  S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+        r = time_sdpa(s, args.hq, args.hkv, args.dim, torch.bfloat16)
+        print(f"sdpa flash   S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Fine-tune a causal LM with dilated attention and sequence parallelism.
+
+Each sequence of ``--seq-len`` tokens is sharded over ``--sp-size`` ranks (ring attention over
+the group); the remaining factor of the world is data parallel (DDP through Accelerate).
+
+    # CPU, 2 processes, sequence parallel over both (gloo)
+    accelerate launch --config_file configs/accelerate/sp2_cpu.yaml examples/finetune.py \
+        --seq-len 512 --max-steps 20 --output-dir runs/tiny
+    torchrun --nproc_per_node 2 examples/finetune.py --seq-len 512 --max-steps 20 \
+        --output-dir runs/tiny
+    # resume from the latest checkpoint (exact: data order, RNG, optimizer, scheduler)
+    torchrun --nproc_per_node 2 examples/finetune.py ... --resume latest
+    # 8 GPUs, sequences of 256K tokens over 4 GPUs each, 2 data-parallel groups
+    accelerate launch --config_file configs/accelerate/sp8_gpu.yaml examples/finetune.py \
+        --model /path/to/llama --data corpus.jsonl --seq-len 262144 --sp-size 4
+
+Without ``--model`` a tiny Llama (hidden 64, 2 layers, byte vocabulary) is built from a config;
+without ``--data`` a generated corpus is used. Data: a ``.txt``/``.jsonl``/``.json``/``.parquet``
+file or a directory of them, loaded with ``datasets``; documents are joined with EOS and packed
+into ``--seq-len`` blocks. The final model (``OUTPUT_DIR/final``) keeps the pattern in its
+``config.json`` (``hilbert_attn``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+
+try:
+    import hf_hilbert_attn
+except ModuleNotFoundError:  # running from a checkout without `pip install -e .`
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import hf_hilbert_attn
+from hf_hilbert_attn import DilatedPattern
+from hf_hilbert_attn.integrations.accelerate import (
+    reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
+from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
+
+logger = logging.getLogger("finetune")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="local model path (default: a tiny built-in Llama)")
+    p.add_argument("--data", help="text/jsonl/json/parquet file or directory (default: generated)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--pattern", default=None,
+                   help="pattern YAML (default: the model's config, else configs/default.yaml)")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--sp-size", type=int, default=None,
+                   help="ranks per sequence (default: all processes)")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, default=DEFAULT_LAYOUT,
+                   help="sequence layout over the group (auto: contiguous when shards are whole "
+                   "longest segments, else zigzag)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per data-parallel group")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=100)
+    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (0: never)")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--output-dir", default="runs/finetune")
+    p.add_argument("--resume", default=None, help="'latest' or a checkpoint directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------- data
+class ByteTokenizer:
+    """UTF-8 bytes as tokens, EOS = 256 (for the tiny default model; no download needed)."""
+
+    vocab_size = 257
+    eos_token_id = 256
+
+    def __call__(self, texts):
+        return {"input_ids": [list(t.encode("utf-8")) for t in texts]}
+
+
+def generated_corpus(n_docs: int = 400, seed: int = 0) -> list:
+    rng = random.Random(seed)
+    words = ("the cat dog bird sat ran flew on under over a mat log tree quickly slowly and then "
+             "red blue green one two three four five").split()
+    docs = []
+    for i in range(n_docs):
+        sent = [f"record {i}:"] + [rng.choice(words) for _ in range(rng.randint(20, 120))]
+        docs.append(" ".join(sent) + f" (key {rng.randint(0, 999)}).")
+    return docs
+
+
+def load_texts(path, text_column):
+    import datasets
+
+    if path is None:
+        return datasets.Dataset.from_dict({text_column: generated_corpus()})
+    path = Path(path)
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    kinds = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    by_kind = {}
+    for f in files:
+        if f.suffix in kinds:
+            by_kind.setdefault(kinds[f.suffix], []).append(str(f))
+    if len(by_kind) != 1:
+        raise ValueError(f"--data needs files of one kind among {sorted(kinds)}, got "
+                         f"{[str(f) for f in files]}")
+    kind, data_files = next(iter(by_kind.items()))
+    ds = datasets.load_dataset(kind, data_files=data_files, split="train")
+    if kind == "text":
+        text_column = "text"
+    if text_column not in ds.column_names:
+        raise ValueError(f"no column {text_column!r} in {data_files}: {ds.column_names}")
+    return ds.rename_column(text_column, "text") if text_column != "text" else ds
+
+
+def pack(ds, tokenizer, seq_len: int) -> torch.Tensor:
+    """Documents joined with EOS, cut into ``[N, seq_len]`` blocks (remainder dropped)."""
+    ids = []
+    for start in range(0, len(ds), 1000):
+        for doc in tokenizer(ds[start:start + 1000]["text"])["input_ids"]:
+            ids.extend(doc)
+            ids.append(tokenizer.eos_token_id)
+    n = len(ids) // seq_len
+    if n == 0:
+        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than --seq-len {seq_len}")
+    return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
+
+
+def batch_for_step(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, bs: int,
+                   seed: int) -> torch.Tensor:
+    """The ``[bs, S]`` blocks of a data-parallel group at a step: a pure function of the step
+    (epoch permutations seeded by ``seed + epoch``), which is what makes resume exact."""
+    n = blocks.shape[0]
+    per_step = bs * dp_size
+    rows = []
+    for i in range(bs):
+        flat = step * per_step + dp_rank * bs + i
+        epoch, j = divmod(flat, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+        rows.append(int(perm[j]))
+    return blocks[rows]
+
+
+# ---------------------------------------------------------------------------------- model
+def build_model(args, tokenizer):
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    if args.model:
+        cfg = AutoConfig.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="hilbert_dilated")
+    else:
+        cfg = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=max(4096, args.seq_len),
+                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hilbert_dilated")
+    if args.pattern:
+        pattern = DilatedPattern.from_yaml(args.pattern)
+    elif getattr(cfg, "hilbert_attn", None):
+        pattern = DilatedPattern.from_dict(cfg.hilbert_attn)
+    else:
+        pattern = DilatedPattern.from_yaml(ROOT / "configs" / "default.yaml")
+    hf_hilbert_attn.configure(model, pattern)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, pattern
+
+
+class TrainState:
+    """Completed optimizer steps; saved with ``accelerator.save_state``."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self):
+        return {"step": self.step}
+
+    def load_state_dict(self, d):
+        self.step = int(d["step"])
+
+
+def latest_checkpoint(out: Path):
+    ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return ckpts[-1] if ckpts else None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("accelerate").setLevel(logging.WARNING)
+    # torchrun on a machine without CUDA: Accelerate needs cpu=True to pick MULTI_CPU (gloo)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    topo = sequence_parallel_topology(accelerator, args.sp_size)
+    out = Path(args.output_dir)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+    set_seed(args.seed)
+
+    if args.model and (Path(args.model) / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    else:
+        tokenizer = ByteTokenizer()
+    blocks = pack(load_texts(args.data, args.text_column), tokenizer, args.seq_len)
+    model, pattern = build_model(args, tokenizer)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)) if args.warmup_steps else 1.0)
+    # The scheduler is not passed through prepare(): Accelerate would step it once per process,
+    # which would make the schedule depend on the sequence-parallel degree.
+    model, opt = accelerator.prepare(model, opt)
+    state = TrainState()
+    accelerator.register_for_checkpointing(sched, state)
+
+    if args.resume:
+        ckpt = latest_checkpoint(out) if args.resume == "latest" else Path(args.resume)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume latest: no checkpoint under {out / 'checkpoints'}")
+        accelerator.load_state(str(ckpt))
+        logger.info("resumed from %s at step %d", ckpt, state.step)
+    if accelerator.is_main_process:
+        logger.info("world %d = dp %d x sp %d (%s); %d blocks of %d tokens; pattern %s; layout %s",
+                    accelerator.num_processes, topo.dp_size, topo.sp_size, topo.source,
+                    blocks.shape[0], args.seq_len, pattern, args.layout)
+
+    log_path = out / "train_log.jsonl"
+    tokens_per_step = args.seq_len * args.batch_size * topo.dp_size
+    bar = tqdm(total=args.max_steps, initial=state.step, disable=not accelerator.is_main_process,
+               desc="train", unit="step")
+    model.train()
+    t0, tok0 = time.perf_counter(), 0
+    while state.step < args.max_steps:
+        ids = batch_for_step(blocks, state.step, topo.dp_rank, topo.dp_size, args.batch_size,
+                             args.seed).to(accelerator.device)
+        shard = shard_for_sequence_parallel({"input_ids": ids, "labels": ids}, topo,
+                                            layout=args.layout, pattern=pattern)
+        with hf_hilbert_attn.sequence_parallel(topo.group):
+            loss = reduce_loss(model(**shard).loss, topo.group)
+            accelerator.backward(loss)
+        if args.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        state.step += 1
+        tok0 += tokens_per_step
+        mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
+        if state.step % args.log_every == 0 or state.step == args.max_steps:
+            dt = time.perf_counter() - t0
+            rec = {"step": state.step, "loss": mean_loss, "lr": sched.get_last_lr()[0],
+                   "tokens_per_s": tok0 / max(dt, 1e-9)}
+            if accelerator.is_main_process:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        bar.update(1)
+        if args.save_every and (state.step % args.save_every == 0 or state.step == args.max_steps):
+            ckpt = out / "checkpoints" / f"step_{state.step}"
+            accelerator.save_state(str(ckpt))
+    bar.close()
+
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        final = out / "final"
+        accelerator.unwrap_model(model).save_pretrained(final)
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(final)
+        logger.info("saved %s (config.hilbert_attn = %s)", final,
+                    accelerator.unwrap_model(model).config.hilbert_attn)
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

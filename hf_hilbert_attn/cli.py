@@ -1,0 +1,267 @@
+"""The ``hf-hilbert-attn`` console command.
+
+    hf-hilbert-attn env                                  versions, CUDA device, Triton kernels
+    hf-hilbert-attn show-pattern configs/longnet_lm.yaml --length 65536 --png mask.png
+    hf-hilbert-attn eval [MODEL_DIR] [--pattern P] ...   long-context eval (perplexity, passkey)
+    hf-hilbert-attn bench model [--preset tiny] ...      end-to-end fwd+bwd benchmark
+    hf-hilbert-attn bench attention [ARGS...]            examples/benchmarks/bench_attention.py
+
+Also runnable as ``python -m hf_hilbert_attn.cli``. Bad arguments print a message naming the
+value and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import runpy
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+__all__ = ["main", "build_parser", "env_report"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- env
+def _version(module: str) -> str:
+    try:
+        return getattr(importlib.import_module(module), "__version__", "installed")
+    except Exception as e:  # noqa: BLE001 - any import failure is the answer
+        return f"not available ({type(e).__name__}: {e})"
+
+
+def env_report(check_kernels: bool = True) -> List[str]:
+    """Lines describing the environment: versions, CUDA device, and whether the Triton kernels
+    and the ``hilbert_dilated`` attention are usable here."""
+    import torch
+
+    lines = [f"python        {platform.python_version()} ({platform.platform()})"]
+    for name in ("torch", "transformers", "accelerate", "triton", "datasets", "hf_hilbert_attn"):
+        lines.append(f"{name:<13} {_version(name)}")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        i = torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(i)
+        lines.append(f"cuda device   {p.name} (capability {p.major}.{p.minor}, "
+                     f"{p.total_memory / 2**30:.1f} GiB; CUDA {torch.version.cuda}; "
+                     f"{torch.cuda.device_count()} device(s))")
+    else:
+        lines.append("cuda device   none (torch.cuda.is_available() is False)")
+    lines.append(f"triton kernels {_kernel_status(cuda, check_kernels)}")
+    try:
+        from .evaluation.runner import hilbert_available
+
+        reg = "yes" if hilbert_available() else "no (Transformers integration missing)"
+    except Exception as e:  # noqa: BLE001
+        reg = f"no ({type(e).__name__}: {e})"
+    lines.append(f"attn_implementation 'hilbert_dilated' registered: {reg}")
+    sp = []
+    for mod in ("hf_hilbert_attn.ring", "hf_hilbert_attn.sharding",
+                "hf_hilbert_attn.integrations.accelerate"):
+        sp.append(f"{mod.rsplit('.', 1)[1]}: {'yes' if importlib.util.find_spec(mod) else 'no'}")
+    lines.append(f"sequence parallel modules {', '.join(sp)}")
+    return lines
+
+
+def _kernel_status(cuda: bool, check: bool) -> str:
+    try:
+        kernels = importlib.import_module("hf_hilbert_attn.kernels")
+    except Exception as e:  # noqa: BLE001
+        return f"not usable: import hf_hilbert_attn.kernels failed ({type(e).__name__}: {e})"
+    if not hasattr(kernels, "triton_dilated_attention"):
+        return "not usable: hf_hilbert_attn.kernels has no triton_dilated_attention"
+    if not cuda:
+        interp = os.environ.get("TRITON_INTERPRET") == "1"
+        return ("importable, but no CUDA device: dilated_attention uses the PyTorch path"
+                + (" (TRITON_INTERPRET=1: the interpreter runs them, for tests)" if interp else ""))
+    if not check:
+        return "importable (not run: --no-check)"
+    try:
+        import torch
+
+        from . import DilatedPattern, dilated_attention, reference_attention
+
+        pat = DilatedPattern([64, 256], [1, 4])
+        q, k, v = (torch.randn(1, 4, 300, 64, device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+        out = dilated_attention(q, k, v, pat, backend="triton")
+        ref = reference_attention(q, k, v, pat)
+        err = (out.float() - ref.float()).abs().max().item()
+        ok = err < 2e-2
+        return (f"usable: a 300-token fp16 call matches reference_attention (max abs error "
+                f"{err:.1e})" if ok else f"NOT usable: max abs error {err:.1e} vs the reference")
+    except Exception as e:  # noqa: BLE001
+        return f"not usable: a test call failed ({type(e).__name__}: {e})"
+
+
+def _cmd_env(args, parser) -> int:
+    print("\n".join(env_report(check_kernels=not args.no_check)))
+    return 0
+
+
+# ----------------------------------------------------------------------------- show-pattern
+def _cmd_show_pattern(args, parser) -> int:
+    from .evaluation.runner import resolve_pattern
+    from .visualize import ASCII_MAX_LENGTH, ascii_mask, pattern_summary, save_mask_png
+
+    if args.length < 1:
+        parser.error(f"--length must be >= 1, got {args.length}")
+    if args.heads < 1:
+        parser.error(f"--heads must be >= 1, got {args.heads}")
+    try:
+        label, pattern = resolve_pattern(args.pattern)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    causal = not args.non_causal
+    s = pattern_summary(pattern, args.length, args.heads, causal=causal)
+    print(f"pattern   {pattern}")
+    print(f"length    {args.length} tokens, {args.heads} head(s), "
+          f"{'causal' if causal else 'non-causal'}")
+    if args.length <= args.ascii_max:
+        for h in range(min(args.heads, args.ascii_heads)):
+            print(f"\nhead {h}  ('#' allowed, '.' masked by the pattern"
+                  f"{', blank = future' if causal else ''}; last column: keys attended)")
+            print(ascii_mask(pattern, args.length, head=h, causal=causal))
+    else:
+        print(f"\n(no ASCII picture above {args.ascii_max} tokens; use --png, or --ascii-max up "
+              f"to {ASCII_MAX_LENGTH})")
+    print()
+    print(f"allowed pairs per head   {_short_list(s['pairs_per_head'])}")
+    print(f"dense {'causal ' if causal else ''}pairs per head {s['dense_pairs']}")
+    print(f"density                  {s['density']:.4%}   (sparsity {s['sparsity']:.4%})")
+    print(f"keys per query           mean {s['keys_per_query_mean']:.1f}, last query "
+          f"{s['keys_per_query_last']} (head 0), dense last query {args.length}")
+    print(f"attention FLOPs vs dense {s['flops_ratio']:.4f}x  (allowed pairs / dense pairs: "
+          f"{1 / s['flops_ratio'] if s['flops_ratio'] else float('inf'):.1f}x fewer)")
+    if args.png:
+        heads = list(range(min(args.heads, args.png_heads)))
+        path = save_mask_png(pattern, args.length, args.png, heads=heads, causal=causal)
+        print(f"wrote {path}")
+    return 0
+
+
+def _short_list(xs, n=8) -> str:
+    if len(xs) == 1:
+        return str(xs[0])
+    if len(set(xs)) == 1:
+        return f"{xs[0]} (same for all {len(xs)} heads)"
+    return ", ".join(str(x) for x in xs[:n]) + (" ..." if len(xs) > n else "")
+
+
+def _ascii_max(text: str) -> int:
+    from .visualize import ASCII_MAX_LENGTH
+
+    v = int(text)
+    if not 0 <= v <= ASCII_MAX_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be in [0, {ASCII_MAX_LENGTH}], got {v}")
+    return v
+
+
+def _int_length(text: str) -> int:
+    t = text.lower()
+    try:
+        return int(t[:-1]) * 1024 if t.endswith("k") else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer like 4096 or 4k, got {text!r}") from None
+
+
+# ----------------------------------------------------------------------------- eval / bench
+def _cmd_eval(args, parser) -> int:
+    import logging
+
+    from .evaluation.runner import run_from_args
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return run_from_args(args, parser)
+
+
+def _cmd_bench_model(args, parser) -> int:
+    from .evaluation.bench_model import run_from_args
+
+    return run_from_args(args, parser)
+
+
+def _cmd_bench_attention(args, parser) -> int:
+    script = REPO_ROOT / "examples" / "benchmarks" / "bench_attention.py"
+    if not script.is_file():
+        parser.error(f"bench attention runs {script}, which is not here (it ships with a source "
+                     f"checkout, not with the installed package)")
+    old = sys.argv
+    sys.argv = [str(script)] + list(args.rest)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 1
+    finally:
+        sys.argv = old
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    from .evaluation.bench_model import add_bench_arguments
+    from .evaluation.runner import add_eval_arguments
+
+    p = argparse.ArgumentParser(
+        prog="hf-hilbert-attn",
+        description="LongNet-style dilated attention for Hugging Face Transformers.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    e = sub.add_parser("env", help="versions, CUDA device, whether the Triton kernels work")
+    e.add_argument("--no-check", action="store_true",
+                   help="do not run a test kernel call on the GPU")
+    e.set_defaults(func=_cmd_env)
+
+    s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
+    s.add_argument("pattern", help="a pattern YAML, a configs/ name, a built-in name (tiny, "
+                                   "dense) or inline 'W1,W2:R1,R2'")
+    s.add_argument("--length", type=_int_length, required=True, help="sequence length (tokens)")
+    s.add_argument("--heads", type=int, default=1, help="query heads to count (default 1)")
+    s.add_argument("--png", default=None, help="also draw the mask into this PNG")
+    s.add_argument("--png-heads", type=int, default=4, help="heads drawn in the PNG (max)")
+    s.add_argument("--ascii-max", type=_ascii_max, default=64,
+                   help="longest length drawn as ASCII (default 64)")
+    s.add_argument("--ascii-heads", type=int, default=1, help="heads drawn as ASCII (default 1)")
+    s.add_argument("--non-causal", action="store_true", help="bidirectional attention")
+    s.set_defaults(func=_cmd_show_pattern)
+
+    ev = sub.add_parser("eval", help="long-context eval: perplexity vs length, passkey, speed",
+                        description="Same as examples/eval_long_context.py.")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=_cmd_eval)
+
+    b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end) or 'bench attention'")
+    bsub = b.add_subparsers(dest="bench_command", metavar="WHAT")
+    bsub.required = True
+    bm = bsub.add_parser("model", help="forward+backward of a whole model, sdpa vs hilbert_dilated",
+                         description="Same as examples/benchmarks/bench_model.py.")
+    add_bench_arguments(bm)
+    bm.set_defaults(func=_cmd_bench_model)
+    ba = bsub.add_parser("attention", help="the attention-op benchmark (source checkout only)")
+    ba.add_argument("rest", nargs=argparse.REMAINDER,
+                    help="arguments passed to examples/benchmarks/bench_attention.py")
+    ba.set_defaults(func=_cmd_bench_attention)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # The subcommand's own parser gives errors its usage line.
+    sub_parser = parser
+    for action in parser._subparsers._group_actions:  # noqa: SLF001 - argparse has no public way
+        if args.command in action.choices:
+            sub_parser = action.choices[args.command]
+            if args.command == "bench":
+                for a in sub_parser._subparsers._group_actions:  # noqa: SLF001
+                    sub_parser = a.choices[args.bench_command]
+    return args.func(args, sub_parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

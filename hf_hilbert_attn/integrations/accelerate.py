@@ -1,0 +1,173 @@
+"""Sequence parallelism with Accelerate: the group, the batch shards, and the loss.
+
+Topology. The world is split into ``dp × sp`` ranks: each sequence-parallel (SP) group of
+``sp`` ranks works on one sequence (each rank holds a shard), and the ``dp`` groups see
+different data. :func:`sequence_parallel_topology` gets the SP group
+
+* from the Accelerator's device mesh (``ParallelismConfig(cp_size=N)`` → mesh dim ``"cp"``)
+  where Accelerate allows it (GPU: multi-GPU DDP or FSDP2). Accelerate 1.15 rejects a
+  ``ParallelismConfig`` on CPU (``MULTI_CPU``), hence
+* otherwise a documented split: consecutive global ranks form SP groups,
+  ``sp_group(r) = r // sp`` and ``dp_rank(r) = r // sp``, ``sp_rank(r) = r % sp`` (with
+  ``torchrun --nproc_per_node 8`` and ``sp=4``: ranks 0-3 and 4-7), so an SP group stays on one
+  node and its ring traffic on NVLink.
+
+Coexistence with Accelerate's own context parallelism: Accelerate's CP (``cp_size`` +
+``accelerator.maybe_context_parallel``) shards buffers and patches
+``torch.nn.functional.scaled_dot_product_attention`` only. ``hilbert_dilated`` never calls
+SDPA, so that patch would not make it a ring; we use only the *mesh* of a ``ParallelismConfig``
+and never enter ``maybe_context_parallel``. Inside ``hf_hilbert_attn.sequence_parallel(group)``
+our attention runs as a ring; do not wrap the same step in ``maybe_context_parallel`` (it would
+shard the batch a second time).
+
+Loss and gradients. Each rank's loss is ``sum of its token losses / N`` with ``N`` the
+non-ignored tokens of the *whole* sequence (Transformers' ``num_items_in_batch``), and
+:func:`reduce_loss` sums it over the SP group with an autograd all-reduce. That all-reduce's
+backward also sums, so every rank back-propagates ``sp ×`` its share; DDP (or FSDP) then
+averages gradients over all ``dp · sp`` ranks, which leaves exactly the gradient of the mean
+token loss of each sequence, averaged over data-parallel groups — the gradient of single-process
+training on the whole sequence. Without DDP, :func:`average_gradients` does the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..sharding import DEFAULT_LAYOUT, shard_batch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SPTopology", "sequence_parallel_topology", "shard_for_sequence_parallel",
+           "reduce_loss", "global_num_items", "average_gradients"]
+
+
+@dataclass(frozen=True)
+class SPTopology:
+    """Where this process sits in the ``dp × sp`` split.
+
+    Attributes:
+        group: the sequence-parallel process group (None when ``sp_size == 1``).
+        sp_rank, sp_size: rank inside the SP group and its size.
+        dp_rank, dp_size: index of the SP group among all of them, and their number (which
+            data each group reads).
+        source: ``"mesh"`` (Accelerate's ``cp`` mesh dim), ``"split"`` or ``"single"``.
+    """
+
+    group: object
+    sp_rank: int
+    sp_size: int
+    dp_rank: int
+    dp_size: int
+    source: str
+
+
+_SPLIT_CACHE = {}
+
+
+def _split_groups(world: int, sp: int):
+    import torch.distributed as dist
+
+    key = (world, sp)
+    if key not in _SPLIT_CACHE:
+        # every rank must create every group, in the same order
+        _SPLIT_CACHE[key] = [dist.new_group(list(range(i * sp, (i + 1) * sp)))
+                             for i in range(world // sp)]
+    return _SPLIT_CACHE[key]
+
+
+def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) -> SPTopology:
+    """The SP group of this process.
+
+    Args:
+        accelerator: an ``accelerate.Accelerator`` (optional). If its ``parallelism_config``
+            enables ``cp`` and it has a device mesh, the mesh's ``"cp"`` dimension is the group.
+        sp_size: ranks per sequence. Default: the mesh's ``cp`` size, else the world size.
+
+    Returns:
+        An :class:`SPTopology`.
+
+    Raises:
+        ValueError: ``sp_size`` does not divide the world size, or disagrees with the mesh.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        if sp_size not in (None, 1):
+            raise ValueError(f"sp_size={sp_size} needs torch.distributed to be initialised "
+                             "(launch with accelerate launch or torchrun)")
+        return SPTopology(None, 0, 1, 0, 1, "single")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    pc = getattr(accelerator, "parallelism_config", None) if accelerator is not None else None
+    if pc is not None and getattr(pc, "cp_enabled", False):
+        mesh = accelerator.torch_device_mesh
+        if mesh is not None and "cp" in (mesh.mesh_dim_names or ()):
+            cp = mesh["cp"]
+            size = cp.size()
+            if sp_size not in (None, size):
+                raise ValueError(f"sp_size={sp_size} disagrees with the Accelerator's cp_size={size}")
+            group = cp.get_group()
+            first = min(dist.get_process_group_ranks(group))
+            firsts = [None] * world
+            dist.all_gather_object(firsts, first)
+            order = sorted(set(firsts))
+            return SPTopology(group, cp.get_local_rank(), size, order.index(first), len(order),
+                              "mesh")
+    sp = world if sp_size is None else int(sp_size)
+    if sp < 1 or world % sp:
+        raise ValueError(f"sp_size must divide the world size {world}, got {sp_size}")
+    if sp == 1:
+        return SPTopology(None, 0, 1, rank, world, "split")
+    groups = _split_groups(world, sp)
+    return SPTopology(groups[rank // sp], rank % sp, sp, rank // sp, world // sp, "split")
+
+
+def global_num_items(num_items: torch.Tensor, group) -> torch.Tensor:
+    """Sum of non-ignored label counts over the SP group (no gradient)."""
+    import torch.distributed as dist
+
+    n = torch.as_tensor(num_items).detach().clone().to(torch.int64)
+    if group is not None:
+        dist.all_reduce(n, group=group)
+    return n
+
+
+def shard_for_sequence_parallel(batch: dict, topo: SPTopology, layout: str = DEFAULT_LAYOUT,
+                                pattern=None, pad_to_multiple: int = 1, **kwargs) -> dict:
+    """:func:`~hf_hilbert_attn.sharding.shard_batch` for this rank, plus
+    ``num_items_in_batch`` = non-ignored labels of the whole sequence (so the model's loss is
+    ``sum over this shard / N`` and :func:`reduce_loss` gives the mean over the sequence)."""
+    group = topo.group if topo.group is not None else (0, 1)
+    shard = shard_batch(batch, group, layout, pattern, pad_to_multiple, **kwargs)
+    if "num_items" in shard:
+        shard["num_items_in_batch"] = global_num_items(shard.pop("num_items"), topo.group).to(
+            shard["input_ids"].device)
+    return shard
+
+
+def reduce_loss(loss: torch.Tensor, group) -> torch.Tensor:
+    """Sum a per-shard loss over the SP group, differentiably (see the module docstring).
+
+    Args:
+        loss: this shard's ``sum of token losses / N`` (``N`` over the whole sequence).
+        group: the SP group, or None (returned unchanged).
+    """
+    if group is None:
+        return loss
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(loss, group=group)
+
+
+def average_gradients(model: torch.nn.Module, group=None) -> None:
+    """Average ``.grad`` over ``group`` (default: world) — what DDP does, for runs without it."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad.div_(world)

@@ -1,0 +1,124 @@
+"""The ``hf-hilbert-attn`` console command: each subcommand prints what it claims; bad arguments
+exit non-zero with a message naming the bad value."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_hilbert_attn import DilatedPattern
+from hf_hilbert_attn.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _fails(capsys, *argv):
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_env_reports_versions_and_kernels(capsys):
+    import torch
+    import transformers
+
+    rc, out, _ = _run(capsys, "env")
+    assert rc == 0
+    assert f"torch         {torch.__version__}" in out
+    assert f"transformers  {transformers.__version__}" in out
+    for name in ("accelerate", "triton", "cuda device", "triton kernels",
+                 "'hilbert_dilated' registered"):
+        assert name in out
+    if not torch.cuda.is_available():
+        assert "cuda device   none" in out
+        assert "no CUDA device" in out or "not usable" in out
+
+
+def test_show_pattern_ascii_counts_and_png(capsys, tmp_path):
+    png = tmp_path / "mask.png"
+    rc, out, _ = _run(capsys, "show-pattern", "8,16:1,4", "--length", "24", "--heads", "4",
+                      "--png", str(png))
+    assert rc == 0
+    p = DilatedPattern([8, 16], [1, 4])
+    pairs = p.count_pairs(24, 4)
+    assert f"allowed pairs per head   {pairs[0]} (same for all 4 heads)" in out
+    assert "dense causal pairs per head 300" in out
+    assert f"density                  {sum(pairs) / (4 * 300):.4%}" in out
+    # The ASCII rows are the mask of head 0: '#' exactly where build_mask allows.
+    import torch
+
+    mask = p.build_mask(1, torch.arange(24), torch.arange(24))[0, 0]
+    rows = [line for line in out.splitlines() if line[:2].strip().isdigit()][:24]
+    assert len(rows) == 24
+    for q, line in enumerate(rows):
+        cells = line[3:3 + 24]
+        assert [c == "#" for c in cells] == mask[q].tolist(), line
+        assert line.rstrip().endswith(str(int(mask[q].sum())))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_show_pattern_long_length_skips_ascii(capsys):
+    rc, out, _ = _run(capsys, "show-pattern", str(REPO / "configs" / "longnet_lm.yaml"),
+                      "--length", "64k", "--heads", "2")
+    assert rc == 0
+    assert "no ASCII picture above 64 tokens" in out
+    assert "attention FLOPs vs dense 0.04" in out  # ~5% of the causal pairs at 64K
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["show-pattern", "missing.yaml", "--length", "8"], "pattern file not found: missing.yaml"),
+    (["show-pattern", "8,16:1,32", "--length", "8"],
+     r"dilation_rates\[1\] must be <= segment_lengths\[1\] = 16, got 32"),
+    (["show-pattern", "8:2", "--length", "8"], "dilation_rates must contain a 1"),
+    (["show-pattern", "tiny", "--length", "-4"], "--length must be >= 1, got -4"),
+    (["show-pattern", "tiny", "--length", "abc"], "expected an integer like 4096"),
+    (["show-pattern", "tiny"], "the following arguments are required: --length"),
+    (["eval", "--lengths", "1"], "a context length must be >= 2, got 1"),
+    (["eval", "--depths", "1.5"], r"a needle depth must be in \[0, 1\], got 1.5"),
+    (["eval", "--pattern", "nope"], "unknown pattern 'nope'"),
+    (["eval", "/no/such/model"], "model path not found: /no/such/model"),
+    (["eval", "--corpus", "/no/such.txt"], "corpus file not found: /no/such.txt"),
+    (["eval", "--lengths", "64", "--stride", "64"], "stride must be < every length"),
+    (["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
+    (["bench", "model", "--lengths", "-8"], "a sequence length must be >= 2, got -8"),
+    (["bench"], "required: WHAT"),
+    ([], "required: COMMAND"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_arguments_exit_2_with_message(capsys, argv, message):
+    import re
+
+    err = _fails(capsys, *argv)
+    assert re.search(message, err), err
+    assert "usage: hf-hilbert-attn" in err
+
+
+def test_eval_command_runs_builtin(capsys, tmp_path):
+    rc, out, _ = _run(capsys, "eval", "--pattern", "tiny", "--lengths", "64", "--ppl-tokens",
+                      "200", "--passkey-lengths", "128", "--depths", "0.5", "--trials", "1",
+                      "--max-new-tokens", "4", "--out-dir", str(tmp_path), "--no-progress")
+    assert rc == 0
+    assert "## Perplexity by context length" in out and "| sdpa |" in out
+    for name in ("results.csv", "results.md", "perplexity.png", "passkey_heatmap.png"):
+        assert (tmp_path / name).is_file()
+        assert str(tmp_path / name) in out
+
+
+def test_console_module_exit_code():
+    # A real process: the exit status a shell sees.
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    bad = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.cli", "show-pattern", "tiny",
+                          "--length", "0"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert bad.returncode == 2 and "--length must be >= 1, got 0" in bad.stderr
+    ok = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.cli", "show-pattern", "tiny",
+                         "--length", "8"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert ok.returncode == 0 and "allowed pairs per head   36\n" in ok.stdout

@@ -1,0 +1,288 @@
+"""Long-context eval (perplexity, passkey, report) and the model benchmark's smoke test, on CPU."""
+
+import csv
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from hf_hilbert_attn.evaluation import (
+    EvalConfig,
+    evaluate_passkey,
+    evaluate_perplexity,
+    hilbert_available,
+    make_passkey_prompt,
+    resolve_pattern,
+    run_eval,
+    score_passkey,
+    strided_windows,
+)
+from hf_hilbert_attn.evaluation.corpus import (
+    build_char_tokenizer,
+    build_default_model,
+    load_corpus,
+    tokenize_corpus,
+)
+from hf_hilbert_attn.evaluation.perplexity import window_nll
+
+needs_hilbert = pytest.mark.skipif(
+    not hilbert_available(),
+    reason="hilbert_dilated is not registered (Transformers integration missing)")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tok):
+    return build_default_model(tok, seed=1)
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def eval_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval")
+    cfg = EvalConfig(patterns=("dense", "tiny"), lengths=(64, 128), ppl_tokens=400,
+                     passkey_lengths=(128,), depths=(0.0, 1.0), trials=1, max_new_tokens=6,
+                     out_dir=str(out), progress=False)
+    return out, run_eval(cfg)
+
+
+def _rows(out):
+    with open(out / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_eval_writes_table_csv_and_pngs(eval_run):
+    out, res = eval_run
+    for name in ("results.csv", "results.md", "perplexity.png", "passkey_heatmap.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    for name in ("perplexity.png", "passkey_heatmap.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "results.md").read_text()
+    assert md == res["markdown"]
+    assert "## Perplexity by context length" in md and "## Passkey retrieval" in md
+    assert re.search(r"^\| sdpa \| [0-9.]+ \| [0-9.]+ \|$", md, re.M), md
+    rows = _rows(out)
+    methods = {r["method"] for r in rows}
+    expected = {"sdpa"} | ({"hilbert_dilated:dense", "hilbert_dilated:tiny"}
+                           if hilbert_available() else set())
+    assert methods == expected
+    ppl = [r for r in rows if r["task"] == "perplexity"]
+    pk = [r for r in rows if r["task"] == "passkey"]
+    assert len(ppl) == 2 * len(methods) and len(pk) == 2 * len(methods)
+    for r in ppl:
+        # every token but the first is scored exactly once, whatever the window length
+        assert int(r["scored_tokens"]) == 399
+        assert 1.0 < float(r["value"]) < 1e4 and float(r["tokens_per_s"]) > 0
+        assert r["mem_kind"] == "cpu_rss_delta"
+    for r in pk:
+        assert 0.0 <= float(r["value"]) <= 1.0
+
+
+@needs_hilbert
+def test_eval_sdpa_equals_hilbert_dense(eval_run):
+    _, res = eval_run
+    ppl = {(r["method"], r["length"]): r["value"] for r in res["rows"] if r["task"] == "perplexity"}
+    for L in (64, 128):
+        assert ppl[("hilbert_dilated:dense", L)] == pytest.approx(ppl[("sdpa", L)], rel=1e-5)
+    # "tiny" (dense within 64 tokens) is dense at L=64 but not at L=128: the pattern is applied.
+    assert ppl[("hilbert_dilated:tiny", 64)] == pytest.approx(ppl[("sdpa", 64)], rel=1e-5)
+    assert ppl[("hilbert_dilated:tiny", 128)] != pytest.approx(ppl[("sdpa", 128)], rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- perplexity
+@pytest.mark.parametrize("n,L,stride", [(97, 16, 8), (100, 10, 9), (5, 16, 8), (64, 8, 1)])
+def test_strided_windows_score_every_token_once(n, L, stride):
+    seen = []
+    for begin, end, scored in strided_windows(n, L, stride):
+        # a scored token's predecessor is always inside its window
+        assert end - begin <= L and 1 <= scored <= end - begin - 1
+        seen += list(range(end - scored, end))
+    assert seen == list(range(1, n))
+
+
+def test_strided_windows_bad_arguments():
+    with pytest.raises(ValueError, match="stride must be in"):
+        list(strided_windows(100, 16, 16))
+    with pytest.raises(ValueError, match="context length must be >= 2"):
+        list(strided_windows(100, 1, 1))
+    with pytest.raises(ValueError, match="need at least 2 tokens"):
+        list(strided_windows(1, 16, 8))
+
+
+def test_window_nll_matches_transformers_loss(tiny_model):
+    ids = torch.randint(0, 100, (1, 57))
+    for scored in (1, 20, 56):
+        labels = ids.clone()
+        labels[0, :57 - scored] = -100
+        with torch.no_grad():
+            loss = tiny_model(input_ids=ids, labels=labels).loss
+        assert window_nll(tiny_model, ids, scored) == pytest.approx(float(loss) * scored, rel=1e-5)
+
+
+def test_perplexity_equals_per_window_sum(tiny_model):
+    tokens = torch.randint(0, 100, (150,))
+    res = evaluate_perplexity(tiny_model, tokens, 40, 15)
+    manual, count = 0.0, 0
+    for b, e, s in strided_windows(150, 40, 15):
+        ids = tokens[b:e].unsqueeze(0)
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny_model(input_ids=ids).logits[0].float(), -1)
+        for t in range(e - b - s, e - b):
+            manual -= float(logp[t - 1, ids[0, t]])
+            count += 1
+    assert res.scored_tokens == count == 149
+    assert res.perplexity == pytest.approx(math.exp(manual / count), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- passkey
+def test_score_passkey_known_answers():
+    assert score_passkey(" 48213. Remember", "48213")
+    assert score_passkey("48213", "48213")
+    assert not score_passkey(" 48214.", "48213")
+    assert not score_passkey(" 482130", "48213")  # a longer number is not the key
+    assert not score_passkey(" the key", "48213")
+    assert not score_passkey("", "48213")
+    assert not score_passkey(" 1 then 48213", "48213")  # only the first number counts
+
+
+def _needle_reader(tok):
+    """A fake model that reads the needle from its prompt: it must score 100%."""
+    def generate(ids):
+        text = tok.decode(ids[0])
+        return " " + re.search(r"The pass key is (\d+)\.", text).group(1) + ". Remember"
+    return generate
+
+
+@pytest.mark.parametrize("length", [122, 200, 333])
+def test_passkey_prompt_length_and_needle_depth(tok, length):
+    for depth in (0.0, 0.3, 1.0):
+        p = make_passkey_prompt(tok, length, depth, "70707")
+        assert p.input_ids.shape == (1, length)
+        text = tok.decode(p.input_ids[0])
+        at = text.index("The pass key is 70707.")
+        assert p.needle_start == at  # one token per character
+        assert text.endswith("The pass key is")
+        if depth == 0.0:
+            assert text[:at].endswith("\n")  # right after the intro
+        if depth == 1.0:
+            assert text[at:].startswith("The pass key is 70707. Remember it. \n")
+
+
+def test_passkey_solvable_by_a_reader_and_not_by_guessing(tok):
+    depths = [0.0, 0.25, 0.5, 0.75, 1.0]
+    rows = evaluate_passkey(_needle_reader(tok), tok, 160, depths, trials=3, seed=5)
+    assert [r["accuracy"] for r in rows] == [1.0] * 5
+    keys = {a for r in rows for a in r["answers"]}
+    assert len(keys) > 1  # keys differ between trials
+    wrong = evaluate_passkey(lambda ids: " 00000.", tok, 160, depths, trials=3)
+    assert [r["accuracy"] for r in wrong] == [0.0] * 5
+
+    # A reader that only sees the first half of its prompt finds shallow needles only.
+    def half_reader(ids):
+        text = tok.decode(ids[0, : ids.shape[1] // 2])
+        m = re.search(r"The pass key is (\d+)\.", text)
+        return f" {m.group(1)}" if m else " 12"
+    half = evaluate_passkey(half_reader, tok, 300, depths, trials=2)
+    assert [r["accuracy"] for r in half] == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_passkey_real_model_runs_generate(tok, tiny_model):
+    from hf_hilbert_attn.evaluation.passkey import hf_generate_fn
+
+    gen = hf_generate_fn(tiny_model, tok, max_new_tokens=5)
+    p = make_passkey_prompt(tok, 128, 0.5, "12345")
+    text = gen(p.input_ids)
+    assert isinstance(text, str) and 0 < len(text) <= 5 * 8
+
+
+def test_passkey_bad_arguments(tok):
+    with pytest.raises(ValueError, match="too short"):
+        make_passkey_prompt(tok, 121, 0.5, "12345")
+    with pytest.raises(ValueError, match=r"depth must be in \[0, 1\], got 1.5"):
+        make_passkey_prompt(tok, 200, 1.5, "12345")
+
+
+# ----------------------------------------------------------------------------- corpus, patterns
+def test_load_corpus_text_jsonl_parquet(tmp_path, tok):
+    docs = ["first document here", "second one", "third"]
+    (tmp_path / "a.txt").write_text("\n".join(docs) + "\n")
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"body": d}) for d in docs))
+    import datasets
+
+    datasets.Dataset.from_dict({"text": docs}).to_parquet(str(tmp_path / "a.parquet"))
+    assert load_corpus([str(tmp_path / "a.txt")]) == docs
+    assert load_corpus([str(tmp_path / "a.jsonl")], text_field="body") == docs
+    assert load_corpus([str(tmp_path / "a.parquet")]) == docs
+    with pytest.raises(ValueError, match="no column 'text'"):
+        load_corpus([str(tmp_path / "a.jsonl")])
+    with pytest.raises(ValueError, match="all be of one kind"):
+        load_corpus([str(tmp_path / "a.txt"), str(tmp_path / "a.jsonl")])
+    with pytest.raises(FileNotFoundError, match="corpus file not found"):
+        load_corpus([str(tmp_path / "missing.txt")])
+    ids = tokenize_corpus(tok, docs, 1000)
+    assert ids.numel() == sum(len(d) + 1 for d in docs)  # chars + one EOS per document
+    assert tok.decode(ids[: len(docs[0])]) == docs[0]
+
+
+def test_builtin_corpus_is_deterministic():
+    a, b = load_corpus(None, num_chars=5000), load_corpus(None, num_chars=5000)
+    assert a == b and sum(map(len, a)) >= 5000
+
+
+def test_resolve_pattern_forms(tmp_path):
+    assert resolve_pattern("64,256:1,4")[1].segment_lengths == (64, 256)
+    assert resolve_pattern("tiny")[1].dilation_rates == (1, 4)
+    assert resolve_pattern("longnet_lm")[1].segment_lengths[-1] == 32768
+    with pytest.raises(ValueError, match="dilation_rates\\[1\\] must be <= segment_lengths\\[1\\]"):
+        resolve_pattern("8,16:1,32")
+    with pytest.raises(ValueError, match="unknown pattern 'nope'"):
+        resolve_pattern("nope")
+    with pytest.raises(FileNotFoundError, match="pattern file not found"):
+        resolve_pattern(str(tmp_path / "missing.yaml"))
+
+
+# ----------------------------------------------------------------------------- bench_model
+def test_chunked_loss_matches_full_loss():
+    from hf_hilbert_attn.evaluation.bench_model import chunked_lm_loss
+
+    h = torch.randn(2, 37, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 50, (2, 37))
+    y[0, :5] = -100
+    loss = chunked_lm_loss(h, w, y, chunk=8)
+    ref = torch.nn.functional.cross_entropy((h @ w.t()).flatten(0, 1), y.flatten(),
+                                            ignore_index=-100)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-10)
+    g = torch.autograd.grad(loss, (h, w))
+    g_ref = torch.autograd.grad(ref, (h, w))
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_bench_model_tiny_smoke(tmp_path, capsys):
+    from hf_hilbert_attn.evaluation.bench_model import main
+
+    rc = main(["--preset", "tiny", "--lengths", "64", "96", "--iters", "1", "--warmup", "0",
+               "--max-len", "--max-len-start", "64", "--max-len-step", "32", "--max-len-cap",
+               "128", "--out-dir", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| method | tokens | status | tokens/s" in out and "## Longest sequence" in out
+    assert (tmp_path / "bench_model_tiny_cpu.csv").is_file()
+    assert (tmp_path / "bench_model_tiny_maxlen_cpu.csv").is_file()
+    assert (tmp_path / "bench_model_tiny_cpu.png").read_bytes()[:4] == b"\x89PNG"
+    with open(tmp_path / "bench_model_tiny_cpu.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["status"] for r in rows} == {"ok"}
+    assert len(rows) == 2 * (2 if hilbert_available() else 1)
+    for r in rows:
+        assert float(r["tokens_per_s"]) > 0 and math.isfinite(float(r["loss"]))
+    with open(tmp_path / "bench_model_tiny_maxlen_cpu.csv") as f:
+        mx = list(csv.DictReader(f))
+    assert all(int(r["max_len"]) == 128 and r["limited_by"] == "cap" for r in mx)

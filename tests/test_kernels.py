@@ -1,0 +1,136 @@
+"""The Triton kernels against ``reference_attention`` (CPU: through the Triton interpreter).
+
+Tiny shapes and 16×16 tiles (``kernels.BLOCK_OVERRIDE``) so every tile kind appears: causal
+diagonal, union-covered (skipped) and union-boundary tiles, partial segments, range ends.
+Float32 inputs: the interpreter computes exactly, so tolerances are tight.
+"""
+
+import pytest
+import torch
+
+from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
+from hf_hilbert_attn import kernels
+from hf_hilbert_attn.inputs import check_inputs
+from hf_hilbert_attn.kernels import plan_positions
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _small_tiles():
+    old = kernels.BLOCK_OVERRIDE
+    kernels.BLOCK_OVERRIDE = (16, 16)
+    yield
+    kernels.BLOCK_OVERRIDE = old
+
+
+def _run(pattern, *, b=1, hq=4, hkv=2, sq=37, sk=None, d=16, causal=True, dtype=torch.float32,
+         use_lse=True, **kw):
+    sk = sk or sq
+    q = torch.randn(b, hq, sq, d, device=DEV, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, hkv, sk, d, device=DEV, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, hkv, sk, d, device=DEV, dtype=dtype, requires_grad=True)
+    out, lse = dilated_attention(q, k, v, pattern, causal=causal, return_lse=True,
+                                 backend="triton", **kw)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse) if use_lse else None
+    finite = torch.isfinite(lse)
+
+    def loss(o, l):
+        total = (o.float() * dout.float()).sum()
+        if use_lse:
+            total = total + torch.where(finite, l * dlse, torch.zeros_like(l)).sum()
+        return total
+
+    grads = torch.autograd.grad(loss(out, lse), (q, k, v))
+    qf, kf, vf = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = reference_attention(qf, kf, vf, pattern, causal=causal, return_lse=True,
+                                       dtype=torch.float64, **kw)
+    ref_grads = torch.autograd.grad(loss(ref, ref_lse), (qf, kf, vf))
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    _close("out", out, ref, tol)
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))
+    _close("lse", lse[finite], ref_lse[finite], tol)
+    assert torch.all(out[~finite] == 0)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        _close(name, g, r, tol * 5)
+
+
+def _close(name, got, ref, tol):
+    err = (got.double() - ref.double()).abs()
+    bad = err > tol * (1 + ref.double().abs())
+    assert not bad.any(), (
+        f"{name}: {int(bad.sum())} mismatches, max err {err.max().item():.3e}, "
+        f"first at {bad.nonzero()[:5].tolist()}")
+
+
+PAT = DilatedPattern([8, 16, 32], [1, 2, 4])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("mode", ["per_head", "all"])
+def test_modes_odd_length_gqa(causal, mode):
+    _run(PAT.replace(query_dilation=mode), sq=53, hq=4, hkv=2, causal=causal)
+
+
+def test_rates_not_dividing_segments():
+    # w % r != 0 and r_j not dividing r_i: class offsets move between segments, union masks
+    # are per pair on many tiles.
+    _run(DilatedPattern([12, 20, 45], [1, 3, 4]), sq=97, hq=6, hkv=3)
+
+
+def test_all_mode_without_rate_one_noncausal():
+    _run(DilatedPattern([10, 24], [2, 3], query_dilation="all"), sq=61, causal=False, hq=2, hkv=1)
+
+
+def test_dense_pattern_and_mqa():
+    _run(DilatedPattern.dense(64), sq=41, hq=4, hkv=1)
+
+
+def test_decode_and_chunked_queries():
+    # queries are the last positions (Sq < Sk): decode and a chunk of prefill
+    _run(PAT, sq=1, sk=75, use_lse=False)
+    _run(PAT, sq=19, sk=75)
+
+
+def test_fp16_and_batch():
+    _run(PAT, b=2, sq=45, dtype=torch.float16)
+
+
+def test_hilbert_like_position_map():
+    # positions stored in an arbitrary order: the kernels read through inv[pos]
+    s = 61
+    perm = torch.randperm(s, device=DEV)
+    _run(PAT, sq=s, k_positions=perm)
+
+
+def test_ring_shard_positions_and_batch_maps():
+    # queries are one shard (positions with gaps), keys a larger set; per-batch maps
+    sk = 48
+    kp = torch.stack([torch.randperm(sk, device=DEV), torch.randperm(sk, device=DEV)])
+    qp = kp[:, 20:34]
+    _run(PAT, b=2, sq=14, sk=sk, q_positions=qp, k_positions=kp)
+
+
+def test_padding_doc_ids():
+    s = 40
+    doc = torch.tensor([0] * 15 + [1] * 20 + [-1] * 5, device=DEV)
+    _run(PAT, sq=s, q_doc_ids=doc, k_doc_ids=doc)
+
+
+def test_packed_restarting_positions_fall_back():
+    # positions restart per document: not a position map, the op runs the PyTorch path
+    s = 40
+    pos = torch.cat([torch.arange(15), torch.arange(25)]).to(DEV)
+    doc = torch.tensor([0] * 15 + [1] * 25, device=DEV)
+    q = torch.randn(1, 2, s, 16, device=DEV)
+    a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
+    plan, why = plan_positions(a)
+    assert plan is None and "repeats" in why
+    _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
+
+
+def test_triton_backend_rejects_unsupported_head_dim():
+    q = torch.randn(1, 2, 8, 24, device=DEV)
+    with pytest.raises(ValueError, match="head_dim in"):
+        dilated_attention(q, q, q, PAT, backend="triton")

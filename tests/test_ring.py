@@ -1,0 +1,227 @@
+"""Ring attention over gloo processes vs the single-process reference.
+
+Each rank builds the same full-sequence tensors (shared seed), computes ``reference_attention``
+and its gradients on the whole sequence, then runs ``ring_attention`` on its shard and checks
+its rows. Exact vs close: with float64 inputs the ring merges in float64 but each block's lse
+comes from the op in float32, so results are *close* (atol 1e-6) whenever more than one block
+contributes; a shard that needs nothing remote is *exactly* the local op's result.
+"""
+
+import random
+
+import pytest
+import torch
+
+from _dist import run_distributed
+from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
+from hf_hilbert_attn.ring import _key_need, plan_ring, ring_attention
+from hf_hilbert_attn.sharding import padded_length, shard_positions
+
+pytestmark = pytest.mark.multiprocess
+
+ATOL = 1e-6  # float64 inputs, float32 per-block lse
+
+
+def _random_pattern(rng: random.Random) -> DilatedPattern:
+    n = rng.randint(1, 3)
+    ws = [rng.randint(3, 40) for _ in range(n)]
+    rs = [rng.randint(1, min(w, 6)) for w in ws]
+    mode = rng.choice(["per_head", "all"])
+    if mode == "per_head" and 1 not in rs:
+        rs[rng.randrange(n)] = 1
+    return DilatedPattern(ws, rs, query_dilation=mode)
+
+
+def _case(seed: int, world: int):
+    """Deterministic random case (identical on every rank)."""
+    rng = random.Random(seed)
+    pat = _random_pattern(rng)
+    hkv = rng.choice([1, 2])
+    hq = hkv * rng.choice([1, 2, 3])
+    return dict(pattern=pat, s=rng.choice([37, 61, 97]) + world, hq=hq, hkv=hkv,
+                d=rng.choice([8, 12]), b=rng.choice([1, 2]), causal=rng.random() < 0.7,
+                layout=rng.choice(["contiguous", "zigzag", "hilbert"]),
+                docs=rng.random() < 0.3, seed=seed)
+
+
+def _check_case(rank, world, c, group):
+    g = torch.Generator().manual_seed(c["seed"])
+    b, s, hq, hkv, d = c["b"], c["s"], c["hq"], c["hkv"], c["d"]
+    pat, causal = c["pattern"], c["causal"]
+    q = torch.randn(b, hq, s, d, dtype=torch.float64, generator=g).requires_grad_()
+    k = torch.randn(b, hkv, s, d, dtype=torch.float64, generator=g).requires_grad_()
+    v = torch.randn(b, hkv, s, d, dtype=torch.float64, generator=g).requires_grad_()
+    dout = torch.randn(b, hq, s, d, dtype=torch.float64, generator=g)
+    dlse = torch.randn(b, hq, s, dtype=torch.float64, generator=g)
+    docs = None
+    if c["docs"]:  # packed documents, positions restart per document
+        cuts = sorted(torch.randint(1, s, (2,), generator=g).tolist())
+        docs = torch.zeros(s, dtype=torch.int64)
+        for cut in cuts:
+            docs[cut:] += 1
+    pos = torch.arange(s)
+    if docs is not None:
+        starts = torch.tensor([int((docs < docs[i]).sum()) for i in range(s)])
+        pos = pos - starts
+    ref, ref_lse = reference_attention(q, k, v, pat, causal=causal, q_positions=pos,
+                                       k_positions=pos, q_doc_ids=docs, k_doc_ids=docs,
+                                       return_lse=True, dtype=torch.float64)
+    finite = torch.isfinite(ref_lse)
+    (ref * dout).sum().backward(inputs=[q, k, v], retain_graph=True)
+    ref_lse_term = torch.where(finite, ref_lse * dlse, torch.zeros_like(ref_lse)).sum()
+    gq, gk, gv = q.grad.clone(), k.grad.clone(), v.grad.clone()
+    ref_lse_term.backward(inputs=[q, k, v])
+    gq_l, gk_l, gv_l = q.grad - gq, k.grad - gk, v.grad - gv
+
+    # pad to the layout's length: padding gets positions after the end and document id -1
+    sp = padded_length(s, world, c["layout"])
+    table = shard_positions(s, world, c["layout"], pat)
+    idx = table[rank]
+    real = idx < s
+    pad_n = sp - s
+    full_pos = torch.cat([pos, pos[-1] + 1 + torch.arange(pad_n)])
+    full_doc = torch.cat([docs if docs is not None else torch.zeros(s, dtype=torch.int64),
+                          torch.full((pad_n,), -1)])
+
+    def shard(x):
+        x = torch.cat([x.detach(), x.new_zeros(*x.shape[:2], pad_n, x.shape[-1])], dim=2)
+        return x[:, :, idx].clone().requires_grad_()
+
+    ql, kl, vl = shard(q), shard(k), shard(v)
+    use_docs = docs is not None or pad_n > 0
+    out, lse = ring_attention(ql, kl, vl, pat, group=group, q_positions=full_pos[idx],
+                              k_positions=full_pos[idx], causal=causal,
+                              q_doc_ids=full_doc[idx] if use_docs else None,
+                              k_doc_ids=full_doc[idx] if use_docs else None, return_lse=True)
+    ridx = idx[real]
+    what = f"rank {rank}/{world} case {c}"
+    torch.testing.assert_close(out[:, :, real], ref.detach()[:, :, ridx], atol=ATOL, rtol=0,
+                               msg=lambda m: f"out not close (atol {ATOL}); {what}\n{m}")
+    lse_r = lse[:, :, real]
+    assert torch.equal(torch.isfinite(lse_r), finite[:, :, ridx]), f"empty rows differ; {what}"
+    torch.testing.assert_close(torch.where(torch.isfinite(lse_r), lse_r, 0),
+                               torch.where(finite, ref_lse, 0).detach()[:, :, ridx].to(lse.dtype),
+                               atol=ATOL, rtol=0, msg=lambda m: f"lse not close; {what}\n{m}")
+    # gradients: through out only, then through out and lse together
+    dout_l = torch.cat([dout, dout.new_zeros(b, hq, pad_n, d)], 2)[:, :, idx]
+    dlse_l = torch.cat([dlse, dlse.new_zeros(b, hq, pad_n)], 2)[:, :, idx]
+    for name, loss, want in (
+        ("d(out)", (out * dout_l).sum(), (gq, gk, gv)),
+        ("d(lse)", torch.where(torch.isfinite(lse), lse * dlse_l, 0).sum(), (gq_l, gk_l, gv_l)),
+    ):
+        got = torch.autograd.grad(loss, (ql, kl, vl), retain_graph=True)
+        for tname, gt, wt in zip(("dq", "dk", "dv"), got, want):
+            torch.testing.assert_close(
+                gt[:, :, real], wt[:, :, ridx], atol=ATOL, rtol=0,
+                msg=lambda m: f"{tname} of {name} not close (atol {ATOL}); {what}\n{m}")
+    return float((out[:, :, real] - ref.detach()[:, :, ridx]).abs().max())
+
+
+def _worker_cases(rank, world, seeds):
+    import torch.distributed as dist
+
+    return [_check_case(rank, world, _case(sd, world), dist.group.WORLD) for sd in seeds]
+
+
+def _worker_local_only(rank, world):
+    """Segments inside shards: nothing is sent, and the result is exactly the local op's."""
+    import torch.distributed as dist
+
+    s_local = 24
+    pat = DilatedPattern([8, 24], [1, 4])  # 24 divides the contiguous shard length
+    g = torch.Generator().manual_seed(1234 + rank)
+    q = torch.randn(1, 4, s_local, 16, generator=g)
+    k = torch.randn(1, 2, s_local, 16, generator=g)
+    v = torch.randn(1, 2, s_local, 16, generator=g)
+    pos = torch.arange(rank * s_local, (rank + 1) * s_local)
+    out = ring_attention(q, k, v, pat, group=dist.group.WORLD, q_positions=pos, k_positions=pos)
+    local = dilated_attention(q, k, v, pat, q_positions=pos, k_positions=pos)
+    assert torch.equal(out, local), "exact: a shard needing nothing remote must equal the local op"
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_matches_reference(world):
+    base = random.randrange(10**6)
+    seeds = [base + i for i in range(6 if world == 2 else 4)]
+    run_distributed(_worker_cases, world, seeds, timeout=150)
+
+
+def test_ring_local_only_is_exact():
+    run_distributed(_worker_local_only, 2, timeout=90)
+
+
+# ------------------------------------------------------------------ bad input, group of size 1
+def _worker_bad(rank, world):
+    import torch.distributed as dist
+
+    from hf_hilbert_attn.ring import get_sequence_parallel_group, sequence_parallel
+
+    pat = DilatedPattern([8, 16], [1, 2])
+    msgs = []
+    # ranks disagree on the shard length
+    s = 16 + 2 * rank
+    q = torch.randn(1, 2, s, 8)
+    with pytest.raises(ValueError, match="disagree on .*shard length") as ei:
+        ring_attention(q, q, q, pat, group=dist.group.WORLD, q_positions=torch.arange(s),
+                       k_positions=torch.arange(s))
+    msgs.append(str(ei.value))
+    # ranks disagree on the pattern
+    s = 16
+    q = torch.randn(1, 2, s, 8)
+    p2 = pat if rank == 0 else DilatedPattern([8, 16], [1, 4])
+    with pytest.raises(ValueError, match="disagree on pattern"):
+        ring_attention(q, q, q, p2, group=dist.group.WORLD, q_positions=torch.arange(s) + rank * s,
+                       k_positions=torch.arange(s) + rank * s)
+    # still usable afterwards (no half-finished exchange left behind)
+    pos = torch.arange(s) + rank * s
+    ring_attention(q, q, q, pat, group=dist.group.WORLD, q_positions=pos, k_positions=pos)
+    # a group of size 1 behaves like no ring
+    singles = [dist.new_group([r]) for r in range(world)]
+    mine = singles[rank]
+    with sequence_parallel(mine):
+        assert get_sequence_parallel_group() is None
+    with sequence_parallel(dist.group.WORLD):
+        assert get_sequence_parallel_group() is dist.group.WORLD
+    out = ring_attention(q, q, q, pat, group=mine, q_positions=pos, k_positions=pos)
+    assert torch.equal(out, dilated_attention(q, q, q, pat, q_positions=pos, k_positions=pos))
+    return msgs
+
+
+def test_ring_bad_inputs_raise_on_every_rank():
+    msgs = run_distributed(_worker_bad, 2, timeout=90)
+    for (m,) in msgs:  # every rank raised, naming both ranks' values
+        assert "rank 0: 16" in m and "rank 1: 18" in m, m
+
+
+# ------------------------------------------------------------------ the plan (single process)
+@pytest.mark.parametrize("trial", range(20))
+def test_key_need_equals_brute_force(trial):
+    rng = random.Random(random.randrange(10**9))
+    pat = _random_pattern(rng)
+    hkv = rng.choice([1, 2, 4])
+    hq = hkv * rng.choice([1, 2, 3])
+    causal = rng.random() < 0.7
+    s = rng.randint(20, 90)
+    perm = torch.randperm(s)
+    qp = perm[: s // 2].unsqueeze(0)
+    kp = perm[s // 2:].unsqueeze(0)
+    need = _key_need(pat, hq, hkv, causal, qp, kp)
+    mask = pat.build_mask(hq, qp, kp, causal=causal)[0]  # [Hq, Sq, Sk]
+    brute = mask.any(1).view(hkv, hq // hkv, -1).any(1)
+    assert torch.equal(need, brute), f"send plan != brute force for {pat}, hq={hq}, hkv={hkv}"
+
+
+def test_plan_skips_what_no_query_needs():
+    # contiguous shards of 64, segments <= 64 aligned: nothing remote at all
+    pat = DilatedPattern([16, 64], [1, 4])
+    pos = [torch.arange(r * 64, (r + 1) * 64).unsqueeze(0) for r in range(4)]
+    for r in range(4):
+        assert plan_ring(pat, 8, 2, True, r, pos, pos).entries_sent() == 0
+    # a 256-segment with rate 4, Hq = Hkv = 2 per head: kv head h only needs its class h % 4
+    pat = DilatedPattern([16, 256], [1, 4])
+    plan = plan_ring(pat, 2, 2, True, 0, pos, pos)
+    sent = plan.entries_sent()
+    # rank 0 holds 0..63; ranks 1..3 (later positions) need its class-0/1 rows: 2 heads x 16 rows
+    assert sent == 3 * 16 * 2, sent
+    assert all(not st.send_dense for st in plan.steps)

@@ -1,0 +1,502 @@
+"""attn_implementation="hilbert_dilated" in real (tiny, random) Transformers models.
+
+Families: Llama (GQA), Qwen2, Mistral, GPT-2; float32, hidden 64, 2 layers, 4 heads, vocab 128.
+Dense equivalence uses configs/dense.yaml against sdpa; everything else compares our own runs
+(packed vs separate, cached vs full forward, hilbert vs natural, checkpointed vs not) with a
+small non-dense pattern whose segments are shorter than the sequences, so positions matter.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import (
+    AutoModelForCausalLM,
+    BertConfig,
+    BertModel,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+)
+
+import hf_hilbert_attn
+from hf_hilbert_attn import DilatedPattern, configure
+from hf_hilbert_attn.integrations import transformers as integ
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+DENSE = CONFIGS / "dense.yaml"
+# Segments shorter than the prompts: a wrong key position changes segment / class membership.
+SMALL = DilatedPattern([8, 16, 32], [1, 2, 4])
+FAMILIES = ["llama", "qwen2", "mistral", "gpt2"]
+VOCAB = 128
+
+
+def tiny_config(family: str, **overrides):
+    common = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "gpt2":
+        cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, attn_pdrop=0.0,
+                         resid_pdrop=0.0, embd_pdrop=0.0, **common)
+    else:
+        llama_like = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                          attention_dropout=0.0, **common)
+        if family == "llama":
+            cfg = LlamaConfig(**llama_like)
+        elif family == "qwen2":
+            cfg = Qwen2Config(use_sliding_window=False, **llama_like)
+        elif family == "mistral":
+            cfg = MistralConfig(sliding_window=None, **llama_like)
+        else:
+            raise ValueError(family)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def tiny_model(family: str, attn: str = "sdpa", **overrides):
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides),
+                                             attn_implementation=attn, dtype=torch.float32)
+    return model.eval()
+
+
+def tokens(batch: int, length: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length))  # no pad / bos / eos ids
+
+
+def left_pad_mask(batch: int, length: int, pads) -> torch.Tensor:
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for b, p in enumerate(pads):
+        mask[b, :p] = 0
+    return mask
+
+
+def generate_position_ids(mask: torch.Tensor) -> torch.Tensor:
+    # What generate() computes for a left-padded batch.
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def loss_logits_grads(model, ids, **kw):
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=kw.pop("labels", ids), **kw)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.loss.detach(), out.logits.detach(), grads
+
+
+def assert_rel_close(actual, expected, rel=1e-5, what=""):
+    # Relative to the tensor's scale: elementwise rtol is meaningless for entries near 0.
+    scale = expected.abs().max().clamp_min(1e-12)
+    err = (actual - expected).abs().max()
+    assert err <= rel * scale, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
+
+
+# ------------------------------------------------------------------------------ registration
+def test_register_is_idempotent_and_on_import():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    hf_hilbert_attn.register()
+    hf_hilbert_attn.register()
+    assert AttentionInterface._global_mapping["hilbert_dilated"] is integ.hilbert_dilated_attention_forward
+    assert AttentionMaskInterface._global_mapping["hilbert_dilated"] is integ.hilbert_dilated_mask
+    assert "hilbert_dilated" in AttentionInterface().valid_keys()
+
+
+def test_default_pattern_matches_yaml():
+    assert yaml.safe_load((CONFIGS / "default.yaml").read_text()) == integ.DEFAULT_PATTERN
+    model = tiny_model("llama", "hilbert_dilated")
+    assert getattr(model.config, "hilbert_attn", None) is None
+    assert integ.get_pattern(model.config) == DilatedPattern.from_yaml(CONFIGS / "default.yaml")
+
+
+def test_mask_is_compact():
+    # The mask function never builds [B, 1, Sq, Sk]: at most the 2-D padding mask.
+    mask = torch.ones(2, 3000, dtype=torch.bool)
+    mask[0, :7] = False
+    info = integ.hilbert_dilated_mask(2, 3000, 3000, attention_mask=mask,
+                                      mask_function=__import__("transformers").masking_utils.causal_mask_function)
+    assert isinstance(info, integ.DilatedMaskInfo)
+    assert info.padding_mask.shape == (2, 3000)
+    assert integ.hilbert_dilated_mask(2, 3000, 3000, attention_mask=torch.ones(2, 3000)).padding_mask is None
+
+
+# ----------------------------------------------------------------------- dense equivalence
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dense_matches_sdpa_logits_loss_grads(family):
+    model = tiny_model(family)
+    ids = tokens(2, 45)
+    ref = loss_logits_grads(model, ids)
+    configure(model, DENSE)
+    assert model.config._attn_implementation == "hilbert_dilated"
+    got = loss_logits_grads(model, ids)
+    assert_rel_close(got[0], ref[0], what="loss")
+    assert_rel_close(got[1], ref[1], what="logits")
+    assert ref[2].keys() == got[2].keys() and len(ref[2]) == len(list(model.parameters()))
+    for name in ref[2]:
+        assert_rel_close(got[2][name], ref[2][name], what=f"grad {name}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dense_matches_sdpa_left_padding(family):
+    model = tiny_model(family)
+    ids = tokens(3, 30)
+    mask = left_pad_mask(3, 30, [0, 5, 11])
+    labels = ids.masked_fill(mask == 0, -100)
+    for pos in (None, generate_position_ids(mask)):
+        ref = model(ids, attention_mask=mask, position_ids=pos, labels=labels)
+        model.set_attn_implementation("hilbert_dilated")
+        configure(model, DENSE, set_attn_implementation=False)
+        got = model(ids, attention_mask=mask, position_ids=pos, labels=labels)
+        model.set_attn_implementation("sdpa")
+        real = mask.bool()
+        assert torch.isfinite(got.logits).all()
+        assert_rel_close(got.logits[real], ref.logits[real], what="logits of real tokens")
+        assert_rel_close(got.loss, ref.loss, what="loss")
+
+
+def test_dense_matches_sdpa_encoder_non_causal():
+    # Non-causal (encoder) self-attention is supported: causal=False in the op.
+    cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                     vocab_size=VOCAB, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
+    model = BertModel(cfg, add_pooling_layer=False).eval()
+    ids = tokens(2, 29)
+    mask = torch.ones_like(ids)
+    mask[1, 20:] = 0  # right padding, as tokenizers do for encoders
+    model.set_attn_implementation("sdpa")
+    ref = model(ids, attention_mask=mask).last_hidden_state
+    configure(model, DENSE)
+    got = model(ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert_rel_close(got[real], ref[real], what="encoder hidden states")
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dense_generate_identical_tokens(family, cache):
+    model = tiny_model(family)
+    ids = tokens(3, 21)
+    kw = dict(max_new_tokens=7, do_sample=False, pad_token_id=0, cache_implementation=cache)
+    for mask in (torch.ones_like(ids), left_pad_mask(3, 21, [0, 4, 9])):
+        model.set_attn_implementation("sdpa")
+        ref = model.generate(ids, attention_mask=mask, **kw)
+        configure(model, DENSE)
+        got = model.generate(ids, attention_mask=mask, **kw)
+        assert torch.equal(got, ref), f"{family}/{cache}: tokens differ\n{ref}\n{got}"
+
+
+# ------------------------------------------------------------------------ packed sequences
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_packed_sequences_equal_separate_documents(family):
+    model = configure(tiny_model(family), SMALL)
+    lengths = [19, 40, 7]
+    docs = [tokens(1, n) for n in lengths]
+    packed = torch.cat(docs, dim=1)
+    position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    got = model(packed, position_ids=position_ids).logits[0]
+    ref = torch.cat([model(d).logits[0] for d in docs])
+    assert_rel_close(got, ref, rel=1e-5, what="packed vs separate logits")
+    # The restarts matter: without them the documents would see each other.
+    unpacked = model(packed).logits[0]
+    assert (unpacked[lengths[0]:] - ref[lengths[0]:]).abs().max() > 1e-3
+
+
+def test_packed_doc_ids_kwarg_overrides_restarts():
+    model = configure(tiny_model("llama"), SMALL)
+    a, b = tokens(1, 20), tokens(1, 12)
+    packed = torch.cat([a, b], dim=1)
+    doc_ids = torch.tensor([[0] * 20 + [1] * 12])
+    position_ids = torch.cat([torch.arange(20), torch.arange(12)]).unsqueeze(0)
+    got = model(packed, position_ids=position_ids, hilbert_doc_ids=doc_ids).logits[0]
+    ref = torch.cat([model(a).logits[0], model(b).logits[0]])
+    assert_rel_close(got, ref, what="explicit doc ids")
+
+
+def test_packed_flash_kwargs_cu_seqlens():
+    # DataCollatorWithFlattening(return_flash_attn_kwargs=True) sends cu_seq_lens_q/k as well.
+    model = configure(tiny_model("llama"), SMALL)
+    a, b = tokens(1, 21), tokens(1, 13)
+    cu = torch.tensor([0, 21, 34], dtype=torch.int32)
+    packed = torch.cat([a, b], dim=1)
+    position_ids = torch.cat([torch.arange(21), torch.arange(13)]).unsqueeze(0)
+    got = model(packed, position_ids=position_ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                max_length_q=21, max_length_k=21).logits[0]
+    ref = torch.cat([model(a).logits[0], model(b).logits[0]])
+    assert_rel_close(got, ref, what="cu_seqlens packing")
+
+
+# --------------------------------------------------------------------- incremental decoding
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_cached_generate_matches_full_forward(family, cache):
+    model = configure(tiny_model(family), SMALL)
+    prompt_len, new = 41, 9  # longer than every segment; decoding crosses segment boundaries
+    ids = tokens(3, prompt_len)
+    mask = left_pad_mask(3, prompt_len, [0, 3, 10])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                         do_sample=False, pad_token_id=0, cache_implementation=cache,
+                         output_logits=True, return_dict_in_generate=True)
+    seq = out.sequences
+    assert len(out.logits) == new
+    full_mask = torch.cat([mask, torch.ones(3, new, dtype=mask.dtype)], dim=1)
+    full = model(seq, attention_mask=full_mask, position_ids=generate_position_ids(full_mask)).logits
+    for t, step_logits in enumerate(out.logits):
+        assert_rel_close(step_logits, full[:, prompt_len + t - 1], rel=1e-5, what=f"step {t}")
+    # The pattern matters here (so wrong key positions could not pass unnoticed).
+    dense = copy.deepcopy(model)
+    configure(dense, DENSE)
+    dense_full = dense(seq, attention_mask=full_mask, position_ids=generate_position_ids(full_mask)).logits
+    assert (dense_full[:, prompt_len:] - full[:, prompt_len:]).abs().max() > 1e-3
+
+
+def test_cached_forward_without_padding_matches_full_forward():
+    # Manual prefill + decode with a DynamicCache, no attention mask at all.
+    from transformers import DynamicCache
+
+    model = configure(tiny_model("llama"), SMALL)
+    ids = tokens(2, 50)
+    full = model(ids).logits
+    cache = DynamicCache(config=model.config)
+    # past_key_values: the 5.17 name, still accepted (deprecated) by 5.24, which calls it cache.
+    step = model(ids[:, :35], past_key_values=cache, use_cache=True)
+    assert_rel_close(step.logits, full[:, :35], what="prefill")
+    for t in range(35, 44):
+        step = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        assert_rel_close(step.logits[:, 0], full[:, t], what=f"decode {t}")
+    # Several queries at once on top of a cache (chunked prefill, speculative decoding).
+    step = model(ids[:, 44:50], past_key_values=cache, use_cache=True)
+    assert_rel_close(step.logits, full[:, 44:50], what="chunk 44:50")
+
+
+# ------------------------------------------------------------------------- hilbert ordering
+def test_hilbert_ordering_same_logits_and_grads(monkeypatch):
+    import hf_hilbert_attn.hilbert as hilbert
+
+    calls = []
+    real = hilbert.hilbert_permutation
+
+    def spy(seq_len, pattern, device=None):
+        calls.append(seq_len)
+        return real(seq_len, pattern, device)
+
+    monkeypatch.setattr(hilbert, "hilbert_permutation", spy)
+    model = configure(tiny_model("llama"), SMALL)
+    ids = tokens(2, 53)
+    ref = loss_logits_grads(model, ids)
+    assert calls == []
+    configure(model, SMALL.replace(ordering="hilbert"))
+    got = loss_logits_grads(model, ids)
+    assert calls and set(calls) == {53}, "the Hilbert layout was not used"
+    assert_rel_close(got[1], ref[1], what="logits")
+    assert_rel_close(got[0], ref[0], what="loss")
+    for name in ref[2]:
+        assert_rel_close(got[2][name], ref[2][name], what=f"grad {name}")
+    # Decoding with a cache uses natural order (positions are not 0..S-1) and still agrees.
+    calls.clear()
+    gen = model.generate(ids[:, :40], max_new_tokens=3, do_sample=False, pad_token_id=0)
+    configure(model, SMALL)
+    assert torch.equal(gen, model.generate(ids[:, :40], max_new_tokens=3, do_sample=False, pad_token_id=0))
+    assert set(calls) == {40}  # prefill only
+
+
+# ------------------------------------------------------------- training / switching / config
+def test_gradient_checkpointing_matches():
+    model = configure(tiny_model("llama"), SMALL)
+    model.train()
+    ids = tokens(2, 37)
+    ref = loss_logits_grads(model, ids)
+    # activation_checkpointing_enable is the newer name (5.2x); 5.17 has only the old one.
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    got = loss_logits_grads(model, ids)
+    assert_rel_close(got[0], ref[0], what="loss")
+    for name in ref[2]:
+        assert_rel_close(got[2][name], ref[2][name], what=f"grad {name}")
+
+
+def test_set_attn_implementation_switching():
+    model = tiny_model("qwen2")
+    ids = tokens(2, 40)
+    sdpa = model(ids).logits
+    configure(model, SMALL)
+    dilated = model(ids).logits
+    assert (dilated - sdpa).abs().max() > 1e-3  # the pattern is really in use
+    model.set_attn_implementation("sdpa")
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(model(ids).logits, sdpa)
+    model.set_attn_implementation("hilbert_dilated")
+    assert torch.equal(model(ids).logits, dilated)
+
+
+def test_config_round_trip(tmp_path):
+    pattern = DilatedPattern([8, 16, 32], [1, 2, 4], query_dilation="all")
+    model = configure(tiny_model("llama"), pattern)
+    ids = tokens(1, 45)
+    ref = model(ids).logits
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["hilbert_attn"] == pattern.to_dict()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="hilbert_dilated").eval()
+    assert loaded.config._attn_implementation == "hilbert_dilated"
+    assert integ.get_pattern(loaded.config) == pattern
+    assert torch.equal(loaded(ids).logits, ref)
+
+
+def test_configure_accepts_dict_and_yaml(tmp_path):
+    model = tiny_model("llama")
+    configure(model, SMALL.to_dict(), set_attn_implementation=False)
+    assert model.config._attn_implementation == "sdpa"
+    assert integ.get_pattern(model.config) == SMALL
+    path = tmp_path / "p.yaml"
+    SMALL.replace(query_dilation="all").to_yaml(path)
+    configure(model, path)
+    assert model.config.hilbert_attn["query_dilation"] == "all"
+    assert model.config._attn_implementation == "hilbert_dilated"
+
+
+# ------------------------------------------------------------------------------- sequence parallel
+def test_sequence_parallel_calls_ring_with_shard_positions(monkeypatch):
+    # The ring itself is tested elsewhere; here: the wiring (positions of the local shard, the
+    # pattern, causality) and that a KV cache is refused.
+    seen = []
+
+    def fake_ring(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
+                  q_doc_ids=None, k_doc_ids=None, return_lse=False):
+        seen.append((group, q_positions.clone(), causal, pattern))
+        return hf_hilbert_attn.dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
+                                                 q_positions=q_positions, k_positions=k_positions,
+                                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+
+    monkeypatch.setattr(integ._ring, "get_sequence_parallel_group", lambda: "GROUP")
+    monkeypatch.setattr(integ._ring, "ring_attention", fake_ring)
+    model = configure(tiny_model("llama"), SMALL)
+    ids = tokens(1, 24)
+    shard_pos = torch.arange(100, 124).unsqueeze(0)
+    model(ids, position_ids=shard_pos)
+    assert len(seen) == 2 and all(g == "GROUP" and c for g, _, c, _ in seen)
+    assert torch.equal(seen[0][1], shard_pos) and seen[0][3] == SMALL
+    with pytest.raises(ValueError, match="KV cache"):
+        model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    zigzag_packed = torch.cat([torch.arange(12), torch.arange(12)]).unsqueeze(0)
+    with pytest.raises(ValueError, match="hilbert_doc_ids"):
+        model(ids, position_ids=zigzag_packed)
+
+
+# ---------------------------------------------------------------------------- unsupported
+def test_attention_dropout_in_training_raises():
+    model = configure(tiny_model("llama", attention_dropout=0.1), DENSE)
+    ids = tokens(1, 10)
+    model(ids)  # eval: dropout is 0, fine
+    model.train()
+    with pytest.raises(ValueError, match=r"attention dropout \(got dropout=0.1"):
+        model(ids)
+    gpt2 = configure(tiny_model("gpt2", attn_pdrop=0.1), DENSE).train()
+    with pytest.raises(ValueError, match="attn_pdrop for GPT-2"):
+        gpt2(ids)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_output_attentions_raises(family):
+    model = configure(tiny_model(family), DENSE)
+    with pytest.raises(ValueError, match="output_attentions=True is not supported"):
+        model(tokens(1, 10), output_attentions=True)
+
+
+def test_sliding_window_raises():
+    mistral = tiny_model("mistral", sliding_window=16)
+    with pytest.raises(ValueError, match="sliding_window=None"):
+        configure(mistral, DENSE)
+    mistral.set_attn_implementation("hilbert_dilated")  # without configure: fails at forward
+    with pytest.raises(ValueError, match=r"sliding-window attention layers \(sliding_window=16\)"):
+        mistral(tokens(1, 10))
+    qwen = AutoModelForCausalLM.from_config(
+        tiny_config("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0,
+                    layer_types=["sliding_attention", "sliding_attention"]),
+        attn_implementation="hilbert_dilated")
+    with pytest.raises(ValueError, match="use_sliding_window=False"):
+        qwen(tokens(1, 10))
+    with pytest.raises(ValueError, match="use_sliding_window=False"):
+        configure(qwen, DENSE)
+
+
+def test_four_d_mask_raises():
+    model = configure(tiny_model("llama"), DENSE)
+    ids = tokens(1, 10)
+    mask4 = torch.ones(1, 1, 10, 10, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=r"precomputed attention mask of shape \(1, 1, 10, 10\)"):
+        model(ids, attention_mask=mask4)
+
+
+def test_cross_attention_raises():
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2", add_cross_attention=True),
+                                             attn_implementation="hilbert_dilated").eval()
+    configure(model, DENSE)
+    ids = tokens(1, 10)
+    with pytest.raises(ValueError, match="not cross-attention"):
+        model(ids, encoder_hidden_states=torch.randn(1, 7, 64))
+
+
+def test_paged_attention_raises():
+    # Continuous batching hands the layer varlen kwargs over a paged cache.
+    model = configure(tiny_model("llama"), DENSE)
+    attn = model.model.layers[0].self_attn
+    q, kv = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 40, 16)
+    cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="paged / continuous-batching"):
+        integ.hilbert_dilated_attention_forward(attn, q, kv, kv, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+
+
+def test_custom_mask_function_raises():
+    from transformers.masking_utils import and_masks, causal_mask_function, or_masks
+
+    def image_block(b, h, q, kv):
+        return q // 4 == kv // 4
+
+    with pytest.raises(ValueError, match="image_block"):
+        integ.hilbert_dilated_mask(1, 8, 8, mask_function=or_masks(causal_mask_function, image_block))
+    with pytest.raises(ValueError, match="image_block"):
+        integ.hilbert_dilated_mask(1, 8, 8, mask_function=and_masks(causal_mask_function, image_block))
+
+
+def test_bad_patterns_raise():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="dilation_rates must contain a 1"):
+        configure(model, {"segment_lengths": [8, 16], "dilation_rates": [2, 4]})
+    with pytest.raises(TypeError, match="pattern must be a DilatedPattern, a dict, a YAML path or None"):
+        configure(model, 42)
+    with pytest.raises(FileNotFoundError, match="no_such.yaml"):
+        configure(model, "no_such.yaml")
+    model.config.hilbert_attn = [8, 1]
+    model.set_attn_implementation("hilbert_dilated")
+    with pytest.raises(TypeError, match=r"config.hilbert_attn must be a dict"):
+        model(tokens(1, 5))
+
+
+# ------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["dynamic", "static"])  # static: generate() compiles the forward
+def test_gpu_cached_generate_matches_full_forward(cache):
+    model = configure(tiny_model("llama"), SMALL).cuda()
+    prompt_len, new = 41, 6
+    ids = tokens(2, prompt_len).cuda()
+    mask = left_pad_mask(2, prompt_len, [0, 5]).cuda()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                         do_sample=False, pad_token_id=0, cache_implementation=cache,
+                         output_logits=True, return_dict_in_generate=True)
+    full_mask = torch.cat([mask, torch.ones_like(mask[:, :new])], dim=1)
+    full = model(out.sequences, attention_mask=full_mask,
+                 position_ids=generate_position_ids(full_mask)).logits
+    for t, step_logits in enumerate(out.logits):
+        # Triton may use TF32 for float32 dots: looser than the CPU tests.
+        assert_rel_close(step_logits, full[:, prompt_len + t - 1], rel=1e-2, what=f"step {t}")
+    configure(model, DENSE)
+    dense = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                           pad_token_id=0, cache_implementation=cache)
+    model.set_attn_implementation("sdpa")
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                         pad_token_id=0, cache_implementation=cache)
+    assert torch.equal(dense, ref)

@@ -156,7 +156,8 @@ def build_model(args, tokenizer):
 
     if args.model:
         cfg = AutoConfig.from_pretrained(args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="hilbert_dilated")
+        model = AutoModelForCausalLM.from_pretrained(args.model,
+                                                     attn_implementation="hilbert_dilated")
     else:
         cfg = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -36,7 +36,7 @@ def main():
     model.eval()
     pattern = hf_hilbert_attn.get_pattern(model.config)
 
-    seq_len = 3 * pattern.segment_lengths[0]  # past the first (dense) segment
+    seq_len = 2 * pattern.segment_lengths[0]  # past the first (dense) segment
     heads = model.config.num_attention_heads
     ids = torch.randint(0, model.config.vocab_size, (1, seq_len))
     dense_pairs = seq_len * (seq_len + 1) // 2 * heads

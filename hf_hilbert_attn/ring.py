@@ -13,8 +13,9 @@ How it works
    small next to K/V). From them every rank computes, for each other rank, exactly which
    ``(kv head, key row)`` entries some query of that rank can attend under the pattern
    (:func:`_key_need`, the rule of ``pattern.py`` evaluated per (segment, class) bucket).
-   Both ends compute the same plan, so no sizes are exchanged. A config whose segments stay
-   inside a shard contributes nothing remote; a dilated config contributes only its classes,
+   Both ends compute the same plan, so no sizes are exchanged; the last plan is reused while
+   every rank's positions are unchanged (the next layers of the same forward). A config whose
+   segments stay inside a shard contributes nothing remote; a dilated config only its classes,
    and per kv head only the classes of that head's query heads (``per_head`` mode).
 3. **Steps.** At step ``j`` rank ``r`` sends its needed K and V entries (separate buffers) to
    ``r + j`` and receives from ``r - j`` (``batch_isend_irecv``); step ``j + 1`` is posted
@@ -148,7 +149,7 @@ def _key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
 
 @dataclass
 class _Step:
-    """One ring step ``j`` seen from one rank: what it sends to ``dst`` and receives from ``src``."""
+    """Ring step ``j`` seen from one rank: what it sends to ``dst``, receives from ``src``."""
 
     j: int
     dst: int  # group rank we send our keys to
@@ -311,8 +312,12 @@ def _pattern_crc(pattern: DilatedPattern) -> int:
     return zlib.crc32(json.dumps(d, sort_keys=True).encode())
 
 
-def _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group):
-    """All-gather a small descriptor; raise the same ``ValueError`` on every rank on mismatch."""
+def _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = False) -> bool:
+    """All-gather a small descriptor; raise the same ``ValueError`` on every rank on mismatch.
+
+    Also gathers each rank's ``cached`` flag (its inputs equal those of its cached plan) and
+    returns True only if every rank has it, so all ranks take the same branch.
+    """
     import torch.distributed as dist
 
     meta = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
@@ -320,10 +325,12 @@ def _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group):
             struct.unpack("<q", struct.pack("<d", float(scale)))[0],
             _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1, qp.shape[0], kp.shape[0],
             int(kd is not None), -1 if kd is None else kd.shape[0], int(q.is_cuda)]
-    t = torch.tensor(meta, dtype=torch.int64, device=q.device)
+    t = torch.tensor(meta + [int(cached)], dtype=torch.int64, device=q.device)
     out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, t, group=group)
     table = torch.stack(out).cpu()
+    all_cached = bool(table[:, -1].all())
+    table = table[:, :-1]
     bad = [i for i in range(len(meta)) if not bool((table[:, i] == table[0, i]).all())]
     if bad:
         lines = []
@@ -335,6 +342,7 @@ def _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group):
             + "; ".join(lines) + f". Every rank must call it with equal shard shapes, pattern, "
             f"dtype and options (this rank: q {tuple(q.shape)}, k {tuple(k.shape)}, {pattern}); "
             "pad the sequence with shard_batch(...) so it divides the group.")
+    return all_cached
 
 
 def _positions(name, t, batch, length, device):
@@ -425,7 +433,8 @@ def _ring_forward(ctx: _Ctx, q, k, v):
             continue
         new = torch.logaddexp(lse, lse_b)
         ref = _neg_inf_safe(new)
-        acc = acc * torch.exp(lse - ref).unsqueeze(-1) + out_b * torch.exp(lse_b - ref).unsqueeze(-1)
+        acc = (acc * torch.exp(lse - ref).unsqueeze(-1)
+               + out_b * torch.exp(lse_b - ref).unsqueeze(-1))
         lse = new
     return acc.to(q.dtype), lse
 
@@ -532,6 +541,8 @@ class _RingAttention(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------------- public
+_PLAN_CACHE = {}  # the last plan: {"key", "inputs": (q_pos, k_pos, k_doc), "plan"}
+
 def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
     """Dilated attention over a sequence sharded across the ranks of ``group``.
@@ -571,8 +582,8 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor [B, H, S, D], got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor [B, H, S, D], got {got}")
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     if hkv == 0 or hq % hkv:
@@ -594,13 +605,24 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
             raise ValueError(f"doc ids must match the shard lengths ({sq}, {sk}), got "
                              f"{tuple(qd.shape)} and {tuple(kd.shape)}")
         qd, kd = qd.expand(b, -1).contiguous(), kd.expand(b, -1).contiguous()
-    _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group)
-
-    rank = dist.get_rank(group)
-    all_qp = _all_gather(qp, group)
-    all_kp = _all_gather(kp, group)
-    all_kd = None if kd is None else _all_gather(kd, group)
-    plan = plan_ring(pattern, hq, hkv, causal, rank, all_qp, all_kp, all_kd)
+    # Every layer of a model calls this with the same positions: reuse the plan when every rank
+    # still has the inputs it was made from (compared by value; one flag per rank in _agree).
+    key = (id(group), pattern, hq, hkv, bool(causal), q.device)
+    hit = _PLAN_CACHE.get("key") == key and all(
+        (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape
+                                      and bool(torch.equal(a, b)))
+        for a, b in zip((qp, kp, kd), _PLAN_CACHE.get("inputs", (None,) * 3)))
+    if _agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached=hit):
+        plan = _PLAN_CACHE["plan"]
+    else:
+        rank = dist.get_rank(group)
+        all_qp = _all_gather(qp, group)
+        all_kp = _all_gather(kp, group)
+        all_kd = None if kd is None else _all_gather(kd, group)
+        plan = plan_ring(pattern, hq, hkv, causal, rank, all_qp, all_kp, all_kd)
+        _PLAN_CACHE.clear()
+        _PLAN_CACHE.update(key=key, inputs=(qp.clone(), kp.clone(),
+                                            None if kd is None else kd.clone()), plan=plan)
     ctx = _Ctx(pattern, causal, scale, group, plan, qp, kp, qd, kd, backend)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse) if return_lse else out

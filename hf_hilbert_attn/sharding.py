@@ -154,8 +154,8 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         A new dict: ``input_ids`` ``[B, L]``; ``position_ids`` ``[B, L]`` (true positions;
         padding continues after the last position so it is never attended causally);
         ``hilbert_doc_ids`` (global document ids, -1 on padding) when ``position_ids`` restart
-        (packed documents); ``labels`` and ``shift_labels`` — both the *already shifted* labels of this shard, -100
-        on padding — so that ``model(**shard)`` computes the shard's loss without shifting
+        (packed documents) or the layout is ``"hilbert"`` (positions out of order); ``labels`` and ``shift_labels`` — both the *already shifted*
+        labels of this shard, -100 on padding — so that ``model(**shard)`` computes the shard's loss without shifting
         again; ``attention_mask`` (0 on padding) when the batch had one; and
         ``num_items`` — the number of non-ignored labels of this shard (a 0-dim tensor).
 
@@ -195,10 +195,15 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         last = pos[:, -1:] + 1
         full_pos = torch.cat([pos, last + torch.arange(sp - s, device=pos.device)], dim=1)
     out["position_ids"] = full_pos.index_select(1, idx)
-    if pos is not None and bool((torch.diff(pos, dim=-1) != 1).any()):
+    packed = pos is not None and bool((torch.diff(pos, dim=-1) != 1).any())
+    if packed or layout == "hilbert":
         # Packed documents (positions restart): a shard cannot see where documents start, so
-        # pass global document ids (padding: -1, never attended) to the attention.
-        docs = torch.nn.functional.pad(torch.diff(pos, dim=-1) != 1, (1, 0)).cumsum(-1)
+        # pass global document ids (padding: -1, never attended) to the attention. Hilbert
+        # shards store positions out of order, which the attention cannot tell from restarts
+        # without them either.
+        docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
+        if packed:
+            docs = torch.nn.functional.pad(torch.diff(pos, dim=-1) != 1, (1, 0)).cumsum(-1)
         out["hilbert_doc_ids"] = pad(docs, -1).index_select(1, idx)
     labels = batch.get("labels")
     if labels is not None:

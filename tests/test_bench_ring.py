@@ -39,7 +39,7 @@ def _worker(rank, world, out_dir, pattern):
     b = _bench()
     common = SHAPE + ["--pattern", pattern, "--out-dir", out_dir]
     b.main(["--mode", "correctness", "--seq-len", "96"] + common)
-    b.main(["--mode", "scaling", "--tokens-per-gpu", "32,64", "--warmup", "1", "--reps", "2"]
+    b.main(["--mode", "scaling", "--tokens-per-gpu", "64", "--warmup", "1", "--reps", "2"]
            + common)
     # rank 1 "runs out of memory" above 100 tokens per GPU: 32 → 64 ok, 128 fails, bisect 96 ok,
     # 112 fails; every rank must agree on each outcome or the spawn times out.
@@ -77,7 +77,7 @@ def test_bench_ring_two_ranks_then_one(tmp_path):
         assert float(r["ring_vs_single_rel"]) < 2e-2, r
 
     scal = _rows(out / "bench_ring_scaling_cpu.csv")
-    assert len(_by(scal, world_size=2)) == 6 and len(_by(scal, world_size=1)) == 1
+    assert len(_by(scal, world_size=2)) == 3 and len(_by(scal, world_size=1)) == 1
     for r in _by(scal, world_size=2):
         assert r["error"] == "" and float(r["ring_ms"]) > 0, r
         assert float(r["full_single_ms"]) > 0 and float(r["pct_ideal_shard"]) > 0, r

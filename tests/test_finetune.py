@@ -58,11 +58,12 @@ def _worker_train(rank, world, seed, layout, steps):
         batch = {"input_ids": ids, "labels": labels}
         if step == steps - 1:  # packed documents: positions restart at 0 per document
             cut = s // 3
-            batch["position_ids"] = torch.cat([torch.arange(cut), torch.arange(s - cut)]).expand(2, s)
+            pos = torch.cat([torch.arange(cut), torch.arange(s - cut)])
+            batch["position_ids"] = pos.expand(2, s)
         out_ref = ref(**batch)
         out_ref.loss.backward()
         shard = shard_for_sequence_parallel(batch, topo, layout=layout, pattern=pattern)
-        assert ("hilbert_doc_ids" in shard) == ("position_ids" in batch)
+        assert ("hilbert_doc_ids" in shard) == ("position_ids" in batch or layout == "hilbert")
         with hf_hilbert_attn.sequence_parallel(topo.group):
             out = sp(**shard)
         loss = reduce_loss(out.loss, topo.group)
@@ -82,11 +83,12 @@ def _worker_train(rank, world, seed, layout, steps):
 
 
 def _worker_train_layouts(rank, world, seed, steps):
-    return [_worker_train(rank, world, seed, layout, steps) for layout in ("zigzag", "contiguous")]
+    return [_worker_train(rank, world, seed, layout, steps)
+            for layout in ("zigzag", "contiguous", "hilbert")]
 
 
 def test_sp_training_equals_single_process():
-    res = run_distributed(_worker_train_layouts, 2, 1234, 3, timeout=180)
+    res = run_distributed(_worker_train_layouts, 2, 1234, 3, timeout=240)
     assert res[0] == res[1], "exact: both ranks of the group see the same global loss"
 
 
@@ -108,7 +110,8 @@ def _run(cmd, out_dir):
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-5000:]}")
     log = {}
     for line in (out_dir / "train_log.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -122,7 +125,8 @@ def _args(tmp_path, out, steps, *extra):
 
 
 def _torchrun(n):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(n)]
 
 
 def _accelerate():

@@ -438,6 +438,16 @@ def test_cross_attention_raises():
     ids = tokens(1, 10)
     with pytest.raises(ValueError, match="not cross-attention"):
         model(ids, encoder_hidden_states=torch.randn(1, 7, 64))
+    # Bart-style decoder cross-attention, even with as many keys as queries.
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    bart = BartForConditionalGeneration(BartConfig(
+        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB,
+        max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)).eval()
+    configure(bart, DENSE)
+    with pytest.raises(ValueError, match=r"not cross-attention \(queries 10 vs keys 10"):
+        bart(input_ids=ids, decoder_input_ids=ids)
 
 
 def test_paged_attention_raises():

@@ -22,7 +22,9 @@ Modes (NCCL on CUDA, gloo with ``--device cpu``; see ``docs/multi_gpu.md``):
   project's "within bf16 rounding of what one GPU does" rule.
 * ``scaling``: fixed tokens per GPU ``T`` (total ``S = T·W``); fwd+bwd of one attention layer.
   ``ring ms``: median over ``--reps`` of the slowest rank's time (CUDA events, barrier before
-  every rep, warm-up first; the ring's planning is inside the timed call, as in a model).
+  every rep, warm-up first). ``ring.py`` reuses its send plan while positions are unchanged (the
+  layers after the first in one forward), so timed calls are such layers; planning happens in
+  the untimed first call.
   Two ideals, both fwd+bwd of ``dilated_attention`` on one GPU:
   ``full/W`` — the full sequence of ``S`` tokens on rank 0 alone, divided by ``W``: the same
   function with perfect parallelism (the honest ideal);
@@ -32,7 +34,7 @@ Modes (NCCL on CUDA, gloo with ``--device cpu``; see ``docs/multi_gpu.md``):
   ``torch.distributed.batch_isend_irecv`` in one forward and one backward (the functions are
   wrapped for one extra, untimed call), next to a dense ring that sends every K and V block to
   every other rank: forward ``2·(W−1)/W·S·Hkv·D·elt`` bytes (K and V, ``elt`` = dtype size),
-  backward the same again plus dK/dV in float32 (``ring.py`` returns them in float32).
+  backward the same again plus dK/dV in float32 (as ``ring.py`` sends them).
 * ``max-len``: the largest total length ``S = T·W`` whose fwd+bwd runs on every rank: per-GPU
   ``T`` doubles from ``--max-len-start`` until a trial fails, then bisects down to
   ``--max-len-granularity``. Failures are agreed with an all_reduce before anything else runs, so
@@ -80,6 +82,13 @@ C.ensure_repo_on_path()
 from hf_hilbert_attn import DilatedPattern, dilated_attention  # noqa: E402
 from hf_hilbert_attn.ring import ring_attention  # noqa: E402
 from hf_hilbert_attn.sharding import LAYOUTS, shard_positions  # noqa: E402
+
+try:  # "auto" (contiguous when shards are whole longest segments, else zigzag), if sharding has it
+    from hf_hilbert_attn.sharding import resolve_layout  # noqa: E402
+    LAYOUT_CHOICES = tuple(LAYOUTS) + ("auto",)
+except ImportError:  # pragma: no cover - older sharding.py
+    resolve_layout = None
+    LAYOUT_CHOICES = tuple(LAYOUTS)
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -265,6 +274,13 @@ def load_pattern(spec: str) -> tuple:
     return path.stem, DilatedPattern.from_yaml(path)
 
 
+def layout_label(layout: str, seq_len: int, world: int, pattern) -> str:
+    """``"auto"`` names what it resolves to for this length (``"auto→contiguous"``)."""
+    if layout == "auto" and resolve_layout is not None:
+        return f"auto→{resolve_layout(layout, seq_len, world, pattern)}"
+    return layout
+
+
 def positions(d: Dist, seq_len: int, layout: str, pattern) -> torch.Tensor:
     """This rank's true positions ``[S / W]`` (int64, on the device) under ``layout``."""
     table = shard_positions(seq_len, d.world, layout, pattern)
@@ -362,7 +378,8 @@ def run_correctness(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> 
             ratio = ring_rel / single_rel if single_rel > 0 else (0.0 if ring_rel == 0 else math.inf)
             rows.add(dict(
                 C.environment(d.device), mode="correctness", world_size=d.world,
-                comm=d.backend, layout=layout, pattern=pattern_name, seq_len=S, batch=args.batch,
+                comm=d.backend, layout=layout_label(layout, S, d.world, pattern),
+                pattern=pattern_name, seq_len=S, batch=args.batch,
                 heads_q=args.heads, heads_kv=args.kv_heads, head_dim=args.head_dim,
                 dtype=args.dtype, causal=not args.non_causal, tensor=n,
                 ring_max_abs=mx[0], ring_rel=ring_rel, single_max_abs=single[n][0],
@@ -387,27 +404,28 @@ def _peak_gib(d: Dist) -> Optional[float]:
     return allreduce(d, [torch.cuda.max_memory_allocated(d.device) / 2**30], "max")[0]
 
 
+def _full_single_ms(args, device, pattern, S: int) -> float:
+    """fwd+bwd ms of ``dilated_attention`` over the whole sequence (``S`` tokens) on ``device``."""
+    solo = Dist(0, 1, None, device, device, "none", False)
+    q, k, v, do = local_inputs(args, solo, S, args.seed + 7)
+    natural = torch.arange(S, device=device)
+
+    def fn():
+        return fwd_bwd(lambda: local_call(args, pattern, q, k, v, natural), [q, k, v], do)
+
+    fn()
+    return timed_ms(solo, fn, args.warmup, args.reps)
+
+
 def _time_full_on_rank0(args, d: Dist, pattern, S: int) -> tuple:
-    """fwd+bwd ms of the whole sequence on rank 0 alone (others wait): ``(ms or None, why)``."""
+    """:func:`_full_single_ms` on rank 0 while the others wait: ``(ms or None, why)``."""
     ms, err = None, ""
     if d.is_main:
-        t = []
         try:
-            qf, kf, vf, dof = local_inputs(args, Dist(0, 1, None, d.device, d.device, "none",
-                                                      False), S, args.seed + 7)
-            t = [qf, kf, vf]
-            natural = torch.arange(S, device=d.device)
-            fn = lambda: fwd_bwd(lambda: local_call(args, pattern, qf, kf, vf, natural), t, dof)  # noqa: E731
-            fn()
-            solo = Dist(0, 1, None, d.device, d.device, "none", False)
-            ms = timed_ms(solo, fn, args.warmup, args.reps)
+            ms = _full_single_ms(args, d.device, pattern, S)
         except Exception as e:  # noqa: BLE001 - an OOM here is a result, not a crash
             err = why(e)
-        finally:
-            for x in t:
-                x.grad = None
-            del t
-            C.free_memory(d.device)
+        C.free_memory(d.device)  # its tensors died with the call
     got = allreduce(d, [ms if ms is not None else (-1.0 if d.is_main else -2.0)], "max")[0]
     return (got if got >= 0 else None), err
 
@@ -423,7 +441,8 @@ def run_scaling(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> "Sin
         for layout in args.layouts:
             log(d, f"scaling T={C.fmt_size(T)} W={d.world} {layout}")
             row = dict(C.environment(d.device), mode="scaling", world_size=d.world, comm=d.backend,
-                       layout=layout, pattern=pattern_name, tokens_per_gpu=T, seq_len=S,
+                       layout=layout_label(layout, S, d.world, pattern), pattern=pattern_name,
+                       tokens_per_gpu=T, seq_len=S,
                        batch=args.batch, heads_q=args.heads, heads_kv=args.kv_heads,
                        head_dim=args.head_dim, dtype=args.dtype, causal=not args.non_causal,
                        reps=args.reps)
@@ -440,10 +459,16 @@ def run_scaling(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> "Sin
                 continue
             q, k, v, do, pos = (tensors[n] for n in ("q", "k", "v", "do", "pos"))
             leaves = [q, k, v]
-            shard = lambda: fwd_bwd(lambda: local_call(args, pattern, q, k, v, pos), leaves, do)  # noqa: E731
+
+            def shard():  # this rank's tokens alone: local pairs only, no communication
+                return fwd_bwd(lambda: local_call(args, pattern, q, k, v, pos), leaves, do)
+
             ok, err = agree(d, shard)
             shard_ms = timed_ms(d, shard, args.warmup, args.reps) if ok else None
-            ring = lambda: fwd_bwd(lambda: ring_call(args, d, pattern, q, k, v, pos), leaves, do)  # noqa: E731
+
+            def ring():
+                return fwd_bwd(lambda: ring_call(args, d, pattern, q, k, v, pos), leaves, do)
+
             _peak_reset(d)
             # A failure inside the ring's exchange may hang its peers (see the module docstring);
             # agreeing afterwards is all that can be done, and the process group timeout bounds it.
@@ -667,8 +692,14 @@ def merge_rows(old: List[dict], new: List[dict], keys: Sequence[str]) -> List[di
     fresh = {key(r) for r in new}
     rows = [r for r in old if key(r) not in fresh] + list(new)
     order = [k for k in ("tokens_per_gpu", "seq_len", "layout", "world_size", "tensor") if k in keys]
-    return sorted(rows, key=lambda r: tuple((0, r[k]) if isinstance(r.get(k), (int, float))
-                                            else (1, str(r.get(k))) for k in order))
+    tensors = ("out", "dq", "dk", "dv")
+
+    def sort_key(r):
+        return tuple((0, tensors.index(r[k])) if k == "tensor" and r.get(k) in tensors
+                     else (0, r[k]) if isinstance(r.get(k), (int, float))
+                     else (1, str(r.get(k))) for k in order)
+
+    return sorted(rows, key=sort_key)
 
 
 def plot_scaling(rows: List[dict], path: Path, gpu: str) -> Optional[Path]:
@@ -765,7 +796,8 @@ def parse_args(argv=None):
                    help="cuda (NCCL) or cpu (gloo)")
     p.add_argument("--pattern", default="longnet_lm", help="name in configs/ or a YAML path")
     p.add_argument("--layouts", type=words, default=list(LAYOUTS),
-                   help=f"comma list of {','.join(LAYOUTS)} (default: all)")
+                   help=f"comma list of {','.join(LAYOUT_CHOICES)} (default: "
+                        f"{','.join(LAYOUTS)})")
     p.add_argument("--heads", type=int, default=32, help="query heads Hq (default 32)")
     p.add_argument("--kv-heads", type=int, default=8, help="key/value heads Hkv (default 8)")
     p.add_argument("--head-dim", type=int, default=128)
@@ -777,7 +809,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="outputs/bench_ring")
     p.add_argument("--tag", default="", help="suffix for the output file names")
-    p.add_argument("--timeout-s", type=float, default=900.0,
+    p.add_argument("--timeout-s", type=float, default=300.0,
                    help="process-group timeout: a rank stuck in a collective ends after this")
     g = p.add_argument_group("correctness")
     g.add_argument("--seq-len", type=C.parse_size, default=C.parse_size("32K"),
@@ -805,9 +837,9 @@ def parse_args(argv=None):
                    help="testing: one rank raises OOM above this many tokens per GPU")
     g.add_argument("--fake-oom-rank", type=int, default=-1, help="testing: that rank (default last)")
     args = p.parse_args(argv)
-    bad = [x for x in args.layouts if x not in LAYOUTS]
+    bad = [x for x in args.layouts if x not in LAYOUT_CHOICES]
     if bad:
-        p.error(f"unknown --layouts {bad}; choose from {list(LAYOUTS)}")
+        p.error(f"unknown --layouts {bad}; choose from {list(LAYOUT_CHOICES)}")
     if args.heads % args.kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
     if args.reps < 1 or args.warmup < 1:

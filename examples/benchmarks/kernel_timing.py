@@ -82,6 +82,31 @@ def time_sdpa(s, hq, hkv, d, dtype):
     return dict(fb_ms=t, fb_tflops=fl / t / 1e9, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
 
 
+def time_sdpa_fwd(s, hq, hkv, d, dtype):
+    q = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
+    k = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
+    v = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        t = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                    warmup=50, rep=200, return_mode="median")
+    return dict(fwd_ms=t, fwd_tflops=4.0 * d * hq * s * (s + 1) / 2 / t / 1e9)
+
+
+def profile(pattern, s, hq, hkv, d):
+    q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(2):
+        dilated_attention(q, k, v, pattern).backward(torch.ones_like(q))
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        dilated_attention(q, k, v, pattern).backward(torch.ones_like(q))
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    print(f"profile S={s}: " + ", ".join(f"{e.name[:12]}={e.device_time / 1e3:.2f}ms" for e in evs))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, nargs="+", default=[65536])
@@ -91,6 +116,8 @@ def main():
     ap.add_argument("--pattern", default="configs/longnet_lm.yaml")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--hilbert", action="store_true", help="also time a random position map")
+    ap.add_argument("--profile", action="store_true", help="per-launch kernel times of one fwd+bwd")
+    ap.add_argument("--dense", action="store_true", help="also time the dense pattern (raw speed)")
     args = ap.parse_args()
     pat = DilatedPattern.from_yaml(args.pattern)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
@@ -104,6 +131,13 @@ def main():
             print(f"check {p} causal={causal} sq={sq}: rel err out/dq/dk/dv "
                   + " ".join(f"{x:.2e}" for x in e) + f" ({time.time() - t:.1f}s)")
     for s in args.seq:
+        if args.profile:
+            profile(pat, s, args.hq, args.hkv, args.dim)
+        if args.dense:
+            r = time_case(DilatedPattern.dense(s), s, args.hq, args.hkv, args.dim, torch.bfloat16, bwd=False)
+            print(f"ours dense   S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+            r = time_sdpa_fwd(s, args.hq, args.hkv, args.dim, torch.bfloat16)
+            print(f"sdpa fwd     S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
         r = time_case(pat, s, args.hq, args.hkv, args.dim, torch.bfloat16)
         print(f"ours natural S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
         if args.hilbert:

@@ -108,7 +108,8 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
             cp = mesh["cp"]
             size = cp.size()
             if sp_size not in (None, size):
-                raise ValueError(f"sp_size={sp_size} disagrees with the Accelerator's cp_size={size}")
+                raise ValueError(
+                    f"sp_size={sp_size} disagrees with the Accelerator's cp_size={size}")
             group = cp.get_group()
             first = min(dist.get_process_group_ranks(group))
             firsts = [None] * world

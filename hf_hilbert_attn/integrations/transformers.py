@@ -464,7 +464,10 @@ def hilbert_dilated_attention_forward(
     b, hq, sq, _ = query.shape
     sk = key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if getattr(module, "is_cross_attention", False) or (not causal and sq != sk):
+    # Cross-attention: GPT-2 flags it; Bart-style decoders use is_decoder with is_causal=False.
+    cross = getattr(module, "is_cross_attention", False) or (
+        not causal and getattr(module, "is_decoder", False))
+    if cross or (not causal and sq != sk):
         raise ValueError(
             f"hilbert_dilated supports self-attention only, not cross-attention (queries {sq} vs "
             f"keys {sk} from another sequence); use sdpa for this model"

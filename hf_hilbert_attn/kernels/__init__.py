@@ -41,6 +41,11 @@ def _interpret() -> bool:
 
 def _blocks(kind, d, dtype):
     bm, bn, warps, stages = (fwd_blocks if kind == "fwd" else bwd_blocks)(d, dtype, _interpret())
+    if kind == "dkdv" and not _interpret():
+        bm, bn = bn, bm  # same default tile, roles swapped
+    env = os.environ.get(f"HF_HILBERT_{kind.upper()}_BLOCKS")  # tuning: "BM,BN,warps,stages"
+    if env:
+        bm, bn, warps, stages = (int(x) for x in env.split(","))
     if BLOCK_OVERRIDE is not None:
         bm, bn = BLOCK_OVERRIDE
     return bm, bn, warps, stages
@@ -121,9 +126,9 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
             acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
             sqi, ski, sqd, skd,
             scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo, plan.khi,
-            seg0, ncls, nblk, blk0, w, r, npri, li,
+            seg0, ncls, nblk, blk0, w, r, npri, li, int(li == 0), int(li == len(launch) - 1),
             BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
-            HAS_DOC=plan.qdoc is not None, FIRST=li == 0, LAST=li == len(launch) - 1,
+            HAS_DOC=plan.qdoc is not None,
             IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages,
         )
     return out, lse
@@ -155,13 +160,13 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     dkacc = torch.empty(k.shape, device=dev, dtype=torch.float32) if multi else dk
     dvacc = torch.empty(v.shape, device=dev, dtype=torch.float32) if multi else dv
     per_head = pattern.query_dilation == "per_head"
-    BM, BN, warps, stages = _blocks("bwd", D, q.dtype)
+    BM, BN, warps, stages = _blocks("dq", D, q.dtype)
+    kBM, kBN, kwarps, kstages = _blocks("dkdv", D, q.dtype)
     cfg_t = _cfg_tensor(prio, dev)
     lcfg_t = _cfg_tensor(launch, dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
-    common = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
-                  HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                  num_warps=warps, num_stages=stages)
+    common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
+                  HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     for li, (w, r) in enumerate(launch):
@@ -169,13 +174,14 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         first, last = li == 0, li == len(launch) - 1
         # dk, dv: one program per key tile of one key/value head
         kseg0, knseg = _seg_range(plan.klo, plan.khi, w)
-        knblk = triton.cdiv(triton.cdiv(w, r), BN)
+        knblk = triton.cdiv(triton.cdiv(w, r), kBN)
         _dkdv_kernel[(knseg * r * knblk, B * HKV)](
             q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t,
             *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
             sqi, ski, sqd, skd, SQ,
             scale, scale * LOG2E, HKV, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
-            plan.khi, kseg0, knblk, w, r, npri, FIRST=first, LAST=last, **common,
+            plan.khi, kseg0, knblk, w, r, npri, int(first), int(last), BM=kBM, BN=kBN,
+            num_warps=kwarps, num_stages=kstages, **common,
         )
         # dq: one program per query tile, as in the forward
         seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
@@ -185,7 +191,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
             sqi, ski, sqd, skd, SQ,
             scale, scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
-            plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, FIRST=first, LAST=last, **common,
+            plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(first), int(last), BM=BM, BN=BN,
+            num_warps=warps, num_stages=stages, **common,
         )
     return dq, dk, dv
 

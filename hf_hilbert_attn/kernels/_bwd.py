@@ -14,7 +14,7 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import _covered, _n_range, _participates, _union_keep
+from ._common import _NO_SPEC, _covered, _n_range, _participates, _union_keep
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def _delta_kernel(O, DO, DLSE, DELTA, S, sob, soh, sos, sdb, sdh, sds, HQ,
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, lo, hi, end,
+def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0, p1, lo, hi, end,
               sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
@@ -80,7 +80,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             if UNION:
-                keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
+                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -94,7 +94,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n, pk, lo, hi,
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n, pk, p0, p1, lo, hi,
                 end, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs, sds, QOFF, scale_log2, CFG, NPRI,
                 BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                 CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
@@ -130,7 +130,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :])
             if UNION:
-                keep = keep & _union_keep(pq[None, :], pk[:, None], h, CFG, NPRI, PER_HEAD)
+                keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI, PER_HEAD)
             if HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
@@ -145,17 +145,17 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DQACC,
     QINV, KINV, QDOC, KDOC, CFG, LCFG,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sqinv, skinv, sqdoc, skdoc, SQ,
     scale, scale_log2, HQ, GROUP, QOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED,
+    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    FIRST: tl.constexpr, LAST: tl.constexpr, IEEE: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -219,54 +219,54 @@ def _dq_kernel(
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
     else:
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + h64 * sgh + row64[:, None] * sgs + offs_d[None, :]
-    if not FIRST:
+    if FIRST == 0:
         prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
         dq += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
-    if LAST:
+    if LAST != 0:
         tl.store(DQ + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
                  dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
     else:
         tl.store(acc_ptrs, dq, mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DKACC, DVACC,
     QINV, KINV, QDOC, KDOC, CFG,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sqinv, skinv, sqdoc, skdoc, SQ,
     scale, scale_log2, HKV, GROUP, QOFF, QLO, QHI, KLO, KHI,
-    SEG0, NBLK, W, R, NPRI,
+    SEG0, NBLK, W, R, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    FIRST: tl.constexpr, LAST: tl.constexpr, IEEE: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
@@ -337,46 +337,46 @@ def _dkdv_kernel(
             b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
             if mixed:
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
             else:
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]
     va_ptrs = DVACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]
-    if not FIRST:
+    if FIRST == 0:
         dk += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
         dv += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)
-    if LAST:
+    if LAST != 0:
         tl.store(DK + b64 * skb + hk64 * skh + k64[:, None] * sks + offs_d[None, :],
                  dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
         tl.store(DV + b64 * svb + hk64 * svh + k64[:, None] * svs + offs_d[None, :],

@@ -14,6 +14,11 @@ while the interpreter floors, and the two only agree there.
 import triton
 import triton.language as tl
 
+# Scalar arguments that change with the pattern, the config or the positions: not specialised
+# (Triton would otherwise compile a variant per value == 1 / divisible by 16).
+_NO_SPEC = ["HQ", "HKV", "GROUP", "SQ", "QOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
+            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST"]
+
 
 @triton.jit
 def _n_range(sbase, ncl, LO, HI, R):
@@ -25,23 +30,29 @@ def _n_range(sbase, ncl, LO, HI, R):
 
 
 @triton.jit
-def _union_keep(pq, pk, h, CFG, NPRI, PER_HEAD: tl.constexpr):
+def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr):
     """Per-pair union mask: True where no earlier config allows the pair.
 
     ``pq`` and ``pk`` are broadcastable int32 position tensors (``[M, 1]`` and ``[1, N]`` or
-    transposed); the result has their broadcast shape.
+    transposed); the result has their broadcast shape. ``[p0, p1]`` is the position range of
+    the program's own side: an earlier config whose segment holds all of it and whose rate
+    divides ``R`` is settled by the skipped interval of ``_covered`` and is not tested here.
+    Each tested config costs one compare per pair: a (segment, class) key per row and column.
     """
     covered = (pq < 0) | (pk < 0)  # all False, broadcast shape
     for j in range(NPRI):
         wj = tl.load(CFG + 2 * j)
         rj = tl.load(CFG + 2 * j + 1)
-        tq = pq % wj
-        tk = pk % wj
-        cq = tq % rj
-        same = ((pq - tq) == (pk - tk)) & (cq == (tk % rj))
-        if PER_HEAD:
-            same = same & (cq == (h % rj))
-        covered = covered | same
+        settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
+        if settled == 0:
+            tq = pq % wj
+            cq = tq % rj
+            kq = (pq - tq) // wj * rj + cq  # segment * rj + class: unique per (segment, class)
+            if PER_HEAD:
+                kq = tl.where(cq == (h % rj), kq, -1)
+            tk = pk % wj
+            kk = (pk - tk) // wj * rj + (tk % rj)
+            covered = covered | (kq == kk)
     return covered == 0
 
 

@@ -11,11 +11,11 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import _covered, _n_range, _participates, _union_keep
+from ._common import _NO_SPEC, _covered, _n_range, _participates, _union_keep
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, lo, hi, end,
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0, p1, lo, hi, end,
                sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
                BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
@@ -55,7 +55,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, lo,
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             if UNION:
-                keep = keep & _union_keep(pq[:, None], pk[None, :], h, CFG, NPRI, PER_HEAD)
+                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -74,17 +74,17 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, lo,
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC)
 def _fwd_kernel(
     Q, K, V, O, LSE, ACC,
     QINV, KINV, QDOC, KDOC, CFG, LCFG,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
     sqinv, skinv, sqdoc, skdoc,
     scale_log2, HQ, GROUP, QOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED,
+    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    FIRST: tl.constexpr, LAST: tl.constexpr, IEEE: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -147,36 +147,36 @@ def _fwd_kernel(
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
     else:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE)
@@ -188,7 +188,7 @@ def _fwd_kernel(
     row64 = qidx.to(tl.int64)
     lse_ptrs = LSE + b64 * slb + h.to(tl.int64) * slh + row64
     acc_ptrs = ACC + b64 * sab + h.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
-    if not FIRST:
+    if FIRST == 0:
         prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
         prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * 1.4426950408889634
         prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
@@ -201,7 +201,7 @@ def _fwd_kernel(
         inv = 1.0 / tl.where(tot > 0, tot, 1.0)
         out = prev_out * (wa * inv)[:, None] + out * (wb * inv)[:, None]
     tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=row_ok)
-    if LAST:
+    if LAST != 0:
         o_ptrs = O + b64 * sob + h.to(tl.int64) * soh + row64[:, None] * sos + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
     else:

@@ -1,7 +1,10 @@
-"""Ground truth: dense masked softmax attention in float32 (or float64).
+"""Ground truth, and the memory-efficient PyTorch path.
 
-``reference_attention`` materialises the full ``[B, H, Sq, Sk]`` mask from ``pattern.py``; it is
-O(Sq*Sk) and exists for tests and benchmarks, never for production paths.
+``reference_attention`` (dense masked softmax in float32 or float64) materialises the full
+``[B, H, Sq, Sk]`` mask from ``pattern.py``; it is O(Sq*Sk) and exists for tests and benchmarks,
+never for production paths. ``chunked_attention`` computes the same function block by block in
+position space (O(block) memory, FlashAttention-style backward): it is ``dilated_attention``'s
+``backend="torch"`` and the CPU path.
 """
 
 from __future__ import annotations
@@ -225,13 +228,16 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
     """All passes for the inputs ``a`` (an ``AttnInputs``); depends on positions only."""
     per_head = pattern.query_dilation == "per_head"
     group_size = a.hq // a.hkv
-    bp = a.q_positions.shape[0]
-    dev = a.q_positions.device
+    qpos, kpos = a.q_positions, a.k_positions  # [Bp, S]
+    # Rows with equal positions (e.g. [1, S] expanded to the batch) share one plan; only their
+    # document ids (masks) differ.
+    shared = torch.equal(qpos, qpos[:1].expand_as(qpos)) and torch.equal(kpos, kpos[:1].expand_as(kpos))
+    dev = qpos.device
     passes = []
-    for b in ([None] if bp == 1 else range(a.batch)):
+    for b in ([None] if shared else range(a.batch)):
         rows = slice(None) if b is None else slice(b, b + 1)
-        qp = a.q_positions[0 if b is None else b]
-        kp = a.k_positions[0 if b is None else b]
+        qp = qpos[0 if b is None else b]
+        kp = kpos[0 if b is None else b]
         qd = kd = None
         if a.q_doc_ids is not None:
             pick = slice(None) if (b is None or a.q_doc_ids.shape[0] == 1) else rows
@@ -293,13 +299,11 @@ def _grouped_mask(mask, hk, g):
     return mask.reshape(mask.shape[0], hk, g, mask.shape[2], mask.shape[3])
 
 
-def _pass_views(ps, qf, kf, vf):
-    """Per-pass head layout: (hk, g) so scores are ``[B, hk, g * cq, ck]``."""
+def _pass_views(ps, hkv):
+    """Per-pass head layout ``(hk, g)``: scores are ``[B, hk, g * cq, ck]``. All heads: the
+    grouped view (hk = Hkv, g = Hq // Hkv); a subset of heads: one row block per head."""
     hc = ps.head_ids.numel()
-    if ps.kv_ids is None:
-        hk = kf.shape[1]
-        return hk, hc // hk
-    return hc, 1
+    return (hkv, hc // hkv) if ps.kv_ids is None else (hc, 1)
 
 
 def _gather_kv(t, rows, idx, kv_ids):
@@ -316,7 +320,7 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
     out = qf.new_zeros(b, hq, sq, dv)
     lse = qf.new_full((b, hq, sq), float("-inf"))
     for ps in passes:
-        hk, g = _pass_views(ps, qf, kf, vf)
+        hk, g = _pass_views(ps, kf.shape[1])
         q_src = qf[ps.rows, ps.heads]
         out_v, lse_v = out[ps.rows, ps.heads], lse[ps.rows, ps.heads]
         for lo, hi, chunks in ps.tiles:
@@ -372,7 +376,7 @@ def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
     hkv = kf.shape[1]
     lse_safe = lse.masked_fill(lse == float("-inf"), 0.0)  # rows with no key: p = 0 anyway
     for ps in passes:
-        hk, g = _pass_views(ps, qf, kf, vf)
+        hk, g = _pass_views(ps, hkv)
         q_src = qf[ps.rows, ps.heads]
         do_src = dout[ps.rows, ps.heads]
         lse_src, delta_src = lse_safe[ps.rows, ps.heads], delta[ps.rows, ps.heads]

@@ -85,14 +85,19 @@ def _block_density(pattern: DilatedPattern, length: int, head: int, causal: bool
     else:  # spread over the tile, with an odd step so that residues mod r vary
         step = max(1, block // rows_per_tile) | 1
         offsets = (torch.arange(rows_per_tile) * step) % block
+    # An allowed pair shares a segment of some config, so |p - s| < the longest segment:
+    # only the key tiles within that reach of the query tile are evaluated.
+    reach = -(-pattern.max_segment // block)
     for i in range(n):
         q = i * block + offsets
         q = q[q < length]
-        m = pattern.allowed(head, q[:, None], keys[None, :])
+        lo, hi = max(0, i - reach), min(n, i + reach + 1)
+        k = keys[lo * block:min(length, hi * block)]
+        m = pattern.allowed(head, q[:, None], k[None, :])
         if causal:
-            m = m & (keys[None, :] <= q[:, None])
-        m = torch.nn.functional.pad(m.float(), (0, n * block - length))
-        out[i] = m.view(len(q), n, block).sum(dim=(0, 2)) / (len(q) * block)
+            m = m & (k[None, :] <= q[:, None])
+        m = torch.nn.functional.pad(m.float(), (0, (hi - lo) * block - k.numel()))
+        out[i, lo:hi] = m.view(len(q), hi - lo, block).sum(dim=(0, 2)) / (len(q) * block)
     return out
 
 

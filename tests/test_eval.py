@@ -286,3 +286,34 @@ def test_bench_model_tiny_smoke(tmp_path, capsys):
     with open(tmp_path / "bench_model_tiny_maxlen_cpu.csv") as f:
         mx = list(csv.DictReader(f))
     assert all(int(r["max_len"]) == 128 and r["limited_by"] == "cap" for r in mx)
+
+
+# ----------------------------------------------------------------------------- sequence parallel
+@needs_hilbert
+@pytest.mark.multiprocess
+def test_sequence_parallel_perplexity_equals_single_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("hf_hilbert_attn.sharding")
+    repo = Path(__file__).resolve().parents[1]
+    args = ["--tasks", "perplexity", "--lengths", "128", "--ppl-tokens", "300", "--pattern",
+            "tiny", "--no-sdpa", "--no-plots", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(repo / "examples" / "eval_long_context.py"), "--sp-size", "2",
+         "--out-dir", str(tmp_path / "sp")] + args,
+        capture_output=True, text=True, env=env, cwd=repo, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sharded over 2 ranks" in proc.stdout
+    sp = _rows(tmp_path / "sp")
+    single = run_eval(EvalConfig(patterns=("tiny",), include_sdpa=False, tasks=("perplexity",),
+                                 lengths=(128,), ppl_tokens=300, out_dir=str(tmp_path / "one"),
+                                 plots=False, progress=False))["rows"]
+    assert len(sp) == len(single) == 1
+    assert int(sp[0]["scored_tokens"]) == single[0]["scored_tokens"] == 299
+    assert float(sp[0]["value"]) == pytest.approx(single[0]["value"], rel=1e-5)

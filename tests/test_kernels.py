@@ -134,3 +134,9 @@ def test_triton_backend_rejects_unsupported_head_dim():
     q = torch.randn(1, 2, 8, 24, device=DEV)
     with pytest.raises(ValueError, match="head_dim in"):
         dilated_attention(q, q, q, PAT, backend="triton")
+
+
+def test_forward_head_chunks(monkeypatch):
+    # a tiny float32 merge buffer forces one launch sequence per head (long forward-only runs)
+    monkeypatch.setattr(kernels, "ACC_BYTES", 1)
+    _run(PAT, sq=29, hq=4, hkv=2)

@@ -208,15 +208,18 @@ def test_packed_documents(causal, s, max_doc):
           k_doc_ids=doc)
 
 
-def test_packed_shared_positions_per_row_docs():
-    # positions [S] shared by the batch, document ids per row: the plan is shared, masks not.
+@pytest.mark.parametrize("expanded", [False, True])
+def test_packed_shared_positions_per_row_docs(expanded):
+    # positions shared by the batch ([S], or [B, S] with equal rows), document ids per row:
+    # the plan is shared, the masks are not.
     rng = random.Random(torch.initial_seed())
     pattern = random_pattern(rng, 90)
     s = 90
     doc = torch.stack([torch.arange(s) // rng.randint(5, 60) for _ in range(3)])
     doc[1, :7] = -1
+    pos = torch.arange(s).expand(3, s).clone() if expanded else torch.arange(s)
     q, k, v = qkv(3, 2, 1, s, s, 16)
-    check(q, k, v, pattern, causal=True, k_positions=torch.arange(s), q_doc_ids=doc, k_doc_ids=doc)
+    check(q, k, v, pattern, causal=True, k_positions=pos, q_doc_ids=doc, k_doc_ids=doc)
 
 
 def test_query_without_keys():

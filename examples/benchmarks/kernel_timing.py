@@ -107,6 +107,27 @@ def profile(pattern, s, hq, hkv, d):
     print(f"profile S={s}: " + ", ".join(f"{e.name[:12]}={e.device_time / 1e3:.2f}ms" for e in evs))
 
 
+def long_runs(pattern, s_fb, s_fwd, hq, hkv, d):
+    for s, grad in ((s_fb, True), (s_fwd, False)):
+        h, hk, dd, dt = (hq, hkv, d, torch.bfloat16) if grad else (8, 8, 64, torch.float16)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        q = torch.randn(1, h, s, dd, device="cuda", dtype=dt, requires_grad=grad)
+        k = torch.randn(1, hk, s, dd, device="cuda", dtype=dt, requires_grad=grad)
+        v = torch.randn(1, hk, s, dd, device="cuda", dtype=dt, requires_grad=grad)
+        torch.cuda.synchronize()
+        t = time.time()
+        with torch.set_grad_enabled(grad):
+            o = dilated_attention(q, k, v, pattern)
+            if grad:
+                o.backward(torch.randn_like(o))
+        torch.cuda.synchronize()
+        ok = bool(torch.isfinite(o).all()) and (not grad or bool(torch.isfinite(q.grad).all()))
+        print(f"long S={s} {'fwd+bwd' if grad else 'fwd'} H={h}/{hk} D={dd} {dt}: "
+              f"{time.time() - t:.2f}s (incl. compile) peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB finite={ok}")
+        del q, k, v, o
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, nargs="+", default=[65536])
@@ -118,6 +139,10 @@ def main():
     ap.add_argument("--hilbert", action="store_true", help="also time a random position map")
     ap.add_argument("--profile", action="store_true", help="per-launch kernel times of one fwd+bwd")
     ap.add_argument("--dense", action="store_true", help="also time the dense pattern (raw speed)")
+    ap.add_argument("--decode", action="store_true", help="time Sq=1 against the torch path")
+    ap.add_argument("--long", type=int, nargs=2, metavar=("S_FB", "S_FWD"), default=None,
+                    help="one fwd+bwd at S_FB (Hq, Hkv, D of the args) and one forward at S_FWD "
+                         "(8 heads x 64, fp16, no grad): time and peak memory")
     args = ap.parse_args()
     pat = DilatedPattern.from_yaml(args.pattern)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
@@ -130,6 +155,18 @@ def main():
             e = check(p, s=2049, causal=causal, sq=sq)
             print(f"check {p} causal={causal} sq={sq}: rel err out/dq/dk/dv "
                   + " ".join(f"{x:.2e}" for x in e) + f" ({time.time() - t:.1f}s)")
+    if args.decode:
+        for s in args.seq:
+            q = torch.randn(1, args.hq, 1, args.dim, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(1, args.hkv, s, args.dim, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            for be in ("triton", "torch"):
+                t = triton.testing.do_bench(lambda: dilated_attention(q, k, v, pat, backend=be),
+                                            warmup=20, rep=100, return_mode="median")
+                print(f"decode Sk={s} backend={be}: {t * 1e3:.0f} us")
+    if args.long:
+        long_runs(pat, *args.long, args.hq, args.hkv, args.dim)
+        return
     for s in args.seq:
         if args.profile:
             profile(pat, s, args.hq, args.hkv, args.dim)

@@ -33,6 +33,8 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634
 # Tests set this to (BM, BN) to force small tiles (many tiles, every boundary case) on tiny shapes.
 BLOCK_OVERRIDE: Optional[tuple] = None
+# Largest float32 merge buffer of the forward (bytes); heads are processed in chunks beyond it.
+ACC_BYTES = 4 << 30
 
 
 def _interpret() -> bool:
@@ -108,29 +110,38 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     if SQ == 0:
         return out, lse
     prio, launch = config_order(pattern)
-    acc = torch.empty(q.shape, device=dev, dtype=torch.float32) if len(launch) > 1 else out
     per_head = pattern.query_dilation == "per_head"
     BM, BN, warps, stages = _blocks("fwd", D, q.dtype)
     cfg_t = _cfg_tensor(prio, dev)
     lcfg_t = _cfg_tensor(launch, dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
-    for li, (w, r) in enumerate(launch):
-        npri = prio.index((w, r))
-        seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
-        ncls = 1 if per_head else r
-        grid = (nseg * ncls * nblk, B * HQ)
-        _fwd_kernel[grid](
-            q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
-            sqi, ski, sqd, skd,
-            scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo, plan.khi,
-            seg0, ncls, nblk, blk0, w, r, npri, li, int(li == 0), int(li == len(launch) - 1),
-            BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
-            HAS_DOC=plan.qdoc is not None,
-            IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages,
-        )
+    # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so long
+    # forward-only runs are not bounded by a buffer twice the size of the output.
+    hch = HQ
+    if len(launch) > 1:
+        per_head_bytes = B * SQ * D * 4
+        hch = max(1, min(HQ, ACC_BYTES // max(per_head_bytes, 1)))
+    acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if len(launch) > 1 else out
+    for h0 in range(0, HQ, hch):
+        nh = min(hch, HQ - h0)
+        for li, (w, r) in enumerate(launch):
+            npri = prio.index((w, r))
+            seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
+            ncls = 1 if per_head else r
+            grid = (nseg * ncls * nblk, B * nh)
+            _fwd_kernel[grid](
+                q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
+                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
+                sqi, ski, sqd, skd,
+                scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
+                plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(li == 0),
+                int(li == len(launch) - 1),
+                BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
+                HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
+                num_warps=warps, num_stages=stages,
+            )
     return out, lse
 
 

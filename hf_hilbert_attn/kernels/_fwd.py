@@ -80,7 +80,7 @@ def _fwd_kernel(
     QINV, KINV, QDOC, KDOC, CFG, LCFG,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
     sqinv, skinv, sqdoc, skdoc,
-    scale_log2, HQ, GROUP, QOFF, QLO, QHI, KLO, KHI,
+    scale_log2, HOFF, HCH, GROUP, QOFF, QLO, QHI, KLO, KHI,
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -88,8 +88,9 @@ def _fwd_kernel(
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // HQ
-    h = bh % HQ
+    b = bh // HCH
+    hl = bh % HCH  # head within this launch's chunk of heads (the ACC buffer holds HCH heads)
+    h = HOFF + hl
     hk = h // GROUP
     blk = BLK0 + tile % NBLK
     t2 = tile // NBLK
@@ -187,7 +188,7 @@ def _fwd_kernel(
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     row64 = qidx.to(tl.int64)
     lse_ptrs = LSE + b64 * slb + h.to(tl.int64) * slh + row64
-    acc_ptrs = ACC + b64 * sab + h.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
+    acc_ptrs = ACC + b64 * sab + hl.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
     if FIRST == 0:
         prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
         prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * 1.4426950408889634

@@ -109,17 +109,17 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool):
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 64, 32, 4, 2
-    if d <= 64:
-        return 128, 64, 4, 3
-    return 128, 64, 8, 3
+    # measured on H200 (docs/decisions.md): 64x64 / 4 warps beat 128x64 / 8 warps on the
+    # longnet pattern (short class runs, many boundary tiles)
+    return 64, 64, 4, 3
 
 
 def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool):
-    """(BM, BN, num_warps, num_stages) of the backward kernels (dq and dk/dv)."""
+    """(BM, BN, num_warps, num_stages) of the dq kernel: BM queries per program, BN keys per
+    step. The dk/dv kernel uses the same numbers with the roles swapped (BN keys per program,
+    BM queries per step)."""
     if interpret:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 32, 32, 4, 2
-    if d <= 64:
-        return 64, 64, 4, 3
-    return 64, 64, 8, 2
+    return 128, 64, 8, 2

@@ -7,7 +7,7 @@ counts from :meth:`DilatedPattern.count_pairs`; nothing here restates the rule.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import torch
 

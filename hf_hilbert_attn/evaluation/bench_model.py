@@ -23,10 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import math
 import re
-import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -269,7 +266,6 @@ def run_benchmark(args) -> Dict:
     the PNG and ``bench_model_<gpu>.md`` into ``args.out_dir`` and returns them."""
     from tqdm.auto import tqdm
 
-    from ..pattern import DilatedPattern  # noqa: F401
     from . import report
     from .runner import hilbert_available, resolve_pattern
 
@@ -377,13 +373,15 @@ def _plot(rows, max_rows, path, title):
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for m in dict.fromkeys(r["method"] for r in rows):
+    from .report import line_style
+
+    for i, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
         pts = [(r["seq_len"], r["tokens_per_s"], r["peak_mem_gib"]) for r in rows
                if r["method"] == m and r["status"] == "ok"]
         mx = [x["max_len"] for x in max_rows if x["method"] == m]
         lab = m + (f" (max {mx[0]} tokens)" if mx else "")
-        a.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lab)
-        b.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=lab)
+        a.plot([p[0] for p in pts], [p[1] for p in pts], label=lab, **line_style(i))
+        b.plot([p[0] for p in pts], [p[2] for p in pts], label=lab, **line_style(i))
     for ax, yl in ((a, "tokens/s"), (b, "peak memory (GiB)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length (tokens)")

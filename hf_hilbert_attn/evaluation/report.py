@@ -6,7 +6,7 @@ import csv
 import math
 from collections import OrderedDict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 __all__ = ["write_csv", "markdown_table", "eval_markdown", "write_eval_report",
            "plot_perplexity", "plot_passkey_heatmap"]
@@ -111,6 +111,12 @@ def _plt():
     return plt
 
 
+def line_style(i: int) -> Dict:
+    """Matplotlib kwargs for the ``i``-th curve: cycling line styles and markers."""
+    return dict(linestyle=("-", "--", ":", "-.")[i % 4], marker="osD^v"[i % 5],
+                markersize=max(3.0, 8.0 - 1.5 * i), linewidth=max(1.0, 2.5 - 0.5 * i))
+
+
 def plot_perplexity(rows: Sequence[Dict], path, title: str = "") -> Optional[Path]:
     """Perplexity vs context length, one line per method (log2 x axis)."""
     ppl = [r for r in rows if r["task"] == "perplexity"]
@@ -118,9 +124,11 @@ def plot_perplexity(rows: Sequence[Dict], path, title: str = "") -> Optional[Pat
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for m in _methods(ppl):
+    for i, m in enumerate(_methods(ppl)):
         pts = sorted((r["length"], r["value"]) for r in ppl if r["method"] == m)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        # distinct line styles and shrinking markers keep coinciding curves (sdpa vs the dense
+        # pattern) visible
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m, **line_style(i))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")

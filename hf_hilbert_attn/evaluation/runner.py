@@ -5,15 +5,13 @@ for ``sdpa`` and ``hilbert_dilated`` with one or more patterns. Command-line ent
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import importlib.util
 import logging
 import os
 import sys
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -138,7 +136,6 @@ class EvalConfig:
     seed: int = 0
     plots: bool = True
     progress: bool = True
-    extra: Dict = field(default_factory=dict)
 
     def resolved(self) -> "EvalConfig":
         builtin = self.model is None

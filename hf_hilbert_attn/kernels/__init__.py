@@ -140,7 +140,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                num_warps=warps, num_stages=stages,
+                UMAX=max(1, len(prio) - 1), num_warps=warps, num_stages=stages,
             )
     return out, lse
 
@@ -177,7 +177,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     lcfg_t = _cfg_tensor(launch, dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
     common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
-                  HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32)
+                  HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
+                  UMAX=max(1, len(prio) - 1))
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     for li, (w, r) in enumerate(launch):

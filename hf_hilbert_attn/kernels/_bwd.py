@@ -43,7 +43,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
               sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-              HAS_DOC: tl.constexpr, IEEE: tl.constexpr):
+              HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr):
     """dq over key tiles ``lo, lo+BN, .. < hi`` (keys ``n < end``); masks as in ``_fwd_tiles``.
 
     Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal needs a mask.
@@ -80,7 +80,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             if UNION:
-                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD)
+                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD, UMAX)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -98,7 +98,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
                 end, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs, sds, QOFF, scale_log2, CFG, NPRI,
                 BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                 CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-                HAS_DOC: tl.constexpr, IEEE: tl.constexpr):
+                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr):
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
     (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing."""
     offs_d = tl.arange(0, D)
@@ -130,7 +130,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :])
             if UNION:
-                keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI, PER_HEAD)
+                keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI, PER_HEAD, UMAX)
             if HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
@@ -155,7 +155,7 @@ def _dq_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -221,29 +221,29 @@ def _dq_kernel(
     if mixed:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
     else:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + h64 * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
@@ -266,7 +266,7 @@ def _dkdv_kernel(
     SEG0, NBLK, W, R, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
@@ -339,36 +339,36 @@ def _dkdv_kernel(
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
             else:
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                      sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE)
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]

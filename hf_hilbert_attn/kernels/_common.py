@@ -30,29 +30,34 @@ def _n_range(sbase, ncl, LO, HI, R):
 
 
 @triton.jit
-def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr):
+def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: tl.constexpr):
     """Per-pair union mask: True where no earlier config allows the pair.
 
     ``pq`` and ``pk`` are broadcastable int32 position tensors (``[M, 1]`` and ``[1, N]`` or
     transposed); the result has their broadcast shape. ``[p0, p1]`` is the position range of
     the program's own side: an earlier config whose segment holds all of it and whose rate
     divides ``R`` is settled by the skipped interval of ``_covered`` and is not tested here.
-    Each tested config costs one compare per pair: a (segment, class) key per row and column.
+    Each config costs one compare per pair: a (segment, class) key per row and column. The
+    loop is unrolled (``UMAX`` >= ``NPRI``) so the key loop around it stays innermost and
+    software-pipelined.
     """
     covered = (pq < 0) | (pk < 0)  # all False, broadcast shape
-    for j in range(NPRI):
-        wj = tl.load(CFG + 2 * j)
-        rj = tl.load(CFG + 2 * j + 1)
+    for j in tl.static_range(UMAX):
+        live = j < NPRI
+        wj = tl.load(CFG + 2 * j, mask=live, other=1)
+        rj = tl.load(CFG + 2 * j + 1, mask=live, other=1)
         settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
-        if settled == 0:
-            tq = pq % wj
-            cq = tq % rj
-            kq = (pq - tq) // wj * rj + cq  # segment * rj + class: unique per (segment, class)
-            if PER_HEAD:
-                kq = tl.where(cq == (h % rj), kq, -1)
-            tk = pk % wj
-            kk = (pk - tk) // wj * rj + (tk % rj)
-            covered = covered | (kq == kk)
+        use = live & (settled == 0)
+        tq = pq % wj
+        cq = tq % rj
+        if PER_HEAD:
+            use_q = use & (cq == (h % rj))
+        else:
+            use_q = use & (cq >= 0)
+        kq = tl.where(use_q, (pq - tq) // wj * rj + cq, -1)  # segment * rj + class, or never
+        tk = pk % wj
+        kk = (pk - tk) // wj * rj + (tk % rj)
+        covered = covered | (kq == kk)
     return covered == 0
 
 

@@ -19,7 +19,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
                sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
                BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-               HAS_DOC: tl.constexpr, IEEE: tl.constexpr):
+               HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr):
     """Online softmax over key tiles starting at ``lo, lo+BN, .. < hi``; keys ``n < end``.
 
     ``EDGE`` tiles need the causal / range-end mask; ``UNION`` tiles the per-pair union mask.
@@ -55,7 +55,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             if UNION:
-                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD)
+                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD, UMAX)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -84,7 +84,7 @@ def _fwd_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -151,36 +151,36 @@ def _fwd_kernel(
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
     else:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE)
+                                   MAPPED, HAS_DOC, IEEE, UMAX)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0

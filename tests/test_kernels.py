@@ -140,3 +140,13 @@ def test_forward_head_chunks(monkeypatch):
     # a tiny float32 merge buffer forces one launch sequence per head (long forward-only runs)
     monkeypatch.setattr(kernels, "ACC_BYTES", 1)
     _run(PAT, sq=29, hq=4, hkv=2)
+
+
+def test_many_configs_loop_union():
+    # more than four earlier configs: the in-kernel union loop instead of the key tables
+    _run(DilatedPattern([4, 8, 12, 16, 24, 32], [1, 2, 3, 4, 6, 8]), sq=61, hq=8, hkv=2)
+
+
+def test_union_loop_path_matches(monkeypatch):
+    monkeypatch.setenv("HF_HILBERT_UNION", "loop")
+    _run(DilatedPattern([12, 20, 45], [1, 3, 4]), sq=70, hq=6, hkv=3)

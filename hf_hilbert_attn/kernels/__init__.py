@@ -17,7 +17,7 @@ import triton
 
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._fwd import _fwd_kernel
-from ._plan import PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions
+from ._plan import PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions, union_keys
 
 __all__ = [
     "triton_dilated_attention",
@@ -95,6 +95,16 @@ def _pos_args(plan: PositionPlan, device):
     return (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd)
 
 
+def _union_args(prio, plan, device):
+    """(KEYS table, its row length, UTAB): the table path of the union test serves up to four
+    earlier configs; longer patterns use the in-kernel loop (UTAB = 0). ``HF_HILBERT_UNION=loop``
+    forces the loop (A/B timing)."""
+    n_earlier = len(prio) - 1
+    if n_earlier == 0 or n_earlier > 4 or os.environ.get("HF_HILBERT_UNION") == "loop":
+        return _dummy(device), 1, 0
+    return union_keys(prio, plan.size, device), plan.size, n_earlier
+
+
 def _prep(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -115,6 +125,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     cfg_t = _cfg_tensor(prio, dev)
     lcfg_t = _cfg_tensor(launch, dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
+    keys, psz, utab = _union_args(prio, plan, dev)
     # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so long
     # forward-only runs are not bounded by a buffer twice the size of the output.
     hch = HQ
@@ -130,7 +141,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
             ncls = 1 if per_head else r
             grid = (nseg * ncls * nblk, B * nh)
             _fwd_kernel[grid](
-                q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
+                q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                 v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                 acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
@@ -138,9 +149,9 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
                 plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(li == 0),
                 int(li == len(launch) - 1),
-                BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
+                BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                UMAX=max(1, len(prio) - 1), num_warps=warps, num_stages=stages,
+                UMAX=0, UTAB=utab, num_warps=warps, num_stages=stages,
             )
     return out, lse
 
@@ -176,9 +187,10 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     cfg_t = _cfg_tensor(prio, dev)
     lcfg_t = _cfg_tensor(launch, dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
-    common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped,
+    keys, psz, utab = _union_args(prio, plan, dev)
+    common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                   HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                  UMAX=max(1, len(prio) - 1))
+                  UMAX=max(1, len(prio) - 1), UTAB=utab)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     for li, (w, r) in enumerate(launch):
@@ -188,7 +200,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         kseg0, knseg = _seg_range(plan.klo, plan.khi, w)
         knblk = triton.cdiv(triton.cdiv(w, r), kBN)
         _dkdv_kernel[(knseg * r * knblk, B * HKV)](
-            q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t,
+            q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t, keys, psz,
             *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
             sqi, ski, sqd, skd, SQ,
             scale, scale * LOG2E, HKV, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
@@ -199,7 +211,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
         ncls = 1 if per_head else r
         _dq_kernel[(nseg * ncls * nblk, B * HQ)](
-            q, k, v, do, lse, delta, dq, dqacc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
+            q, k, v, do, lse, delta, dq, dqacc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
             *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
             sqi, ski, sqd, skd, SQ,
             scale, scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,

@@ -14,7 +14,7 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import _NO_SPEC, _covered, _n_range, _participates, _union_keep
+from ._common import _NO_SPEC, _covered, _n_range, _participates, _prog_key, _union_keep, _union_tab
 
 
 @triton.jit
@@ -41,9 +41,11 @@ def _delta_kernel(O, DO, DLSE, DELTA, S, sob, soh, sos, sdb, sdh, sds, HQ,
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0, p1, lo, hi, end,
               sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
+              KEYS, PSZ, kp0, kp1, kp2, kp3,
               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-              HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr):
+              HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
+              UTAB: tl.constexpr):
     """dq over key tiles ``lo, lo+BN, .. < hi`` (keys ``n < end``); masks as in ``_fwd_tiles``.
 
     Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal needs a mask.
@@ -62,7 +64,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
         else:
             kidx = pk
         kidx64 = kidx.to(tl.int64)
-        if EDGE or MAPPED:
+        if EDGE or MAPPED == 2:  # a partial map: absent positions
             k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
             v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         else:
@@ -75,12 +77,16 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
             s = tl.dot(q, tl.trans(k))
             dp = tl.dot(do, tl.trans(v))
         p = tl.math.exp2(s * scale_log2 - lse2[:, None])
-        if (CAUSAL and EDGE) or MAPPED or HAS_DOC or UNION:
+        if (CAUSAL and EDGE) or MAPPED == 2 or HAS_DOC or UNION:
             keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             if UNION:
-                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD, UMAX)
+                if UTAB > 0:
+                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB)
+                else:
+                    keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
+                                              PER_HEAD, UMAX)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -96,9 +102,11 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n, pk, p0, p1, lo, hi,
                 end, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs, sds, QOFF, scale_log2, CFG, NPRI,
+                KEYS, PSZ, kp0, kp1, kp2, kp3,
                 BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                 CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr):
+                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
+              UTAB: tl.constexpr):
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
     (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing."""
     offs_d = tl.arange(0, D)
@@ -125,12 +133,16 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
             st = tl.dot(k, tl.trans(q))
             dpt = tl.dot(v, tl.trans(do))
         pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
-        if (CAUSAL and EDGE) or MAPPED or HAS_DOC or UNION:
+        if (CAUSAL and EDGE) or MAPPED == 2 or HAS_DOC or UNION:
             keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :])
             if UNION:
-                keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI, PER_HEAD, UMAX)
+                if UTAB > 0:
+                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB)
+                else:
+                    keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI,
+                                              PER_HEAD, UMAX)
             if HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
@@ -148,14 +160,14 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DQACC,
-    QINV, KINV, QDOC, KDOC, CFG, LCFG,
+    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sqinv, skinv, sqdoc, skdoc, SQ,
     scale, scale_log2, HQ, GROUP, QOFF, QLO, QHI, KLO, KHI,
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -214,6 +226,18 @@ def _dq_kernel(
     v_base = V + b64 * svb + hk.to(tl.int64) * svh
     dq = tl.zeros([BM, D], tl.float32)
     ca, cb, mixed = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
+    kp1 = kp0
+    kp2 = kp0
+    kp3 = kp0
+    if UTAB > 0:
+        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 1:
+        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 2:
+        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 3:
+        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
@@ -221,29 +245,29 @@ def _dq_kernel(
     if mixed:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     else:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + h64 * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
@@ -259,14 +283,14 @@ def _dq_kernel(
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DKACC, DVACC,
-    QINV, KINV, QDOC, KDOC, CFG,
+    QINV, KINV, QDOC, KDOC, CFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sqinv, skinv, sqdoc, skdoc, SQ,
     scale, scale_log2, HKV, GROUP, QOFF, QLO, QHI, KLO, KHI,
     SEG0, NBLK, W, R, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
@@ -331,6 +355,18 @@ def _dkdv_kernel(
             # queries [ca, cb) covered by earlier configs: skipped; each remaining range starts
             # with the diagonal tiles (masked), then whole unmasked tiles
             ca, cb, mixed = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
+            kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
+            kp1 = kp0
+            kp2 = kp0
+            kp3 = kp0
+            if UTAB > 0:
+                kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+            if UTAB > 1:
+                kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+            if UTAB > 2:
+                kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+            if UTAB > 3:
+                kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
             a_hi = tl.minimum(ca, qn_hi)
             b_lo = tl.maximum(cb, qn_lo)
             a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
@@ -338,37 +374,45 @@ def _dkdv_kernel(
             if mixed:
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, True, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, False, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, True, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, False, True, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
             else:
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, True, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, False, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, True, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, True, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, BM, D, False, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX)
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                     BM, D, False, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]

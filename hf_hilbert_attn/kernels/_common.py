@@ -17,7 +17,7 @@ import triton.language as tl
 # Scalar arguments that change with the pattern, the config or the positions: not specialised
 # (Triton would otherwise compile a variant per value == 1 / divisible by 16).
 _NO_SPEC = ["HQ", "HOFF", "HCH", "HKV", "GROUP", "SQ", "QOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
-            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST"]
+            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST", "PSZ"]
 
 
 @triton.jit
@@ -39,9 +39,23 @@ def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: t
     divides ``R`` is settled by the skipped interval of ``_covered`` and is not tested here.
     Each config costs one compare per pair: a (segment, class) key per row and column. The
     loop is unrolled (``UMAX`` >= ``NPRI``) so the key loop around it stays innermost and
-    software-pipelined.
+    software-pipelined; ``UMAX == 0`` keeps a runtime loop instead.
     """
     covered = (pq < 0) | (pk < 0)  # all False, broadcast shape
+    if UMAX == 0:
+        # runtime loop: measured faster in the forward kernel (registers), see decisions.md
+        for j in range(NPRI):
+            wj = tl.load(CFG + 2 * j)
+            rj = tl.load(CFG + 2 * j + 1)
+            settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
+            if settled == 0:
+                tq = pq % wj
+                cq = tq % rj
+                kq = (pq - tq) // wj * rj + cq
+                if PER_HEAD:
+                    kq = tl.where(cq == (h % rj), kq, -1)
+                tk = pk % wj
+                covered = covered | (kq == (pk - tk) // wj * rj + (tk % rj))
     for j in tl.static_range(UMAX):
         live = j < NPRI
         wj = tl.load(CFG + 2 * j, mask=live, other=1)
@@ -113,3 +127,40 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
         cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
         found = found | full
     return ca, cb, mixed
+
+
+@triton.jit
+def _prog_key(j: tl.constexpr, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ,
+              PER_HEAD: tl.constexpr):
+    """(segment, class) keys of earlier config ``j`` for the program's own positions ``p``.
+
+    Read from the host table ``KEYS[j, pos] = (pos // w_j) * r_j + (pos % w_j) % r_j``; ``-1``
+    (never equal to a table entry) where the config is settled for the whole program (see
+    ``_union_keep``), absent, or in per_head mode of another head's class. A pair is covered
+    by config ``j`` iff both keys are equal, so the per-pair test is one compare.
+    """
+    live = NPRI > j
+    wj = tl.load(CFG + 2 * j)  # j < UTAB <= number of priority configs - 1: always in the table
+    rj = tl.load(CFG + 2 * j + 1)
+    settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
+    use = ok & live & (settled == 0) & (p < PSZ)
+    # (the mask goes through a vector compare: the interpreter rejects an int-typed mask here)
+    key = tl.load(KEYS + j * PSZ + p, mask=tl.where(use, p, -1) >= 0, other=-1)
+    if PER_HEAD:
+        key = tl.where((key >= 0) & ((key % rj) == (h % rj)), key, -1)
+    return key
+
+
+@triton.jit
+def _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, p_it, UTAB: tl.constexpr):
+    """Per-pair union mask from program-side keys ``kp*`` (rows) and the table entries of the
+    iterated positions ``p_it`` (columns): True where no earlier config covers the pair."""
+    inr = p_it < PSZ
+    cov = kp0[:, None] == tl.load(KEYS + p_it, mask=inr, other=-2)[None, :]
+    if UTAB > 1:
+        cov = cov | (kp1[:, None] == tl.load(KEYS + PSZ + p_it, mask=inr, other=-2)[None, :])
+    if UTAB > 2:
+        cov = cov | (kp2[:, None] == tl.load(KEYS + 2 * PSZ + p_it, mask=inr, other=-2)[None, :])
+    if UTAB > 3:
+        cov = cov | (kp3[:, None] == tl.load(KEYS + 3 * PSZ + p_it, mask=inr, other=-2)[None, :])
+    return cov == 0

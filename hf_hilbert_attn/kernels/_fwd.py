@@ -11,15 +11,17 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import _NO_SPEC, _covered, _n_range, _participates, _union_keep
+from ._common import _NO_SPEC, _covered, _n_range, _participates, _prog_key, _union_keep, _union_tab
 
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0, p1, lo, hi, end,
                sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
+               KEYS, PSZ, kp0, kp1, kp2, kp3,
                BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-               HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr):
+               HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
+               UTAB: tl.constexpr):
     """Online softmax over key tiles starting at ``lo, lo+BN, .. < hi``; keys ``n < end``.
 
     ``EDGE`` tiles need the causal / range-end mask; ``UNION`` tiles the per-pair union mask.
@@ -39,7 +41,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
         else:
             kidx = pk
         kidx64 = kidx.to(tl.int64)
-        if EDGE or MAPPED:
+        if EDGE or MAPPED == 2:  # a partial map: absent positions
             k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
             v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         else:
@@ -50,12 +52,16 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * scale_log2
-        if EDGE or MAPPED or HAS_DOC or UNION:
+        if EDGE or MAPPED == 2 or HAS_DOC or UNION:
             keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             if UNION:
-                keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI, PER_HEAD, UMAX)
+                if UTAB > 0:
+                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB)
+                else:
+                    keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
+                                              PER_HEAD, UMAX)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -77,14 +83,14 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _fwd_kernel(
     Q, K, V, O, LSE, ACC,
-    QINV, KINV, QDOC, KDOC, CFG, LCFG,
+    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
     sqinv, skinv, sqdoc, skdoc,
     scale_log2, HOFF, HCH, GROUP, QOFF, QLO, QHI, KLO, KHI,
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -143,6 +149,18 @@ def _fwd_kernel(
     # Keys [ca, cb) are covered by earlier configs for the whole tile: skipped. The rest is two
     # ranges, each an unmasked run of whole tiles then masked tiles (diagonal, range end).
     ca, cb, mixed = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
+    kp1 = kp0
+    kp2 = kp0
+    kp3 = kp0
+    if UTAB > 0:
+        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 1:
+        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 2:
+        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 3:
+        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
@@ -150,37 +168,37 @@ def _fwd_kernel(
     if mixed:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, False, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, True, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     else:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, False, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, BN, D, True, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX)
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0

@@ -37,6 +37,19 @@ class PositionPlan:
     kinv: Optional[torch.Tensor]
     qdoc: Optional[torch.Tensor]  # [Bd, Sq] int32
     kdoc: Optional[torch.Tensor]
+    # every position of [qlo, qhi] and [klo, khi] is present in every row (a permutation such
+    # as Hilbert order): no validity masks inside the ranges
+    full: bool = False
+
+    @property
+    def size(self) -> int:
+        """Positions lie in ``[0, size)``."""
+        return max(self.qhi, self.khi) + 1
+
+    @property
+    def mapped_kind(self) -> int:
+        """Kernel constant: 0 natural, 1 full map (a permutation), 2 partial map (gaps)."""
+        return 0 if not self.mapped else (1 if self.full else 2)
 
 
 def _is_arange(p: torch.Tensor, start: int) -> bool:
@@ -84,7 +97,29 @@ def plan_positions(a) -> tuple:
     qinv = kinv if qp is kp else _inverse(qp, size)
     if kinv is None or qinv is None:
         return None, "a position repeats within a row (e.g. packed documents)"
-    return PositionPlan(True, 0, qlo, qhi, klo, khi, qinv, kinv, qdoc, kdoc), None
+    full = qhi - qlo + 1 == sq and khi - klo + 1 == sk  # unique positions fill the ranges
+    return PositionPlan(True, 0, qlo, qhi, klo, khi, qinv, kinv, qdoc, kdoc, full), None
+
+
+_KEY_CACHE: dict = {}
+
+
+def union_keys(prio, size: int, device) -> torch.Tensor:
+    """``KEYS[j, pos] = (pos // w_j) * r_j + (pos % w_j) % r_j`` (int32) for the priority configs
+    but the last: equal keys <=> same segment and class of config ``j`` (the union test).
+
+    ``[len(prio) - 1, size]``, cached per (configs, size, device); a few MB at 1M positions.
+    """
+    key = (tuple(prio), int(size), str(device))
+    t = _KEY_CACHE.get(key)
+    if t is None:
+        pos = torch.arange(size, device=device, dtype=torch.int64)
+        rows = [(pos // w) * r + (pos % w) % r for w, r in prio[:-1]] or [pos * 0]
+        t = torch.stack(rows).to(torch.int32).contiguous()
+        if len(_KEY_CACHE) > 8:
+            _KEY_CACHE.clear()
+        _KEY_CACHE[key] = t
+    return t
 
 
 def config_order(pattern):

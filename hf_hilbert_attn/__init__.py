@@ -6,7 +6,8 @@
 from .ops import dilated_attention
 from .pattern import DilatedPattern
 from .reference import reference_attention
-from .ring import sequence_parallel
+from .ring import ring_attention, sequence_parallel
+from .sharding import gather_sequence, shard_batch
 from .integrations.transformers import (
     ATTN_IMPLEMENTATION,
     DEFAULT_PATTERN,
@@ -28,6 +29,9 @@ __all__ = [
     "get_pattern",
     "reference_attention",
     "register",
+    "ring_attention",
     "sequence_parallel",
+    "shard_batch",
+    "gather_sequence",
     "__version__",
 ]

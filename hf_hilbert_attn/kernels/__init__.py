@@ -8,7 +8,6 @@ nor torch.distributed.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Optional
 
@@ -125,7 +124,10 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     cfg_t = _cfg_tensor(prio, dev)
     lcfg_t = _cfg_tensor(launch, dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
-    keys, psz, utab = _union_args(prio, plan, dev)
+    # The forward keeps the in-kernel union loop (UTAB=0): the key-table path costs the whole
+    # kernel registers (64K longnet_lm on H200: 9.3 vs 13.4 ms, docs/decisions.md); the
+    # backward kernels use the tables.
+    keys, psz, utab = _dummy(dev), 1, 0
     # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so long
     # forward-only runs are not bounded by a buffer twice the size of the output.
     hch = HQ

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from .evaluation._args import parse_length
+
 __all__ = ["main", "build_parser", "env_report"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -161,14 +163,6 @@ def _ascii_max(text: str) -> int:
     return v
 
 
-def _int_length(text: str) -> int:
-    t = text.lower()
-    try:
-        return int(t[:-1]) * 1024 if t.endswith("k") else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer like 4096 or 4k, got {text!r}") from None
-
-
 # ----------------------------------------------------------------------------- eval / bench
 def _cmd_eval(args, parser) -> int:
     import logging
@@ -220,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
     s.add_argument("pattern", help="a pattern YAML, a configs/ name, a built-in name (tiny, "
                                    "dense) or inline 'W1,W2:R1,R2'")
-    s.add_argument("--length", type=_int_length, required=True, help="sequence length (tokens)")
+    s.add_argument("--length", type=parse_length, required=True, help="sequence length (tokens)")
     s.add_argument("--heads", type=int, default=1, help="query heads to count (default 1)")
     s.add_argument("--png", default=None, help="also draw the mask into this PNG")
     s.add_argument("--png-heads", type=int, default=4, help="heads drawn in the PNG (max)")

@@ -80,7 +80,7 @@ def test_show_pattern_long_length_skips_ascii(capsys):
      r"dilation_rates\[1\] must be <= segment_lengths\[1\] = 16, got 32"),
     (["show-pattern", "8:2", "--length", "8"], "dilation_rates must contain a 1"),
     (["show-pattern", "tiny", "--length", "-4"], "--length must be >= 1, got -4"),
-    (["show-pattern", "tiny", "--length", "abc"], "expected an integer like 4096"),
+    (["show-pattern", "tiny", "--length", "abc"], "expected a length like 4096"),
     (["show-pattern", "tiny"], "the following arguments are required: --length"),
     (["eval", "--lengths", "1"], "a context length must be >= 2, got 1"),
     (["eval", "--depths", "1.5"], r"a needle depth must be in \[0, 1\], got 1.5"),

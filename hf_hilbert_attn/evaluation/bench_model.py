@@ -30,6 +30,10 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ._args import length_type, positive_int
+
+_length_arg = length_type("sequence length")
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["PRESETS", "build_model", "train_step", "chunked_lm_loss", "memory_estimates",
@@ -395,31 +399,10 @@ def _plot(rows, max_rows, path, title):
     return Path(path)
 
 
-def _length(text: str) -> int:
-    t = text.lower()
-    try:
-        v = int(t[:-1]) * 1024 if t.endswith("k") else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a length like 65536 or 64k, got {text!r}") from None
-    if v < 2:
-        raise argparse.ArgumentTypeError(f"a sequence length must be >= 2, got {v}")
-    return v
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
 def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="1b",
                    help="1b: Llama-3.2-1B shape on a GPU; tiny: CPU smoke test")
-    p.add_argument("--lengths", nargs="+", type=_length, default=None,
+    p.add_argument("--lengths", nargs="+", type=_length_arg, default=None,
                    help="sequence lengths (default 16k 32k 64k 128k for 1b)")
     p.add_argument("--impls", nargs="+", choices=("sdpa", "hilbert_dilated", "flex_attention",
                                                   "eager"),
@@ -431,14 +414,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--loss", choices=("chunked", "full"), default="chunked",
                    help="chunked: CE over hidden-state chunks (logits never whole); full: the "
                         "model's own loss over [S, vocab] logits")
-    p.add_argument("--loss-chunk", type=_positive, default=2048)
+    p.add_argument("--loss-chunk", type=positive_int, default=2048)
     p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--iters", type=_positive, default=None)
+    p.add_argument("--iters", type=positive_int, default=None)
     p.add_argument("--max-len", action="store_true",
                    help="also search the longest sequence each implementation runs")
-    p.add_argument("--max-len-start", type=_length, default=None)
-    p.add_argument("--max-len-step", type=_length, default=None)
-    p.add_argument("--max-len-cap", type=_length, default=1 << 21)
+    p.add_argument("--max-len-start", type=_length_arg, default=None)
+    p.add_argument("--max-len-step", type=_length_arg, default=None)
+    p.add_argument("--max-len-cap", type=_length_arg, default=1 << 21)
     p.add_argument("--max-trial-seconds", type=float, default=150.0,
                    help="skip max-length trials whose extrapolated step time exceeds this")
     p.add_argument("--out-dir", default="bench_results")

@@ -20,6 +20,7 @@ import torch
 from ..pattern import DilatedPattern
 from . import report
 from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
+from ._args import length_type, positive_int
 from .measure import Meter
 from .passkey import evaluate_passkey, hf_generate_fn, make_passkey_prompt
 from .perplexity import count_windows, evaluate_perplexity
@@ -410,25 +411,7 @@ def _validate(cfg: EvalConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- command line
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _length(text: str) -> int:
-    try:
-        v = int(text.lower().replace("k", "")) * (1024 if text.lower().endswith("k") else 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a length like 4096 or 4k, got {text!r}") from None
-    if v < 2:
-        raise argparse.ArgumentTypeError(f"a context length must be >= 2, got {v}")
-    return v
+_length_arg = length_type("context length")
 
 
 def _depth(text: str) -> float:
@@ -453,26 +436,26 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-sdpa", action="store_true", help="do not evaluate the sdpa baseline")
     p.add_argument("--tasks", nargs="+", choices=("perplexity", "passkey"),
                    default=["perplexity", "passkey"])
-    p.add_argument("--lengths", nargs="+", type=_length, default=None,
+    p.add_argument("--lengths", nargs="+", type=_length_arg, default=None,
                    help="context lengths for perplexity (and passkey unless --passkey-lengths); "
                         "default 128 256 512 (built-in) or 2k 4k 8k 16k")
-    p.add_argument("--stride", type=_positive_int, default=None,
+    p.add_argument("--stride", type=positive_int, default=None,
                    help="window stride in tokens (default: half of each length)")
-    p.add_argument("--ppl-tokens", type=_positive_int, default=None,
+    p.add_argument("--ppl-tokens", type=positive_int, default=None,
                    help="tokens of the corpus to score (default 4 × the longest length)")
     p.add_argument("--corpus", nargs="+", default=[],
                    help="local .txt/.jsonl/.parquet files read with `datasets` (default: a "
                         "built-in generated corpus)")
     p.add_argument("--text-field", default="text", help="text column of jsonl/parquet files")
-    p.add_argument("--passkey-lengths", nargs="+", type=_length, default=None)
+    p.add_argument("--passkey-lengths", nargs="+", type=_length_arg, default=None)
     p.add_argument("--depths", nargs="+", type=_depth, default=[0.0, 0.5, 1.0],
                    help="needle depths in [0, 1]")
-    p.add_argument("--trials", type=_positive_int, default=2, help="passkey prompts per cell")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=8)
+    p.add_argument("--trials", type=positive_int, default=2, help="passkey prompts per cell")
+    p.add_argument("--max-new-tokens", type=positive_int, default=8)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, …")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--out-dir", default="eval_results", help="where results.md/.csv and PNGs go")
-    p.add_argument("--sp-size", type=_positive_int, default=1,
+    p.add_argument("--sp-size", type=positive_int, default=1,
                    help="sequence-parallel group size for the perplexity windows (needs "
                         "`accelerate launch`/`torchrun` and hf_hilbert_attn.sharding)")
     p.add_argument("--seed", type=int, default=0)

@@ -112,5 +112,5 @@ def test_merge_rows_replaces_only_same_key():
     got = b.merge_rows(old, new, ("world_size", "layout"))
     assert [(r["world_size"], r["ms"]) for r in got] == [(1, 1.0), (2, 3.0)]
     with pytest.raises(SystemExit, match="not found"):
-        b.load_pattern("no_such_pattern")
+        b.C.load_pattern("no_such_pattern")
     assert torch.is_tensor(torch.zeros(1))  # the module import left torch usable

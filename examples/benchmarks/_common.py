@@ -17,6 +17,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def ensure_repo_on_path() -> None:
     """Make ``hf_hilbert_attn`` importable when a script runs from a checkout without install."""
@@ -269,3 +271,21 @@ def plot_panels(rows: List[dict], path, *, panel_key: str, series_key: str, x_ke
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def load_pattern(spec: str) -> tuple:
+    """``"longnet_lm"`` → ``configs/longnet_lm.yaml``; a path is read as is. Returns (name, pattern)."""
+    path = Path(spec)
+    if not path.suffix:
+        path = REPO / "configs" / f"{spec}.yaml"
+    if not path.exists():
+        raise SystemExit(f"pattern {spec!r} not found (looked for {path}); give a name in "
+                         f"configs/ (e.g. longnet_lm, pow2) or a YAML path")
+    return path.stem, _pattern_cls().from_yaml(path)
+
+
+def _pattern_cls():
+    ensure_repo_on_path()
+    from hf_hilbert_attn import DilatedPattern
+
+    return DilatedPattern

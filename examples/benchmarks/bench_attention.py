@@ -80,17 +80,6 @@ BWD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (FlashAttention-2 convention,
 
 
 # ============================================================================= inputs
-def load_pattern(spec: str) -> tuple:
-    """``"longnet_lm"`` → ``configs/longnet_lm.yaml``; a path is read as is. Returns (name, pattern)."""
-    path = Path(spec)
-    if not path.suffix:
-        path = REPO / "configs" / f"{spec}.yaml"
-    if not path.exists():
-        raise SystemExit(f"pattern {spec!r} not found (looked for {path}); give a name in "
-                         f"configs/ (e.g. longnet_lm, pow2) or a YAML path")
-    return path.stem, DilatedPattern.from_yaml(path)
-
-
 def make_inputs(S, hq, hkv, D, dtype, device, seed):
     """Fresh random q, k, v (leaf tensors needing grad) and an upstream gradient dO."""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -408,7 +397,7 @@ def run_table(args, device, csv_path=None) -> List[dict]:
 
     env = C.environment(device)
     dtype = DTYPES[args.dtype]
-    patterns = [load_pattern(p) for p in args.patterns]
+    patterns = [C.load_pattern(p) for p in args.patterns]
     shapes = [(pn, pat, S, hkv, D) for pn, pat in patterns for hkv in args.kv_heads
               for D in args.head_dims for S in args.seq_lens]
     rows = []
@@ -621,7 +610,7 @@ def search_max_len(impl, case, args, device, pattern) -> dict:
 
 
 def run_max_len(args, device) -> List[dict]:
-    _, pattern = load_pattern(args.patterns[0])
+    _, pattern = C.load_pattern(args.patterns[0])
     cases = [
         dict(name="fwd+bwd Hq=32 Hkv=8 D=128 bf16", hq=32, hkv=8, D=128, dtype=torch.bfloat16,
              dtype_name="bf16", grad=True),

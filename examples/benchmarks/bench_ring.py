@@ -263,17 +263,6 @@ def dense_ring_bytes(world: int, seq_len: int, batch: int, hkv: int, head_dim: i
 
 
 # ============================================================================= inputs / calls
-def load_pattern(spec: str) -> tuple:
-    """``"longnet_lm"`` → ``configs/longnet_lm.yaml``; a path is read as is. Returns (name, pattern)."""
-    path = Path(spec)
-    if not path.suffix:
-        path = REPO / "configs" / f"{spec}.yaml"
-    if not path.exists():
-        raise SystemExit(f"pattern {spec!r} not found (looked for {path}); give a name in "
-                         f"configs/ (e.g. longnet_lm, pow2) or a YAML path")
-    return path.stem, DilatedPattern.from_yaml(path)
-
-
 def layout_label(layout: str, seq_len: int, world: int, pattern) -> str:
     """``"auto"`` names what it resolves to for this length (``"auto→contiguous"``)."""
     if layout == "auto" and resolve_layout is not None:
@@ -852,7 +841,7 @@ def main(argv=None) -> int:
     d = init_dist(args.device, args.timeout_s)
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference must be float32
     torch.backends.cudnn.allow_tf32 = False
-    pattern_name, pattern = load_pattern(args.pattern)
+    pattern_name, pattern = C.load_pattern(args.pattern)
     try:
         log(d, f"bench_ring {args.mode}: W={d.world} ({d.backend}), {C.device_name(d.device)}, "
                f"pattern {pattern_name} {pattern.configs}")

@@ -158,9 +158,30 @@ def reduce_loss(loss: torch.Tensor, group) -> torch.Tensor:
     """
     if group is None:
         return loss
-    from torch.distributed.nn.functional import all_reduce
+    return _SumOverGroup.apply(loss, group)
 
-    return all_reduce(loss, group=group)
+
+class _SumOverGroup(torch.autograd.Function):
+    """``all_reduce(SUM)`` whose backward also sums (every rank's loss depends on every
+    rank's shard). Written here because ``torch.distributed.nn.functional.all_reduce``, which
+    does the same, is deprecated in torch 2.13."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        import torch.distributed as dist
+
+        ctx.group = group
+        y = x.clone()
+        dist.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        g = grad.clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
 
 
 def average_gradients(model: torch.nn.Module, group=None) -> None:

@@ -130,12 +130,23 @@ def _fwd_op(
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, scale)
     plan, _ = plan_positions(a)
-    if plan is None:
-        from .reference import chunked_attention
+    if plan is not None:
+        return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
+    runs = _document_runs(q, k, v, pattern, a)
+    if runs is not None:  # packed documents: one kernel call per document
+        out = torch.zeros_like(q)
+        lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
+        for b, lo, hi, sub_plan in runs:
+            # contiguous copies: the launchers take whole tensors, not views into a batch
+            o, l = dilated_fwd(*(t[b:b + 1, :, lo:hi].contiguous() for t in (q, k, v)),
+                               pattern, a.scale, causal, sub_plan)
+            out[b, :, lo:hi] = o[0]
+            lse[b, :, lo:hi] = l[0]
+        return out, lse
+    from .reference import chunked_attention
 
-        out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
-        return out.contiguous(), lse.float().contiguous()
-    return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
+    out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
+    return out.contiguous(), lse.float().contiguous()
 
 
 @_fwd_op.register_fake
@@ -159,20 +170,33 @@ def _bwd_op(
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, scale)
     plan, _ = plan_positions(a)
-    if plan is None:  # same fallback as the forward: differentiate the PyTorch path
-        from .reference import chunked_attention
+    if plan is not None:
+        return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
+    runs = _document_runs(q, k, v, pattern, a)
+    if runs is not None:  # packed documents, as in the forward
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for b, lo, hi, sub_plan in runs:
+            sl = (slice(b, b + 1), slice(None), slice(lo, hi))
+            do_, q_, k_, v_, o_, l_ = (t[sl].contiguous() for t in (dout, q, k, v, out, lse))
+            g = dilated_bwd(do_, q_, k_, v_, o_, l_,
+                            None if dlse is None else dlse[sl].contiguous(), pattern, a.scale,
+                            causal, sub_plan)
+            for full, part in zip((dq, dk, dv), g):
+                full[sl] = part
+        return dq, dk, dv
+    # Anything else: differentiate the PyTorch path (same fallback as the forward).
+    from .reference import chunked_attention
 
-        with torch.enable_grad():
-            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-            o2, l2 = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
-            outs, grads = [o2], [dout]
-            if dlse is not None:
-                outs.append(l2)
-                grads.append(dlse)
-            dq, dk, dv = torch.autograd.grad(outs, (qq, kk, vv), grads, allow_unused=True)
-        return tuple(torch.zeros_like(t) if g is None else g.contiguous()
-                     for g, t in ((dq, q), (dk, k), (dv, v)))
-    return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
+    with torch.enable_grad():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        o2, l2 = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
+        outs, grads = [o2], [dout]
+        if dlse is not None:
+            outs.append(l2)
+            grads.append(dlse)
+        dq, dk, dv = torch.autograd.grad(outs, (qq, kk, vv), grads, allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g.contiguous()
+                 for g, t in ((dq, q), (dk, k), (dv, v)))
 
 
 @_bwd_op.register_fake
@@ -197,3 +221,50 @@ def _backward(ctx, dout, dlse):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Packed documents (positions restarting per document) cannot share one position -> storage
+# table, but each document alone is an ordinary sequence for the kernels.
+MAX_DOCUMENT_RUNS = 4096  # beyond this many launches the PyTorch path is the better choice
+
+
+def _document_runs(q, k, v, pattern, a):
+    """Split packed self-attention into per-document kernel calls.
+
+    Returns ``[(batch_row, lo, hi, plan)]`` — storage ranges ``[lo, hi)`` each holding one whole
+    document (doc id >= 0) with consecutive positions, and the kernels' plan for it — or None
+    when the layout is anything else (then the PyTorch path runs). Ranges of padding (doc id
+    < 0) are left out: their queries attend nothing (output 0, lse -inf).
+    """
+    from .kernels import plan_positions
+
+    if a.sq != a.sk or a.q_doc_ids is None:
+        return None
+    shape = (a.batch, a.sq)
+    pos, doc = a.q_positions.expand(shape), a.q_doc_ids.expand(shape)
+    if not (torch.equal(pos, a.k_positions.expand(shape))
+            and torch.equal(doc, a.k_doc_ids.expand(shape))):
+        return None
+    pos, doc = pos.cpu(), doc.cpu()
+    brk = (doc[:, 1:] != doc[:, :-1]) | (pos[:, 1:] != pos[:, :-1] + 1)
+    runs = []
+    for b in range(a.batch):
+        cuts = [0] + (torch.nonzero(brk[b]).flatten() + 1).tolist() + [a.sq]
+        seen = set()
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            d = int(doc[b, lo])
+            if d < 0:
+                continue
+            if d in seen:  # a document split into several ranges: pairs would cross them
+                return None
+            seen.add(d)
+            p0 = int(pos[b, lo])
+            positions = None if p0 == 0 else pos[b, lo:hi].to(q.device)
+            sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
+                               pattern, scale=a.scale, q_positions=positions,
+                               k_positions=positions)
+            plan, _ = plan_positions(sub)
+            if plan is None or len(runs) >= MAX_DOCUMENT_RUNS:
+                return None
+            runs.append((b, lo, hi, plan))
+    return runs

@@ -118,15 +118,41 @@ def test_padding_doc_ids():
     _run(PAT, sq=s, q_doc_ids=doc, k_doc_ids=doc)
 
 
-def test_packed_restarting_positions_fall_back():
-    # positions restart per document: not a position map, the op runs the PyTorch path
+def test_packed_documents_run_per_document(monkeypatch):
+    # positions restart per document: no single position map, so the op calls the kernels once
+    # per document. Row 0: docs of 15 and 25 tokens; row 1: a continuation chunk starting at
+    # position 30 (mapped positions), a 12-token doc, then padding.
+    from hf_hilbert_attn import ops
+
     s = 40
-    pos = torch.cat([torch.arange(15), torch.arange(25)]).to(DEV)
-    doc = torch.tensor([0] * 15 + [1] * 25, device=DEV)
-    q = torch.randn(1, 2, s, 16, device=DEV)
+    pos = torch.stack([torch.cat([torch.arange(15), torch.arange(25)]),
+                       torch.cat([torch.arange(30, 53), torch.arange(12), torch.arange(5)])]).to(DEV)
+    doc = torch.tensor([[0] * 15 + [1] * 25, [0] * 23 + [1] * 12 + [-1] * 5], device=DEV)
+    q = torch.randn(2, 2, s, 16, device=DEV)
     a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
     plan, why = plan_positions(a)
     assert plan is None and "repeats" in why
+    runs = ops._document_runs(q, q, q, PAT, a)
+    assert [(b, lo, hi, p.mapped) for b, lo, hi, p in runs] == [
+        (0, 0, 15, False), (0, 15, 40, False), (1, 0, 23, True), (1, 23, 35, False)]
+    calls = []
+    real = ops._document_runs
+    monkeypatch.setattr(ops, "_document_runs", lambda *x: calls.append(1) or real(*x))
+    _run(PAT, b=2, sq=s, hq=4, hkv=2, k_positions=pos, k_doc_ids=doc)
+    assert len(calls) == 2  # forward and backward took the per-document path
+
+
+def test_packed_document_split_in_two_falls_back():
+    # document 0 appears in two storage ranges: per-document calls would miss the pairs
+    # between them, so the op runs the PyTorch path
+    from hf_hilbert_attn import ops
+
+    s = 30
+    pos = torch.cat([torch.arange(10), torch.arange(10), torch.arange(10, 20)]).to(DEV)
+    doc = torch.tensor([0] * 10 + [1] * 10 + [0] * 10, device=DEV)
+    q = torch.randn(1, 2, s, 16, device=DEV)
+    a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
+    assert ops._document_runs(q, q, q, PAT, a) is None
     _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
 
 

@@ -28,7 +28,11 @@ def _torch_same_dtype(q, k, v, pattern, causal, **kw):
     sq, sk = q.shape[2], k.shape[2]
     qp = torch.arange(sk - sq, sk, device=q.device)
     kp = torch.arange(sk, device=q.device)
-    mask = pattern.build_mask(hq, kw.get("q_positions", qp), kw.get("k_positions", kp), causal=causal)
+    kd = kw.get("k_doc_ids")
+    qd = kw.get("q_doc_ids", kd)
+    kp = kw.get("k_positions", kp)
+    qp = kw.get("q_positions", kp if "k_positions" in kw and sq == sk else qp)
+    mask = pattern.build_mask(hq, qp, kp, causal=causal, q_doc_ids=qd, k_doc_ids=kd)
     kk = k.repeat_interleave(hq // hkv, 1)
     vv = v.repeat_interleave(hq // hkv, 1)
     s = (q @ kk.transpose(-1, -2)) * q.shape[-1] ** -0.5
@@ -85,6 +89,14 @@ def test_position_map():
     s = 2049
     perm = torch.randperm(s, device="cuda")
     _check(LONGNET_SMALL, s=s, hq=4, hkv=2, k_positions=perm)
+
+
+def test_packed_documents():
+    # positions restarting per document: one kernel call per document (ops._document_runs)
+    lengths = [700, 1300, 49, 1000]
+    pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()
+    _check(LONGNET_SMALL, s=sum(lengths), hq=8, hkv=2, k_positions=pos, k_doc_ids=doc)
 
 
 def test_decode_matches_reference():

@@ -52,6 +52,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="local model path (default: a tiny built-in Llama)")
+    p.add_argument("--model-preset", choices=("1b",), default=None,
+                   help="random-initialised model of a preset shape instead of --model "
+                   "(1b: Llama-3.2-1B shape, the one of examples/benchmarks/bench_model.py)")
+    p.add_argument("--loss-chunk", type=int, default=0,
+                   help="cross-entropy over N positions at a time from the final hidden states "
+                   "(the [S, vocab] logits are never whole); 0: the model's own loss")
     p.add_argument("--data", help="text/jsonl/json/parquet file or directory (default: generated)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--pattern", default=None,
@@ -73,7 +79,14 @@ def parse_args(argv=None):
     p.add_argument("--resume", default=None, help="'latest' or a checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.model and args.model_preset:
+        p.error("--model and --model-preset exclude each other")
+    if args.loss_chunk < 0:
+        p.error(f"--loss-chunk must be >= 0, got {args.loss_chunk}")
+    if args.seq_len < 2:
+        p.error(f"--seq-len must be >= 2, got {args.seq_len}")
+    return args
 
 
 # ---------------------------------------------------------------------------------- data
@@ -88,6 +101,7 @@ class ByteTokenizer:
 
 
 def generated_corpus(n_docs: int = 400, seed: int = 0) -> list:
+    """``n_docs`` short synthetic records (about 450 bytes each)."""
     rng = random.Random(seed)
     words = ("the cat dog bird sat ran flew on under over a mat log tree quickly slowly and then "
              "red blue green one two three four five").split()
@@ -98,11 +112,12 @@ def generated_corpus(n_docs: int = 400, seed: int = 0) -> list:
     return docs
 
 
-def load_texts(path, text_column):
+def load_texts(path, text_column, min_bytes: int = 0):
     import datasets
 
-    if path is None:
-        return datasets.Dataset.from_dict({text_column: generated_corpus()})
+    if path is None:  # enough records for at least two blocks of the asked length
+        n_docs = max(400, 2 * min_bytes // 300 + 1)
+        return datasets.Dataset.from_dict({text_column: generated_corpus(n_docs)})
     path = Path(path)
     files = sorted(path.iterdir()) if path.is_dir() else [path]
     kinds = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -151,10 +166,52 @@ def batch_for_step(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, 
 
 
 # ---------------------------------------------------------------------------------- model
+class CausalLMWithLoss(torch.nn.Module):
+    """The causal LM plus its loss in one module, so DDP sees the whole step.
+
+    ``loss_chunk > 0`` computes the cross-entropy from the final hidden states ``loss_chunk``
+    positions at a time (:func:`hf_hilbert_attn.evaluation.bench_model.chunked_lm_loss`): at
+    long context the full ``[S, vocab]`` float32 logits would otherwise dominate memory
+    (128K tokens x 128K vocabulary = 64 GiB). It assumes ``logits = lm_head(hidden)`` (Llama,
+    Qwen2, Mistral, GPT-2); models that scale or soft-cap logits are refused.
+    """
+
+    def __init__(self, lm, loss_chunk: int = 0):
+        super().__init__()
+        self.lm = lm
+        self.loss_chunk = int(loss_chunk)
+        cfg = lm.config
+        if self.loss_chunk and (getattr(cfg, "final_logit_softcapping", None)
+                                or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0)):
+            raise ValueError(f"--loss-chunk: {type(lm).__name__} transforms its logits "
+                             "(soft-capping or scaling); use --loss-chunk 0")
+
+    def forward(self, labels=None, shift_labels=None, num_items_in_batch=None, **inputs):
+        if not self.loss_chunk:
+            return self.lm(labels=labels, shift_labels=shift_labels,
+                           num_items_in_batch=num_items_in_batch, use_cache=False, **inputs).loss
+        from hf_hilbert_attn.evaluation.bench_model import chunked_lm_loss
+        from hf_hilbert_attn.sharding import shift_labels as shift
+
+        base = getattr(self.lm, self.lm.base_model_prefix)
+        hidden = base(use_cache=False, **inputs).last_hidden_state
+        y = shift_labels if shift_labels is not None else shift(labels)
+        return chunked_lm_loss(hidden, self.lm.get_output_embeddings().weight, y,
+                               self.loss_chunk, num_items=num_items_in_batch)
+
+
 def build_model(args, tokenizer):
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
-    if args.model:
+    if args.model_preset:
+        from hf_hilbert_attn.evaluation.bench_model import PRESETS
+
+        kw = dict(PRESETS[args.model_preset]["model"])
+        kw["vocab_size"] = max(kw["vocab_size"], tokenizer.vocab_size)
+        cfg = LlamaConfig(max_position_embeddings=max(131072, args.seq_len),
+                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **kw)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hilbert_dilated")
+    elif args.model:
         cfg = AutoConfig.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model,
                                                      attn_implementation="hilbert_dilated")
@@ -172,7 +229,7 @@ def build_model(args, tokenizer):
         pattern = DilatedPattern.from_yaml(ROOT / "configs" / "default.yaml")
     hf_hilbert_attn.configure(model, pattern)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model, pattern
 
 
@@ -216,8 +273,10 @@ def main(argv=None):
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     else:
         tokenizer = ByteTokenizer()
-    blocks = pack(load_texts(args.data, args.text_column), tokenizer, args.seq_len)
-    model, pattern = build_model(args, tokenizer)
+    need = args.seq_len * args.batch_size * topo.dp_size
+    blocks = pack(load_texts(args.data, args.text_column, need), tokenizer, args.seq_len)
+    lm, pattern = build_model(args, tokenizer)
+    model = CausalLMWithLoss(lm, args.loss_chunk)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)) if args.warmup_steps else 1.0)
@@ -243,14 +302,19 @@ def main(argv=None):
     bar = tqdm(total=args.max_steps, initial=state.step, disable=not accelerator.is_main_process,
                desc="train", unit="step")
     model.train()
-    t0, tok0 = time.perf_counter(), 0
+    cuda = accelerator.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(accelerator.device)
+    # tokens/s counts from the end of the first step of this run (planning, autotuning and
+    # allocator warm-up fall in it) once a second step exists
+    t0, tok0, first_step = time.perf_counter(), 0, state.step + 1
     while state.step < args.max_steps:
         ids = batch_for_step(blocks, state.step, topo.dp_rank, topo.dp_size, args.batch_size,
                              args.seed).to(accelerator.device)
         shard = shard_for_sequence_parallel({"input_ids": ids, "labels": ids}, topo,
                                             layout=args.layout, pattern=pattern)
         with hf_hilbert_attn.sequence_parallel(topo.group):
-            loss = reduce_loss(model(**shard).loss, topo.group)
+            loss = reduce_loss(model(**shard), topo.group)
             accelerator.backward(loss)
         if args.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -258,16 +322,24 @@ def main(argv=None):
         sched.step()
         opt.zero_grad(set_to_none=True)
         state.step += 1
-        tok0 += tokens_per_step
         mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
+        if state.step == first_step:
+            t0, tok0 = time.perf_counter(), 0
+        else:
+            tok0 += tokens_per_step
         if state.step % args.log_every == 0 or state.step == args.max_steps:
             dt = time.perf_counter() - t0
             rec = {"step": state.step, "loss": mean_loss, "lr": sched.get_last_lr()[0],
-                   "tokens_per_s": tok0 / max(dt, 1e-9)}
+                   "tokens_per_s": tok0 / dt if tok0 else None}
+            if cuda:
+                peak = torch.tensor(torch.cuda.max_memory_allocated(accelerator.device) / 2**30,
+                                    device=accelerator.device)
+                rec["peak_mem_gib_max_rank"] = accelerator.reduce(peak, reduction="max").item()
             if accelerator.is_main_process:
                 with open(log_path, "a") as f:
                     f.write(json.dumps(rec) + "\n")
-                bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+                bar.set_postfix(loss=f"{mean_loss:.4f}",
+                                tok_s=f"{rec['tokens_per_s'] or 0:.0f}")
         bar.update(1)
         if args.save_every and (state.step % args.save_every == 0 or state.step == args.max_steps):
             ckpt = out / "checkpoints" / f"step_{state.step}"
@@ -277,11 +349,11 @@ def main(argv=None):
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final = out / "final"
-        accelerator.unwrap_model(model).save_pretrained(final)
+        lm = accelerator.unwrap_model(model).lm
+        lm.save_pretrained(final)
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(final)
-        logger.info("saved %s (config.hilbert_attn = %s)", final,
-                    accelerator.unwrap_model(model).config.hilbert_attn)
+        logger.info("saved %s (config.hilbert_attn = %s)", final, lm.config.hilbert_attn)
     accelerator.end_training()
 
 

@@ -129,7 +129,7 @@ def _fwd_op(
 
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, scale)
-    plan, _ = plan_positions(a)
+    plan, _ = plan_positions(a, pattern)
     if plan is not None:
         return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
     runs = _document_runs(q, k, v, pattern, a)
@@ -169,7 +169,7 @@ def _bwd_op(
 
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, scale)
-    plan, _ = plan_positions(a)
+    plan, _ = plan_positions(a, pattern)
     if plan is not None:
         return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
     runs = _document_runs(q, k, v, pattern, a)
@@ -185,23 +185,82 @@ def _bwd_op(
                 full[sl] = part
         return dq, dk, dv
     # Anything else: differentiate the PyTorch path (same fallback as the forward).
-    from .reference import chunked_attention
-
-    with torch.enable_grad():
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        o2, l2 = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
-        outs, grads = [o2], [dout]
-        if dlse is not None:
-            outs.append(l2)
-            grads.append(dlse)
-        dq, dk, dv = torch.autograd.grad(outs, (qq, kk, vv), grads, allow_unused=True)
-    return tuple(torch.zeros_like(t) if g is None else g.contiguous()
-                 for g, t in ((dq, q), (dk, k), (dv, v)))
+    return _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
 
 
 @_bwd_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
+    """(dq, dk, dv) on the PyTorch path, for a call whose rows were merged into ``(out, lse)``.
+
+    ``(out, lse)`` may be this call's own result or the merge of several calls over disjoint
+    key sets (ring attention). The call is recomputed as ``(o_b, lse_b)`` and differentiated
+    with ``grad(o_b) = c·dout`` and ``grad(lse_b) = c·(dout·o_b - dout·out + dlse)``, where
+    ``c = exp(lse_b - lse)`` is the share of this call in the merge (1 for its own result).
+    That is FlashAttention's ``dS = P ∘ (dP - delta)`` with the merged probabilities, the same
+    gradient the Triton backward computes from ``(out, lse)``.
+    """
+    from .reference import chunked_attention
+
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    with torch.enable_grad():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        o_b, l_b = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
+        lse_m = lse.to(acc)
+        ref = torch.where(torch.isneginf(lse_m), torch.zeros_like(lse_m), lse_m)
+        c = torch.exp(l_b.detach().to(acc) - ref)  # 0 on rows this call has no key for
+        do = dout.to(acc)
+        delta = (do * out.to(acc)).sum(-1)
+        if dlse is not None:
+            delta = delta - dlse.to(acc)
+        g_o = (do * c.unsqueeze(-1)).to(o_b.dtype)
+        g_l = c * ((do * o_b.detach().to(acc)).sum(-1) - delta)
+        dq, dk, dv = torch.autograd.grad((o_b, l_b), (qq, kk, vv), (g_o, g_l.to(l_b.dtype)),
+                                         allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g.contiguous()
+                 for g, t in ((dq, q), (dk, k), (dv, v)))
+
+
+def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern, *, dlse=None,
+                               causal: bool = True, scale: Optional[float] = None,
+                               q_positions=None, k_positions=None, q_doc_ids=None,
+                               k_doc_ids=None, backend: str = "auto"):
+    """Gradients of one piece of an attention split over disjoint key sets.
+
+    Ring attention computes a query's attention as several calls of :func:`dilated_attention`
+    (one per key block) merged through their log-sum-exps. Given the *merged* ``out`` and
+    ``lse`` of these rows, this returns the gradient of the merged output with respect to this
+    call's ``q``, ``k``, ``v`` — without recomputing the forward on the Triton path (the
+    backward kernels take ``(out, lse)`` as they are). Summing ``dq`` over the pieces gives the
+    full ``dq``. With the call's own ``(out, lse)`` it is the ordinary backward.
+
+    Args:
+        dout: ``[B, Hq, Sq, D]`` gradient of the merged output; ``dlse`` ``[B, Hq, Sq]`` that of
+            the merged lse (None: 0).
+        q, k, v, pattern, causal, scale, positions, doc ids, backend: as in
+            :func:`dilated_attention` for this piece.
+        out, lse: the merged output and float32 lse of these query rows.
+
+    Returns:
+        ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+    lse = lse.float()
+    if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
+        qp = None if a.natural_positions else a.q_positions
+        kp = None if a.natural_positions else a.k_positions
+        return torch.ops.hf_hilbert_attn.dilated_attention_bwd(
+            dout.contiguous(), None if dlse is None else dlse.float().contiguous(), q, k, v,
+            out.contiguous(), lse.contiguous(), qp, kp, a.q_doc_ids, a.k_doc_ids,
+            list(pattern.segment_lengths), list(pattern.dilation_rates), pattern.query_dilation,
+            bool(causal), float(a.scale))
+    return _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
 
 
 def _setup_context(ctx, inputs, output):
@@ -263,7 +322,7 @@ def _document_runs(q, k, v, pattern, a):
             sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
                                pattern, scale=a.scale, q_positions=positions,
                                k_positions=positions)
-            plan, _ = plan_positions(sub)
+            plan, _ = plan_positions(sub, pattern)
             if plan is None or len(runs) >= MAX_DOCUMENT_RUNS:
                 return None
             runs.append((b, lo, hi, plan))

@@ -23,28 +23,21 @@ How it works
    send or receive costs nothing. Unsent entries of a received block are zero and are never
    attended (the plan is a superset of the allowed pairs), so each block is an ordinary call of
    ``dilated_attention`` with the block's true key positions.
-4. **Merge.** Per-step ``(out_b, lse_b)`` are merged in float32:
-   ``lse = logaddexp(lse, lse_b)``, ``out = Σ_b exp(lse_b - lse) · out_b``. Each key lives on
-   exactly one rank, so the union rule of DESIGN §1 (a key counts once) holds across steps.
-5. **Backward** (custom autograd Function) re-sends K/V with the same plan, recomputes each
-   step's block and sends the block's dK/dV (float32) back to the rank owning those keys.
-
-Backward math. For block ``b`` with recomputed ``(o_b, lse_b)`` and the final ``(out, lse)``::
-
-    out   = Σ_b c_b · o_b,   c_b = exp(lse_b - lse),   lse = logsumexp_b lse_b
-    ∂out/∂o_b   = c_b
-    ∂out/∂lse_b = c_b · (o_b - out)        (since ∂lse/∂lse_b = c_b)
-
-so with ``dout`` (and ``dlse`` when the caller uses the returned lse) the block's inputs get
-their exact gradient by back-propagating through ``dilated_attention(q, k_b, v_b,
-return_lse=True)`` with::
-
-    grad(o_b)   = c_b · dout
-    grad(lse_b) = c_b · (dout·o_b - dout·out + dlse)
-
-This is FlashAttention's ``dS = P ∘ (dP - delta)`` with ``P`` the *final* probabilities
-``c_b · P_b`` and ``delta = rowsum(dout ∘ out)``: the op's backward must propagate the lse
-gradient (``dS += P_b ∘ grad(lse_b)``), which every path of ``dilated_attention`` does.
+4. **Pieces.** Each step is computed as a few ``dilated_attention`` calls ("pieces", planned
+   once with the send plan): the shard's queries are split into runs of consecutive positions,
+   and so are the local keys, so a contiguous or zigzag shard runs the kernels without position
+   tables and skips run pairs no segment joins; a received block is one call per query run its
+   key range can reach.
+5. **Merge.** Per-piece ``(out_b, lse_b)`` are merged in float32 where a query run gets several
+   pieces (``lse = logaddexp(lse, lse_b)``, ``out = Σ_b exp(lse_b - lse) · out_b``); a run with
+   one piece takes it as it is. Each key lives on exactly one rank, so the union rule of
+   DESIGN §1 (a key counts once) holds across steps.
+6. **Backward** (custom autograd Function) re-sends K/V with the same plan and computes each
+   piece's gradient from the *merged* ``(out, lse)``
+   (:func:`~hf_hilbert_attn.ops.dilated_attention_backward`: FlashAttention's
+   ``dS = P ∘ (dP - delta)`` with the final probabilities, no forward recomputation on the
+   Triton path), then sends each received block's dK/dV (float32) back to the rank owning
+   those keys.
 """
 
 from __future__ import annotations
@@ -382,6 +375,95 @@ def _neg_inf_safe(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(x), torch.zeros_like(x), x)
 
 
+# ---------------------------------------------------------------------------------- pieces
+MAX_RUNS = 16  # more runs of consecutive positions than this: one mapped call per block
+
+
+def _runs(pos: torch.Tensor):
+    """Maximal storage ranges of consecutive positions ``[(lo, hi, first position)]`` when every
+    batch row has the same positions and there are at most ``MAX_RUNS``; else None."""
+    if pos.shape[1] == 0:
+        return []
+    if pos.shape[0] > 1 and not bool((pos == pos[:1]).all()):
+        return None
+    p = pos[0]
+    cuts = (torch.nonzero(p[1:] != p[:-1] + 1).flatten() + 1).tolist()
+    if len(cuts) + 1 > MAX_RUNS:
+        return None
+    bounds = [0] + cuts + [p.numel()]
+    first = p[torch.tensor(bounds[:-1], device=p.device)].tolist()
+    return [(lo, hi, f) for lo, hi, f in zip(bounds[:-1], bounds[1:], first)]
+
+
+def _interacts(pattern: DilatedPattern, causal: bool, q_rng, k_rng) -> bool:
+    """Whether some config's segment holds positions of both ranges ``[lo, hi]`` (and, causal,
+    some key is not after some query): a superset test, so no allowed pair is dropped."""
+    (qa, qb), (ka, kb) = q_rng, k_rng
+    if causal and ka > qb:
+        return False
+    return any(max(qa // w, ka // w) <= min(qb // w, kb // w) for w in pattern.segment_lengths)
+
+
+@dataclass
+class _Piece:
+    """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` against key rows
+    ``[ks, ke)`` of the step's block."""
+
+    qs: int
+    qe: int
+    ks: int
+    ke: int
+    run: int  # index of the query run (accumulator slot)
+
+
+def _plan_pieces(pattern, causal, plan: RingPlan, q_pos, k_pos):
+    """Pieces of every step and how many pieces write each query run.
+
+    Query rows are split into runs of consecutive positions; the local block (step 0) is split
+    into key runs too, so a contiguous or zigzag shard runs the kernels on consecutive
+    positions (no position table, no masks beyond the pattern's) and skips run pairs that no
+    segment joins. A received block (rows chosen by the send plan) stays one call per query
+    run whose positions its key range can reach.
+    """
+    sq = q_pos.shape[1]
+    qruns = _runs(q_pos) or [(0, sq, None)]
+    qrng = []
+    for lo, hi, first in qruns:
+        if first is not None:
+            qrng.append((first, first + hi - lo - 1))
+        else:
+            qrng.append((int(q_pos[:, lo:hi].min()), int(q_pos[:, lo:hi].max())) if hi > lo
+                        else (0, -1))
+    pieces = []
+    kruns = _runs(k_pos)
+    if kruns is None:
+        kruns = [(0, k_pos.shape[1], None)]
+    local = []
+    for lo, hi, first in kruns:
+        if hi <= lo:
+            continue
+        krng = ((first, first + hi - lo - 1) if first is not None
+                else (int(k_pos[:, lo:hi].min()), int(k_pos[:, lo:hi].max())))
+        for i, (qlo, qhi, _) in enumerate(qruns):
+            if qhi > qlo and _interacts(pattern, causal, qrng[i], krng):
+                local.append(_Piece(qlo, qhi, lo, hi, i))
+    pieces.append(local)
+    for st in plan.steps:
+        step = []
+        if st.n_recv:
+            kp = st.recv_kpos
+            krng = (int(kp.min()), int(kp.max()))
+            for i, (qlo, qhi, _) in enumerate(qruns):
+                if qhi > qlo and _interacts(pattern, causal, qrng[i], krng):
+                    step.append(_Piece(qlo, qhi, 0, kp.shape[1], i))
+        pieces.append(step)
+    writes = [0] * len(qruns)
+    for step in pieces:
+        for pc in step:
+            writes[pc.run] += 1
+    return pieces, qruns, writes
+
+
 @dataclass
 class _Ctx:
     pattern: DilatedPattern
@@ -394,6 +476,9 @@ class _Ctx:
     q_doc: Optional[torch.Tensor]
     k_doc: Optional[torch.Tensor]
     backend: str
+    pieces: list  # per step: [_Piece]
+    qruns: list  # [(lo, hi, first position or None)]
+    writes: list  # pieces per query run
 
 
 def _block_inputs(ctx: _Ctx, xchg: _KVExchange, j: int, k, v):
@@ -407,89 +492,133 @@ def _block_inputs(ctx: _Ctx, xchg: _KVExchange, j: int, k, v):
     return blk[0], blk[1], st.recv_kpos, st.recv_kdoc
 
 
-def _attend(ctx: _Ctx, q, kb, vb, kpos, kdoc):
-    return dilated_attention(q, kb, vb, ctx.pattern, causal=ctx.causal, scale=ctx.scale,
-                             q_positions=ctx.q_pos, k_positions=kpos,
-                             q_doc_ids=None if kdoc is None else ctx.q_doc, k_doc_ids=kdoc,
-                             return_lse=True, backend=ctx.backend)
+def _piece_args(ctx: _Ctx, pc: _Piece, kpos, kdoc):
+    rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+    return dict(pattern=ctx.pattern, causal=ctx.causal, scale=ctx.scale,
+                q_positions=ctx.q_pos[:, rq], k_positions=kpos[:, rk],
+                q_doc_ids=None if kdoc is None else ctx.q_doc[:, rq],
+                k_doc_ids=None if kdoc is None else kdoc[:, rk], backend=ctx.backend)
 
 
 def _ring_forward(ctx: _Ctx, q, k, v):
-    """Merged ``(out [B, Hq, Sq, Dv] in q.dtype, lse [B, Hq, Sq] float32)``."""
+    """Merged ``(out [B, Hq, Sq, Dv] in q.dtype, lse [B, Hq, Sq] float32)``.
+
+    A query run written by one piece takes it as it is; runs written by several merge in float32
+    buffers of their own rows only. Rows no piece reaches keep ``out = 0, lse = -inf``.
+    """
     world = ctx.plan.world
     acc_dtype = _acc_dtype(q)
+    out = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    accs = {}  # run -> (acc, lse) float32 of its rows
     xchg = _KVExchange(k, v, ctx.plan, ctx.group)
     xchg.post(1)
-    acc = lse = None
     for j in range(world):
         xchg.post(j + 1)  # next step's transfer runs while this step computes
         blk = _block_inputs(ctx, xchg, j, k, v)
         if blk is None:
             continue
-        out_b, lse_b = _attend(ctx, q, *blk)
-        out_b, lse_b = out_b.to(acc_dtype), lse_b.to(acc_dtype)
-        if acc is None:
-            acc, lse = out_b, lse_b
-            continue
-        new = torch.logaddexp(lse, lse_b)
-        ref = _neg_inf_safe(new)
-        acc = (acc * torch.exp(lse - ref).unsqueeze(-1)
-               + out_b * torch.exp(lse_b - ref).unsqueeze(-1))
-        lse = new
-    return acc.to(q.dtype), lse
+        kb, vb, kpos, kdoc = blk
+        for pc in ctx.pieces[j]:
+            o_b, l_b = dilated_attention(q[:, :, pc.qs:pc.qe], kb[:, :, pc.ks:pc.ke],
+                                         vb[:, :, pc.ks:pc.ke], return_lse=True,
+                                         **_piece_args(ctx, pc, kpos, kdoc))
+            if ctx.writes[pc.run] == 1:
+                out[:, :, pc.qs:pc.qe] = o_b
+                lse[:, :, pc.qs:pc.qe] = l_b
+                continue
+            o_b, l_b = o_b.to(acc_dtype), l_b.to(acc_dtype)
+            if pc.run not in accs:
+                accs[pc.run] = (o_b, l_b)
+                continue
+            acc, m = accs[pc.run]
+            new = torch.logaddexp(m, l_b)
+            ref = _neg_inf_safe(new)
+            accs[pc.run] = (acc * torch.exp(m - ref).unsqueeze(-1)
+                            + o_b * torch.exp(l_b - ref).unsqueeze(-1), new)
+    for run, (acc, m) in accs.items():
+        lo, hi, _ = ctx.qruns[run]
+        out[:, :, lo:hi] = acc.to(q.dtype)
+        lse[:, :, lo:hi] = m.to(torch.float32)
+    return out, lse
 
 
 def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
-    """``(dq, dk, dv)`` of the ring forward; see the module docstring for the math."""
+    """``(dq, dk, dv)`` of the ring forward: each piece's gradient from the merged
+    ``(out, lse)`` (:func:`~hf_hilbert_attn.ops.dilated_attention_backward`), summed."""
+    from .ops import dilated_attention_backward
+
     world = ctx.plan.world
     acc = _acc_dtype(q)
-    dout32 = dout.to(acc)
-    delta = (dout32 * out.to(acc)).sum(-1)  # [B, Hq, Sq]
-    if dlse is not None:
-        delta = delta - dlse.to(acc)
-    ref = _neg_inf_safe(lse)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
-    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    dq = torch.zeros_like(q)
+    dq_acc = {}  # run -> float32 dq of its rows (runs with several pieces)
+    remote_grads = any(st.n_send for st in ctx.plan.steps)
+    local_cover = torch.zeros(k.shape[2], dtype=torch.int32)
+    for pc in ctx.pieces[0]:
+        local_cover[pc.ks:pc.ke] += 1
+    # dK/dV straight in the input dtype when every key row gets at most one local piece and
+    # nothing comes back from other ranks; else float32 accumulators
+    direct_kv = not remote_grads and (local_cover.numel() == 0 or int(local_cover.max()) <= 1)
+    kv_dtype = k.dtype if direct_kv else acc
+    dk = torch.zeros(k.shape, dtype=kv_dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=kv_dtype, device=v.device)
     xchg = _KVExchange(k, v, ctx.plan, ctx.group)
     xchg.post(1)
     grads_in = []  # (works, dk_in, dv_in, step, keep-alive)
     for j in range(world):
         xchg.post(j + 1)
         blk = _block_inputs(ctx, xchg, j, k, v)
-        gk = gv = None
+        gk_blk = gv_blk = None
         if blk is not None:
             kb, vb, kpos, kdoc = blk
-            with torch.enable_grad():
-                qd = q.detach().requires_grad_(True)
-                kd = kb.detach().requires_grad_(True)
-                vd = vb.detach().requires_grad_(True)
-                o_b, lse_b = _attend(ctx, qd, kd, vd, kpos, kdoc)
-                c = torch.exp(lse_b.detach().to(acc) - ref)  # [B, Hq, Sq]; 0 on empty rows
-                g_o = (dout32 * c.unsqueeze(-1)).to(o_b.dtype)
-                g_l = c * ((dout32 * o_b.detach().to(acc)).sum(-1) - delta)
-                gq, gk, gv = torch.autograd.grad((o_b, lse_b), (qd, kd, vd),
-                                                 (g_o, g_l.to(lse_b.dtype)))
-            dq += gq.to(acc)
+            for pc in ctx.pieces[j]:
+                rq = slice(pc.qs, pc.qe)
+                gq, gk, gv = dilated_attention_backward(
+                    dout[:, :, rq], q[:, :, rq], kb[:, :, pc.ks:pc.ke], vb[:, :, pc.ks:pc.ke],
+                    out[:, :, rq], lse[:, :, rq],
+                    dlse=None if dlse is None else dlse[:, :, rq],
+                    **_piece_args(ctx, pc, kpos, kdoc))
+                if ctx.writes[pc.run] == 1:
+                    dq[:, :, rq] = gq
+                elif pc.run in dq_acc:
+                    dq_acc[pc.run] += gq.to(acc)
+                else:
+                    dq_acc[pc.run] = gq.to(acc)
+                if j == 0:
+                    if direct_kv:
+                        dk[:, :, pc.ks:pc.ke] = gk
+                        dv[:, :, pc.ks:pc.ke] = gv
+                    else:
+                        dk[:, :, pc.ks:pc.ke] += gk.to(acc)
+                        dv[:, :, pc.ks:pc.ke] += gv.to(acc)
+                    continue
+                if gk_blk is None:
+                    gk_blk = torch.zeros(kb.shape, dtype=acc, device=kb.device)
+                    gv_blk = torch.zeros(vb.shape, dtype=acc, device=vb.device)
+                gk_blk[:, :, pc.ks:pc.ke] += gk.to(acc)
+                gv_blk[:, :, pc.ks:pc.ke] += gv.to(acc)
         if j == 0:
-            if gk is not None:
-                dk += gk.to(acc)
-                dv += gv.to(acc)
             continue
         # Send this block's dK/dV to the rank owning those keys and receive ours from dst, in
         # the same step on every rank, so each pair of ranks posts its ops in the same order
         # (NCCL matches point-to-point ops by order, not by tag).
         st = ctx.plan.steps[j - 1]
         sends = []
-        if gk is not None:
-            sends = [(_entries_of_block(gk.to(acc), st), st.src, 4 * j + 2),
-                     (_entries_of_block(gv.to(acc), st), st.src, 4 * j + 3)]
+        if blk is not None:
+            if gk_blk is None:  # received keys no piece reached: their gradient is 0
+                gk_blk = torch.zeros(blk[0].shape, dtype=acc, device=k.device)
+                gv_blk = torch.zeros(blk[1].shape, dtype=acc, device=k.device)
+            sends = [(_entries_of_block(gk_blk, st), st.src, 4 * j + 2),
+                     (_entries_of_block(gv_blk, st), st.src, 4 * j + 3)]
         grads_in.append(_post_grad_recv(st, j, k, v, sends, ctx.group))
         if len(grads_in) > 1:  # keep at most two steps of gradient buffers alive
             _add_grads(dk, dv, grads_in.pop(0))
     for entry in grads_in:
         _add_grads(dk, dv, entry)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    for run, g in dq_acc.items():
+        lo, hi, _ = ctx.qruns[run]
+        dq[:, :, lo:hi] = g.to(q.dtype)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _add_grads(dk, dv, entry):
@@ -622,7 +751,10 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         plan = plan_ring(pattern, hq, hkv, causal, rank, all_qp, all_kp, all_kd)
         _PLAN_CACHE.clear()
         _PLAN_CACHE.update(key=key, inputs=(qp.clone(), kp.clone(),
-                                            None if kd is None else kd.clone()), plan=plan)
-    ctx = _Ctx(pattern, causal, scale, group, plan, qp, kp, qd, kd, backend)
+                                            None if kd is None else kd.clone()), plan=plan,
+                           pieces=_plan_pieces(pattern, causal, plan, qp, kp))
+    pieces, qruns, writes = _PLAN_CACHE["pieces"]
+    ctx = _Ctx(pattern, causal, scale, group, plan, qp, kp, qd, kd, backend, pieces, qruns,
+               writes)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse) if return_lse else out

@@ -150,3 +150,24 @@ def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path):
     assert sorted(p.name for p in (part / "checkpoints").iterdir()) == ["step_2", "step_4"]
     cfg = json.loads((part / "final" / "config.json").read_text())
     assert cfg["hilbert_attn"]["segment_lengths"] == [16, 64, 128], cfg.get("hilbert_attn")
+
+
+def test_finetune_chunked_loss_matches_model_loss(tmp_path):
+    """--loss-chunk (CE from hidden states, chunk by chunk) gives the model's own loss, alone
+    and under sequence parallelism (each shard divides by the whole sequence's label count)."""
+    (tmp_path / "p.yaml").write_text(PATTERN_YAML)
+    one = _run([sys.executable, *_args(tmp_path, tmp_path / "one", 3)], tmp_path / "one")
+    chunked = _run([sys.executable, *_args(tmp_path, tmp_path / "c1", 3, "--loss-chunk", "13")],
+                   tmp_path / "c1")
+    assert chunked == pytest.approx(one, rel=1e-5), (chunked, one)
+    sp = _run([*_torchrun(2), *_args(tmp_path, tmp_path / "c2", 3, "--loss-chunk", "13",
+                                     "--layout", "zigzag")], tmp_path / "c2")
+    assert sp == pytest.approx(one, rel=1e-5), (sp, one)
+
+
+def test_finetune_rejects_bad_arguments(tmp_path):
+    for extra, msg in ((["--loss-chunk", "-1"], "--loss-chunk must be >= 0"),
+                       (["--model", "x", "--model-preset", "1b"], "exclude each other")):
+        proc = subprocess.run([sys.executable, "examples/finetune.py", *extra], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and msg in proc.stderr, proc.stderr

@@ -118,10 +118,40 @@ def test_padding_doc_ids():
     _run(PAT, sq=s, q_doc_ids=doc, k_doc_ids=doc)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_consecutive_positions_at_offsets(causal):
+    # queries and keys each at consecutive positions from their own start (a ring shard's
+    # runs): natural plans with query and key offsets, positions relative to a base that is a
+    # multiple of every segment length (here 96 = lcm(8, 16, 32)·3 below the smallest position)
+    pat = DilatedPattern([8, 16, 32], [1, 2, 4])
+    for qa, ka, sq, sk in ((101, 70, 37, 50), (64, 64, 29, 29), (96, 130, 41, 23)):
+        qp, kp = torch.arange(qa, qa + sq, device=DEV), torch.arange(ka, ka + sk, device=DEV)
+        q = torch.zeros(1, 4, sq, 16, device=DEV)
+        k = torch.zeros(1, 2, sk, 16, device=DEV)
+        plan, _ = plan_positions(check_inputs(q, k, k, pat, q_positions=qp, k_positions=kp), pat)
+        assert not plan.mapped and plan.base == min(qa, ka) // 32 * 32
+        assert (plan.qoff, plan.koff) == (qa - plan.base, ka - plan.base)
+        _run(pat, sq=sq, sk=sk, causal=causal, q_positions=qp, k_positions=kp)
+
+
+def test_mapped_positions_far_from_zero():
+    # a shuffled shard at positions 4096.. : the position table covers only the positions in
+    # use (relative to the base); before, 4096 positions of table for 40 tokens were refused
+    pat = DilatedPattern([8, 16, 32], [1, 2, 4])
+    g = torch.Generator().manual_seed(0)
+    pos = (4096 + torch.randperm(40, generator=g)).to(DEV)
+    q = torch.zeros(1, 4, 40, 16, device=DEV)
+    plan, why = plan_positions(check_inputs(q, q, q, pat, k_positions=pos), pat)
+    assert plan is not None and plan.mapped and plan.base == 4096, why
+    assert plan.kinv.shape[-1] == 40
+    _run(pat, sq=40, k_positions=pos)
+
+
 def test_packed_documents_run_per_document(monkeypatch):
     # positions restart per document: no single position map, so the op calls the kernels once
     # per document. Row 0: docs of 15 and 25 tokens; row 1: a continuation chunk starting at
-    # position 30 (mapped positions), a 12-token doc, then padding.
+    # position 30 (consecutive positions from 30: natural loads with an offset), a 12-token
+    # doc, then padding.
     from hf_hilbert_attn import ops
 
     s = 40
@@ -134,7 +164,7 @@ def test_packed_documents_run_per_document(monkeypatch):
     assert plan is None and "repeats" in why
     runs = ops._document_runs(q, q, q, PAT, a)
     assert [(b, lo, hi, p.mapped) for b, lo, hi, p in runs] == [
-        (0, 0, 15, False), (0, 15, 40, False), (1, 0, 23, True), (1, 23, 35, False)]
+        (0, 0, 15, False), (0, 15, 40, False), (1, 0, 23, False), (1, 23, 35, False)]
     calls = []
     real = ops._document_runs
     monkeypatch.setattr(ops, "_document_runs", lambda *x: calls.append(1) or real(*x))

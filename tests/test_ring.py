@@ -83,28 +83,31 @@ def _check_case(rank, world, c, group):
     full_doc = torch.cat([docs if docs is not None else torch.zeros(s, dtype=torch.int64),
                           torch.full((pad_n,), -1)])
 
+    dtype, atol = c.get("dtype", torch.float64), c.get("atol", ATOL)
+
     def shard(x):
         x = torch.cat([x.detach(), x.new_zeros(*x.shape[:2], pad_n, x.shape[-1])], dim=2)
-        return x[:, :, idx].clone().requires_grad_()
+        return x[:, :, idx].to(dtype).clone().requires_grad_()
 
     ql, kl, vl = shard(q), shard(k), shard(v)
     use_docs = docs is not None or pad_n > 0
     out, lse = ring_attention(ql, kl, vl, pat, group=group, q_positions=full_pos[idx],
                               k_positions=full_pos[idx], causal=causal,
                               q_doc_ids=full_doc[idx] if use_docs else None,
-                              k_doc_ids=full_doc[idx] if use_docs else None, return_lse=True)
+                              k_doc_ids=full_doc[idx] if use_docs else None, return_lse=True,
+                              backend=c.get("backend", "auto"))
     ridx = idx[real]
     what = f"rank {rank}/{world} case {c}"
-    torch.testing.assert_close(out[:, :, real], ref.detach()[:, :, ridx], atol=ATOL, rtol=0,
-                               msg=lambda m: f"out not close (atol {ATOL}); {what}\n{m}")
+    torch.testing.assert_close(out[:, :, real].double(), ref.detach()[:, :, ridx], atol=atol,
+                               rtol=0, msg=lambda m: f"out not close (atol {atol}); {what}\n{m}")
     lse_r = lse[:, :, real]
     assert torch.equal(torch.isfinite(lse_r), finite[:, :, ridx]), f"empty rows differ; {what}"
     torch.testing.assert_close(torch.where(torch.isfinite(lse_r), lse_r, 0),
                                torch.where(finite, ref_lse, 0).detach()[:, :, ridx].to(lse.dtype),
-                               atol=ATOL, rtol=0, msg=lambda m: f"lse not close; {what}\n{m}")
+                               atol=atol, rtol=0, msg=lambda m: f"lse not close; {what}\n{m}")
     # gradients: through out only, then through out and lse together
-    dout_l = torch.cat([dout, dout.new_zeros(b, hq, pad_n, d)], 2)[:, :, idx]
-    dlse_l = torch.cat([dlse, dlse.new_zeros(b, hq, pad_n)], 2)[:, :, idx]
+    dout_l = torch.cat([dout, dout.new_zeros(b, hq, pad_n, d)], 2)[:, :, idx].to(dtype)
+    dlse_l = torch.cat([dlse, dlse.new_zeros(b, hq, pad_n)], 2)[:, :, idx].to(lse.dtype)
     for name, loss, want in (
         ("d(out)", (out * dout_l).sum(), (gq, gk, gv)),
         ("d(lse)", torch.where(torch.isfinite(lse), lse * dlse_l, 0).sum(), (gq_l, gk_l, gv_l)),
@@ -112,8 +115,8 @@ def _check_case(rank, world, c, group):
         got = torch.autograd.grad(loss, (ql, kl, vl), retain_graph=True)
         for tname, gt, wt in zip(("dq", "dk", "dv"), got, want):
             torch.testing.assert_close(
-                gt[:, :, real], wt[:, :, ridx], atol=ATOL, rtol=0,
-                msg=lambda m: f"{tname} of {name} not close (atol {ATOL}); {what}\n{m}")
+                gt[:, :, real].double(), wt[:, :, ridx], atol=atol, rtol=0,
+                msg=lambda m: f"{tname} of {name} not close (atol {atol}); {what}\n{m}")
     return float((out[:, :, real] - ref.detach()[:, :, ridx]).abs().max())
 
 
@@ -121,6 +124,24 @@ def _worker_cases(rank, world, seeds):
     import torch.distributed as dist
 
     return [_check_case(rank, world, _case(sd, world), dist.group.WORLD) for sd in seeds]
+
+
+def _worker_triton(rank, world, layouts):
+    """The ring over the Triton kernels (interpreter on CPU, float32): query and key runs at
+    offsets (contiguous, zigzag), remote pieces through position tables, GQA, both modes."""
+    import torch.distributed as dist
+
+    from hf_hilbert_attn import kernels
+
+    kernels.BLOCK_OVERRIDE = (16, 16)
+    out = []
+    for i, layout in enumerate(layouts):
+        mode = "per_head" if i % 2 == 0 else "all"
+        c = dict(pattern=DilatedPattern([8, 16, 32], [1, 2, 4], query_dilation=mode),
+                 s=70 + 2 * world, hq=4, hkv=2, d=16, b=1, causal=i < 2, layout=layout,
+                 docs=False, seed=1000 + i, dtype=torch.float32, backend="triton", atol=2e-4)
+        out.append(_check_case(rank, world, c, dist.group.WORLD))
+    return out
 
 
 def _worker_local_only(rank, world):
@@ -155,6 +176,11 @@ def test_ring_matches_reference(world):
     base = random.randrange(10**6)
     seeds = [base + i for i in range(6 if world == 2 else 4)]
     run_distributed(_worker_cases, world, seeds, timeout=240)
+
+
+def test_ring_through_triton_kernels():
+    run_distributed(_worker_triton, 2, ["contiguous", "zigzag", "zigzag", "contiguous"],
+                    timeout=300)
 
 
 def test_ring_local_only_is_exact():

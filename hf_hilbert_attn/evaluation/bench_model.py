@@ -86,7 +86,7 @@ def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype
 
 
 def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                    chunk: int = 2048) -> torch.Tensor:
+                    chunk: int = 2048, num_items=None) -> torch.Tensor:
     """Mean next-token cross-entropy from hidden states, ``chunk`` positions at a time.
 
     Args:
@@ -96,15 +96,17 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
             -100 = ignored).
         chunk: positions per chunk; each chunk's ``[chunk, V]`` logits live only inside it
             (recomputed in backward by activation checkpointing).
+        num_items: divide the summed loss by this instead of the number of non-ignored labels
+            here (a sequence-parallel shard divides by the count over the whole sequence).
 
     Returns:
-        The scalar mean loss over non-ignored labels (float32).
+        The scalar mean loss over non-ignored labels (float32), or ``sum / num_items``.
     """
     from torch.utils.checkpoint import checkpoint
 
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
-    n = (y != -100).sum().clamp(min=1)
+    n = (y != -100).sum().clamp(min=1) if num_items is None else num_items
 
     acc = torch.promote_types(hidden.dtype, torch.float32)  # bf16 logits → float32 softmax
 

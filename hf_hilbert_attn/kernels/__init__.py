@@ -101,11 +101,23 @@ def _union_args(prio, plan, device):
     n_earlier = len(prio) - 1
     if n_earlier == 0 or n_earlier > 4 or os.environ.get("HF_HILBERT_UNION") == "loop":
         return _dummy(device), 1, 0
-    return union_keys(prio, plan.size, device), plan.size, n_earlier
+    size = -(-plan.size // (1 << 16)) << 16  # rounded up: one cached table serves many calls
+    return union_keys(prio, size, device), size, n_earlier
 
 
 def _prep(t):
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _dense(t) -> bool:
+    """Whether ``t`` fills its memory without gaps (any dim order), so ``empty_like(t)`` has
+    the same strides: the backward writes dq/dk/dv with the strides of q/k/v."""
+    expected = 1
+    for st, sz in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if st != expected:
+            return False
+        expected *= sz
+    return True
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan):
@@ -148,7 +160,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
                 acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
                 sqi, ski, sqd, skd,
-                scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
+                scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
                 plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(li == 0),
                 int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
@@ -162,6 +174,9 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 plan: PositionPlan):
     """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None."""
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
+    # a slice of a longer sequence (ring pieces) is copied: dq/dk/dv are written with q/k/v's
+    # strides
+    q, k, v = (t if _dense(t) else t.contiguous() for t in (q, k, v))
     B, HQ, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     dev = q.device
@@ -205,7 +220,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t, keys, psz,
             *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
             sqi, ski, sqd, skd, SQ,
-            scale, scale * LOG2E, HKV, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
+            scale, scale * LOG2E, HKV, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
             plan.khi, kseg0, knblk, w, r, npri, int(first), int(last), BM=kBM, BN=kBN,
             num_warps=kwarps, num_stages=kstages, **common,
         )
@@ -216,7 +231,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             q, k, v, do, lse, delta, dq, dqacc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
             *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
             sqi, ski, sqd, skd, SQ,
-            scale, scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.qlo, plan.qhi, plan.klo,
+            scale, scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
             plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(first), int(last), BM=BM, BN=BN,
             num_warps=warps, num_stages=stages, **common,
         )
@@ -264,7 +279,7 @@ def triton_dilated_attention(q, k, v, pattern, a, *, causal: bool = True,
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for q, k and v, got "
                          f"{q.shape[-1]} and {v.shape[-1]}")
     if plan is None:
-        plan, why = plan_positions(a)
+        plan, why = plan_positions(a, pattern)
         if plan is None:
             raise ValueError(f"the Triton kernels cannot take these positions: {why}")
     return _DilatedAttnFn.apply(q, k, v, pattern, float(a.scale), bool(causal), plan)

@@ -163,7 +163,7 @@ def _dq_kernel(
     QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sqinv, skinv, sqdoc, skdoc, SQ,
-    scale, scale_log2, HQ, GROUP, QOFF, QLO, QHI, KLO, KHI,
+    scale, scale_log2, HQ, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -224,6 +224,11 @@ def _dq_kernel(
 
     k_base = K + b64 * skb + hk.to(tl.int64) * skh
     v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    KDOC_T = KDOC
+    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
+        k_base = k_base - KOFF.to(tl.int64) * sks
+        v_base = v_base - KOFF.to(tl.int64) * svs
+        KDOC_T = KDOC - KOFF
     dq = tl.zeros([BM, D], tl.float32)
     ca, cb, mixed = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
@@ -243,29 +248,29 @@ def _dq_kernel(
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     else:
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     dq = dq * scale
@@ -286,7 +291,7 @@ def _dkdv_kernel(
     QINV, KINV, QDOC, KDOC, CFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sqinv, skinv, sqdoc, skdoc, SQ,
-    scale, scale_log2, HKV, GROUP, QOFF, QLO, QHI, KLO, KHI,
+    scale, scale_log2, HKV, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
     SEG0, NBLK, W, R, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -314,7 +319,7 @@ def _dkdv_kernel(
         kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
         col_ok = col_ok & (kidx >= 0)
     else:
-        kidx = pk
+        kidx = pk - KOFF
     kidx = tl.where(col_ok, kidx, 0)
     k64 = kidx.to(tl.int64)
     offs_d = tl.arange(0, D)

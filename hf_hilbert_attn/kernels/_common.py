@@ -16,7 +16,7 @@ import triton.language as tl
 
 # Scalar arguments that change with the pattern, the config or the positions: not specialised
 # (Triton would otherwise compile a variant per value == 1 / divisible by 16).
-_NO_SPEC = ["HQ", "HOFF", "HCH", "HKV", "GROUP", "SQ", "QOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
+_NO_SPEC = ["HQ", "HOFF", "HCH", "HKV", "GROUP", "SQ", "QOFF", "KOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
             "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST", "PSZ"]
 
 

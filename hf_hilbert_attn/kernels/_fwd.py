@@ -86,7 +86,7 @@ def _fwd_kernel(
     QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
     sqinv, skinv, sqdoc, skdoc,
-    scale_log2, HOFF, HCH, GROUP, QOFF, QLO, QHI, KLO, KHI,
+    scale_log2, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -143,6 +143,11 @@ def _fwd_kernel(
 
     k_base = K + b64 * skb + hk.to(tl.int64) * skh
     v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    KDOC_T = KDOC
+    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
+        k_base = k_base - KOFF.to(tl.int64) * sks
+        v_base = v_base - KOFF.to(tl.int64) * svs
+        KDOC_T = KDOC - KOFF
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -166,36 +171,36 @@ def _fwd_kernel(
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     else:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, pq0, pq1,
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)

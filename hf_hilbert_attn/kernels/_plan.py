@@ -2,11 +2,13 @@
 
 Two orderings run through the same kernels:
 
-* natural: keys at positions ``0..Sk-1`` stored at index = position, queries at
-  ``Sk-Sq..Sk-1`` stored at ``position - (Sk - Sq)``: no table, strided loads;
+* natural: queries at consecutive positions ``qoff..`` stored at index ``position - qoff``,
+  keys likewise from ``koff`` (by default keys at ``0..Sk-1`` and queries at the last ``Sq``
+  positions; a contiguous ring shard or a document slice has other offsets): no table, strided
+  loads;
 * mapped: any per-row injective map position → storage (Hilbert order, ring shards, explicit
-  ``position_ids``): an ``int32`` inverse table ``inv[b, pos]`` (``-1`` = absent) over
-  ``[0, max position]`` is built once per call and read by the kernels.
+  ``position_ids``): an ``int32`` inverse table ``inv[b, pos]`` (``-1`` = absent) over the
+  positions in use is built once per call and read by the kernels.
 
 Unsupported (the op falls back to the PyTorch path, see ``docs/kernels.md``): negative
 positions, a position stored twice in one row (e.g. packed documents whose positions restart),
@@ -17,6 +19,7 @@ would dominate).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Optional
 
 import torch
@@ -40,6 +43,11 @@ class PositionPlan:
     # every position of [qlo, qhi] and [klo, khi] is present in every row (a permutation such
     # as Hilbert order): no validity masks inside the ranges
     full: bool = False
+    koff: int = 0  # natural: key storage index = position - koff
+    # Every position above is relative to ``base`` (true position - base). ``base`` is a multiple
+    # of every segment length, so segments, classes and causal order are unchanged, and tables
+    # cover only the positions in use (a ring shard at position 1.5M needs no 1.5M-entry table).
+    base: int = 0
 
     @property
     def size(self) -> int:
@@ -69,8 +77,27 @@ def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
     return inv
 
 
-def plan_positions(a) -> tuple:
+def _period(pattern) -> int:
+    """Shifting every position by a multiple of this leaves the pattern unchanged: the least
+    common multiple of the segment lengths (0 = no usable period, e.g. a dense config)."""
+    if pattern is None:
+        return 0
+    per = 1
+    for w in pattern.segment_lengths:
+        if w >= _W_CAP:
+            return 0
+        per = per * w // math.gcd(per, w)
+        if per >= _W_CAP:
+            return 0
+    return per
+
+
+def plan_positions(a, pattern=None) -> tuple:
     """Build the :class:`PositionPlan` for checked inputs ``a`` (``inputs.AttnInputs``).
+
+    Natural (no table) when queries and keys each sit at consecutive positions (any start, the
+    same in every row); else a position -> storage table. With ``pattern`` given, positions are
+    taken relative to the largest multiple of its period at or below the smallest position.
 
     Returns:
         ``(plan, None)`` or ``(None, reason)`` when the kernels cannot take these positions.
@@ -79,10 +106,7 @@ def plan_positions(a) -> tuple:
     qdoc = None if a.q_doc_ids is None else a.q_doc_ids.to(torch.int32).contiguous()
     kdoc = None if a.k_doc_ids is None else a.k_doc_ids.to(torch.int32).contiguous()
     sq, sk = a.sq, a.sk
-    natural = a.natural_positions
-    if not natural and sq <= sk:
-        natural = _is_arange(kp, 0) and _is_arange(qp, sk - sq)
-    if natural:
+    if a.natural_positions:
         return PositionPlan(False, sk - sq, sk - sq, sk - 1, 0, sk - 1, None, None, qdoc, kdoc), None
     if sq == 0 or sk == 0:
         return None, "empty query or key positions"
@@ -90,15 +114,23 @@ def plan_positions(a) -> tuple:
     klo, khi = int(kp.min()), int(kp.max())
     if min(qlo, klo) < 0:
         return None, f"negative positions (min {min(qlo, klo)})"
+    per = _period(pattern)
+    base = min(qlo, klo) // per * per if per else 0
+    qlo, qhi, klo, khi = qlo - base, qhi - base, klo - base, khi - base
+    if qhi - qlo + 1 == sq and khi - klo + 1 == sk and _is_arange(qp, qlo + base) \
+            and _is_arange(kp, klo + base):
+        return PositionPlan(False, qlo, qlo, qhi, klo, khi, None, None, qdoc, kdoc,
+                            koff=klo, base=base), None
     size = max(qhi, khi) + 1
     if size > MAX_SPREAD * max(sq, sk) + 4096:
         return None, f"positions spread over {size} for {max(sq, sk)} tokens"
-    kinv = _inverse(kp, size)
-    qinv = kinv if qp is kp else _inverse(qp, size)
+    kinv = _inverse(kp - base, size)
+    qinv = kinv if qp is kp else _inverse(qp - base, size)
     if kinv is None or qinv is None:
         return None, "a position repeats within a row (e.g. packed documents)"
     full = qhi - qlo + 1 == sq and khi - klo + 1 == sk  # unique positions fill the ranges
-    return PositionPlan(True, 0, qlo, qhi, klo, khi, qinv, kinv, qdoc, kdoc, full), None
+    return PositionPlan(True, 0, qlo, qhi, klo, khi, qinv, kinv, qdoc, kdoc, full,
+                        base=base), None
 
 
 _KEY_CACHE: dict = {}

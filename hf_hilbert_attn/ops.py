@@ -55,6 +55,13 @@ def dilated_attention(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    dt = autocast_dtype(q)
+    if dt is not None:  # cast like SDPA, then compute with autocast off
+        with torch.autocast(q.device.type, enabled=False):
+            return dilated_attention(
+                *cast_for_autocast(dt, q, k, v), pattern, causal=causal, scale=scale,
+                q_positions=q_positions, k_positions=k_positions, q_doc_ids=q_doc_ids,
+                k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     if backend == "triton" and not _triton_ok(q, a, any_device=True):
@@ -76,6 +83,28 @@ def dilated_attention(
 
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
     return (out, lse) if return_lse else out
+
+
+def autocast_dtype(q) -> Optional[torch.dtype]:
+    """The autocast dtype when ``torch.autocast`` is on for ``q``'s device, else None.
+
+    Under autocast the attention runs in that dtype, as SDPA does: mixed precision is where
+    q, k, v disagree (Llama's rotary embedding multiplies bf16 q/k by float32 cos/sin, and
+    elementwise ops are not autocast, so q and k arrive in float32 next to a bf16 v). The
+    callers cast with :func:`cast_for_autocast` and compute with autocast off; outside autocast
+    nothing is cast (mixed dtypes then raise in ``check_inputs``).
+    """
+    dev = q.device.type if isinstance(q, torch.Tensor) else None
+    if dev in ("cuda", "cpu", "xpu") and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return None
+
+
+def cast_for_autocast(dtype, *tensors):
+    """``tensors`` in ``dtype`` (float64 and non-floating tensors are left alone, as autocast
+    leaves float64)."""
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.dtype != torch.float64 else t for t in tensors)
 
 
 _SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -271,6 +300,11 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
+    with torch.autocast(dout.device.type if dout is not None else "cuda", enabled=False):
+        return _backward_impl(ctx, dout, dlse)
+
+
+def _backward_impl(ctx, dout, dlse):
     q, k, v, out, lse, qp, kp, qd, kd = ctx.saved_tensors  # optionals come back as None
     if dout is None:
         dout = torch.zeros_like(out)

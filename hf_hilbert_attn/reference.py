@@ -431,6 +431,12 @@ class _ChunkedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        # computes in its own dtype even when backward() runs inside torch.autocast
+        with torch.autocast(dout.device.type, enabled=False):
+            return _ChunkedAttention._backward(ctx, dout, dlse)
+
+    @staticmethod
+    def _backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         cdt = lse.dtype
         dout = dout.to(cdt)

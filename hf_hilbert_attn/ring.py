@@ -52,7 +52,7 @@ from typing import List, Optional
 
 import torch
 
-from .ops import dilated_attention
+from .ops import autocast_dtype, cast_for_autocast, dilated_attention
 from .pattern import DilatedPattern
 
 logger = logging.getLogger(__name__)
@@ -662,6 +662,11 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, dout, dlse):
+        with torch.autocast(fctx.saved_tensors[0].device.type, enabled=False):
+            return _RingAttention._backward(fctx, dout, dlse)
+
+    @staticmethod
+    def _backward(fctx, dout, dlse):
         q, k, v, out, lse = fctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
@@ -709,6 +714,13 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                                  return_lse=return_lse, backend=backend)
     if not isinstance(pattern, DilatedPattern):
         raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
+    dt = autocast_dtype(q)
+    if dt is not None:  # cast like SDPA, then compute with autocast off (see ops)
+        with torch.autocast(q.device.type, enabled=False):
+            return ring_attention(*cast_for_autocast(dt, q, k, v), pattern, group=group,
+                                  q_positions=q_positions, k_positions=k_positions,
+                                  causal=causal, scale=scale, q_doc_ids=q_doc_ids,
+                                  k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__

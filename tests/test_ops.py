@@ -387,3 +387,16 @@ def test_block_skipping(pattern, s, bound):
     useful = pattern.count_pairs_total(s, heads, causal=True)
     computed = _computed_pairs(pattern, s, heads)
     assert useful <= computed <= bound * useful, (computed / useful)
+
+
+def test_autocast_casts_like_sdpa():
+    pat = DilatedPattern([8, 16], [1, 2])
+    q = torch.randn(1, 2, 20, 16)
+    v = torch.randn(1, 2, 20, 16).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dilated_attention(q, q, v, pat)
+    assert out.dtype == torch.bfloat16
+    want = dilated_attention(q.bfloat16(), q.bfloat16(), v, pat)
+    assert torch.equal(out, want)  # the same computation: cast, then autocast off inside
+    with pytest.raises(ValueError, match="must share a dtype"):  # outside autocast: no cast
+        dilated_attention(q, q, v, pat)

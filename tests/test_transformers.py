@@ -140,6 +140,23 @@ def test_dense_matches_sdpa_logits_loss_grads(family):
         assert_rel_close(got[2][name], ref[2][name], what=f"grad {name}")
 
 
+def test_autocast_mixed_precision_matches_sdpa():
+    # accelerate's mixed_precision="bf16" = torch.autocast: Llama's RoPE leaves q, k in float32
+    # next to a bf16 v; the attention runs in bf16 like SDPA does (this used to raise)
+    model = tiny_model("llama")
+    ids = tokens(2, 45)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = loss_logits_grads(model, ids)
+    configure(model, DENSE)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = loss_logits_grads(model, ids)
+    # both in bf16: the difference is bf16 rounding of two summation orders
+    assert_rel_close(got[0], ref[0], rel=2e-2, what="loss")
+    assert_rel_close(got[1], ref[1], rel=5e-2, what="logits")
+    for name in ref[2]:
+        assert_rel_close(got[2][name], ref[2][name], rel=0.1, what=f"grad {name}")
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_dense_matches_sdpa_left_padding(family):
     model = tiny_model(family)

@@ -35,9 +35,10 @@ if has finetune; then
     rm -rf "/tmp/ft_sp$n"
     step accelerate launch --num_processes "$n" --mixed_precision bf16 --dynamo_backend no \
         $( [ "$n" -gt 1 ] && echo --multi_gpu ) examples/finetune.py --model-preset 1b \
-        --seq-len "$FT_SEQ" --sp-size "$n" --loss-chunk 4096 --gradient-checkpointing \
+        --pattern configs/longnet_lm.yaml --seq-len "$FT_SEQ" --sp-size "$n" --loss-chunk 4096 \
+        --gradient-checkpointing \
         --max-steps "$FT_STEPS" --save-every 0 --lr 1e-5 --output-dir "/tmp/ft_sp$n"
     # the model is not copied back: only the log
-    cp "/tmp/ft_sp$n/train_log.jsonl" "$OUT_DIR/finetune_sp$n.jsonl" 2>/dev/null
+    cp "/tmp/ft_sp$n/train_log.jsonl" "$OUT_DIR/finetune_sp${n}_$FT_SEQ.jsonl" 2>/dev/null
   done
 fi

@@ -662,12 +662,13 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, dout, dlse):
-        with torch.autocast(fctx.saved_tensors[0].device.type, enabled=False):
-            return _RingAttention._backward(fctx, dout, dlse)
+        saved = fctx.saved_tensors  # unpacked once (activation checkpointing allows no more)
+        with torch.autocast(saved[0].device.type, enabled=False):
+            return _RingAttention._backward(fctx, saved, dout, dlse)
 
     @staticmethod
-    def _backward(fctx, dout, dlse):
-        q, k, v, out, lse = fctx.saved_tensors
+    def _backward(fctx, saved, dout, dlse):
+        q, k, v, out, lse = saved
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = _ring_backward(fctx.ring, q, k, v, out, lse, dout, dlse)

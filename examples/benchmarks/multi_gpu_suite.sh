@@ -13,6 +13,7 @@ OUT_DIR=${2:?output directory}
 STAGES=${3:-correctness,scaling,maxlen,finetune}
 FT_SEQ=${FT_SEQ:-65536}        # finetune total tokens per sequence (split over the N GPUs)
 FT_STEPS=${FT_STEPS:-5}
+# FT_WORLDS: process counts of the finetune runs (default "1 NGPUS")
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/suite.log"
@@ -31,7 +32,7 @@ if has maxlen; then
   step $RUN $B --mode max-len --layouts zigzag --out-dir "$OUT_DIR"
 fi
 if has finetune; then
-  for n in 1 "$N"; do
+  for n in ${FT_WORLDS:-1 $N}; do
     rm -rf "/tmp/ft_sp$n"
     step accelerate launch --num_processes "$n" --mixed_precision bf16 --dynamo_backend no \
         $( [ "$n" -gt 1 ] && echo --multi_gpu ) examples/finetune.py --model-preset 1b \

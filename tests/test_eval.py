@@ -288,6 +288,32 @@ def test_bench_model_tiny_smoke(tmp_path, capsys):
     assert all(int(r["max_len"]) == 128 and r["limited_by"] == "cap" for r in mx)
 
 
+@needs_hilbert
+def test_bench_model_compiled_layers_same_loss(tmp_path):
+    # --compile: every decoder layer compiled (both implementations alike); same model, same
+    # data -> the same loss as eager, and the rows say they were compiled
+    from hf_hilbert_attn.evaluation.bench_model import PRESETS, build_model, main
+    from hf_hilbert_attn.evaluation.runner import resolve_pattern
+
+    _, pat = resolve_pattern("tiny")
+    kw = PRESETS["tiny"]["model"]
+    eager = build_model(kw, "hilbert_dilated", torch.float32, torch.device("cpu"), pat)
+    comp = build_model(kw, "hilbert_dilated", torch.float32, torch.device("cpu"), pat,
+                       compile=True)
+    ids = torch.randint(0, kw["vocab_size"], (1, 70))
+    with torch.no_grad():
+        a = eager(input_ids=ids, labels=ids).loss
+        b = comp(input_ids=ids, labels=ids).loss
+    assert b.item() == pytest.approx(a.item(), rel=1e-5)
+    rc = main(["--preset", "tiny", "--impls", "hilbert_dilated", "--lengths", "64", "--iters",
+               "1", "--warmup", "1", "--compile", "--no-plots", "--out-dir", str(tmp_path),
+               "--no-progress"])
+    assert rc == 0
+    with open(tmp_path / "bench_model_tiny_cpu.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["compiled"] for r in rows] == ["True"] and float(rows[0]["tokens_per_s"]) > 0
+
+
 # ----------------------------------------------------------------------------- sequence parallel
 @needs_hilbert
 @pytest.mark.multiprocess

@@ -60,9 +60,24 @@ OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryErr
                     torch.cuda.OutOfMemoryError})
 
 
+def compile_layers(model) -> int:
+    """``torch.compile`` each decoder layer in place (regional compilation: one graph per layer
+    type, compiled once and reused by every layer), for any attention implementation; the
+    attention op stays opaque inside the graph (a custom op for ``hilbert_dilated``). Returns
+    the number of layers compiled."""
+    base = getattr(model, model.base_model_prefix)
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    if layers is None:
+        raise ValueError(f"--compile: no decoder layers found on {type(base).__name__}")
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype,
-                device: torch.device, pattern=None, seed: int = 0):
-    """A random-initialised ``LlamaForCausalLM`` in train mode with gradient checkpointing."""
+                device: torch.device, pattern=None, seed: int = 0, compile: bool = False):
+    """A random-initialised ``LlamaForCausalLM`` in train mode with gradient checkpointing
+    (decoder layers compiled with ``compile``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(max_position_embeddings=1 << 22, use_cache=False, **model_kwargs)
@@ -81,6 +96,8 @@ def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if compile:
+        compile_layers(model)
     model.train()
     return model
 
@@ -294,7 +311,8 @@ def run_benchmark(args) -> Dict:
     for impl in impls:
         label = impl if impl == "sdpa" else f"{impl}:{pattern_label}"
         model = build_model(model_kwargs, impl, dtype, device,
-                            pattern if impl != "sdpa" else None, seed=args.seed)
+                            pattern if impl != "sdpa" else None, seed=args.seed,
+                            compile=args.compile)
         bar = tqdm(lengths, desc=f"bench {label}", disable=args.no_progress)
         for S in bar:
             r = measure(model, S, device, model_kwargs["vocab_size"], warmup=args.warmup
@@ -302,7 +320,8 @@ def run_benchmark(args) -> Dict:
                         iters=args.iters or preset["iters"], loss_mode=args.loss,
                         loss_chunk=args.loss_chunk)
             rows.append(dict(gpu=gpu_name, preset=args.preset, method=label, seq_len=S,
-                             dtype=str(dtype).replace("torch.", ""), loss_mode=args.loss, **r))
+                             dtype=str(dtype).replace("torch.", ""), loss_mode=args.loss,
+                             compiled=bool(args.compile), **r))
         if args.max_len:
             with tqdm(desc=f"max length {label}", disable=args.no_progress) as pbar:
                 m = find_max_length(
@@ -349,7 +368,7 @@ def _markdown(rows, max_rows, model_kwargs, lengths, args, gpu_name, notes) -> s
     from .report import markdown_table
 
     parts = [f"# bench_model ({args.preset}) on {gpu_name}, forward+backward, gradient "
-             f"checkpointing, loss={args.loss}\n"]
+             f"checkpointing, loss={args.loss}{', decoder layers compiled' if args.compile else ''}\n"]
     body = [[r["method"], r["seq_len"], r["status"], r["tokens_per_s"], r["step_s"],
              r["peak_mem_gib"], r["speedup_vs_sdpa"], r["memory_vs_sdpa"]] for r in rows]
     parts.append(markdown_table(["method", "tokens", "status", "tokens/s", "s/step",
@@ -417,6 +436,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="chunked: CE over hidden-state chunks (logits never whole); full: the "
                         "model's own loss over [S, vocab] logits")
     p.add_argument("--loss-chunk", type=positive_int, default=2048)
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every decoder layer (both implementations alike); the "
+                   "warm-up steps absorb the compilation, one per length")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--iters", type=positive_int, default=None)
     p.add_argument("--max-len", action="store_true",

@@ -137,9 +137,12 @@ def _worker_triton(rank, world, layouts):
     out = []
     for i, layout in enumerate(layouts):
         mode = "per_head" if i % 2 == 0 else "all"
+        # the last case: packed documents whose positions restart, plus padding (s is odd)
+        docs = i == len(layouts) - 1
         c = dict(pattern=DilatedPattern([8, 16, 32], [1, 2, 4], query_dilation=mode),
-                 s=70 + 2 * world, hq=4, hkv=2, d=16, b=1, causal=i < 2, layout=layout,
-                 docs=False, seed=1000 + i, dtype=torch.float32, backend="triton", atol=2e-4)
+                 s=70 + 2 * world + int(docs), hq=4, hkv=2, d=16, b=1, causal=i < 2 or docs,
+                 layout=layout, docs=docs, seed=1000 + i, dtype=torch.float32,
+                 backend="triton", atol=2e-4)
         out.append(_check_case(rank, world, c, dist.group.WORLD))
     return out
 
@@ -179,8 +182,8 @@ def test_ring_matches_reference(world):
 
 
 def test_ring_through_triton_kernels():
-    run_distributed(_worker_triton, 2, ["contiguous", "zigzag", "zigzag", "contiguous"],
-                    timeout=300)
+    run_distributed(_worker_triton, 2,
+                    ["contiguous", "zigzag", "zigzag", "contiguous", "zigzag"], timeout=300)
 
 
 def test_ring_local_only_is_exact():

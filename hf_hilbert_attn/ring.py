@@ -416,8 +416,18 @@ class _Piece:
     run: int  # index of the query run (accumulator slot)
 
 
+def _run_ranges(pos: torch.Tensor):
+    """``[(lo, hi, (first, last position))]``: the runs of :func:`_runs`, or the whole shard as
+    one range when it has too many runs (then ``(first, last)`` are its min and max)."""
+    runs = _runs(pos)
+    if runs is None:
+        runs = [(0, pos.shape[1], None)]
+    return [(lo, hi, (f, f + hi - lo - 1) if f is not None
+             else (int(pos[:, lo:hi].min()), int(pos[:, lo:hi].max()))) for lo, hi, f in runs]
+
+
 def _plan_pieces(pattern, causal, plan: RingPlan, q_pos, k_pos):
-    """Pieces of every step and how many pieces write each query run.
+    """Pieces of every step, the query runs, and how many pieces write each query run.
 
     Query rows are split into runs of consecutive positions; the local block (step 0) is split
     into key runs too, so a contiguous or zigzag shard runs the kernels on consecutive
@@ -425,38 +435,16 @@ def _plan_pieces(pattern, causal, plan: RingPlan, q_pos, k_pos):
     segment joins. A received block (rows chosen by the send plan) stays one call per query
     run whose positions its key range can reach.
     """
-    sq = q_pos.shape[1]
-    qruns = _runs(q_pos) or [(0, sq, None)]
-    qrng = []
-    for lo, hi, first in qruns:
-        if first is not None:
-            qrng.append((first, first + hi - lo - 1))
-        else:
-            qrng.append((int(q_pos[:, lo:hi].min()), int(q_pos[:, lo:hi].max())) if hi > lo
-                        else (0, -1))
-    pieces = []
-    kruns = _runs(k_pos)
-    if kruns is None:
-        kruns = [(0, k_pos.shape[1], None)]
-    local = []
-    for lo, hi, first in kruns:
-        if hi <= lo:
-            continue
-        krng = ((first, first + hi - lo - 1) if first is not None
-                else (int(k_pos[:, lo:hi].min()), int(k_pos[:, lo:hi].max())))
-        for i, (qlo, qhi, _) in enumerate(qruns):
-            if qhi > qlo and _interacts(pattern, causal, qrng[i], krng):
-                local.append(_Piece(qlo, qhi, lo, hi, i))
-    pieces.append(local)
+    qruns = _run_ranges(q_pos)
+
+    def reach(ks, ke, krng):
+        return [_Piece(qs, qe, ks, ke, i) for i, (qs, qe, qrng) in enumerate(qruns)
+                if _interacts(pattern, causal, qrng, krng)]
+
+    pieces = [[pc for ks, ke, krng in _run_ranges(k_pos) for pc in reach(ks, ke, krng)]]
     for st in plan.steps:
-        step = []
-        if st.n_recv:
-            kp = st.recv_kpos
-            krng = (int(kp.min()), int(kp.max()))
-            for i, (qlo, qhi, _) in enumerate(qruns):
-                if qhi > qlo and _interacts(pattern, causal, qrng[i], krng):
-                    step.append(_Piece(qlo, qhi, 0, kp.shape[1], i))
-        pieces.append(step)
+        kp = st.recv_kpos
+        pieces.append(reach(0, kp.shape[1], (int(kp.min()), int(kp.max()))) if st.n_recv else [])
     writes = [0] * len(qruns)
     for step in pieces:
         for pc in step:
@@ -477,7 +465,7 @@ class _Ctx:
     k_doc: Optional[torch.Tensor]
     backend: str
     pieces: list  # per step: [_Piece]
-    qruns: list  # [(lo, hi, first position or None)]
+    qruns: list  # [(lo, hi, (first, last position))]
     writes: list  # pieces per query run
 
 

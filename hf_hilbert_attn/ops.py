@@ -256,7 +256,7 @@ def _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
 def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern, *, dlse=None,
                                causal: bool = True, scale: Optional[float] = None,
                                q_positions=None, k_positions=None, q_doc_ids=None,
-                               k_doc_ids=None, backend: str = "auto"):
+                               k_doc_ids=None, backend: str = "auto", dq=None, dk=None, dv=None):
     """Gradients of one piece of an attention split over disjoint key sets.
 
     Ring attention computes a query's attention as several calls of :func:`dilated_attention`
@@ -270,8 +270,11 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
         dout: ``[B, Hq, Sq, D]`` gradient of the merged output; ``dlse`` ``[B, Hq, Sq]`` that of
             the merged lse (None: 0).
         q, k, v, pattern, causal, scale, positions, doc ids, backend: as in
-            :func:`dilated_attention` for this piece.
+            :func:`dilated_attention` for this piece. Inputs may be views (rows of a longer
+            sequence): the kernels read them through their strides.
         out, lse: the merged output and float32 lse of these query rows.
+        dq, dk, dv: optional tensors (e.g. views into the full gradients) to write the results
+            into, in place on the Triton path, by a copy otherwise.
 
     Returns:
         ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
@@ -281,15 +284,46 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     lse = lse.float()
+    dlse = None if dlse is None else dlse.float()
+    grads = None
     if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
+        from .kernels import dilated_bwd, plan_positions
+
+        plan, _ = plan_positions(a, pattern)
+        if plan is not None:  # straight to the kernels, writing into the given tensors
+            return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan,
+                               dq, dk, dv)
         qp = None if a.natural_positions else a.q_positions
         kp = None if a.natural_positions else a.k_positions
-        return torch.ops.hf_hilbert_attn.dilated_attention_bwd(
-            dout.contiguous(), None if dlse is None else dlse.float().contiguous(), q, k, v,
+        grads = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
+            dout.contiguous(), None if dlse is None else dlse.contiguous(), q, k, v,
             out.contiguous(), lse.contiguous(), qp, kp, a.q_doc_ids, a.k_doc_ids,
             list(pattern.segment_lengths), list(pattern.dilation_rates), pattern.query_dilation,
             bool(causal), float(a.scale))
-    return _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
+    else:
+        grads = _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
+    return tuple(g if dst is None else dst.copy_(g) for g, dst in zip(grads, (dq, dk, dv)))
+
+
+def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal: bool = True,
+                           scale: Optional[float] = None, q_positions=None, k_positions=None,
+                           q_doc_ids=None, k_doc_ids=None, backend: str = "auto"):
+    """:func:`dilated_attention` without autograd, writing ``out`` and the float32 ``lse`` into
+    the given tensors (e.g. views into a longer sequence's result): in place on the Triton path,
+    by a copy otherwise. Returns ``(out, lse)``."""
+    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+    if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
+        from .kernels import dilated_fwd, plan_positions
+
+        plan, _ = plan_positions(a, pattern)
+        if plan is not None:
+            return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
+    o, l = dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
+                             q_positions=q_positions, k_positions=k_positions,
+                             q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=True,
+                             backend=backend)
+    return out.copy_(o), lse.copy_(l)
 
 
 def _setup_context(ctx, inputs, output):

@@ -52,7 +52,7 @@ from typing import List, Optional
 
 import torch
 
-from .ops import autocast_dtype, cast_for_autocast, dilated_attention
+from .ops import attention_forward_into, autocast_dtype, cast_for_autocast, dilated_attention
 from .pattern import DilatedPattern
 
 logger = logging.getLogger(__name__)
@@ -508,13 +508,14 @@ def _ring_forward(ctx: _Ctx, q, k, v):
             continue
         kb, vb, kpos, kdoc = blk
         for pc in ctx.pieces[j]:
-            o_b, l_b = dilated_attention(q[:, :, pc.qs:pc.qe], kb[:, :, pc.ks:pc.ke],
-                                         vb[:, :, pc.ks:pc.ke], return_lse=True,
-                                         **_piece_args(ctx, pc, kpos, kdoc))
-            if ctx.writes[pc.run] == 1:
-                out[:, :, pc.qs:pc.qe] = o_b
-                lse[:, :, pc.qs:pc.qe] = l_b
+            rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+            if ctx.writes[pc.run] == 1:  # the run's only piece: straight into the result
+                attention_forward_into(q[:, :, rq], kb[:, :, rk], vb[:, :, rk],
+                                       out=out[:, :, rq], lse=lse[:, :, rq],
+                                       **_piece_args(ctx, pc, kpos, kdoc))
                 continue
+            o_b, l_b = dilated_attention(q[:, :, rq], kb[:, :, rk], vb[:, :, rk],
+                                         return_lse=True, **_piece_args(ctx, pc, kpos, kdoc))
             o_b, l_b = o_b.to(acc_dtype), l_b.to(acc_dtype)
             if pc.run not in accs:
                 accs[pc.run] = (o_b, l_b)
@@ -560,31 +561,34 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
         if blk is not None:
             kb, vb, kpos, kdoc = blk
             for pc in ctx.pieces[j]:
-                rq = slice(pc.qs, pc.qe)
+                rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+                direct_q = ctx.writes[pc.run] == 1
+                direct_k = j == 0 and direct_kv
+                # a run's only piece writes its dq rows in place; local keys whose only
+                # gradient is this piece's likewise
                 gq, gk, gv = dilated_attention_backward(
-                    dout[:, :, rq], q[:, :, rq], kb[:, :, pc.ks:pc.ke], vb[:, :, pc.ks:pc.ke],
+                    dout[:, :, rq], q[:, :, rq], kb[:, :, rk], vb[:, :, rk],
                     out[:, :, rq], lse[:, :, rq],
                     dlse=None if dlse is None else dlse[:, :, rq],
+                    dq=dq[:, :, rq] if direct_q else None,
+                    dk=dk[:, :, rk] if direct_k else None,
+                    dv=dv[:, :, rk] if direct_k else None,
                     **_piece_args(ctx, pc, kpos, kdoc))
-                if ctx.writes[pc.run] == 1:
-                    dq[:, :, rq] = gq
-                elif pc.run in dq_acc:
-                    dq_acc[pc.run] += gq.to(acc)
-                else:
-                    dq_acc[pc.run] = gq.to(acc)
-                if j == 0:
-                    if direct_kv:
-                        dk[:, :, pc.ks:pc.ke] = gk
-                        dv[:, :, pc.ks:pc.ke] = gv
+                if not direct_q:
+                    if pc.run in dq_acc:
+                        dq_acc[pc.run] += gq.to(acc)
                     else:
-                        dk[:, :, pc.ks:pc.ke] += gk.to(acc)
-                        dv[:, :, pc.ks:pc.ke] += gv.to(acc)
+                        dq_acc[pc.run] = gq.to(acc)
+                if j == 0:
+                    if not direct_kv:
+                        dk[:, :, rk] += gk.to(acc)
+                        dv[:, :, rk] += gv.to(acc)
                     continue
                 if gk_blk is None:
                     gk_blk = torch.zeros(kb.shape, dtype=acc, device=kb.device)
                     gv_blk = torch.zeros(vb.shape, dtype=acc, device=vb.device)
-                gk_blk[:, :, pc.ks:pc.ke] += gk.to(acc)
-                gv_blk[:, :, pc.ks:pc.ke] += gv.to(acc)
+                gk_blk[:, :, rk] += gk.to(acc)
+                gv_blk[:, :, rk] += gv.to(acc)
         if j == 0:
             continue
         # Send this block's dK/dV to the rank owning those keys and receive ours from dst, in

@@ -206,3 +206,47 @@ def test_many_configs_loop_union():
 def test_union_loop_path_matches(monkeypatch):
     monkeypatch.setenv("HF_HILBERT_UNION", "loop")
     _run(DilatedPattern([12, 20, 45], [1, 3, 4]), sq=70, hq=6, hkv=3)
+
+
+def test_backward_buffer_in_head_chunks(monkeypatch):
+    # the float32 buffer summing dq over configs holds a chunk of heads when the whole would
+    # exceed ACC_BYTES (as in the forward): force chunks of 1 and of 3 of 4 heads
+    for acc_bytes in (1, 3 * 37 * 16 * 4):
+        monkeypatch.setattr(kernels, "ACC_BYTES", acc_bytes)
+        _run(PAT, sq=37, hq=4, hkv=2)
+
+
+def test_write_into_views_of_longer_tensors():
+    # the launchers write out/lse and dq/dk/dv into given views (rows of a longer sequence, as
+    # ring pieces do) and read inputs through such views, without copies
+    from hf_hilbert_attn.kernels import dilated_bwd, dilated_fwd
+
+    pat = DilatedPattern([8, 16, 32], [1, 2, 4])
+    big = {n: torch.randn(1, h, 90, 16, device=DEV) for n, h in (("q", 4), ("k", 2), ("v", 2),
+                                                                   ("do", 4))}
+    rows = slice(20, 61)
+    q, k, v, do = (big[n][:, :, rows] for n in ("q", "k", "v", "do"))
+    pos = torch.arange(20, 61, device=DEV)
+    a = check_inputs(q, k, v, pat, q_positions=pos, k_positions=pos)
+    plan, _ = plan_positions(a, pat)
+    ref_out, ref_lse = dilated_fwd(q.contiguous(), k.contiguous(), v.contiguous(), pat, a.scale,
+                                   True, plan)
+    out_big = torch.full((1, 4, 90, 16), float("nan"), device=DEV)
+    lse_big = torch.full((1, 4, 90), float("nan"), device=DEV)
+    out, lse = dilated_fwd(q, k, v, pat, a.scale, True, plan, out=out_big[:, :, rows],
+                           lse=lse_big[:, :, rows])
+    assert out.data_ptr() == out_big[:, :, rows].data_ptr()
+    torch.testing.assert_close(out_big[:, :, rows], ref_out)
+    torch.testing.assert_close(lse_big[:, :, rows], ref_lse)
+    assert torch.isnan(out_big[:, :, :20]).all() and torch.isnan(out_big[:, :, 61:]).all()
+    ref = dilated_bwd(do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), ref_out,
+                      ref_lse, None, pat, a.scale, True, plan)
+    grads = [torch.full_like(big[n], float("nan")) for n in ("q", "k", "v")]
+    got = dilated_bwd(do, q, k, v, out_big[:, :, rows], lse_big[:, :, rows], None, pat, a.scale,
+                      True, plan, *(g[:, :, rows] for g in grads))
+    for g, r, full in zip(got, ref, grads):
+        torch.testing.assert_close(g, r)
+        assert torch.isnan(full[:, :, :20]).all() and torch.isnan(full[:, :, 61:]).all()
+    with pytest.raises(ValueError, match="dq must be"):
+        dilated_bwd(do, q, k, v, ref_out, ref_lse, None, pat, a.scale, True, plan,
+                    dq=torch.empty(1, 4, 41, 8, device=DEV))

@@ -109,25 +109,29 @@ def _prep(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _dense(t) -> bool:
-    """Whether ``t`` fills its memory without gaps (any dim order), so ``empty_like(t)`` has
-    the same strides: the backward writes dq/dk/dv with the strides of q/k/v."""
-    expected = 1
-    for st, sz in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
-        if st != expected:
-            return False
-        expected *= sz
-    return True
+def _check_target(name, t, shape, dtype):
+    if t.shape != shape or t.dtype != dtype or t.stride(-1) != 1:
+        raise ValueError(f"{name} must be {tuple(shape)} {dtype} with a unit last stride, got "
+                         f"{tuple(t.shape)} {t.dtype} strides {t.stride()}")
 
 
-def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan):
-    """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log)."""
+def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
+                lse=None):
+    """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log).
+
+    ``out`` / ``lse``: optional tensors to write into (e.g. rows of a longer sequence's result;
+    unit last stride), shaped ``q.shape`` / ``q.shape[:3]``.
+    """
     q, k, v = _prep(q), _prep(k), _prep(v)
     B, HQ, SQ, D = q.shape
     HKV = k.shape[1]
     dev = q.device
-    out = torch.empty_like(q)
-    lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    if out is None:
+        out = torch.empty_like(q)
+    _check_target("out", out, q.shape, q.dtype)
+    if lse is None:
+        lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return out, lse
     prio, launch = config_order(pattern)
@@ -171,18 +175,23 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
 
 
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
-                plan: PositionPlan):
-    """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None."""
+                plan: PositionPlan, dq=None, dk=None, dv=None):
+    """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
+
+    ``dq``/``dk``/``dv``: optional tensors to write into (any strides with a unit last one, e.g.
+    rows of a longer sequence's gradient), shaped like ``q``/``k``/``v``. Inputs may be such
+    views too. The float32 buffers that sum ``dq`` and ``dk``/``dv`` over configs hold a chunk
+    of heads at a time (at most ``ACC_BYTES`` each), like the forward's.
+    """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
-    # a slice of a longer sequence (ring pieces) is copied: dq/dk/dv are written with q/k/v's
-    # strides
-    q, k, v = (t if _dense(t) else t.contiguous() for t in (q, k, v))
     B, HQ, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     dev = q.device
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    for name, g, t in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        _check_target(name, g, t.shape, t.dtype)
     if SQ == 0 or SK == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     lse = lse.contiguous()
@@ -195,9 +204,13 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     )
     prio, launch = config_order(pattern)
     multi = len(launch) > 1
-    dqacc = torch.empty(q.shape, device=dev, dtype=torch.float32) if multi else dq
-    dkacc = torch.empty(k.shape, device=dev, dtype=torch.float32) if multi else dk
-    dvacc = torch.empty(v.shape, device=dev, dtype=torch.float32) if multi else dv
+    hch, kch = HQ, HKV  # heads per chunk of the float32 buffers (query / key-value heads)
+    if multi:
+        hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
+        kch = max(1, min(HKV, ACC_BYTES // max(2 * B * SK * D * 4, 1)))
+    dqacc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if multi else dq
+    dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dk
+    dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dv
     per_head = pattern.query_dilation == "per_head"
     BM, BN, warps, stages = _blocks("dq", D, q.dtype)
     kBM, kBN, kwarps, kstages = _blocks("dkdv", D, q.dtype)
@@ -210,31 +223,40 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                   UMAX=max(1, len(prio) - 1), UTAB=utab)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    for li, (w, r) in enumerate(launch):
-        npri = prio.index((w, r))
-        first, last = li == 0, li == len(launch) - 1
-        # dk, dv: one program per key tile of one key/value head
-        kseg0, knseg = _seg_range(plan.klo, plan.khi, w)
-        knblk = triton.cdiv(triton.cdiv(w, r), kBN)
-        _dkdv_kernel[(knseg * r * knblk, B * HKV)](
-            q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t, keys, psz,
-            *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
-            sqi, ski, sqd, skd, SQ,
-            scale, scale * LOG2E, HKV, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
-            plan.khi, kseg0, knblk, w, r, npri, int(first), int(last), BM=kBM, BN=kBN,
-            num_warps=kwarps, num_stages=kstages, **common,
-        )
-        # dq: one program per query tile, as in the forward
-        seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
-        ncls = 1 if per_head else r
-        _dq_kernel[(nseg * ncls * nblk, B * HQ)](
-            q, k, v, do, lse, delta, dq, dqacc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
-            *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
-            sqi, ski, sqd, skd, SQ,
-            scale, scale * LOG2E, HQ, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
-            plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(first), int(last), BM=BM, BN=BN,
-            num_warps=warps, num_stages=stages, **common,
-        )
+    # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
+    for g0 in range(0, HKV, kch):
+        ng = min(kch, HKV - g0)
+        for li, (w, r) in enumerate(launch):
+            npri = prio.index((w, r))
+            first, last = li == 0, li == len(launch) - 1
+            kseg0, knseg = _seg_range(plan.klo, plan.khi, w)
+            knblk = triton.cdiv(triton.cdiv(w, r), kBN)
+            _dkdv_kernel[(knseg * r * knblk, B * ng)](
+                q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t,
+                keys, psz, *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
+                dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+                dv.stride(2), sqi, ski, sqd, skd, SQ,
+                scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
+                plan.qhi, plan.klo, plan.khi, kseg0, knblk, w, r, npri, int(first), int(last),
+                BM=kBM, BN=kBN, num_warps=kwarps, num_stages=kstages, **common,
+            )
+    # dq: one program per query tile, as in the forward, a chunk of heads at a time
+    for h0 in range(0, HQ, hch):
+        nh = min(hch, HQ - h0)
+        for li, (w, r) in enumerate(launch):
+            npri = prio.index((w, r))
+            first, last = li == 0, li == len(launch) - 1
+            seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
+            ncls = 1 if per_head else r
+            _dq_kernel[(nseg * ncls * nblk, B * nh)](
+                q, k, v, do, lse, delta, dq, dqacc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys,
+                psz, *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
+                dq.stride(0), dq.stride(1), dq.stride(2),
+                sqi, ski, sqd, skd, SQ,
+                scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
+                plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(first),
+                int(last), BM=BM, BN=BN, num_warps=warps, num_stages=stages, **common,
+            )
     return dq, dk, dv
 
 

@@ -162,8 +162,9 @@ def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DQACC,
     QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
+    sdqb, sdqh, sdqs,
     sqinv, skinv, sqdoc, skdoc, SQ,
-    scale, scale_log2, HQ, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
+    scale, scale_log2, HQ, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -171,8 +172,9 @@ def _dq_kernel(
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // HQ
-    h = bh % HQ
+    b = bh // HCH
+    hl = bh % HCH  # head within this launch's chunk of heads (DQACC holds HCH heads)
+    h = HOFF + hl
     hk = h // GROUP
     blk = BLK0 + tile % NBLK
     t2 = tile // NBLK
@@ -202,9 +204,9 @@ def _dq_kernel(
                 mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b64 * sdb + h64 * sdh + row64[:, None] * sds + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * SQ + row64, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0) * 1.4426950408889634
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # empty rows: P = 0
-    delta = tl.load(DELTA + bh.to(tl.int64) * SQ + row64, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0)
     if HAS_DOC:
         qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
     else:
@@ -274,12 +276,12 @@ def _dq_kernel(
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     dq = dq * scale
-    acc_ptrs = DQACC + b64 * sgb + h64 * sgh + row64[:, None] * sgs + offs_d[None, :]
+    acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
         prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
         dq += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
     if LAST != 0:
-        tl.store(DQ + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
+        tl.store(DQ + b64 * sdqb + h64 * sdqh + row64[:, None] * sdqs + offs_d[None, :],
                  dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
     else:
         tl.store(acc_ptrs, dq, mask=row_ok[:, None])
@@ -290,8 +292,9 @@ def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DKACC, DVACC,
     QINV, KINV, QDOC, KDOC, CFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
+    sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     sqinv, skinv, sqdoc, skdoc, SQ,
-    scale, scale_log2, HKV, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
+    scale, scale_log2, HKV, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
     SEG0, NBLK, W, R, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -301,8 +304,9 @@ def _dkdv_kernel(
     # belongs to exactly one program, so the first launch writes every row of the buffers.
     tile = tl.program_id(0)
     bhk = tl.program_id(1)
-    b = bhk // HKV
-    hk = bhk % HKV
+    b = bhk // HCH
+    hkl = bhk % HCH  # kv head within this launch's chunk (DKACC/DVACC hold HCH heads)
+    hk = HOFF + hkl
     blk = tile % NBLK
     t2 = tile // NBLK
     seg = SEG0 + t2 // R
@@ -420,15 +424,15 @@ def _dkdv_kernel(
                                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
-    ka_ptrs = DKACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]
-    va_ptrs = DVACC + b64 * sgb + hk64 * sgh + k64[:, None] * sgs + offs_d[None, :]
+    ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]
+    va_ptrs = DVACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
         dk += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
         dv += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)
     if LAST != 0:
-        tl.store(DK + b64 * skb + hk64 * skh + k64[:, None] * sks + offs_d[None, :],
+        tl.store(DK + b64 * sdkb + hk64 * sdkh + k64[:, None] * sdks + offs_d[None, :],
                  dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
-        tl.store(DV + b64 * svb + hk64 * svh + k64[:, None] * svs + offs_d[None, :],
+        tl.store(DV + b64 * sdvb + hk64 * sdvh + k64[:, None] * sdvs + offs_d[None, :],
                  dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
     else:
         tl.store(ka_ptrs, dk, mask=col_ok[:, None])

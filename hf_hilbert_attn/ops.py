@@ -158,24 +158,39 @@ def _fwd_op(
 
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, scale)
-    plan, _ = plan_positions(a, pattern)
+    plan, why = plan_positions(a, pattern)
     if plan is not None:
         return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
     runs = _document_runs(q, k, v, pattern, a)
-    if runs is not None:  # packed documents: one kernel call per document
+    if runs is not None:  # packed documents: one kernel call per document, written in place
         out = torch.zeros_like(q)
         lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
         for b, lo, hi, sub_plan in runs:
-            # contiguous copies: the launchers take whole tensors, not views into a batch
-            o, l = dilated_fwd(*(t[b:b + 1, :, lo:hi].contiguous() for t in (q, k, v)),
-                               pattern, a.scale, causal, sub_plan)
-            out[b, :, lo:hi] = o[0]
-            lse[b, :, lo:hi] = l[0]
+            sl = (slice(b, b + 1), slice(None), slice(lo, hi))
+            dilated_fwd(q[sl], k[sl], v[sl], pattern, a.scale, causal, sub_plan, out=out[sl],
+                        lse=lse[sl])
         return out, lse
+    _warn_fallback(why)
     from .reference import chunked_attention
 
     out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
     return out.contiguous(), lse.float().contiguous()
+
+
+_WARNED = set()
+
+
+def _warn_fallback(why: str) -> None:
+    """Say once per reason that a call meant for the kernels runs on the PyTorch path (correct,
+    but much slower on a GPU) instead of staying silent."""
+    if why in _WARNED:
+        return
+    _WARNED.add(why)
+    import warnings
+
+    warnings.warn(f"hf_hilbert_attn: the Triton kernels cannot take these positions ({why}); "
+                  "this call runs on the PyTorch path (correct, much slower on a GPU). See "
+                  "docs/kernels.md, 'Fallbacks'.", RuntimeWarning, stacklevel=3)
 
 
 @_fwd_op.register_fake
@@ -206,12 +221,9 @@ def _bwd_op(
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for b, lo, hi, sub_plan in runs:
             sl = (slice(b, b + 1), slice(None), slice(lo, hi))
-            do_, q_, k_, v_, o_, l_ = (t[sl].contiguous() for t in (dout, q, k, v, out, lse))
-            g = dilated_bwd(do_, q_, k_, v_, o_, l_,
-                            None if dlse is None else dlse[sl].contiguous(), pattern, a.scale,
-                            causal, sub_plan)
-            for full, part in zip((dq, dk, dv), g):
-                full[sl] = part
+            dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
+                        None if dlse is None else dlse[sl], pattern, a.scale, causal, sub_plan,
+                        dq[sl], dk[sl], dv[sl])
         return dq, dk, dv
     # Anything else: differentiate the PyTorch path (same fallback as the forward).
     return _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)

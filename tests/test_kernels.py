@@ -183,7 +183,12 @@ def test_packed_document_split_in_two_falls_back():
     q = torch.randn(1, 2, s, 16, device=DEV)
     a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
     assert ops._document_runs(q, q, q, PAT, a) is None
-    _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
+    ops._WARNED.clear()
+    with pytest.warns(RuntimeWarning, match="runs on the PyTorch path") as rec:
+        _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
+        _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
+    assert "repeats" in str(rec[0].message)
+    assert len([w for w in rec if "PyTorch path" in str(w.message)]) == 1  # once per reason
 
 
 def test_triton_backend_rejects_unsupported_head_dim():

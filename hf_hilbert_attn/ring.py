@@ -57,7 +57,8 @@ from .pattern import DilatedPattern
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sequence_parallel", "get_sequence_parallel_group", "ring_attention", "plan_ring"]
+__all__ = ["sequence_parallel", "get_sequence_parallel_group", "ring_attention", "local_attention",
+           "plan_ring"]
 
 _ACTIVE_GROUP = []
 
@@ -667,6 +668,70 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+def _under_autocast(fn, q, k, v, pattern, kw):
+    """Under ``torch.autocast``: ``fn`` on inputs cast to the autocast dtype, with autocast off
+    (as :func:`~hf_hilbert_attn.dilated_attention` does); else None."""
+    dt = autocast_dtype(q) if isinstance(q, torch.Tensor) else None
+    if dt is None:
+        return None
+    with torch.autocast(q.device.type, enabled=False):
+        return fn(*cast_for_autocast(dt, q, k, v), pattern, **kw)
+
+
+def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids):
+    """Checked ``(B, Hq, Hkv, scale, q_pos, k_pos, q_doc, k_doc)`` of a shard's call."""
+    if not isinstance(pattern, DilatedPattern):
+        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor [B, H, S, D], got {got}")
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    scale = d ** -0.5 if scale is None else float(scale)
+    qp = _positions("q_positions", q_positions, b, sq, q.device)
+    kp = _positions("k_positions", k_positions, b, sk, q.device)
+    if q_doc_ids is None and k_doc_ids is not None and sq == sk:
+        q_doc_ids = k_doc_ids
+    if (q_doc_ids is None) != (k_doc_ids is None):
+        raise ValueError("q_doc_ids and k_doc_ids must be given together")
+    qd = kd = None
+    if k_doc_ids is not None:
+        qd = torch.as_tensor(q_doc_ids, device=q.device).to(torch.int64)
+        kd = torch.as_tensor(k_doc_ids, device=q.device).to(torch.int64)
+        qd = qd.unsqueeze(0) if qd.dim() == 1 else qd
+        kd = kd.unsqueeze(0) if kd.dim() == 1 else kd
+        if kd.shape[-1] != sk or qd.shape[-1] != sq or qd.dim() != 2 or kd.dim() != 2:
+            raise ValueError(f"doc ids must match the shard lengths ({sq}, {sk}), got "
+                             f"{tuple(qd.shape)} and {tuple(kd.shape)}")
+        qd, kd = qd.expand(b, -1).contiguous(), kd.expand(b, -1).contiguous()
+    return b, hq, hkv, scale, qp, kp, qd, kd
+
+
+def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, scale=None,
+                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
+    """A shard's attention to its own keys only, computed as ring attention computes its local
+    step: per run of consecutive positions (no position tables for contiguous or zigzag
+    shards). Equals :func:`~hf_hilbert_attn.dilated_attention` with the same positions; what a
+    ring rank would cost with nothing to exchange (``bench_ring.py``'s shard-alone ideal).
+    Arguments and result as in :func:`ring_attention` without ``group``."""
+    kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+    done = _under_autocast(local_attention, q, k, v, pattern, kw)
+    if done is not None:
+        return done
+    _, _, hkv, scale, qp, kp, qd, kd = _shard_inputs(q, k, v, pattern, q_positions, k_positions,
+                                                     scale, q_doc_ids, k_doc_ids)
+    plan = RingPlan(0, 1, hkv)
+    pieces, qruns, writes = _plan_pieces(pattern, causal, plan, qp, kp)
+    ctx = _Ctx(pattern, causal, scale, None, plan, qp, kp, qd, kd, backend, pieces, qruns,
+               writes)
+    out, lse = _RingAttention.apply(q, k, v, ctx)
+    return (out, lse) if return_lse else out
+
+
 # ---------------------------------------------------------------------------------- public
 _PLAN_CACHE = {}  # the last plan: {"key", "inputs": (q_pos, k_pos, k_doc), "plan"}
 
@@ -705,40 +770,13 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                                  q_positions=q_positions, k_positions=k_positions,
                                  q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
                                  return_lse=return_lse, backend=backend)
-    if not isinstance(pattern, DilatedPattern):
-        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
-    dt = autocast_dtype(q)
-    if dt is not None:  # cast like SDPA, then compute with autocast off (see ops)
-        with torch.autocast(q.device.type, enabled=False):
-            return ring_attention(*cast_for_autocast(dt, q, k, v), pattern, group=group,
-                                  q_positions=q_positions, k_positions=k_positions,
-                                  causal=causal, scale=scale, q_doc_ids=q_doc_ids,
-                                  k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a 4-D tensor [B, H, S, D], got {got}")
-    b, hq, sq, d = q.shape
-    hkv, sk = k.shape[1], k.shape[2]
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
-    scale = d ** -0.5 if scale is None else float(scale)
-    qp = _positions("q_positions", q_positions, b, sq, q.device)
-    kp = _positions("k_positions", k_positions, b, sk, q.device)
-    if q_doc_ids is None and k_doc_ids is not None and sq == sk:
-        q_doc_ids = k_doc_ids
-    if (q_doc_ids is None) != (k_doc_ids is None):
-        raise ValueError("q_doc_ids and k_doc_ids must be given together")
-    qd = kd = None
-    if k_doc_ids is not None:
-        qd = torch.as_tensor(q_doc_ids, device=q.device).to(torch.int64)
-        kd = torch.as_tensor(k_doc_ids, device=q.device).to(torch.int64)
-        qd = qd.unsqueeze(0) if qd.dim() == 1 else qd
-        kd = kd.unsqueeze(0) if kd.dim() == 1 else kd
-        if kd.shape[-1] != sk or qd.shape[-1] != sq or qd.dim() != 2 or kd.dim() != 2:
-            raise ValueError(f"doc ids must match the shard lengths ({sq}, {sk}), got "
-                             f"{tuple(qd.shape)} and {tuple(kd.shape)}")
-        qd, kd = qd.expand(b, -1).contiguous(), kd.expand(b, -1).contiguous()
+    kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+    done = _under_autocast(ring_attention, q, k, v, pattern, dict(kw, group=group))
+    if done is not None:
+        return done
+    _, hq, hkv, scale, qp, kp, qd, kd = _shard_inputs(q, k, v, pattern, q_positions, k_positions,
+                                                      scale, q_doc_ids, k_doc_ids)
     # Every layer of a model calls this with the same positions: reuse the plan when every rank
     # still has the inputs it was made from (compared by value; one flag per rank in _agree).
     key = (id(group), pattern, hq, hkv, bool(causal), q.device)

@@ -14,7 +14,7 @@ import torch
 
 from _dist import run_distributed
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
-from hf_hilbert_attn.ring import _key_need, plan_ring, ring_attention
+from hf_hilbert_attn.ring import _key_need, local_attention, plan_ring, ring_attention
 from hf_hilbert_attn.sharding import padded_length, shard_positions
 
 pytestmark = pytest.mark.multiprocess
@@ -264,3 +264,36 @@ def test_plan_skips_what_no_query_needs():
     # rank 0 holds 0..63; ranks 1..3 (later positions) need its class-0/1 rows: 2 heads x 16 rows
     assert sent == 3 * 16 * 2, sent
     assert all(not st.send_dense for st in plan.steps)
+
+
+# ------------------------------------------------------------------ local pieces (one process)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_local_attention_equals_the_op(backend):
+    # a shard's local step alone (per run of consecutive positions) is dilated_attention with
+    # the same positions: zigzag-like runs, a run at a gap, packed documents; out and grads
+    from hf_hilbert_attn import kernels
+
+    old = kernels.BLOCK_OVERRIDE
+    kernels.BLOCK_OVERRIDE = (16, 16)
+    try:
+        pat = DilatedPattern([8, 16, 32], [1, 2, 4])
+        pos = torch.cat([torch.arange(0, 24), torch.arange(72, 96), torch.arange(40, 47)])
+        docs = (torch.arange(pos.numel()) >= 50).long()
+        for doc in (None, docs):
+            q = torch.randn(1, 4, pos.numel(), 16, dtype=torch.float64 if backend == "torch"
+                            else torch.float32, requires_grad=True)
+            k = torch.randn(1, 2, pos.numel(), 16, dtype=q.dtype, requires_grad=True)
+            v = torch.randn_like(k, requires_grad=True)
+            kw = dict(q_positions=pos, k_positions=pos, q_doc_ids=doc, k_doc_ids=doc,
+                      return_lse=True, backend=backend)
+            got = local_attention(q, k, v, pat, **kw)
+            want = dilated_attention(q, k, v, pat, **kw)
+            w = torch.randn_like(got[0])
+            g_got = torch.autograd.grad((got[0] * w).sum(), (q, k, v))
+            g_want = torch.autograd.grad((want[0] * w).sum(), (q, k, v))
+            tol = dict(atol=1e-10, rtol=0) if backend == "torch" else dict(atol=2e-5, rtol=0)
+            for a, b in zip((*got, *g_got), (*want, *g_want)):
+                torch.testing.assert_close(torch.nan_to_num(a, neginf=0.0),
+                                           torch.nan_to_num(b, neginf=0.0), **tol)
+    finally:
+        kernels.BLOCK_OVERRIDE = old

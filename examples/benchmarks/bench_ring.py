@@ -29,7 +29,8 @@ Modes (NCCL on CUDA, gloo with ``--device cpu``; see ``docs/multi_gpu.md``):
   ``full/W`` — the full sequence of ``S`` tokens on rank 0 alone, divided by ``W``: the same
   function with perfect parallelism (the honest ideal);
   ``shard`` — each rank's shard alone (its ``T`` tokens at their true positions, local pairs only,
-  no communication), slowest rank: the lower bound of the per-GPU compute without remote keys.
+  no communication; ``ring.local_attention``, i.e. the ring's own local step), slowest rank: the
+  per-GPU compute without remote keys.
   ``% ideal = ideal / ring``. Bytes: every tensor this rank sends through
   ``torch.distributed.batch_isend_irecv`` in one forward and one backward (the functions are
   wrapped for one extra, untimed call), next to a dense ring that sends every K and V block to
@@ -81,6 +82,11 @@ import _common as C  # noqa: E402
 C.ensure_repo_on_path()
 from hf_hilbert_attn import DilatedPattern, dilated_attention  # noqa: E402
 from hf_hilbert_attn.ring import ring_attention  # noqa: E402
+
+try:  # the ring's local step alone (this version's shard-alone ideal)
+    from hf_hilbert_attn.ring import local_attention  # noqa: E402
+except ImportError:  # older versions: one op call over the shard's positions
+    local_attention = None
 from hf_hilbert_attn.sharding import LAYOUTS, shard_positions  # noqa: E402
 
 try:  # "auto" (contiguous when shards are whole longest segments, else zigzag), if sharding has it
@@ -304,6 +310,15 @@ def local_call(args, pattern, q, k, v, pos, backend=None):
                              k_positions=pos, backend=backend or args.backend)
 
 
+def shard_call(args, pattern, q, k, v, pos):
+    """The shard alone, computed as the ring computes its local step (per run of consecutive
+    positions): the ring's per-GPU work without any remote key."""
+    if local_attention is None:
+        return local_call(args, pattern, q, k, v, pos)
+    return local_attention(q, k, v, pattern, causal=not args.non_causal, q_positions=pos,
+                           k_positions=pos, backend=args.backend)
+
+
 def fwd_bwd(fn, leaves, dout, counter: Optional[CommCounter] = None):
     """One forward + backward of ``fn()``; gradients of ``leaves`` reset first."""
     for t in leaves:
@@ -450,7 +465,7 @@ def run_scaling(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> "Sin
             leaves = [q, k, v]
 
             def shard():  # this rank's tokens alone: local pairs only, no communication
-                return fwd_bwd(lambda: local_call(args, pattern, q, k, v, pos), leaves, do)
+                return fwd_bwd(lambda: shard_call(args, pattern, q, k, v, pos), leaves, do)
 
             ok, err = agree(d, shard)
             shard_ms = timed_ms(d, shard, args.warmup, args.reps) if ok else None
@@ -693,9 +708,9 @@ def merge_rows(old: List[dict], new: List[dict], keys: Sequence[str]) -> List[di
 
 def plot_scaling(rows: List[dict], path: Path, gpu: str) -> Optional[Path]:
     """% of the full/W ideal vs world size, one panel per tokens/GPU, one line per layout; None
-    with fewer than 2 world sizes. (The shard-alone ideal stays in the CSV and table: for a
-    zigzag shard it is one call over two runs of positions with a gap — a position table and
-    masks on every tile — which the ring's per-run pieces beat, so it is no lower bound there.)"""
+    with fewer than 2 world sizes. (The shard-alone ideal stays in the CSV and table; runs
+    before ``ring.local_attention`` existed measured it as one call over the shard's positions,
+    which for a zigzag shard — two runs with a gap — is slower than the ring itself.)"""
     if len({r.get("world_size") for r in rows}) < 2:
         return None
     import matplotlib

@@ -122,3 +122,70 @@ def test_torch_compile_fullgraph_with_backward():
     torch.testing.assert_close(loss_c, loss_e, rtol=1e-3, atol=1e-3)
     for a, b in zip(gc, ge):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+def test_offset_runs_and_head_chunked_backward(monkeypatch):
+    # queries and keys at consecutive positions from different starts (ring pieces: natural
+    # loads with offsets, positions relative to a base), and float32 backward buffers forced
+    # into chunks of one head
+    from hf_hilbert_attn import kernels
+
+    s = 1500
+    qp = torch.arange(70000, 70000 + s, device="cuda")
+    kp = torch.arange(69000, 69000 + s, device="cuda")
+    _check(LONGNET_SMALL, s=s, hq=8, hkv=2, q_positions=qp, k_positions=kp)
+    monkeypatch.setattr(kernels, "ACC_BYTES", 1)
+    _check(LONGNET_SMALL, s=1025, hq=8, hkv=2)
+
+
+def test_launchers_write_into_views():
+    # out/lse and dq/dk/dv written into rows of longer tensors, inputs read through views
+    from hf_hilbert_attn.inputs import check_inputs
+    from hf_hilbert_attn.kernels import dilated_bwd, dilated_fwd, plan_positions
+
+    rows, n = slice(700, 2300), 3000
+    big = {h: torch.randn(1, hh, n, 128, device="cuda", dtype=torch.bfloat16)
+           for h, hh in (("q", 8), ("k", 2), ("v", 2), ("do", 8))}
+    q, k, v, do = (big[x][:, :, rows] for x in ("q", "k", "v", "do"))
+    pos = torch.arange(rows.start, rows.stop, device="cuda")
+    a = check_inputs(q, k, v, LONGNET_SMALL, q_positions=pos, k_positions=pos)
+    plan, _ = plan_positions(a, LONGNET_SMALL)
+    ref_o, ref_l = dilated_fwd(q.contiguous(), k.contiguous(), v.contiguous(), LONGNET_SMALL,
+                               a.scale, True, plan)
+    _poison()
+    o_big = torch.full((1, 8, n, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    l_big = torch.full((1, 8, n), float("nan"), device="cuda")
+    dilated_fwd(q, k, v, LONGNET_SMALL, a.scale, True, plan, out=o_big[:, :, rows],
+                lse=l_big[:, :, rows])
+    assert torch.equal(o_big[:, :, rows], ref_o) and torch.equal(l_big[:, :, rows], ref_l)
+    assert torch.isnan(o_big[:, :, :700].float()).all()
+    ref_g = dilated_bwd(do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), ref_o,
+                        ref_l, None, LONGNET_SMALL, a.scale, True, plan)
+    g_big = [torch.full_like(big[x], float("nan")) for x in ("q", "k", "v")]
+    dilated_bwd(do, q, k, v, o_big[:, :, rows], l_big[:, :, rows], None, LONGNET_SMALL, a.scale,
+                True, plan, *(g[:, :, rows] for g in g_big))
+    for g, r in zip(g_big, ref_g):
+        assert torch.equal(g[:, :, rows], r)
+
+
+def test_local_attention_and_autocast():
+    # a zigzag-like shard through the ring's local pieces equals the op; under autocast the
+    # mixed float32 q/k and bf16 v of a RoPE'd model run in bf16
+    from hf_hilbert_attn.ring import local_attention
+
+    pos = torch.cat([torch.arange(0, 2048), torch.arange(6144, 8192)]).cuda()
+    q = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 2, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 2, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    kw = dict(q_positions=pos, k_positions=pos)
+    got = local_attention(q, k, v, LONGNET_SMALL, **kw)
+    want = dilated_attention(q, k, v, LONGNET_SMALL, **kw)
+    dout = torch.randn_like(got)
+    g1 = torch.autograd.grad(got, (q, k, v), dout)
+    g2 = torch.autograd.grad(want, (q, k, v), dout)
+    for a, b in zip((got, *g1), (want, *g2)):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = dilated_attention(q.float(), k.float(), v, LONGNET_SMALL, **kw)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want.detach(), atol=0, rtol=0)

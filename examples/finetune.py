@@ -229,7 +229,9 @@ def build_model(args, tokenizer):
         pattern = DilatedPattern.from_yaml(ROOT / "configs" / "default.yaml")
     hf_hilbert_attn.configure(model, pattern)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from hf_hilbert_attn.evaluation.bench_model import enable_checkpointing
+
+        enable_checkpointing(model)
     return model, pattern
 
 

@@ -60,6 +60,15 @@ OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryErr
                     torch.cuda.OutOfMemoryError})
 
 
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer. transformers >= 5.2x
+    renamed the method (the old name warns); 5.17 has only the old one."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def compile_layers(model) -> int:
     """``torch.compile`` each decoder layer in place (regional compilation: one graph per layer
     type, compiled once and reused by every layer), for any attention implementation; the
@@ -91,11 +100,7 @@ def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype
         from .runner import apply_pattern
 
         apply_pattern(model, pattern)
-    # transformers >= 5.2x renamed it (the old name warns); 5.17 has only the old one.
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)
     if compile:
         compile_layers(model)
     model.train()

@@ -255,3 +255,12 @@ def test_write_into_views_of_longer_tensors():
     with pytest.raises(ValueError, match="dq must be"):
         dilated_bwd(do, q, k, v, ref_out, ref_lse, None, pat, a.scale, True, plan,
                     dq=torch.empty(1, 4, 41, 8, device=DEV))
+
+
+@pytest.mark.parametrize("mixsplit,mode", [("0", "per_head"), ("1", "per_head"), ("1", "all")])
+def test_non_dividing_rates_long_segments(monkeypatch, mixsplit, mode):
+    # like longnet_lm's (8192, 4) before (16384, 6): a query tile of the rate-6 config lies in
+    # one segment of the rate-4 config, whose pairs it can cover only pair by pair, and only
+    # inside that segment; HF_HILBERT_MIXSPLIT=1 masks just those key tiles (forward variant)
+    monkeypatch.setenv("HF_HILBERT_MIXSPLIT", mixsplit)
+    _run(DilatedPattern([8, 128, 512], [1, 4, 6], query_dilation=mode), sq=420, hq=3, hkv=1)

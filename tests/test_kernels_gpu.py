@@ -189,3 +189,11 @@ def test_local_attention_and_autocast():
         out = dilated_attention(q.float(), k.float(), v, LONGNET_SMALL, **kw)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, want.detach(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["per_head", "all"])
+def test_mixsplit_forward_variant(monkeypatch, mode):
+    # HF_HILBERT_MIXSPLIT=1: the per-pair union mask only on key tiles that meet the segment of
+    # the earlier config needing it (rate 4 not dividing 6, as in longnet_lm)
+    monkeypatch.setenv("HF_HILBERT_MIXSPLIT", "1")
+    _check(LONGNET_SMALL.replace(query_dilation=mode), s=4096, hq=12, hkv=4)

@@ -36,6 +36,13 @@ BLOCK_OVERRIDE: Optional[tuple] = None
 ACC_BYTES = 4 << 30
 
 
+def _mixsplit() -> bool:
+    """Forward variant (A/B, not yet timed on a GPU; ``HF_HILBERT_MIXSPLIT=1``): in a program
+    that needs the per-pair union mask, apply it only to the key tiles that meet the segment of
+    the earlier config that needs it (``_common._mixed_span``), not to all of them."""
+    return os.environ.get("HF_HILBERT_MIXSPLIT", "0") == "1"
+
+
 def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -169,7 +176,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                UMAX=0, UTAB=utab, num_warps=warps, num_stages=stages,
+                UMAX=0, UTAB=utab, MIXSPLIT=_mixsplit(), num_warps=warps, num_stages=stages,
             )
     return out, lse
 

@@ -130,6 +130,43 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
 
 
 @triton.jit
+def _mixed_span(p0, p1, sbase, R, hi_all, CFG, NPRI):
+    """Hull ``[ma, mb)`` of the other side's class indices where an earlier config could cover
+    a pair only pair by pair (the union mask is needed nowhere else).
+
+    An earlier config whose segment holds the program's positions ``[p0, p1]`` but whose rate
+    does not divide ``R`` covers pairs only inside that segment; one whose segment boundary cuts
+    the program's range could cover anywhere (``[0, hi_all)``). Settled configs (segment holds
+    the range, rate divides ``R``) are the skipped interval of ``_covered``, not this.
+    """
+    ma = hi_all + 0 * p0
+    mb = 0 * p0
+    for j in range(NPRI):
+        wj = tl.load(CFG + 2 * j)
+        rj = tl.load(CFG + 2 * j + 1)
+        qa = p0 // wj
+        single = qa == (p1 // wj)
+        uniform = (R % rj) == 0
+        lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
+        hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
+        lo = tl.where(single, lo, 0)
+        hi = tl.where(single, hi, hi_all)
+        use = (single & uniform) == 0
+        ma = tl.where(use, tl.minimum(ma, lo), ma)
+        mb = tl.where(use, tl.maximum(mb, hi), mb)
+    return ma, mb
+
+
+@triton.jit
+def _split_at(s0, e, ma, mb, BN: tl.constexpr):
+    """Tile starts ``s0 <= x1 <= x2 <= e`` (steps of ``BN`` from ``s0``): the tiles of
+    ``[x1, x2)`` are those that meet ``[ma, mb)``."""
+    x1 = tl.minimum(s0 + tl.maximum(ma - s0, 0) // BN * BN, e)
+    x2 = tl.maximum(tl.minimum(s0 + (tl.maximum(mb - s0, 0) + BN - 1) // BN * BN, e), x1)
+    return x1, x2
+
+
+@triton.jit
 def _prog_key(j: tl.constexpr, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ,
               PER_HEAD: tl.constexpr):
     """(segment, class) keys of earlier config ``j`` for the program's own positions ``p``.

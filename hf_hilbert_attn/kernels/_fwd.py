@@ -11,7 +11,8 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import _NO_SPEC, _covered, _n_range, _participates, _prog_key, _union_keep, _union_tab
+from ._common import (_NO_SPEC, _covered, _mixed_span, _n_range, _participates, _prog_key,
+                      _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -90,7 +91,7 @@ def _fwd_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -171,22 +172,60 @@ def _fwd_kernel(
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        if MIXSPLIT:
+            # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
+            ma, mb = _mixed_span(pq0, pq1, sbase, R, kn_hi, CFG, NPRI)
+            x1, x2 = _split_at(kn_lo, a_mid, ma, mb, BN)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       kn_lo, x1, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       x1, x2, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       x2, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            y1, y2 = _split_at(b_lo, b_mid, ma, mb, BN)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       b_lo, y1, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       y1, y2, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       y2, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        else:
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
+                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     else:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                    kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,

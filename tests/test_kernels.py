@@ -261,6 +261,6 @@ def test_write_into_views_of_longer_tensors():
 def test_non_dividing_rates_long_segments(monkeypatch, mixsplit, mode):
     # like longnet_lm's (8192, 4) before (16384, 6): a query tile of the rate-6 config lies in
     # one segment of the rate-4 config, whose pairs it can cover only pair by pair, and only
-    # inside that segment; HF_HILBERT_MIXSPLIT=1 masks just those key tiles (forward variant)
+    # inside that segment; HF_HILBERT_MIXSPLIT=1 masks just those tiles (forward and backward)
     monkeypatch.setenv("HF_HILBERT_MIXSPLIT", mixsplit)
     _run(DilatedPattern([8, 128, 512], [1, 4, 6], query_dilation=mode), sq=420, hq=3, hkv=1)

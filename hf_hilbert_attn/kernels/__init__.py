@@ -37,9 +37,10 @@ ACC_BYTES = 4 << 30
 
 
 def _mixsplit() -> bool:
-    """Forward variant (A/B, not yet timed on a GPU; ``HF_HILBERT_MIXSPLIT=1``): in a program
-    that needs the per-pair union mask, apply it only to the key tiles that meet the segment of
-    the earlier config that needs it (``_common._mixed_span``), not to all of them."""
+    """Kernel variant (A/B, not yet timed on a GPU; ``HF_HILBERT_MIXSPLIT=1``): in a program
+    that needs the per-pair union mask, apply it only to the tiles that meet the segment of the
+    earlier config that needs it (``_common._mixed_span``), not to all of them. Forward, dq and
+    dk/dv alike."""
     return os.environ.get("HF_HILBERT_MIXSPLIT", "0") == "1"
 
 
@@ -227,7 +228,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     keys, psz, utab = _union_args(prio, plan, dev)
     common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                   HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                  UMAX=max(1, len(prio) - 1), UTAB=utab)
+                  UMAX=max(1, len(prio) - 1), UTAB=utab, MIXSPLIT=_mixsplit())
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time

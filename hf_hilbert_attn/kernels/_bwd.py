@@ -14,7 +14,8 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import _NO_SPEC, _covered, _n_range, _participates, _prog_key, _union_keep, _union_tab
+from ._common import (_NO_SPEC, _covered, _mixed_span, _n_range, _participates, _prog_key,
+                      _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -168,7 +169,7 @@ def _dq_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -250,18 +251,48 @@ def _dq_kernel(
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        if MIXSPLIT:
+            # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
+            ma, mb = _mixed_span(pq0, pq1, sbase, R, kn_hi, CFG, NPRI)
+            x0a, x0b = _split_at(kn_lo, a_mid, ma, mb, BN)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           kn_lo, x0a, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           x0a, x0b, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           x0b, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            x2a, x2b = _split_at(b_lo, b_mid, ma, mb, BN)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           b_lo, x2a, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           x2a, x2b, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           x2b, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        else:
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                           b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
     else:
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
@@ -298,7 +329,7 @@ def _dkdv_kernel(
     SEG0, NBLK, W, R, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
@@ -381,26 +412,72 @@ def _dkdv_kernel(
             a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
             b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
             if mixed:
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, True, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, False, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, True, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, False, True, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                if MIXSPLIT:
+                    # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
+                    ma, mb = _mixed_span(pk0, pk1, sbase, R, qn_hi, CFG, NPRI)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, True, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    x1a, x1b = _split_at(a_mid, a_hi, ma, mb, BM)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, a_mid, x1a, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, False, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, x1a, x1b, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, x1b, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, False, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, True, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    x3a, x3b = _split_at(b_mid, qn_hi, ma, mb, BM)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, b_mid, x3a, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, False, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, x3a, x3b, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, x3b, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, False, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                else:
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, True, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, True, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                         pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                         BM, D, False, True, CAUSAL,
+                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
             else:
                 dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                      pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,

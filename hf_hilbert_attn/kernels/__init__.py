@@ -39,7 +39,7 @@ ACC_BYTES = 4 << 30
 def _mixsplit() -> bool:
     """Kernel variant (A/B, not yet timed on a GPU; ``HF_HILBERT_MIXSPLIT=1``): in a program
     that needs the per-pair union mask, apply it only to the tiles that meet the segment of the
-    earlier config that needs it (``_common._mixed_span``), not to all of them. Forward, dq and
+    earlier config that needs it (the ``[ma, mb)`` of ``_common._covered``), not to all of them. Forward, dq and
     dk/dv alike."""
     return os.environ.get("HF_HILBERT_MIXSPLIT", "0") == "1"
 

@@ -14,7 +14,7 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import (_NO_SPEC, _covered, _mixed_span, _n_range, _participates, _prog_key,
+from ._common import (_NO_SPEC, _covered, _n_range, _participates, _prog_key,
                       _split_at, _union_keep, _union_tab)
 
 
@@ -233,7 +233,7 @@ def _dq_kernel(
         v_base = v_base - KOFF.to(tl.int64) * svs
         KDOC_T = KDOC - KOFF
     dq = tl.zeros([BM, D], tl.float32)
-    ca, cb, mixed = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
@@ -253,7 +253,6 @@ def _dq_kernel(
     if mixed:
         if MIXSPLIT:
             # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
-            ma, mb = _mixed_span(pq0, pq1, sbase, R, kn_hi, CFG, NPRI)
             x0a, x0b = _split_at(kn_lo, a_mid, ma, mb, BN)
             dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                            kn_lo, x0a, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
@@ -394,7 +393,7 @@ def _dkdv_kernel(
             lrow = (b64 * (HKV * GROUP) + h64) * SQ
             # queries [ca, cb) covered by earlier configs: skipped; each remaining range starts
             # with the diagonal tiles (masked), then whole unmasked tiles
-            ca, cb, mixed = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
+            ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
             kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
             kp1 = kp0
             kp2 = kp0
@@ -414,7 +413,6 @@ def _dkdv_kernel(
             if mixed:
                 if MIXSPLIT:
                     # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
-                    ma, mb = _mixed_span(pk0, pk1, sbase, R, qn_hi, CFG, NPRI)
                     dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
                                          pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
                                          sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,

@@ -100,12 +100,18 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
     runs over positions ``sbase + R*n``. An earlier config whose segment holds the whole first
     side, and whose rate divides ``R`` (one class for all), covers every pair with a position
     of that segment (same class) or none (per_head, another head's class). Those segments all
-    contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, mixed)``;
+    contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, mixed, ma, mb)``;
     ``ca == cb == empty_at`` when nothing is covered, ``mixed`` when some earlier config needs
-    the per-pair union mask (segment boundary inside the tile, or rate not dividing ``R``).
+    the per-pair union mask (segment boundary inside the tile, or rate not dividing ``R``), and
+    ``[ma, mb)`` the hull of the other side's class indices where such a config could cover a
+    pair: the config's own segment when it holds ``[p0, p1]`` (a rate not dividing ``R``
+    covers pairs only inside it), else everything (``[0, empty_at)``). The union mask is needed
+    nowhere else (``HF_HILBERT_MIXSPLIT``).
     """
     ca = empty_at + 0 * p0
     cb = ca
+    ma = ca
+    mb = 0 * p0
     found = p0 < 0  # False
     mixed = p0 < 0
     for j in range(NPRI):
@@ -120,41 +126,16 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
             cls_ok = p0 >= 0
         full = single & uniform & cls_ok
         none = single & uniform & (cls_ok == 0)
-        mixed = mixed | ((full == 0) & (none == 0))
+        mix_j = (full == 0) & (none == 0)
+        mixed = mixed | mix_j
         lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
         hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
         ca = tl.where(full, tl.where(found, tl.minimum(ca, lo), lo), ca)
         cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
         found = found | full
-    return ca, cb, mixed
-
-
-@triton.jit
-def _mixed_span(p0, p1, sbase, R, hi_all, CFG, NPRI):
-    """Hull ``[ma, mb)`` of the other side's class indices where an earlier config could cover
-    a pair only pair by pair (the union mask is needed nowhere else).
-
-    An earlier config whose segment holds the program's positions ``[p0, p1]`` but whose rate
-    does not divide ``R`` covers pairs only inside that segment; one whose segment boundary cuts
-    the program's range could cover anywhere (``[0, hi_all)``). Settled configs (segment holds
-    the range, rate divides ``R``) are the skipped interval of ``_covered``, not this.
-    """
-    ma = hi_all + 0 * p0
-    mb = 0 * p0
-    for j in range(NPRI):
-        wj = tl.load(CFG + 2 * j)
-        rj = tl.load(CFG + 2 * j + 1)
-        qa = p0 // wj
-        single = qa == (p1 // wj)
-        uniform = (R % rj) == 0
-        lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
-        hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
-        lo = tl.where(single, lo, 0)
-        hi = tl.where(single, hi, hi_all)
-        use = (single & uniform) == 0
-        ma = tl.where(use, tl.minimum(ma, lo), ma)
-        mb = tl.where(use, tl.maximum(mb, hi), mb)
-    return ma, mb
+        ma = tl.where(mix_j, tl.minimum(ma, tl.where(single, lo, 0)), ma)
+        mb = tl.where(mix_j, tl.maximum(mb, tl.where(single, hi, empty_at)), mb)
+    return ca, cb, mixed, ma, mb
 
 
 @triton.jit

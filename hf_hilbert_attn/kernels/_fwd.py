@@ -11,7 +11,7 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import (_NO_SPEC, _covered, _mixed_span, _n_range, _participates, _prog_key,
+from ._common import (_NO_SPEC, _covered, _n_range, _participates, _prog_key,
                       _split_at, _union_keep, _union_tab)
 
 
@@ -154,7 +154,7 @@ def _fwd_kernel(
     acc = tl.zeros([BM, D], tl.float32)
     # Keys [ca, cb) are covered by earlier configs for the whole tile: skipped. The rest is two
     # ranges, each an unmasked run of whole tiles then masked tiles (diagonal, range end).
-    ca, cb, mixed = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
@@ -174,7 +174,6 @@ def _fwd_kernel(
     if mixed:
         if MIXSPLIT:
             # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
-            ma, mb = _mixed_span(pq0, pq1, sbase, R, kn_hi, CFG, NPRI)
             x1, x2 = _split_at(kn_lo, a_mid, ma, mb, BN)
             acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                                        kn_lo, x1, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,

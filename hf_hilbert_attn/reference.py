@@ -312,6 +312,24 @@ def _gather_kv(t, rows, idx, kv_ids):
     return blk if kv_ids is None else blk.index_select(1, kv_ids)
 
 
+def _key_chunk(ps, kf, vf, chunk):
+    """Storage rows ``ki`` of a key chunk and its K and V blocks ``[B', hk, ck, D]``."""
+    ki = ps.k_order[chunk[0]:chunk[1]]
+    return ki, _gather_kv(kf, ps.rows, ki, ps.kv_ids), _gather_kv(vf, ps.rows, ki, ps.kv_ids)
+
+
+def _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g):
+    """Scores ``s`` ``[B', hk, g*cq, ck]`` with the pairs the pattern forbids set to -inf
+    (unchanged when the whole block is allowed)."""
+    k_lo, k_hi = chunk[0], chunk[1]
+    kd = None if ps.k_doc is None else ps.k_doc[:, k_lo:k_hi]
+    mask = _block_mask(pattern, ps, qp, ps.k_pos[k_lo:k_hi], qd, kd, chunk)
+    if mask is None:
+        return s
+    s5 = s.view(s.shape[0], hk, g, -1, s.shape[-1])
+    return torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
+
+
 def _chunked_forward(pattern, passes, qf, kf, vf):
     """Forward over the plan: ``out [B, Hq, Sq, Dv]`` and ``lse [B, Hq, Sq]`` in qf's dtype.
     ``qf`` is already multiplied by the softmax scale."""
@@ -335,16 +353,9 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
             qp = ps.q_pos[lo:hi]
             qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
             for chunk in chunks:
-                k_lo, k_hi = chunk[0], chunk[1]
-                ki = ps.k_order[k_lo:k_hi]
-                kb = _gather_kv(kf, ps.rows, ki, ps.kv_ids)
-                vb = _gather_kv(vf, ps.rows, ki, ps.kv_ids)
+                ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
                 s = torch.matmul(qb, kb.transpose(-1, -2))  # [B', hk, g*cq, ck]
-                kd = None if ps.k_doc is None else ps.k_doc[:, k_lo:k_hi]
-                mask = _block_mask(pattern, ps, qp, ps.k_pos[k_lo:k_hi], qd, kd, chunk)
-                if mask is not None:
-                    s5 = s.view(nb, hk, g, cq, -1)
-                    s = torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
+                s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
                 m_new = torch.maximum(m, s.amax(-1))
                 m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # empty rows stay 0
                 p = s.sub_(m_safe[..., None]).exp_()
@@ -394,16 +405,9 @@ def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
             qp = ps.q_pos[lo:hi]
             qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
             for chunk in chunks:
-                k_lo, k_hi = chunk[0], chunk[1]
-                ki = ps.k_order[k_lo:k_hi]
-                kb = _gather_kv(kf, ps.rows, ki, ps.kv_ids)
-                vb = _gather_kv(vf, ps.rows, ki, ps.kv_ids)
+                ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
                 s = torch.matmul(qb, kb.transpose(-1, -2)).sub_(lse_b)
-                kd = None if ps.k_doc is None else ps.k_doc[:, k_lo:k_hi]
-                mask = _block_mask(pattern, ps, qp, ps.k_pos[k_lo:k_hi], qd, kd, chunk)
-                if mask is not None:
-                    s5 = s.view(nb, hk, g, cq, -1)
-                    s = torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
+                s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
                 p = s.exp_()  # [B', hk, g*cq, ck]
                 dv_b = torch.matmul(p.transpose(-1, -2), dob)  # [B', hk, ck, Dv]
                 ds = torch.matmul(dob, vb.transpose(-1, -2)).sub_(delta_b).mul_(p)

@@ -356,6 +356,8 @@ def main(argv=None):
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(final)
         logger.info("saved %s (config.hilbert_attn = %s)", final, lm.config.hilbert_attn)
+    # every rank leaves together: no rank tears the process group down while another still works
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 

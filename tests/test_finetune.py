@@ -5,9 +5,11 @@ whole sequence in one process and once sharded over a gloo group (ring attention
 every parameter gradient must agree at every step (close: float32, different summation order).
 """
 
+import contextlib
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,12 +108,26 @@ def _free_port():
 
 
 def _run(cmd, out_dir):
+    """Run ``cmd``; on a hang, every Python process of its session prints its stacks (faulthandler
+    on SIGABRT) and the test fails with them instead of a bare timeout."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONFAULTHANDLER="1")
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n"
-                                  f"{proc.stderr[-5000:]}")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"{' '.join(map(str, cmd))} hung for {TIMEOUT} s; stacks and output:\n"
+                    f"{stdout[-3000:]}\n{stderr[-12000:]}")
+    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} failed:\n{stdout[-3000:]}\n"
+                                  f"{stderr[-5000:]}")
     log = {}
     for line in (out_dir / "train_log.jsonl").read_text().splitlines():
         rec = json.loads(line)

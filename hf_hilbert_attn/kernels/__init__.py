@@ -177,7 +177,8 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                UMAX=0, UTAB=utab, MIXSPLIT=_mixsplit(), num_warps=warps, num_stages=stages,
+                UMAX=0, UTAB=utab, MIXSPLIT=_mixsplit(), EARLIER=npri > 0, num_warps=warps,
+                num_stages=stages,
             )
     return out, lse
 
@@ -246,7 +247,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 dv.stride(2), sqi, ski, sqd, skd, SQ,
                 scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
                 plan.qhi, plan.klo, plan.khi, kseg0, knblk, w, r, npri, int(first), int(last),
-                BM=kBM, BN=kBN, num_warps=kwarps, num_stages=kstages, **common,
+                BM=kBM, BN=kBN, EARLIER=npri > 0, num_warps=kwarps, num_stages=kstages, **common,
             )
     # dq: one program per query tile, as in the forward, a chunk of heads at a time
     for h0 in range(0, HQ, hch):
@@ -263,7 +264,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 sqi, ski, sqd, skd, SQ,
                 scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
                 plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(first),
-                int(last), BM=BM, BN=BN, num_warps=warps, num_stages=stages, **common,
+                int(last), BM=BM, BN=BN, EARLIER=npri > 0, num_warps=warps, num_stages=stages,
+                **common,
             )
     return dq, dk, dv
 

@@ -158,81 +158,14 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
     return dk, dv
 
 
-@triton.jit(do_not_specialize=_NO_SPEC)
-def _dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, DQACC,
-    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
-    sdqb, sdqh, sdqs,
-    sqinv, skinv, sqdoc, skdoc, SQ,
-    scale, scale_log2, HQ, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
-    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // HCH
-    hl = bh % HCH  # head within this launch's chunk of heads (DQACC holds HCH heads)
-    h = HOFF + hl
-    hk = h // GROUP
-    blk = BLK0 + tile % NBLK
-    t2 = tile // NBLK
-    seg = SEG0 + t2 // NCLS
-    if PER_HEAD:
-        c = h % R
-    else:
-        c = t2 % NCLS
-    sbase = seg * W + c
-    ncl = (W - c + R - 1) // R
-
-    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
-    offs_m = blk * BM + tl.arange(0, BM)
-    pq = sbase + R * offs_m
-    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
-    b64 = b.to(tl.int64)
-    h64 = h.to(tl.int64)
-    if MAPPED:
-        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
-        row_ok = row_ok & (qidx >= 0)
-    else:
-        qidx = pq - QOFF
-    qidx = tl.where(row_ok, qidx, 0)
-    row64 = qidx.to(tl.int64)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b64 * sdb + h64 * sdh + row64[:, None] * sds + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
-    lse2 = tl.load(LSE + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0) * 1.4426950408889634
-    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # empty rows: P = 0
-    delta = tl.load(DELTA + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0)
-    if HAS_DOC:
-        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
-    else:
-        qd = qidx
-
-    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
-    m_first = tl.maximum(blk * BM, qn_lo)
-    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
-    if CAUSAL:
-        kn_hi = tl.minimum(kn_hi, m_last + 1)
-        full_hi = tl.minimum(kn_hi, blk * BM + 1)
-    else:
-        full_hi = kn_hi
-    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)
-    pq0 = sbase + R * m_first
-    pq1 = sbase + R * tl.maximum(m_last, m_first)
-
-    k_base = K + b64 * skb + hk.to(tl.int64) * skh
-    v_base = V + b64 * svb + hk.to(tl.int64) * svh
-    KDOC_T = KDOC
-    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
-        k_base = k_base - KOFF.to(tl.int64) * sks
-        v_base = v_base - KOFF.to(tl.int64) * svs
-        KDOC_T = KDOC - KOFF
-    dq = tl.zeros([BM, D], tl.float32)
+@triton.jit
+def _dq_union(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok, pq0,
+              pq1, kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2,
+              CFG, NPRI, KEYS, PSZ, BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+              PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+              IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+              MIXSPLIT: tl.constexpr):
+    """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
@@ -305,6 +238,98 @@ def _dq_kernel(
         dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
                        b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
                        NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    return dq
+
+
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, DQACC,
+    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
+    sdqb, sdqh, sdqs,
+    sqinv, skinv, sqdoc, skdoc, SQ,
+    scale, scale_log2, HQ, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
+    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
+    EARLIER: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HCH
+    hl = bh % HCH  # head within this launch's chunk of heads (DQACC holds HCH heads)
+    h = HOFF + hl
+    hk = h // GROUP
+    blk = BLK0 + tile % NBLK
+    t2 = tile // NBLK
+    seg = SEG0 + t2 // NCLS
+    if PER_HEAD:
+        c = h % R
+    else:
+        c = t2 % NCLS
+    sbase = seg * W + c
+    ncl = (W - c + R - 1) // R
+
+    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
+    offs_m = blk * BM + tl.arange(0, BM)
+    pq = sbase + R * offs_m
+    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    if MAPPED:
+        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
+        row_ok = row_ok & (qidx >= 0)
+    else:
+        qidx = pq - QOFF
+    qidx = tl.where(row_ok, qidx, 0)
+    row64 = qidx.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b64 * sdb + h64 * sdh + row64[:, None] * sds + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # empty rows: P = 0
+    delta = tl.load(DELTA + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0)
+    if HAS_DOC:
+        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+    else:
+        qd = qidx
+
+    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    m_first = tl.maximum(blk * BM, qn_lo)
+    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
+    if CAUSAL:
+        kn_hi = tl.minimum(kn_hi, m_last + 1)
+        full_hi = tl.minimum(kn_hi, blk * BM + 1)
+    else:
+        full_hi = kn_hi
+    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)
+    pq0 = sbase + R * m_first
+    pq1 = sbase + R * tl.maximum(m_last, m_first)
+
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    KDOC_T = KDOC
+    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
+        k_base = k_base - KOFF.to(tl.int64) * sks
+        v_base = v_base - KOFF.to(tl.int64) * svs
+        KDOC_T = KDOC - KOFF
+    dq = tl.zeros([BM, D], tl.float32)
+    if EARLIER == 0:  # first config in priority order: no union test, nothing skipped
+        a_mid = kn_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - kn_lo, 0) // BN * BN
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                       kn_lo, a_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                       a_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+                       NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
+    else:
+        dq = _dq_union(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok,
+                       pq0, pq1, kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                       scale_log2, CFG, NPRI, KEYS, PSZ, BN, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
+                       IEEE, UMAX, UTAB, MIXSPLIT)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
@@ -315,6 +340,123 @@ def _dq_kernel(
                  dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
     else:
         tl.store(acc_ptrs, dq, mask=row_ok[:, None])
+
+
+@triton.jit
+def _dkdv_union(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n, pk, col_ok,
+                pk0, pk1, qn_lo, qn_hi, full_lo, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs, sds,
+                QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, BM: tl.constexpr, D: tl.constexpr,
+                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
+                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
+                UTAB: tl.constexpr, MIXSPLIT: tl.constexpr):
+    """dk, dv of one query head over the query tiles of a config with earlier configs: queries
+    ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
+    with the diagonal tiles (masked), then whole unmasked tiles; the union mask where mixed."""
+    ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
+    kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
+    kp1 = kp0
+    kp2 = kp0
+    kp3 = kp0
+    if UTAB > 0:
+        kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 1:
+        kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 2:
+        kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    if UTAB > 3:
+        kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    a_hi = tl.minimum(ca, qn_hi)
+    b_lo = tl.maximum(cb, qn_lo)
+    a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
+    b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
+    if mixed:
+        if MIXSPLIT:
+            # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, True, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            x1a, x1b = _split_at(a_mid, a_hi, ma, mb, BM)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, a_mid, x1a, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, False, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, x1a, x1b, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, x1b, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, False, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, True, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            x3a, x3b = _split_at(b_mid, qn_hi, ma, mb, BM)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, b_mid, x3a, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, False, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, x3a, x3b, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, x3b, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, False, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        else:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, True, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, True, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                 pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                                 BM, D, False, True, CAUSAL,
+                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    else:
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                             pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                             BM, D, True, False, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                             pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                             BM, D, False, False, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                             pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                             BM, D, True, False, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                             pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
+                             BM, D, False, False, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    return dk, dv
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
@@ -329,6 +471,7 @@ def _dkdv_kernel(
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
+    EARLIER: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
@@ -391,112 +534,26 @@ def _dkdv_kernel(
             q_base = Q + b64 * sqb + h64 * sqh
             do_base = DO + b64 * sdb + h64 * sdh
             lrow = (b64 * (HKV * GROUP) + h64) * SQ
-            # queries [ca, cb) covered by earlier configs: skipped; each remaining range starts
-            # with the diagonal tiles (masked), then whole unmasked tiles
-            ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
-            kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
-            kp1 = kp0
-            kp2 = kp0
-            kp3 = kp0
-            if UTAB > 0:
-                kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
-            if UTAB > 1:
-                kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
-            if UTAB > 2:
-                kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
-            if UTAB > 3:
-                kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
-            a_hi = tl.minimum(ca, qn_hi)
-            b_lo = tl.maximum(cb, qn_lo)
-            a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
-            b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
-            if mixed:
-                if MIXSPLIT:
-                    # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, True, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    x1a, x1b = _split_at(a_mid, a_hi, ma, mb, BM)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, a_mid, x1a, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, False, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, x1a, x1b, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, x1b, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, False, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, True, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    x3a, x3b = _split_at(b_mid, qn_hi, ma, mb, BM)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, b_mid, x3a, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, False, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, x3a, x3b, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, x3b, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, False, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                else:
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, True, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, True, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                         pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                         sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                         BM, D, False, True, CAUSAL,
-                                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+            if EARLIER == 0:
+                # first config in priority order: no union test, nothing skipped; the diagonal
+                # tiles (masked), then whole unmasked tiles
+                a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, qn_hi)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, pk0, pk1, qn_lo, a_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk,
+                                     BM, D, True, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
+                                     pk, pk0, pk1, a_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
+                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk,
+                                     BM, D, False, False, CAUSAL,
+                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
             else:
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, True, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, False, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, True, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                     BM, D, False, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                dk, dv = _dkdv_union(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd,
+                                     offs_n, pk, col_ok, pk0, pk1, qn_lo, qn_hi, full_lo, sbase, R,
+                                     h, b64, lrow, sqinv, sqdoc, sqs, sds, QOFF, scale_log2, CFG,
+                                     NPRI, KEYS, PSZ, BM, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
+                                     IEEE, UMAX, UTAB, MIXSPLIT)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]

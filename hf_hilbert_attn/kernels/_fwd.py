@@ -81,79 +81,16 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=_NO_SPEC)
-def _fwd_kernel(
-    Q, K, V, O, LSE, ACC,
-    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
-    sqinv, skinv, sqdoc, skdoc,
-    scale_log2, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
-    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // HCH
-    hl = bh % HCH  # head within this launch's chunk of heads (the ACC buffer holds HCH heads)
-    h = HOFF + hl
-    hk = h // GROUP
-    blk = BLK0 + tile % NBLK
-    t2 = tile // NBLK
-    seg = SEG0 + t2 // NCLS
-    if PER_HEAD:
-        c = h % R
-    else:
-        c = t2 % NCLS
-    sbase = seg * W + c  # position of class index n = 0
-    ncl = (W - c + R - 1) // R  # positions of class c in a (full) segment
-
-    # ---- query rows: class indices [blk*BM, blk*BM + BM) that exist
-    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
-    offs_m = blk * BM + tl.arange(0, BM)
-    pq = sbase + R * offs_m  # [BM] positions
-    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
-    b64 = b.to(tl.int64)
-    if MAPPED:
-        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
-        row_ok = row_ok & (qidx >= 0)
-    else:
-        qidx = pq - QOFF
-    qidx = tl.where(row_ok, qidx, 0)
-    offs_d = tl.arange(0, D)
-    q_ptrs = Q + b64 * sqb + h.to(tl.int64) * sqh + qidx[:, None].to(tl.int64) * sqs + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    if HAS_DOC:
-        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
-    else:
-        qd = qidx
-
-    # ---- key range of this tile: same segment and class
-    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
-    m_first = tl.maximum(blk * BM, qn_lo)
-    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
-    if CAUSAL:
-        kn_hi = tl.minimum(kn_hi, m_last + 1)  # keys n <= the last query's n
-        full_hi = tl.minimum(kn_hi, blk * BM + 1)  # below: no diagonal inside the tile
-    else:
-        full_hi = kn_hi
-    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)  # no query: empty loop
-    pq0 = sbase + R * m_first
-    pq1 = sbase + R * tl.maximum(m_last, m_first)
-
-    k_base = K + b64 * skb + hk.to(tl.int64) * skh
-    v_base = V + b64 * svb + hk.to(tl.int64) * svh
-    KDOC_T = KDOC
-    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
-        k_base = k_base - KOFF.to(tl.int64) * sks
-        v_base = v_base - KOFF.to(tl.int64) * svs
-        KDOC_T = KDOC - KOFF
-    m_i = tl.full([BM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, D], tl.float32)
-    # Keys [ca, cb) are covered by earlier configs for the whole tile: skipped. The rest is two
-    # ranges, each an unmasked run of whole tiles then masked tiles (diagonal, range end).
+@triton.jit
+def _fwd_union(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok, pq0, pq1,
+               kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
+               NPRI, KEYS, PSZ, BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+               MIXSPLIT: tl.constexpr):
+    """Key tiles of a config with earlier configs: keys ``[ca, cb)`` covered by them for the
+    whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
+    then masked tiles (diagonal, range end); the per-pair union mask where ``mixed``."""
     ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
@@ -242,6 +179,99 @@ def _fwd_kernel(
                                    b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
                                    scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD,
                                    MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _fwd_kernel(
+    Q, K, V, O, LSE, ACC,
+    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
+    sqinv, skinv, sqdoc, skdoc,
+    scale_log2, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
+    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
+    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
+    EARLIER: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HCH
+    hl = bh % HCH  # head within this launch's chunk of heads (the ACC buffer holds HCH heads)
+    h = HOFF + hl
+    hk = h // GROUP
+    blk = BLK0 + tile % NBLK
+    t2 = tile // NBLK
+    seg = SEG0 + t2 // NCLS
+    if PER_HEAD:
+        c = h % R
+    else:
+        c = t2 % NCLS
+    sbase = seg * W + c  # position of class index n = 0
+    ncl = (W - c + R - 1) // R  # positions of class c in a (full) segment
+
+    # ---- query rows: class indices [blk*BM, blk*BM + BM) that exist
+    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
+    offs_m = blk * BM + tl.arange(0, BM)
+    pq = sbase + R * offs_m  # [BM] positions
+    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
+    b64 = b.to(tl.int64)
+    if MAPPED:
+        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
+        row_ok = row_ok & (qidx >= 0)
+    else:
+        qidx = pq - QOFF
+    qidx = tl.where(row_ok, qidx, 0)
+    offs_d = tl.arange(0, D)
+    q_ptrs = Q + b64 * sqb + h.to(tl.int64) * sqh + qidx[:, None].to(tl.int64) * sqs + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    if HAS_DOC:
+        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+    else:
+        qd = qidx
+
+    # ---- key range of this tile: same segment and class
+    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    m_first = tl.maximum(blk * BM, qn_lo)
+    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
+    if CAUSAL:
+        kn_hi = tl.minimum(kn_hi, m_last + 1)  # keys n <= the last query's n
+        full_hi = tl.minimum(kn_hi, blk * BM + 1)  # below: no diagonal inside the tile
+    else:
+        full_hi = kn_hi
+    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)  # no query: empty loop
+    pq0 = sbase + R * m_first
+    pq1 = sbase + R * tl.maximum(m_last, m_first)
+
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    KDOC_T = KDOC
+    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
+        k_base = k_base - KOFF.to(tl.int64) * sks
+        v_base = v_base - KOFF.to(tl.int64) * svs
+        KDOC_T = KDOC - KOFF
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    if EARLIER == 0:
+        # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
+        # config's, so no union test and no skipped range; compiled without them (registers)
+        a_mid = kn_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - kn_lo, 0) // BN * BN
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                   kn_lo, a_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, False, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, 0)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
+                                   a_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
+                                   scale_log2, CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, True, False, CAUSAL, PER_HEAD,
+                                   MAPPED, HAS_DOC, IEEE, UMAX, 0)
+    else:
+        acc, l_i, m_i = _fwd_union(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok,
+                                   pq0, pq1, kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc,
+                                   sks, svs, scale_log2, CFG, NPRI, KEYS, PSZ, BN, D, CAUSAL,
+                                   PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0

@@ -1,11 +1,13 @@
 """Registers, spills and shared memory of every kernel launch, compiled for a GPU without one.
 
     python examples/benchmarks/kernel_resources.py --seq 65536 --hq 32 --hkv 8 --dim 128
-    python examples/benchmarks/kernel_resources.py --env HF_HILBERT_DKDV_BLOCKS=128,32,4,2 --csv r.csv
+    python examples/benchmarks/kernel_resources.py --env HF_HILBERT_DKDV_BLOCKS=32,128,8,2 \
+        --csv r.csv
 
 One forward and backward is recorded on CPU tensors (nothing runs), every distinct kernel
 specialization is compiled for ``--arch`` as Triton's JIT would specialise it, and ``ptxas -v``
-reports registers per thread, spill stores/loads and the stack frame (``hf_hilbert_attn.kernels.aot``).
+reports registers per thread, spill stores/loads and the stack frame
+(``hf_hilbert_attn.kernels.aot``).
 A kernel that spills sends part of its accumulators through local memory on every key tile:
 the first thing to check when a kernel runs far below the tensor-core rate. Timing still needs
 the GPU (``kernel_timing.py``); this shows in seconds, on any machine with a Linux Triton

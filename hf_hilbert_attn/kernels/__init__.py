@@ -44,6 +44,14 @@ def _mixsplit() -> bool:
     return os.environ.get("HF_HILBERT_MIXSPLIT", "0") == "1"
 
 
+def _earlier(npri: int) -> bool:
+    """Compile-time flag of a launch: does any config come before it in priority order? The
+    first one (rate 1 in longnet_lm, most of the work) then compiles without the union code:
+    no spills in its forward and dq kernels on sm_90 (``kernel_resources.py``).
+    ``HF_HILBERT_LEAN_FIRST=0`` compiles every launch with it (A/B timing)."""
+    return npri > 0 or os.environ.get("HF_HILBERT_LEAN_FIRST", "1") == "0"
+
+
 def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -177,8 +185,8 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                UMAX=0, UTAB=utab, MIXSPLIT=_mixsplit(), EARLIER=npri > 0, num_warps=warps,
-                num_stages=stages,
+                UMAX=0, UTAB=utab, MIXSPLIT=_mixsplit(), EARLIER=_earlier(npri),
+                num_warps=warps, num_stages=stages,
             )
     return out, lse
 
@@ -247,7 +255,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 dv.stride(2), sqi, ski, sqd, skd, SQ,
                 scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
                 plan.qhi, plan.klo, plan.khi, kseg0, knblk, w, r, npri, int(first), int(last),
-                BM=kBM, BN=kBN, EARLIER=npri > 0, num_warps=kwarps, num_stages=kstages, **common,
+                BM=kBM, BN=kBN, EARLIER=_earlier(npri), num_warps=kwarps, num_stages=kstages,
+                **common,
             )
     # dq: one program per query tile, as in the forward, a chunk of heads at a time
     for h0 in range(0, HQ, hch):
@@ -264,7 +273,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 sqi, ski, sqd, skd, SQ,
                 scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
                 plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(first),
-                int(last), BM=BM, BN=BN, EARLIER=npri > 0, num_warps=warps, num_stages=stages,
+                int(last), BM=BM, BN=BN, EARLIER=_earlier(npri), num_warps=warps, num_stages=stages,
                 **common,
             )
     return dq, dk, dv

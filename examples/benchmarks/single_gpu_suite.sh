@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The pending single-GPU measurements in stages that each fit one 10-minute device call.
+#
+#   bash examples/benchmarks/single_gpu_suite.sh OUT_DIR [STAGES]
+#
+# STAGES (comma list; default tests,ab):
+#   tests      GPU tests (kernels vs float32 references in bf16/fp16, transformers, autocast)
+#   ab         kernel A/B at 64K, longnet_lm, 32/8 heads, D=128, per-launch profile: default,
+#              HF_HILBERT_LEAN_FIRST=0 (union code in every launch, the old binaries),
+#              HF_HILBERT_MIXSPLIT=1, and the dk/dv and dq tiles that spill less
+#              (docs/decisions.md, "EARLIER")
+#   attn16     bench_attention.py matrix at 16K and 32K (Hkv 32,8; D 128,64; both patterns)
+#   attn64     the same at 64K
+#   attn128    the same at 128K
+#   model      bench_model.py (1B shape) with and without --compile
+#   maxlen     bench_ring.py --mode max-len on one GPU (head-chunked backward buffers)
+# Everything printed goes to OUT_DIR/suite.log; CSVs and PNGs to OUT_DIR.
+set -uo pipefail
+OUT_DIR=${1:?output directory}
+STAGES=${2:-tests,ab}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/suite.log"
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+step() { echo "=== $(date +%T) $*" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; }
+KT=examples/benchmarks/kernel_timing.py
+BA=examples/benchmarks/bench_attention.py
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$LOG"
+has tests && step python -m pytest -q -m gpu tests
+if has ab; then
+  step python $KT --seq 65536 --profile
+  step env HF_HILBERT_LEAN_FIRST=0 python $KT --no-check --seq 65536 --profile
+  step env HF_HILBERT_MIXSPLIT=1 python $KT --no-check --seq 65536 --profile
+  for t in 32,128,8,2 32,64,8,2; do
+    step env HF_HILBERT_DKDV_BLOCKS=$t python $KT --no-check --seq 65536
+  done
+  for t in 128,32,8,2 64,32,4,2; do
+    step env HF_HILBERT_DQ_BLOCKS=$t python $KT --no-check --seq 65536
+  done
+fi
+for s in 16 64 128; do
+  case $s in 16) lens=16K,32K ;; 64) lens=64K ;; 128) lens=128K ;; esac
+  has attn$s && step python $BA --seq-lens $lens --out-dir "$OUT_DIR" --tag "_s$s"
+done
+if has model; then
+  step python examples/benchmarks/bench_model.py --out-dir "$OUT_DIR"
+  step python examples/benchmarks/bench_model.py --compile --lengths 64k --out-dir "$OUT_DIR"
+fi
+has maxlen && step python examples/benchmarks/bench_ring.py --mode max-len --layouts zigzag \
+    --out-dir "$OUT_DIR"
+echo "=== $(date +%T) done" | tee -a "$LOG"

@@ -268,7 +268,8 @@ def _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
 def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern, *, dlse=None,
                                causal: bool = True, scale: Optional[float] = None,
                                q_positions=None, k_positions=None, q_doc_ids=None,
-                               k_doc_ids=None, backend: str = "auto", dq=None, dk=None, dv=None):
+                               k_doc_ids=None, backend: str = "auto", dq=None, dk=None, dv=None,
+                               plan=None):
     """Gradients of one piece of an attention split over disjoint key sets.
 
     Ring attention computes a query's attention as several calls of :func:`dilated_attention`
@@ -287,6 +288,8 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
         out, lse: the merged output and float32 lse of these query rows.
         dq, dk, dv: optional tensors (e.g. views into the full gradients) to write the results
             into, in place on the Triton path, by a copy otherwise.
+        plan: the kernels' ``PositionPlan`` of these positions (:func:`position_plan`), to skip
+            planning them again (host syncs); used on the Triton path only.
 
     Returns:
         ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
@@ -301,7 +304,8 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
     if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
         from .kernels import dilated_bwd, plan_positions
 
-        plan, _ = plan_positions(a, pattern)
+        if plan is None:
+            plan, _ = plan_positions(a, pattern)
         if plan is not None:  # straight to the kernels, writing into the given tensors
             return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan,
                                dq, dk, dv)
@@ -319,16 +323,18 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
 
 def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal: bool = True,
                            scale: Optional[float] = None, q_positions=None, k_positions=None,
-                           q_doc_ids=None, k_doc_ids=None, backend: str = "auto"):
+                           q_doc_ids=None, k_doc_ids=None, backend: str = "auto", plan=None):
     """:func:`dilated_attention` without autograd, writing ``out`` and the float32 ``lse`` into
     the given tensors (e.g. views into a longer sequence's result): in place on the Triton path,
-    by a copy otherwise. Returns ``(out, lse)``."""
+    by a copy otherwise. ``plan``: as in :func:`dilated_attention_backward`. Returns
+    ``(out, lse)``."""
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
         from .kernels import dilated_fwd, plan_positions
 
-        plan, _ = plan_positions(a, pattern)
+        if plan is None:
+            plan, _ = plan_positions(a, pattern)
         if plan is not None:
             return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
     o, l = dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
@@ -336,6 +342,31 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
                              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=True,
                              backend=backend)
     return out.copy_(o), lse.copy_(l)
+
+
+def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_positions=None,
+                  backend: str = "auto"):
+    """The kernels' ``PositionPlan`` for these positions (without document ids), or None when
+    the call would not run on the kernels or they cannot take these positions. Planning reads
+    the positions (a few host syncs); a caller that repeats a call with the same positions
+    (ring attention, layer after layer) passes the plan back through ``plan=`` instead, with
+    its document ids attached (:func:`with_documents`)."""
+    a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
+    if not (backend == "triton" or (backend == "auto" and _triton_ok(q, a))):
+        return None
+    from .kernels import plan_positions
+
+    return plan_positions(a, pattern)[0]
+
+
+def with_documents(plan, q_doc_ids, k_doc_ids):
+    """``plan`` with these document ids (``[B or 1, S]`` integer tensors, or None)."""
+    if plan is None or k_doc_ids is None:
+        return plan
+    import dataclasses
+
+    return dataclasses.replace(plan, qdoc=q_doc_ids.to(torch.int32).contiguous(),
+                               kdoc=k_doc_ids.to(torch.int32).contiguous())
 
 
 def _setup_context(ctx, inputs, output):

@@ -27,7 +27,9 @@ How it works
    once with the send plan): the shard's queries are split into runs of consecutive positions,
    and so are the local keys, so a contiguous or zigzag shard runs the kernels without position
    tables and skips run pairs no segment joins; a received block is one call per query run its
-   key range can reach.
+   key range can reach. Each piece's kernel position plan is made on its first call and kept
+   with the cached ring plan, so later layers and the backward read no positions (no host
+   syncs per piece).
 5. **Merge.** Per-piece ``(out_b, lse_b)`` are merged in float32 where a query run gets several
    pieces (``lse = logaddexp(lse, lse_b)``, ``out = Σ_b exp(lse_b - lse) · out_b``); a run with
    one piece takes it as it is. Each key lives on exactly one rank, so the union rule of
@@ -52,7 +54,8 @@ from typing import List, Optional
 
 import torch
 
-from .ops import attention_forward_into, autocast_dtype, cast_for_autocast, dilated_attention
+from .ops import (attention_forward_into, autocast_dtype, cast_for_autocast, dilated_attention,
+                  position_plan, with_documents)
 from .pattern import DilatedPattern
 
 logger = logging.getLogger(__name__)
@@ -415,6 +418,10 @@ class _Piece:
     ks: int
     ke: int
     run: int  # index of the query run (accumulator slot)
+    # the kernels' PositionPlan of this piece's positions (no document ids), made on first use
+    # and kept with the cached ring plan: later layers and the backward plan nothing again
+    plan: object = field(default=None, compare=False, repr=False)
+    planned: bool = field(default=False, compare=False, repr=False)
 
 
 def _run_ranges(pos: torch.Tensor):
@@ -481,12 +488,18 @@ def _block_inputs(ctx: _Ctx, xchg: _KVExchange, j: int, k, v):
     return blk[0], blk[1], st.recv_kpos, st.recv_kdoc
 
 
-def _piece_args(ctx: _Ctx, pc: _Piece, kpos, kdoc):
+def _piece_args(ctx: _Ctx, pc: _Piece, kpos, kdoc, q, k, v):
     rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
-    return dict(pattern=ctx.pattern, causal=ctx.causal, scale=ctx.scale,
-                q_positions=ctx.q_pos[:, rq], k_positions=kpos[:, rk],
-                q_doc_ids=None if kdoc is None else ctx.q_doc[:, rq],
-                k_doc_ids=None if kdoc is None else kdoc[:, rk], backend=ctx.backend)
+    qp, kp = ctx.q_pos[:, rq], kpos[:, rk]
+    if not pc.planned:
+        pc.plan = position_plan(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp,
+                                backend=ctx.backend)
+        pc.planned = True
+    qd = None if kdoc is None else ctx.q_doc[:, rq]
+    kd = None if kdoc is None else kdoc[:, rk]
+    return dict(pattern=ctx.pattern, causal=ctx.causal, scale=ctx.scale, q_positions=qp,
+                k_positions=kp, q_doc_ids=qd, k_doc_ids=kd, backend=ctx.backend,
+                plan=with_documents(pc.plan, qd, kd))
 
 
 def _ring_forward(ctx: _Ctx, q, k, v):
@@ -510,13 +523,15 @@ def _ring_forward(ctx: _Ctx, q, k, v):
         kb, vb, kpos, kdoc = blk
         for pc in ctx.pieces[j]:
             rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+            qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
+            args = _piece_args(ctx, pc, kpos, kdoc, qb, kb_, vb_)
             if ctx.writes[pc.run] == 1:  # the run's only piece: straight into the result
-                attention_forward_into(q[:, :, rq], kb[:, :, rk], vb[:, :, rk],
-                                       out=out[:, :, rq], lse=lse[:, :, rq],
-                                       **_piece_args(ctx, pc, kpos, kdoc))
+                attention_forward_into(qb, kb_, vb_, out=out[:, :, rq], lse=lse[:, :, rq],
+                                       **args)
                 continue
-            o_b, l_b = dilated_attention(q[:, :, rq], kb[:, :, rk], vb[:, :, rk],
-                                         return_lse=True, **_piece_args(ctx, pc, kpos, kdoc))
+            o_b, l_b = attention_forward_into(
+                qb, kb_, vb_, out=qb.new_empty(qb.shape[:3] + (vb_.shape[-1],)),
+                lse=qb.new_empty(qb.shape[:3], dtype=torch.float32), **args)
             o_b, l_b = o_b.to(acc_dtype), l_b.to(acc_dtype)
             if pc.run not in accs:
                 accs[pc.run] = (o_b, l_b)
@@ -567,14 +582,14 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
                 direct_k = j == 0 and direct_kv
                 # a run's only piece writes its dq rows in place; local keys whose only
                 # gradient is this piece's likewise
+                qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
                 gq, gk, gv = dilated_attention_backward(
-                    dout[:, :, rq], q[:, :, rq], kb[:, :, rk], vb[:, :, rk],
-                    out[:, :, rq], lse[:, :, rq],
+                    dout[:, :, rq], qb, kb_, vb_, out[:, :, rq], lse[:, :, rq],
                     dlse=None if dlse is None else dlse[:, :, rq],
                     dq=dq[:, :, rq] if direct_q else None,
                     dk=dk[:, :, rk] if direct_k else None,
                     dv=dv[:, :, rk] if direct_k else None,
-                    **_piece_args(ctx, pc, kpos, kdoc))
+                    **_piece_args(ctx, pc, kpos, kdoc, qb, kb_, vb_))
                 if not direct_q:
                     if pc.run in dq_acc:
                         dq_acc[pc.run] += gq.to(acc)

@@ -174,6 +174,52 @@ def _worker_local_only(rank, world):
     return True
 
 
+def _worker_plans_once(rank, world):
+    """Layer after layer (same positions) the ring plans its pieces' positions once: the
+    second call's forward and backward, and the first call's backward, plan nothing, and give
+    bit-identical results."""
+    import torch.distributed as dist
+
+    from hf_hilbert_attn import kernels
+
+    kernels.BLOCK_OVERRIDE = (16, 16)
+    pat = DilatedPattern([8, 16, 32], [1, 2, 4])
+    s = 74
+    pos = shard_positions(s, world, "zigzag", pat)[rank]  # two runs, remote pieces
+    g = torch.Generator().manual_seed(77 + rank)
+    q, k, v = (torch.randn(1, h, pos.numel(), 16, generator=g) for h in (4, 2, 2))
+    dout = torch.randn(1, 4, pos.numel(), 16, generator=g)
+    calls = []
+    real = kernels.plan_positions
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    kernels.plan_positions = counting
+    try:
+        results = []
+        for layer in range(2):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = ring_attention(qq, kk, vv, pat, group=dist.group.WORLD, q_positions=pos,
+                                 k_positions=pos, backend="triton")
+            planned_fwd = len(calls)
+            out.backward(dout)
+            results.append((out.detach(), qq.grad, kk.grad, vv.grad, planned_fwd, len(calls)))
+            calls.clear()
+    finally:
+        kernels.plan_positions = real
+    (o1, *g1, f1, t1), (o2, *g2, f2, t2) = results
+    assert f1 > 0 and t1 == f1, f"first call: planned {f1} in forward, {t1 - f1} in backward"
+    assert t2 == 0, f"second call planned {t2} times"
+    assert torch.equal(o1, o2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    return True
+
+
+def test_ring_plans_positions_once():
+    run_distributed(_worker_plans_once, 2, timeout=240)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_matches_reference(world):
     base = random.randrange(10**6)

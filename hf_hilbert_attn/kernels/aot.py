@@ -176,20 +176,27 @@ def compile_all(calls, arch: int = 90, resources: bool = True, progress=None) ->
     return rows
 
 
+def _probe(X, n, BLOCK: "tl.constexpr"):  # noqa: F821 - annotation read by triton.jit
+    pass
+
+
 def available() -> Optional[str]:
-    """None when ahead-of-time compilation works here, else why not."""
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource, make_backend  # noqa: F401
-        from triton.runtime.jit import create_function_from_signature  # noqa: F401
-    except ImportError as e:  # a Triton without these internals
-        return f"this Triton has no ahead-of-time compile API ({e})"
+    """None when ahead-of-time compilation works here, else why not (no NVIDIA backend, the
+    interpreter, or a Triton whose JIT internals this module does not know)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "TRITON_INTERPRET=1 is set (the interpreter does not compile)"
     try:
+        import triton
         from triton.backends import backends
-    except ImportError:
-        backends = {}
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource, make_backend  # noqa: F401
+        from triton.runtime.jit import create_function_from_signature  # noqa: F401
+    except ImportError as e:
+        return f"this Triton has no ahead-of-time compile API ({e})"
     if "nvidia" not in backends:
         return "this Triton install has no NVIDIA backend"
+    try:  # the JIT's specialization, on a trivial kernel
+        specialize(triton.jit(_probe), (torch.empty(4), 16), {"BLOCK": 4})
+    except Exception as e:  # internals moved in this Triton version
+        return f"Triton {triton.__version__}: its JIT internals differ ({type(e).__name__}: {e})"
     return None

@@ -29,6 +29,8 @@ BA=examples/benchmarks/bench_attention.py
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$LOG"
 has tests && step python -m pytest -q -m gpu tests
 if has ab; then
+  # registers/spills of the binaries being timed, from the device's own Triton
+  step python examples/benchmarks/kernel_resources.py --csv "$OUT_DIR/kernel_resources.csv"
   step python $KT --seq 65536 --profile
   step env HF_HILBERT_LEAN_FIRST=0 python $KT --no-check --seq 65536 --profile
   step env HF_HILBERT_MIXSPLIT=1 python $KT --no-check --seq 65536 --profile

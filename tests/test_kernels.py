@@ -264,3 +264,11 @@ def test_non_dividing_rates_long_segments(monkeypatch, mixsplit, mode):
     # inside that segment; HF_HILBERT_MIXSPLIT=1 masks just those tiles (forward and backward)
     monkeypatch.setenv("HF_HILBERT_MIXSPLIT", mixsplit)
     _run(DilatedPattern([8, 128, 512], [1, 4, 6], query_dilation=mode), sq=420, hq=3, hkv=1)
+
+
+@pytest.mark.parametrize("mode", ["per_head", "all"])
+def test_first_config_with_union_code(monkeypatch, mode):
+    # HF_HILBERT_LEAN_FIRST=0 (A/B timing): the first config in priority order also compiles
+    # the union code (which finds nothing to mask for it): same results
+    monkeypatch.setenv("HF_HILBERT_LEAN_FIRST", "0")
+    _run(DilatedPattern([8, 32, 64], [1, 2, 4], query_dilation=mode), sq=75, hq=4, hkv=2)

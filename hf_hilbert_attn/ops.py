@@ -288,8 +288,9 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
         out, lse: the merged output and float32 lse of these query rows.
         dq, dk, dv: optional tensors (e.g. views into the full gradients) to write the results
             into, in place on the Triton path, by a copy otherwise.
-        plan: the kernels' ``PositionPlan`` of these positions (:func:`position_plan`), to skip
-            planning them again (host syncs); used on the Triton path only.
+        plan: :func:`position_plan`'s result for these positions (a ``PositionPlan``, or
+            ``False``: the kernels cannot take them), to skip planning them again (host syncs);
+            used on the Triton path only.
 
     Returns:
         ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
@@ -306,7 +307,7 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
 
         if plan is None:
             plan, _ = plan_positions(a, pattern)
-        if plan is not None:  # straight to the kernels, writing into the given tensors
+        if plan:  # straight to the kernels, writing into the given tensors
             return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan,
                                dq, dk, dv)
         qp = None if a.natural_positions else a.q_positions
@@ -335,7 +336,7 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
 
         if plan is None:
             plan, _ = plan_positions(a, pattern)
-        if plan is not None:
+        if plan:
             return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
     o, l = dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
                              q_positions=q_positions, k_positions=k_positions,
@@ -346,22 +347,24 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
 
 def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_positions=None,
                   backend: str = "auto"):
-    """The kernels' ``PositionPlan`` for these positions (without document ids), or None when
-    the call would not run on the kernels or they cannot take these positions. Planning reads
-    the positions (a few host syncs); a caller that repeats a call with the same positions
-    (ring attention, layer after layer) passes the plan back through ``plan=`` instead, with
-    its document ids attached (:func:`with_documents`)."""
+    """The kernels' ``PositionPlan`` for these positions (without document ids); ``False`` when
+    the kernels cannot take these positions (the call falls back to the PyTorch path); None when
+    this call would not go to the kernels at all (backend, device, dtype, head size: decided per
+    call, so nothing to keep). Planning reads the positions (a few host syncs); a caller that
+    repeats a call with the same positions (ring attention, layer after layer) passes the
+    result back through ``plan=`` instead, with its document ids attached (:func:`with_documents`)."""
     a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
     if not (backend == "triton" or (backend == "auto" and _triton_ok(q, a))):
         return None
     from .kernels import plan_positions
 
-    return plan_positions(a, pattern)[0]
+    plan, _ = plan_positions(a, pattern)
+    return False if plan is None else plan
 
 
 def with_documents(plan, q_doc_ids, k_doc_ids):
     """``plan`` with these document ids (``[B or 1, S]`` integer tensors, or None)."""
-    if plan is None or k_doc_ids is None:
+    if not plan or k_doc_ids is None:
         return plan
     import dataclasses
 

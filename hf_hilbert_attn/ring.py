@@ -418,10 +418,10 @@ class _Piece:
     ks: int
     ke: int
     run: int  # index of the query run (accumulator slot)
-    # the kernels' PositionPlan of this piece's positions (no document ids), made on first use
-    # and kept with the cached ring plan: later layers and the backward plan nothing again
+    # ops.position_plan of this piece's positions (a PositionPlan without document ids, or
+    # False: not plannable), made on its first call that goes to the kernels and kept with the
+    # cached ring plan: later layers and the backward plan nothing again
     plan: object = field(default=None, compare=False, repr=False)
-    planned: bool = field(default=False, compare=False, repr=False)
 
 
 def _run_ranges(pos: torch.Tensor):
@@ -491,10 +491,9 @@ def _block_inputs(ctx: _Ctx, xchg: _KVExchange, j: int, k, v):
 def _piece_args(ctx: _Ctx, pc: _Piece, kpos, kdoc, q, k, v):
     rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
     qp, kp = ctx.q_pos[:, rq], kpos[:, rk]
-    if not pc.planned:
+    if pc.plan is None:  # None again when this call does not go to the kernels
         pc.plan = position_plan(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp,
                                 backend=ctx.backend)
-        pc.planned = True
     qd = None if kdoc is None else ctx.q_doc[:, rq]
     kd = None if kdoc is None else kdoc[:, rk]
     return dict(pattern=ctx.pattern, causal=ctx.causal, scale=ctx.scale, q_positions=qp,

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,23 +108,42 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _descendants(pid):
+    """Pids of every process below ``pid`` (torchrun starts each worker in a session of its own,
+    so a process-group signal would miss them)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
 def _run(cmd, out_dir):
-    """Run ``cmd``; on a hang, every Python process of its session prints its stacks (faulthandler
-    on SIGABRT) and the test fails with them instead of a bare timeout."""
+    """Run ``cmd``; on a hang, the launcher and every worker print their Python stacks
+    (faulthandler on SIGABRT) and the test fails with them instead of a bare timeout."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONFAULTHANDLER="1")
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True)
     try:
         stdout, stderr = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)
-        try:
-            stdout, stderr = proc.communicate(timeout=30)
-        finally:
+        tree = _descendants(proc.pid)
+        for pid in tree + [proc.pid]:  # workers first: their stacks are the interesting ones
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(5)
+        for pid in tree + [proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
         pytest.fail(f"{' '.join(map(str, cmd))} hung for {TIMEOUT} s; stacks and output:\n"
                     f"{stdout[-3000:]}\n{stderr[-12000:]}")
     assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} failed:\n{stdout[-3000:]}\n"

@@ -199,17 +199,19 @@ def _worker_plans_once(rank, world):
     kernels.plan_positions = counting
     try:
         results = []
-        for layer in range(2):
+        # a call on the PyTorch path first: it plans nothing and must not keep "no plan"
+        for backend in ("torch", "triton", "triton"):
             qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
             out = ring_attention(qq, kk, vv, pat, group=dist.group.WORLD, q_positions=pos,
-                                 k_positions=pos, backend="triton")
+                                 k_positions=pos, backend=backend)
             planned_fwd = len(calls)
             out.backward(dout)
             results.append((out.detach(), qq.grad, kk.grad, vv.grad, planned_fwd, len(calls)))
             calls.clear()
     finally:
         kernels.plan_positions = real
-    (o1, *g1, f1, t1), (o2, *g2, f2, t2) = results
+    (*_, f0, t0), (o1, *g1, f1, t1), (o2, *g2, f2, t2) = results
+    assert t0 == 0, f"the PyTorch-path call planned {t0} times"
     assert f1 > 0 and t1 == f1, f"first call: planned {f1} in forward, {t1 - f1} in backward"
     assert t2 == 0, f"second call planned {t2} times"
     assert torch.equal(o1, o2) and all(torch.equal(a, b) for a, b in zip(g1, g2))

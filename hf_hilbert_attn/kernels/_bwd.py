@@ -40,9 +40,7 @@ def _delta_kernel(O, DO, DLSE, DELTA, S, sob, soh, sos, sdb, sdh, sds, HQ,
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0, p1, lo, hi, end,
-              sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
-              KEYS, PSZ, kp0, kp1, kp2, kp3,
+def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
               HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
@@ -50,7 +48,12 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
     """dq over key tiles ``lo, lo+BN, .. < hi`` (keys ``n < end``); masks as in ``_fwd_tiles``.
 
     Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal needs a mask.
+    ``rows``: ``(q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2)``;
+    ``keys`` and ``uni`` as in ``_fwd._fwd_tiles``.
     """
+    q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2 = rows
+    k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs = keys
+    CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
@@ -101,15 +104,19 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC, qd, offs_m, pq
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n, pk, p0, p1, lo, hi,
-                end, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs, sds, QOFF, scale_log2, CFG, NPRI,
-                KEYS, PSZ, kp0, kp1, kp2, kp3,
+def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                 BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                 CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
                 HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
-              UTAB: tl.constexpr):
+                UTAB: tl.constexpr):
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
-    (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing."""
+    (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing.
+    ``cols``: the program's keys ``(k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64,
+    scale_log2)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
+    lrow, sqinv, sqdoc, sqs, sds, QOFF)``; ``uni`` as in ``_fwd._fwd_tiles``."""
+    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scale_log2 = cols
+    q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF = qside
+    CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
     for start_m in range(lo, hi, BM):
         offs_m = start_m + tl.arange(0, BM)
@@ -159,13 +166,35 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
 
 
 @triton.jit
-def _dq_union(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok, pq0,
-              pq1, kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2,
-              CFG, NPRI, KEYS, PSZ, BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+def _dq_span(dq, rows, keys, uni, lo, mid, end, ma, mb, BN: tl.constexpr, D: tl.constexpr,
+             UNION: tl.constexpr, CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr,
+             MAPPED: tl.constexpr, HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
+             UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr):
+    """dq over key tiles ``[lo, mid)`` whole, then ``[mid, end)`` masked (as ``_fwd._fwd_span``)."""
+    if UNION and MIXSPLIT:
+        x1, x2 = _split_at(lo, mid, ma, mb, BN)
+        dq = _dq_tiles(dq, rows, keys, uni, lo, x1, end, BN, D, False, False, CAUSAL, PER_HEAD,
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dq = _dq_tiles(dq, rows, keys, uni, x1, x2, end, BN, D, False, True, CAUSAL, PER_HEAD,
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dq = _dq_tiles(dq, rows, keys, uni, x2, mid, end, BN, D, False, False, CAUSAL, PER_HEAD,
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    else:
+        dq = _dq_tiles(dq, rows, keys, uni, lo, mid, end, BN, D, False, UNION, CAUSAL, PER_HEAD,
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    dq = _dq_tiles(dq, rows, keys, uni, mid, end, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
+                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    return dq
+
+
+@triton.jit
+def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
+              BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
               MIXSPLIT: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
+    q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2 = rows
     ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
@@ -179,65 +208,21 @@ def _dq_union(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, 
         kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
     if UTAB > 3:
         kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        if MIXSPLIT:
-            # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
-            x0a, x0b = _split_at(kn_lo, a_mid, ma, mb, BN)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           kn_lo, x0a, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           x0a, x0b, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           x0b, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            x2a, x2b = _split_at(b_lo, b_mid, ma, mb, BN)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           b_lo, x2a, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           x2a, x2b, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           x2b, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        else:
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                           b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                           NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dq = _dq_span(dq, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN, D, True, CAUSAL,
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
     else:
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN, D, False, CAUSAL,
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dq = _dq_span(dq, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN, D, False, CAUSAL,
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
     return dq
 
 
@@ -317,19 +302,16 @@ def _dq_kernel(
         v_base = v_base - KOFF.to(tl.int64) * svs
         KDOC_T = KDOC - KOFF
     dq = tl.zeros([BM, D], tl.float32)
+    rows = (q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2)
+    keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
     if EARLIER == 0:  # first config in priority order: no union test, nothing skipped
         a_mid = kn_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - kn_lo, 0) // BN * BN
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       kn_lo, a_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, False, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                       a_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-                       NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, True, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
+        dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_mid, kn_hi,
+                      kn_lo, kn_lo, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
+                      0, MIXSPLIT)
     else:
-        dq = _dq_union(dq, q, do, lse2, delta, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok,
-                       pq0, pq1, kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                       scale_log2, CFG, NPRI, KEYS, PSZ, BN, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
-                       IEEE, UMAX, UTAB, MIXSPLIT)
+        dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN,
+                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
@@ -343,15 +325,40 @@ def _dq_kernel(
 
 
 @triton.jit
-def _dkdv_union(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n, pk, col_ok,
-                pk0, pk1, qn_lo, qn_hi, full_lo, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs, sds,
-                QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, BM: tl.constexpr, D: tl.constexpr,
-                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
-                UTAB: tl.constexpr, MIXSPLIT: tl.constexpr):
+def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, end, ma, mb, BM: tl.constexpr,
+               D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
+               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+               MIXSPLIT: tl.constexpr):
+    """dk, dv over query tiles ``[lo, mid)`` masked (the diagonal), then ``[mid, end)`` whole.
+    ``UNION``: with the per-pair union mask — on every tile, or with ``MIXSPLIT`` only on the
+    whole tiles that meet ``[ma, mb)`` (and the masked ones)."""
+    dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM, D, True, UNION, CAUSAL,
+                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    if UNION and MIXSPLIT:
+        x1, x2 = _split_at(mid, end, ma, mb, BM)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM, D, False, False, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x1, x2, end, BM, D, False, True, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, end, end, BM, D, False, False, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    else:
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, end, end, BM, D, False, UNION,
+                             CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, CFG, NPRI, KEYS, PSZ,
+                BM: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+                IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+                MIXSPLIT: tl.constexpr):
     """dk, dv of one query head over the query tiles of a config with earlier configs: queries
     ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
     with the diagonal tiles (masked), then whole unmasked tiles; the union mask where mixed."""
+    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2 = cols
     ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
     kp1 = kp0
@@ -365,97 +372,21 @@ def _dkdv_union(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_
         kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
     if UTAB > 3:
         kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, qn_hi)
     b_lo = tl.maximum(cb, qn_lo)
     a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
     b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
     if mixed:
-        if MIXSPLIT:
-            # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, True, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            x1a, x1b = _split_at(a_mid, a_hi, ma, mb, BM)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, a_mid, x1a, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, False, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, x1a, x1b, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, x1b, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, False, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, True, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            x3a, x3b = _split_at(b_mid, qn_hi, ma, mb, BM)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, b_mid, x3a, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, False, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, x3a, x3b, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, x3b, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, False, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        else:
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, True, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, True, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                 pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                 sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                                 BM, D, False, True, CAUSAL,
-                                 PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_hi, ma, mb, BM, D, True,
+                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, qn_hi, ma, mb, BM, D, True,
+                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
     else:
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                             pk, pk0, pk1, qn_lo, a_mid, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                             BM, D, True, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                             pk, pk0, pk1, a_mid, a_hi, a_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                             BM, D, False, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                             pk, pk0, pk1, b_lo, b_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                             BM, D, True, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                             pk, pk0, pk1, b_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                             sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3,
-                             BM, D, False, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_hi, ma, mb, BM, D, False,
+                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, qn_hi, ma, mb, BM, D, False,
+                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
     return dk, dv
 
 
@@ -534,24 +465,17 @@ def _dkdv_kernel(
             q_base = Q + b64 * sqb + h64 * sqh
             do_base = DO + b64 * sdb + h64 * sdh
             lrow = (b64 * (HKV * GROUP) + h64) * SQ
+            cols = (k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2)
+            qside = (q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF)
             if EARLIER == 0:
                 # first config in priority order: no union test, nothing skipped; the diagonal
                 # tiles (masked), then whole unmasked tiles
                 a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, qn_hi)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, qn_lo, a_mid, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk,
-                                     BM, D, True, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd, offs_n,
-                                     pk, pk0, pk1, a_mid, qn_hi, qn_hi, sbase, R, h, b64, lrow, sqinv, sqdoc, sqs,
-                                     sds, QOFF, scale_log2, CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk,
-                                     BM, D, False, False, CAUSAL,
-                                     PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0)
+                dk, dv = _dkdv_span(dk, dv, cols, qside, (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk),
+                                    qn_lo, a_mid, qn_hi, qn_lo, qn_lo, BM, D, False, CAUSAL,
+                                    PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT)
             else:
-                dk, dv = _dkdv_union(dk, dv, k, v, q_base, do_base, QINV, QDOC, LSE, DELTA, kd,
-                                     offs_n, pk, col_ok, pk0, pk1, qn_lo, qn_hi, full_lo, sbase, R,
-                                     h, b64, lrow, sqinv, sqdoc, sqs, sds, QOFF, scale_log2, CFG,
+                dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, CFG,
                                      NPRI, KEYS, PSZ, BM, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
                                      IEEE, UMAX, UTAB, MIXSPLIT)
     dk = dk * scale

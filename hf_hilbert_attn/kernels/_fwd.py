@@ -16,9 +16,7 @@ from ._common import (_NO_SPEC, _covered, _n_range, _participates, _prog_key,
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0, p1, lo, hi, end,
-               sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG, NPRI,
-               KEYS, PSZ, kp0, kp1, kp2, kp3,
+def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
                BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
@@ -26,8 +24,14 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
     """Online softmax over key tiles starting at ``lo, lo+BN, .. < hi``; keys ``n < end``.
 
     ``EDGE`` tiles need the causal / range-end mask; ``UNION`` tiles the per-pair union mask.
-    No branch inside the loop, so Triton can software-pipeline the loads.
+    No branch inside the loop, so Triton can software-pipeline the loads. ``rows``: the
+    program's queries ``(q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2)``; ``keys``:
+    where keys live ``(k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs)``; ``uni``: the union
+    test ``(CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)``.
     """
+    q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2 = rows
+    k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs = keys
+    CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
@@ -82,15 +86,40 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC, qd, offs_m, pq, p0,
 
 
 @triton.jit
-def _fwd_union(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok, pq0, pq1,
-               kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc, sks, svs, scale_log2, CFG,
-               NPRI, KEYS, PSZ, BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, mid, end, ma, mb,
+              BN: tl.constexpr, D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
+              PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
+              IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+              MIXSPLIT: tl.constexpr):
+    """Key tiles ``[lo, mid)`` whole and unmasked, then ``[mid, end)`` masked (diagonal, range
+    end). ``UNION``: with the per-pair union mask — on every tile, or with ``MIXSPLIT`` only on
+    the whole tiles that meet ``[ma, mb)`` (and the masked ones)."""
+    if UNION and MIXSPLIT:
+        x1, x2 = _split_at(lo, mid, ma, mb, BN)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, x1, end, BN, D, False,
+                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x1, x2, end, BN, D, False,
+                                   True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x2, mid, end, BN, D, False,
+                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    else:
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, mid, end, BN, D, False,
+                                   UNION, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, mid, end, end, BN, D, True, UNION,
+                               CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
+               BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
                IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
                MIXSPLIT: tl.constexpr):
     """Key tiles of a config with earlier configs: keys ``[ca, cb)`` covered by them for the
     whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
     then masked tiles (diagonal, range end); the per-pair union mask where ``mixed``."""
+    q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2 = rows
     ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
@@ -104,82 +133,25 @@ def _fwd_union(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, r
         kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
     if UTAB > 3:
         kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+    uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
     b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
     if mixed:
-        if MIXSPLIT:
-            # whole tiles: the per-pair union mask only where a mixed earlier config's segment is
-            x1, x2 = _split_at(kn_lo, a_mid, ma, mb, BN)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       kn_lo, x1, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       x1, x2, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       x2, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            y1, y2 = _split_at(b_lo, b_mid, ma, mb, BN)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       b_lo, y1, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       y1, y2, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       y2, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        else:
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                       b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                       scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, True, CAUSAL, PER_HEAD,
-                                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN,
+                                  D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                  MIXSPLIT)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN,
+                                  D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                  MIXSPLIT)
     else:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   kn_lo, a_mid, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   a_mid, a_hi, a_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   b_lo, b_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, False, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   b_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3, BN, D, True, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN,
+                                  D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                  MIXSPLIT)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN,
+                                  D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                  MIXSPLIT)
     return acc, l_i, m_i
 
 
@@ -255,23 +227,19 @@ def _fwd_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
+    rows = (q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2)
+    keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
     if EARLIER == 0:
         # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
         # config's, so no union test and no skipped range; compiled without them (registers)
         a_mid = kn_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - kn_lo, 0) // BN * BN
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   kn_lo, a_mid, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, False, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, 0)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, pq0, pq1,
-                                   a_mid, kn_hi, kn_hi, sbase, R, h, b64, skinv, skdoc, sks, svs,
-                                   scale_log2, CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq, BN, D, True, False, CAUSAL, PER_HEAD,
-                                   MAPPED, HAS_DOC, IEEE, UMAX, 0)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq),
+                                  kn_lo, a_mid, kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL,
+                                  PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT)
     else:
-        acc, l_i, m_i = _fwd_union(acc, l_i, m_i, q, k_base, v_base, KINV, KDOC_T, qd, offs_m, pq, row_ok,
-                                   pq0, pq1, kn_lo, kn_hi, full_hi, sbase, R, h, b64, skinv, skdoc,
-                                   sks, svs, scale_log2, CFG, NPRI, KEYS, PSZ, BN, D, CAUSAL,
-                                   PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
+                                   NPRI, KEYS, PSZ, BN, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
+                                   IEEE, UMAX, UTAB, MIXSPLIT)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0

@@ -76,8 +76,8 @@ def dilated_attention(
         qp = None if a.natural_positions else a.q_positions
         kp = None if a.natural_positions else a.k_positions
         out, lse = torch.ops.hf_hilbert_attn.dilated_attention_fwd(
-            q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),
-            list(pattern.dilation_rates), pattern.query_dilation, bool(causal), float(a.scale))
+            q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern), bool(causal),
+            float(a.scale))
     else:
         from .reference import chunked_attention
 
@@ -138,9 +138,16 @@ def _triton_ok(q: torch.Tensor, a, *, any_device: bool = False) -> bool:
 # for tracing and an autograd formula that calls the backward op.
 
 
+def _op_pattern_args(pattern: DilatedPattern) -> tuple:
+    """The pattern as the custom ops' schema carries it (plain ints, lists and strings)."""
+    return (list(pattern.segment_lengths), list(pattern.dilation_rates), pattern.query_dilation,
+            int(pattern.sink_tokens), pattern.window)
+
+
 def _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths,
-               dilation_rates, query_dilation, scale):
-    pattern = DilatedPattern(segment_lengths, dilation_rates, query_dilation=query_dilation)
+               dilation_rates, query_dilation, sink_tokens, window, scale):
+    pattern = DilatedPattern(segment_lengths, dilation_rates, query_dilation=query_dilation,
+                             sink_tokens=sink_tokens, window=window)
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     return pattern, a
@@ -152,12 +159,13 @@ def _fwd_op(
     q_positions: Optional[torch.Tensor], k_positions: Optional[torch.Tensor],
     q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
-    causal: bool, scale: float,
+    sink_tokens: int, window: str, causal: bool, scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     from .kernels import dilated_fwd, plan_positions
 
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
-                            segment_lengths, dilation_rates, query_dilation, scale)
+                            segment_lengths, dilation_rates, query_dilation, sink_tokens,
+                            window, scale)
     plan, why = plan_positions(a, pattern)
     if plan is not None:
         return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
@@ -195,7 +203,7 @@ def _warn_fallback(why: str) -> None:
 
 @_fwd_op.register_fake
 def _(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths, dilation_rates,
-      query_dilation, causal, scale):
+      query_dilation, sink_tokens, window, causal, scale):
     b, h, s, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
 
@@ -207,12 +215,13 @@ def _bwd_op(
     q_positions: Optional[torch.Tensor], k_positions: Optional[torch.Tensor],
     q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
-    causal: bool, scale: float,
+    sink_tokens: int, window: str, causal: bool, scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernels import dilated_bwd, plan_positions
 
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
-                            segment_lengths, dilation_rates, query_dilation, scale)
+                            segment_lengths, dilation_rates, query_dilation, sink_tokens,
+                            window, scale)
     plan, _ = plan_positions(a, pattern)
     if plan is not None:
         return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
@@ -315,8 +324,7 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
         grads = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
             dout.contiguous(), None if dlse is None else dlse.contiguous(), q, k, v,
             out.contiguous(), lse.contiguous(), qp, kp, a.q_doc_ids, a.k_doc_ids,
-            list(pattern.segment_lengths), list(pattern.dilation_rates), pattern.query_dilation,
-            bool(causal), float(a.scale))
+            *_op_pattern_args(pattern), bool(causal), float(a.scale))
     else:
         grads = _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
     return tuple(g if dst is None else dst.copy_(g) for g, dst in zip(grads, (dq, dk, dv)))
@@ -390,7 +398,7 @@ def _backward_impl(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
         dout, dlse, q, k, v, out, lse, qp, kp, qd, kd, *ctx.static)
-    return (dq, dk, dv) + (None,) * 9
+    return (dq, dk, dv) + (None,) * 11
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)

@@ -7,12 +7,18 @@ A pattern is a list of configs ``(w_i, r_i)`` (segment length, dilation rate). F
 * ``per_head`` query dilation: config ``i`` allows the pair iff ``seg_i(p) == seg_i(s)`` and
   ``t_i(p) % r_i == t_i(s) % r_i == h % r_i``;
 * ``all`` query dilation: iff ``seg_i(p) == seg_i(s)`` and ``t_i(p) % r_i == t_i(s) % r_i``;
-* the pattern allows the pair iff *any* config does (a union: a key counts once);
+* ``window="sliding"`` replaces the fixed segments by a window ending at the query: config ``i``
+  allows ``0 <= p - s < w_i`` (non-causal ``|p - s| < w_i``) with ``p ≡ s (mod r_i)`` and,
+  per_head, ``p ≡ h (mod r_i)``; there are no segment boundaries;
+* ``sink_tokens = k``: keys at positions ``< k`` are allowed for every query and head;
+* the pattern allows the pair iff *any* config (or the sink rule) does (a union: a key counts
+  once);
 * causal attention additionally needs ``s <= p``; keys of another document, or padding, never.
 
 Inside one segment ``t(p) - t(s) == p - s``, so ``t(p) % r == t(s) % r`` is ``p ≡ s (mod r)``:
 both modes reduce to "same segment and ``p ≡ s (mod r)``", per_head adding that the query's own
-class is ``h % r``. ``count_pairs`` and the kernels rely on that identity.
+class is ``h % r``. ``count_pairs`` and the kernels rely on that identity. A sliding config is
+the same with the segment replaced by the window (classes are ``p % r``, global).
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ import torch
 
 QUERY_DILATION_MODES = ("per_head", "all")
 ORDERINGS = ("natural", "hilbert", "auto")
+WINDOWS = ("segment", "sliding")
+# What a pattern dict (YAML, config.json) without these fields means: the patterns written
+# before the fields existed keep their meaning whatever the constructor defaults become.
+LEGACY_FIELDS = {"sink_tokens": 0, "window": "segment"}
 
-__all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS"]
+__all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS", "WINDOWS"]
 
 
 def _as_int_tuple(name: str, values) -> tuple:
@@ -65,6 +75,10 @@ class DilatedPattern:
             (every query uses every config with its own class).
         ordering: storage layout of tokens: ``"natural"``, ``"hilbert"`` or ``"auto"``. A layout
             never changes the function computed.
+        sink_tokens: ``k >= 0``: keys at positions ``< k`` (of the query's own document) are
+            allowed for every query and head (attention sinks; 0 = none).
+        window: ``"segment"`` (fixed segments of ``w_i``, LongNet) or ``"sliding"`` (config
+            ``i`` allows keys less than ``w_i`` positions before the query, same class).
 
     Raises:
         ValueError: naming the bad field and value.
@@ -74,6 +88,8 @@ class DilatedPattern:
     dilation_rates: tuple
     query_dilation: str = "per_head"
     ordering: str = "natural"
+    sink_tokens: int = 0
+    window: str = "segment"
     _key: tuple = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -104,6 +120,19 @@ class DilatedPattern:
             )
         if self.ordering not in ORDERINGS:
             raise ValueError(f"ordering must be one of {ORDERINGS}, got {self.ordering!r}")
+        sink = self.sink_tokens
+        if isinstance(sink, bool) or not isinstance(sink, int):
+            try:
+                as_int = int(sink)
+            except (TypeError, ValueError):
+                as_int = None
+            if as_int is None or as_int != sink or isinstance(sink, bool):
+                raise ValueError(f"sink_tokens must be an integer >= 0, got {sink!r}")
+            sink = as_int
+        if sink < 0:
+            raise ValueError(f"sink_tokens must be an integer >= 0, got {sink}")
+        if self.window not in WINDOWS:
+            raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
         if self.query_dilation == "per_head" and 1 not in r:
             raise ValueError(
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
@@ -111,7 +140,9 @@ class DilatedPattern:
             )
         object.__setattr__(self, "segment_lengths", w)
         object.__setattr__(self, "dilation_rates", r)
-        object.__setattr__(self, "_key", (w, r, self.query_dilation, self.ordering))
+        object.__setattr__(self, "sink_tokens", sink)
+        object.__setattr__(self, "_key", (w, r, self.query_dilation, self.ordering, sink,
+                                          self.window))
 
     # ------------------------------------------------------------------ construction / IO
     @classmethod
@@ -125,14 +156,17 @@ class DilatedPattern:
             return d
         if not isinstance(d, dict):
             raise ValueError(f"a pattern dict is needed, got {type(d).__name__}: {d!r}")
-        known = {"segment_lengths", "dilation_rates", "query_dilation", "ordering"}
+        known = {"segment_lengths", "dilation_rates", "query_dilation", "ordering", "sink_tokens",
+                 "window"}
         unknown = set(d) - known - {"description"}
         if unknown:
             raise ValueError(f"unknown pattern field(s) {sorted(unknown)}; known: {sorted(known)}")
         for req in ("segment_lengths", "dilation_rates"):
             if req not in d:
                 raise ValueError(f"pattern is missing the field {req!r}: {d!r}")
-        return cls(**{k: v for k, v in d.items() if k in known})
+        fields = dict(LEGACY_FIELDS)  # an older dict keeps meaning what it meant
+        fields.update({k: v for k, v in d.items() if k in known})
+        return cls(**fields)
 
     def to_dict(self) -> dict:
         return {
@@ -140,6 +174,8 @@ class DilatedPattern:
             "dilation_rates": list(self.dilation_rates),
             "query_dilation": self.query_dilation,
             "ordering": self.ordering,
+            "sink_tokens": self.sink_tokens,
+            "window": self.window,
         }
 
     @classmethod
@@ -174,7 +210,9 @@ class DilatedPattern:
 
     def __str__(self):
         cfg = ", ".join(f"({w},{r})" for w, r in zip(self.segment_lengths, self.dilation_rates))
-        return f"DilatedPattern[{cfg}; {self.query_dilation}, {self.ordering}]"
+        extra = "" if self.window == "segment" else ", sliding"
+        extra += f", sinks={self.sink_tokens}" if self.sink_tokens else ""
+        return f"DilatedPattern[{cfg}; {self.query_dilation}, {self.ordering}{extra}]"
 
     # ------------------------------------------------------------------ properties
     @property
@@ -193,9 +231,20 @@ class DilatedPattern:
     def max_rate(self) -> int:
         return max(self.dilation_rates)
 
+    @property
+    def sliding(self) -> bool:
+        return self.window == "sliding"
+
+    @property
+    def reach(self) -> int:
+        """How far back a query can see apart from the sinks: a key at ``s < p - reach`` is never
+        allowed unless it is a sink (sliding: the largest window; segment: the longest segment).
+        KV caches may drop older keys (plus the first ``sink_tokens``)."""
+        return self.max_segment - 1
+
     def is_dense_for(self, length: int) -> bool:
         """True if the pattern allows every (causal) pair among positions ``< length``."""
-        return any(w >= length and r == 1 for w, r in self.configs)
+        return length <= self.sink_tokens or any(w >= length and r == 1 for w, r in self.configs)
 
     # ------------------------------------------------------------------ the rule
     def segment_and_class(self, i: int, pos) -> tuple:
@@ -204,9 +253,13 @@ class DilatedPattern:
         Config ``i`` can only allow a pair whose two positions agree in both (and, per_head,
         whose class is the head's ``h % r_i``), so grouping tokens by ``(segment, class)``
         finds every pair the config can allow. Works on any integer tensor, elementwise.
+        Sliding windows have no segments: the segment is 0 and the class ``pos % r_i``; the
+        window ``|p - s| < w_i`` is checked apart (:meth:`in_window`).
         """
         w, r = self.configs[i]
         pos = torch.as_tensor(pos)
+        if self.sliding:  # no segments: one group per class p % r (the window is separate)
+            return torch.zeros_like(pos), (torch.remainder(pos, r) if r > 1 else torch.zeros_like(pos))
         seg = torch.div(pos, w, rounding_mode="floor")
         cls = torch.remainder(pos, w) % r if r > 1 else torch.zeros_like(pos)
         return seg, cls
@@ -217,6 +270,7 @@ class DilatedPattern:
         A key is ``2 * (segment * r_i + class)``; per_head, a query whose class is not its
         head's ``h % r_i`` gets the odd key ``+ 1``, which no key matches. One comparison of
         keys replaces the three of the rule, which is what block masks of long sequences need.
+        Sliding windows: equal keys mean same class only; :meth:`config_allowed` adds the window.
         """
         w, r = self.configs[i]
         q_seg, q_cls = self.segment_and_class(i, q_pos)
@@ -235,14 +289,29 @@ class DilatedPattern:
         has no head dimension when config ``i`` does not depend on the head.
         """
         q_key, k_key = self.config_keys(i, head, q_pos, k_pos)
-        return q_key == k_key
+        ok = q_key == k_key
+        if self.sliding:
+            ok = ok & self.in_window(i, q_pos, k_pos)
+        return ok
+
+    def in_window(self, i: int, q_pos, k_pos) -> torch.Tensor:
+        """Sliding windows: ``|p - s| < w_i`` (causality, ``s <= p``, is applied apart)."""
+        d = torch.as_tensor(q_pos) - torch.as_tensor(k_pos)
+        return d.abs() < self.segment_lengths[i]
+
+    def sink_allowed(self, k_pos) -> torch.Tensor:
+        """The sink rule: key position ``< sink_tokens`` (any query, any head)."""
+        return torch.as_tensor(k_pos) < self.sink_tokens
 
     def allowed(self, head, q_pos, k_pos) -> torch.Tensor:
-        """Allowed-pair rule on broadcastable integer tensors (no causality, no documents)."""
+        """Allowed-pair rule on broadcastable integer tensors (no causality, no documents):
+        the union of the configs and the sink rule."""
         out = None
         for i in range(self.num_configs):
             ok = self.config_allowed(i, head, q_pos, k_pos)
             out = ok if out is None else (out | ok)
+        if self.sink_tokens:
+            out = out | self.sink_allowed(k_pos)
         return out
 
     def build_mask(
@@ -297,6 +366,7 @@ class DilatedPattern:
         kd = None if k_doc_ids is None else _as_2d(k_doc_ids)
         configs = self.configs
         per_head = self.query_dilation == "per_head"
+        sliding, sink = self.sliding, self.sink_tokens
 
         def _pick(t, b, idx):
             return t[b % t.shape[0] if t.shape[0] > 1 else 0, idx]
@@ -306,13 +376,19 @@ class DilatedPattern:
             s = kv_idx if kp is None else _pick(kp, b, kv_idx)
             ok = None
             for w, r in configs:
-                c = (p // w) == (s // w)
+                if sliding:
+                    c = (p - s < w) & (s - p < w)
+                    tq, tk = p % r, s % r
+                else:
+                    c = (p // w) == (s // w)
+                    tq, tk = (p % w) % r, (s % w) % r
                 if r > 1:
-                    tq = (p % w) % r
-                    c = c & (tq == (s % w) % r)
+                    c = c & (tq == tk)
                     if per_head:
                         c = c & (tq == h % r)
                 ok = c if ok is None else (ok | c)
+            if sink:
+                ok = ok | (s < sink)
             if causal:
                 ok = ok & (s <= p)
             if qd is not None:
@@ -322,7 +398,9 @@ class DilatedPattern:
             return ok
 
         cfg = "_".join(f"w{w}r{r}" for w, r in configs)
-        mask_mod.__name__ = f"dilated_{cfg}_{self.query_dilation}{'_causal' if causal else ''}"
+        extra = ("_sliding" if sliding else "") + (f"_sink{sink}" if sink else "")
+        mask_mod.__name__ = (f"dilated_{cfg}_{self.query_dilation}{extra}"
+                             f"{'_causal' if causal else ''}")
         return mask_mod
 
     # ------------------------------------------------------------------ counting
@@ -338,8 +416,10 @@ class DilatedPattern:
 
         Keys are positions ``0..seq_len-1``; queries are the last ``q_len`` positions (default:
         all). Inclusion–exclusion over subsets of configs: a subset's intersection is "same
-        segment in every config, ``p ≡ s`` modulo the lcm of its rates", whose per-query count
-        is closed form; queries are grouped by their class vector so every head is one lookup.
+        segment (sliding: inside every window) in every config, ``p ≡ s`` modulo the lcm of its
+        rates", whose per-query count is closed form; queries are grouped by their class vector
+        so every head is one lookup. Sinks: the ``min(k, ...)`` sink keys, plus the configs'
+        pairs counted on keys ``>= k`` only (each key once).
         """
         seq_len = int(seq_len)
         if seq_len < 0:
@@ -349,7 +429,8 @@ class DilatedPattern:
         q_len = seq_len if q_len is None else int(q_len)
         if not 0 <= q_len <= seq_len:
             raise ValueError(f"q_len must be in [0, seq_len={seq_len}], got {q_len}")
-        return list(_count_pairs_cached(self._key[:3], seq_len, num_heads, causal, q_len))
+        key = self._key[:3] + self._key[4:]
+        return list(_count_pairs_cached(key, seq_len, num_heads, causal, q_len))
 
     def count_pairs_total(self, seq_len: int, num_heads: int, **kw) -> int:
         return int(sum(self.count_pairs(seq_len, num_heads, **kw)))
@@ -374,8 +455,9 @@ def _as_2d(t) -> torch.Tensor:
 
 @lru_cache(maxsize=256)
 def _count_pairs_cached(key, seq_len, num_heads, causal, q_len):
-    w_all, r_all, mode = key
+    w_all, r_all, mode, sink, window = key
     per_head = mode == "per_head"
+    sliding = window == "sliding"
     k = len(w_all)
     totals = [0] * num_heads
     if seq_len == 0 or q_len == 0:
@@ -383,6 +465,11 @@ def _count_pairs_cached(key, seq_len, num_heads, causal, q_len):
     chunk = 1 << 20
     for start in range(seq_len - q_len, seq_len, chunk):
         p = torch.arange(start, min(seq_len, start + chunk), dtype=torch.int64)
+        if sink:  # the sink keys [0, min(k, ..)); the configs count keys >= k below
+            n_sink = int((torch.clamp(p + 1, max=sink) if causal else
+                          torch.full_like(p, min(sink, seq_len))).sum())
+            for h in range(num_heads):
+                totals[h] += n_sink
         for size in range(1, k + 1):
             sign = 1 if size % 2 else -1
             for subset in combinations(range(k), size):
@@ -392,15 +479,21 @@ def _count_pairs_cached(key, seq_len, num_heads, causal, q_len):
                 lo = torch.zeros_like(p)
                 hi = torch.full_like(p, seq_len - 1)
                 for w in ws:
-                    s0 = (p // w) * w
+                    if sliding:
+                        s0, s1 = p - (w - 1), p + (w - 1)
+                    else:
+                        s0 = (p // w) * w
+                        s1 = s0 + w - 1
                     lo = torch.maximum(lo, s0)
-                    hi = torch.minimum(hi, s0 + w - 1)
+                    hi = torch.minimum(hi, s1)
                 if causal:
                     hi = torch.minimum(hi, p)
                 # keys s in [lo, hi] with s ≡ p (mod m); p itself lies in [lo, hi] (hi >= p).
-                cnt = torch.div(p - lo, m, rounding_mode="floor") + 1
-                if not causal:
-                    cnt = cnt + torch.div(hi - p, m, rounding_mode="floor")
+                # Above the sinks only: lo >= k (then p may lie below lo: count from lo up).
+                lo = torch.maximum(lo, torch.full_like(lo, sink)) if sink else lo
+                first = p - torch.div(p - lo, m, rounding_mode="floor") * m  # s ≡ p, >= lo
+                cnt = torch.where(hi >= first, torch.div(hi - first, m, rounding_mode="floor") + 1,
+                                  torch.zeros_like(p))
                 if not per_head:
                     total = int(cnt.sum())
                     for h in range(num_heads):
@@ -410,7 +503,7 @@ def _count_pairs_cached(key, seq_len, num_heads, causal, q_len):
                 code = torch.zeros_like(p)
                 radix = 1
                 for w, r in zip(ws, rs):
-                    code = code + ((p % w) % r) * radix
+                    code = code + ((p if sliding else p % w) % r) * radix
                     radix *= r
                 sums = torch.bincount(code, weights=cnt.to(torch.float64), minlength=radix)
                 sums = sums.round().to(torch.int64).tolist()

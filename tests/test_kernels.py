@@ -272,3 +272,58 @@ def test_first_config_with_union_code(monkeypatch, mode):
     # the union code (which finds nothing to mask for it): same results
     monkeypatch.setenv("HF_HILBERT_LEAN_FIRST", "0")
     _run(DilatedPattern([8, 32, 64], [1, 2, 4], query_dilation=mode), sq=75, hq=4, hkv=2)
+
+
+# ------------------------------------------------------------- sink tokens, sliding windows
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window,sinks", [("segment", 3), ("sliding", 0), ("sliding", 2)])
+def test_sinks_and_sliding(causal, window, sinks):
+    # the sink launch (every query against the first keys, after all configs in priority; its
+    # dk/dv summed atomically by the dq kernel) and sliding bands (masked window edges, union
+    # intervals open towards the diagonal)
+    _run(PAT.replace(window=window, sink_tokens=sinks), sq=70, hq=4, hkv=2, causal=causal)
+
+
+@pytest.mark.parametrize("mode", ["per_head", "all"])
+def test_sliding_non_dividing_rates_and_long_windows(mode):
+    # windows longer than the sequence, w % r != 0, a rate (3) not dividing a later one (4):
+    # per-pair union masks inside the sliding bands
+    _run(DilatedPattern([12, 20, 45, 200], [1, 3, 4, 8], query_dilation=mode, window="sliding",
+                        sink_tokens=5), sq=97, hq=6, hkv=3)
+
+
+def test_sinks_decode_maps_documents_and_offsets():
+    pat = PAT.replace(window="sliding", sink_tokens=4)
+    _run(pat, sq=1, sk=75, use_lse=False)  # decode
+    _run(pat, sq=19, sk=75)  # a chunk of prefill
+    perm = torch.randperm(61, device=DEV)
+    _run(pat, sq=61, k_positions=perm)  # a stored order: position map
+    doc = torch.tensor([0] * 15 + [1] * 20 + [-1] * 5, device=DEV)  # padding
+    _run(PAT.replace(sink_tokens=17), sq=40, q_doc_ids=doc, k_doc_ids=doc)
+    # packed documents with restarting positions: each document has its own sinks
+    pos = torch.cat([torch.arange(15), torch.arange(25)]).to(DEV)
+    doc = torch.tensor([0] * 15 + [1] * 25, device=DEV)
+    _run(pat, sq=40, k_positions=pos, k_doc_ids=doc)
+    # queries and keys far from position 0 (a ring piece): no sink key in the call
+    qp, kp = torch.arange(101, 138, device=DEV), torch.arange(70, 120, device=DEV)
+    _run(pat, sq=37, sk=50, q_positions=qp, k_positions=kp)
+    # ... and keys that include the sinks, queries far away
+    qp, kp = torch.arange(301, 338, device=DEV), torch.arange(0, 50, device=DEV)
+    _run(pat, sq=37, sk=50, q_positions=qp, k_positions=kp)
+
+
+def test_sliding_random_patterns():
+    # fresh random patterns: both modes, causal or not, sinks or not (a sweep in miniature)
+    import random
+
+    rng = random.Random(torch.initial_seed())
+    for _ in range(3):
+        n = rng.randint(1, 4)
+        w = [rng.randint(1, 48) for _ in range(n)]
+        r = [rng.randint(1, min(x, 7)) for x in w]
+        mode = rng.choice(["per_head", "all"])
+        if mode == "per_head" and 1 not in r:
+            r[rng.randrange(n)] = 1
+        pat = DilatedPattern(w, r, query_dilation=mode, window="sliding",
+                             sink_tokens=rng.choice([0, 1, 5]))
+        _run(pat, sq=rng.randint(2, 80), hq=4, hkv=2, causal=rng.random() < 0.6)

@@ -6,7 +6,8 @@ every specialization one forward + backward would launch is compiled ahead of ti
 (``hf_hilbert_attn.kernels.aot``), in a subprocess without ``TRITON_INTERPRET`` (conftest sets it
 for this process before the kernels are defined). Cases cover both query-dilation modes,
 bf16/fp16/fp32, head sizes 128/64/32, causal and not, the three position kinds (natural, a
-permutation, a map with gaps), document ids, and the kernel switches (MIXSPLIT, union loop).
+permutation, a map with gaps), document ids, the kernel switches (MIXSPLIT, union loop), sink
+tokens (the sink launch, the dq kernel's atomic dk/dv) and sliding windows.
 Each tile load must stay vectorised (no 1-2 byte global loads: that is what a lost alignment
 specialization costs, 8x the load instructions).
 """
@@ -21,11 +22,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {
-    # name: (query_dilation, dtype, head_dim, causal, positions, env)
+    # name: (query_dilation, dtype, head_dim, causal, positions, env[, pattern options])
     "bf16_d128_natural": ("per_head", "bf16", 128, True, "natural", {}),
     "fp16_d64_perm_all_noncausal": ("all", "fp16", 64, False, "perm",
                                     {"HF_HILBERT_MIXSPLIT": "1", "HF_HILBERT_UNION": "loop"}),
     "fp32_d32_gaps_docs": ("per_head", "fp32", 32, True, "gaps_docs", {"HF_HILBERT_MIXSPLIT": "1"}),
+    "bf16_d64_sliding_sinks": ("per_head", "bf16", 64, True, "natural", {},
+                               dict(window="sliding", sink_tokens=4)),
+    "fp16_d128_segment_sinks_perm_noncausal": ("all", "fp16", 128, False, "perm", {},
+                                               dict(sink_tokens=1)),
 }
 
 
@@ -36,7 +41,7 @@ def _compile_case(name):
     from hf_hilbert_attn import DilatedPattern
     from hf_hilbert_attn.kernels import aot
 
-    mode, dtype, d, causal, positions, env = CASES[name]
+    mode, dtype, d, causal, positions, env, *options = CASES[name]
     os.environ.update(env)
     why = aot.available()
     if why:
@@ -45,7 +50,8 @@ def _compile_case(name):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     s = 4096
     # rate 4 does not divide 6: that config's programs need the per-pair union mask
-    pattern = DilatedPattern([64, 128, 256, 512], [1, 2, 4, 6], query_dilation=mode)
+    pattern = DilatedPattern([64, 128, 256, 512], [1, 2, 4, 6], query_dilation=mode,
+                             **(options[0] if options else {}))
     q = torch.empty(1, 4, s, d, dtype=dtype)
     k = torch.empty(1, 2, s, d, dtype=dtype)
     kw = {}
@@ -95,7 +101,8 @@ def test_kernels_compile_for_sm90(compiled, name):
     assert kinds == {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"}, kinds
     # the first config in priority order compiles without the union code, the others with it
     for kern in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
-        variants = {r["variant"].split("EARLIER=")[1] for r in rows if r["kernel"] == kern}
+        variants = {r["variant"].split("EARLIER=")[1].split()[0] for r in rows
+                    if r["kernel"] == kern}
         assert variants == {"0", "1"}, (kern, variants)
     for r in rows:
         assert r["narrow_loads"] == 0, f"element-by-element loads in {r}"

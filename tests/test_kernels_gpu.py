@@ -36,8 +36,10 @@ def _torch_same_dtype(q, k, v, pattern, causal, **kw):
     kk = k.repeat_interleave(hq // hkv, 1)
     vv = v.repeat_interleave(hq // hkv, 1)
     s = (q @ kk.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    s = s.masked_fill(~mask, float("-inf"))
-    return torch.softmax(s, -1) @ vv
+    # a query with no allowed key outputs 0 (as the op and the reference do), not NaN: the
+    # finite fill keeps its softmax finite, the row factor zeroes it and its gradients
+    s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
+    return (torch.softmax(s, -1) * mask.any(-1, keepdim=True)) @ vv
 
 
 def _grads(fn, inputs, dout):
@@ -197,3 +199,39 @@ def test_mixsplit_forward_variant(monkeypatch, mode):
     # the earlier config needing it (rate 4 not dividing 6, as in longnet_lm)
     monkeypatch.setenv("HF_HILBERT_MIXSPLIT", "1")
     _check(LONGNET_SMALL.replace(query_dilation=mode), s=4096, hq=12, hkv=4)
+
+
+SLIDING_SMALL = DilatedPattern([256, 512, 1024, 2048, 4096], [1, 2, 4, 8, 16], window="sliding")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("window,sinks", [("segment", 1), ("segment", 4), ("sliding", 0),
+                                          ("sliding", 4)])
+def test_sinks_and_sliding(dtype, window, sinks):
+    # LongNet-like rates (6 and 12 not dividing 4: per-pair union masks) with both window kinds
+    # and sink tokens (the sink launch, its atomic dk/dv)
+    _check(LONGNET_SMALL.replace(window=window, sink_tokens=sinks), s=3001, hq=12, hkv=4,
+           dtype=dtype)
+
+
+@pytest.mark.parametrize("mode,causal,d", [("all", True, 64), ("per_head", False, 128),
+                                           ("all", False, 64)])
+def test_sliding_modes_with_sinks(mode, causal, d):
+    _check(SLIDING_SMALL.replace(query_dilation=mode, sink_tokens=3), s=2500, hq=6, hkv=2, d=d,
+           causal=causal)
+
+
+def test_sliding_sinks_decode_positions_and_documents():
+    pat = SLIDING_SMALL.replace(sink_tokens=4)
+    for _ in range(2):  # decode: one query at the end of a long cache
+        _check(pat, s=5000, sq=1, hq=8, hkv=2)
+    perm = torch.randperm(2049, device="cuda")  # a stored order (Hilbert-like): position map
+    _check(pat, s=2049, hq=4, hkv=2, k_positions=perm)
+    # packed documents: sinks are the first tokens of each document
+    lengths = [700, 1300, 49, 1000]
+    pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()
+    _check(pat, s=sum(lengths), hq=8, hkv=2, k_positions=pos, k_doc_ids=doc)
+    qp = torch.arange(70000, 71500, device="cuda")  # offsets: no sink key in this call
+    kp = torch.arange(69000, 70500, device="cuda")
+    _check(pat, s=1500, hq=8, hkv=2, q_positions=qp, k_positions=kp)

@@ -1,6 +1,8 @@
 """Quick check + timing of the Triton dilated-attention kernels (one device call).
 
     python examples/benchmarks/kernel_timing.py --seq 65536 --hq 32 --hkv 8 --dim 128
+    python examples/benchmarks/kernel_timing.py --no-check --seq 65536 \
+        --pattern configs/longnet_lm.yaml configs/sliding_lm.yaml --csv timing.csv
 
 Prints, per case: max error vs a float32 reference on a small shape, then fwd / fwd+bwd ms
 (median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``) and
@@ -8,7 +10,9 @@ peak memory, next to SDPA flash dense causal on the same shape.
 """
 
 import argparse
+import csv
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -138,7 +142,10 @@ def main():
     ap.add_argument("--hq", type=int, default=32)
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--pattern", default="configs/longnet_lm.yaml")
+    ap.add_argument("--pattern", nargs="+", default=["configs/longnet_lm.yaml"],
+                    help="one or more pattern YAMLs, timed side by side (the first is used for "
+                         "--long, --decode, --profile)")
+    ap.add_argument("--csv", default=None, help="also write the timing rows to this CSV")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--hilbert", action="store_true", help="also time a random position map")
     ap.add_argument("--profile", action="store_true", help="per-launch kernel times of one fwd+bwd")
@@ -148,8 +155,11 @@ def main():
                     help="one fwd+bwd at S_FB (Hq, Hkv, D of the args) and one forward at S_FWD "
                          "(8 heads x 64, fp16, no grad): time and peak memory")
     args = ap.parse_args()
-    pat = DilatedPattern.from_yaml(args.pattern)
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    pats = [(Path(p).stem, DilatedPattern.from_yaml(p)) for p in args.pattern]
+    pat = pats[0][1]
+    gpu = torch.cuda.get_device_name()
+    print(gpu, "torch", torch.__version__, "triton", triton.__version__)
+    rows = []
     if not args.no_check:
         small = DilatedPattern([256, 512, 1024], [1, 2, 4])
         for p, causal, sq in [(small, True, None), (small, False, None),
@@ -181,14 +191,28 @@ def main():
             print(f"ours dense   S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
             r = time_sdpa_fwd(s, args.hq, args.hkv, args.dim, torch.bfloat16)
             print(f"sdpa fwd     S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
-        r = time_case(pat, s, args.hq, args.hkv, args.dim, torch.bfloat16)
-        print(f"ours natural S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
-        if args.hilbert:
-            r = time_case(pat, s, args.hq, args.hkv, args.dim, torch.bfloat16, hilbert=True)
-            print(f"ours mapped  S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+        for name, p in pats:
+            dens = p.count_pairs_total(s, args.hq) / (args.hq * s * (s + 1) / 2)
+            r = time_case(p, s, args.hq, args.hkv, args.dim, torch.bfloat16)
+            print(f"ours {name} S={s} (density {dens:.2%}): "
+                  + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+            rows.append(dict(gpu=gpu, impl="ours", pattern=name, seq=s, density=dens, **r))
+            if args.hilbert:
+                r = time_case(p, s, args.hq, args.hkv, args.dim, torch.bfloat16, hilbert=True)
+                print(f"ours mapped {name} S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+                rows.append(dict(gpu=gpu, impl="ours mapped", pattern=name, seq=s, density=dens, **r))
         r = time_sdpa(s, args.hq, args.hkv, args.dim, torch.bfloat16)
         print(f"sdpa flash   S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
-
+        rows.append(dict(gpu=gpu, impl="sdpa flash (dense causal)", pattern="dense", seq=s,
+                         density=1.0, **r))
+    if args.csv and rows:
+        keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k)
+                      if k in rows[0] else 99)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {args.csv}")
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,8 @@ import triton
 
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._fwd import _fwd_kernel
-from ._plan import PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions, union_keys
+from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions,
+                    union_keys)
 
 __all__ = [
     "triton_dilated_attention",
@@ -72,6 +73,38 @@ def _dummy(device):
     return torch.empty(1, device=device, dtype=torch.int32)
 
 
+class _Launch(tuple):
+    """One launch of a kernel: ``(w, r, lb, kncap, npri, entry)`` — the tiling segment length
+    ``w`` (sliding and sinks: ``W_CAP``, one segment), rate ``r``, band reach ``lb`` in class
+    steps (sliding), key class-index cap ``kncap`` (sink launch: the sink count), the number of
+    configs before it in priority order, and its ``(w, r)`` entry in the launch table that
+    ``_participates`` reads (the sink launch: ``(W_CAP, 1)``, every row)."""
+
+    w = property(lambda s: s[0])
+    r = property(lambda s: s[1])
+    lb = property(lambda s: s[2])
+    kncap = property(lambda s: s[3])
+    npri = property(lambda s: s[4])
+    entry = property(lambda s: s[5])
+
+
+def _launches(pattern, plan: PositionPlan, with_sinks: bool = True):
+    """(priority configs, launches in order). The sink launch (lowest priority: it owns only
+    pairs no config allows) comes first, when some key of this call is a sink; the config
+    covering every query comes last (it writes the final result)."""
+    prio, order = config_order(pattern)
+    out = []
+    sinks = pattern.sink_tokens - plan.base  # positions here are relative to plan.base
+    if with_sinks and sinks > 0 and plan.klo < sinks:
+        out.append(_Launch((W_CAP, 1, W_CAP - 1, sinks, len(prio), (W_CAP, 1))))
+    for w, r in order:
+        if pattern.sliding:
+            out.append(_Launch((W_CAP, r, (w - 1) // r, W_CAP, prio.index((w, r)), (w, r))))
+        else:
+            out.append(_Launch((w, r, 0, W_CAP, prio.index((w, r)), (w, r))))
+    return prio, out
+
+
 def _cfg_tensor(cfgs, device):
     flat = [x for wr in cfgs for x in wr] or [1, 1]
     return torch.tensor(flat, device=device, dtype=torch.int32)
@@ -93,6 +126,18 @@ def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
     if nseg == 1:
         lo = max(0, plan.qlo - seg0 * w - (r - 1)) // r // bm
         hi = (plan.qhi - seg0 * w) // r // bm
+        return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
+    return seg0, nseg, 0, nblk
+
+
+def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
+    """(first segment, segments, first block, blocks per segment and class) of the key tiles of
+    the dk/dv kernel: one segment of the keys' range (sliding) gets only its blocks."""
+    seg0, nseg = _seg_range(plan.klo, plan.khi, w)
+    nblk = triton.cdiv(triton.cdiv(w, r), bn)
+    if nseg == 1 and w == W_CAP:
+        lo = max(0, plan.klo - (r - 1)) // r // bn
+        hi = plan.khi // r // bn
         return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
     return seg0, nseg, 0, nblk
 
@@ -150,16 +195,18 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return out, lse
-    prio, launch = config_order(pattern)
+    prio, launch = _launches(pattern, plan)
     per_head = pattern.query_dilation == "per_head"
     BM, BN, warps, stages = _blocks("fwd", D, q.dtype)
     cfg_t = _cfg_tensor(prio, dev)
-    lcfg_t = _cfg_tensor(launch, dev)
+    lcfg_t = _cfg_tensor([ln.entry for ln in launch], dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
     # The forward keeps the in-kernel union loop (UTAB=0): the key-table path costs the whole
     # kernel registers (64K longnet_lm on H200: 9.3 vs 13.4 ms, docs/decisions.md); the
     # backward kernels use the tables.
     keys, psz, utab = _dummy(dev), 1, 0
+    # sliding windows mask the union pair by pair only at the windows' edges (MIXSPLIT's hull)
+    mixsplit = _mixsplit() or pattern.sliding
     # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so long
     # forward-only runs are not bounded by a buffer twice the size of the output.
     hch = HQ
@@ -169,10 +216,9 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if len(launch) > 1 else out
     for h0 in range(0, HQ, hch):
         nh = min(hch, HQ - h0)
-        for li, (w, r) in enumerate(launch):
-            npri = prio.index((w, r))
-            seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
-            ncls = 1 if per_head else r
+        for li, ln in enumerate(launch):
+            seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
+            ncls = 1 if per_head else ln.r
             grid = (nseg * ncls * nblk, B * nh)
             _fwd_kernel[grid](
                 q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
@@ -181,12 +227,12 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
                 sqi, ski, sqd, skd,
                 scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
-                plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(li == 0),
-                int(li == len(launch) - 1),
+                plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb, ln.kncap, ln.npri, li,
+                int(li == 0), int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                UMAX=0, UTAB=utab, MIXSPLIT=_mixsplit(), EARLIER=_earlier(npri),
-                num_warps=warps, num_stages=stages,
+                UMAX=0, UTAB=utab, MIXSPLIT=mixsplit, EARLIER=_earlier(ln.npri),
+                SLIDING=pattern.sliding, num_warps=warps, num_stages=stages,
             )
     return out, lse
 
@@ -219,62 +265,74 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2), HQ,
         BM=dblk, D=D, HAS_DLSE=dlse is not None,
     )
-    prio, launch = config_order(pattern)
+    prio, launch = _launches(pattern, plan)
+    kv_launch = [ln for ln in launch if ln.kncap == W_CAP]  # dk/dv: the configs (sinks: below)
+    sinks = len(kv_launch) < len(launch)
     multi = len(launch) > 1
     hch, kch = HQ, HKV  # heads per chunk of the float32 buffers (query / key-value heads)
     if multi:
         hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
+    if len(kv_launch) > 1:
         kch = max(1, min(HKV, ACC_BYTES // max(2 * B * SK * D * 4, 1)))
     dqacc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if multi else dq
-    dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dk
-    dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dv
+    dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if len(kv_launch) > 1 else dk
+    dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if len(kv_launch) > 1 else dv
+    # The sink launch of the dq kernel also sums the sink keys' dk/dv (float32, atomically, over
+    # its query tiles); the first dk/dv launch adds them in.
+    nsink = launch[0].kncap if sinks else 1
+    sinkg = (torch.zeros((B, HKV, 2, nsink, D), device=dev, dtype=torch.float32) if sinks
+             else _dummy(dev))
     per_head = pattern.query_dilation == "per_head"
     BM, BN, warps, stages = _blocks("dq", D, q.dtype)
     kBM, kBN, kwarps, kstages = _blocks("dkdv", D, q.dtype)
     cfg_t = _cfg_tensor(prio, dev)
-    lcfg_t = _cfg_tensor(launch, dev)
+    lcfg_t = _cfg_tensor([ln.entry for ln in launch], dev)
     (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
-    keys, psz, utab = _union_args(prio, plan, dev)
+    keys, psz, utab = _union_args(prio, plan, dev) if not pattern.sliding else (_dummy(dev), 1, 0)
     common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                   HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                  UMAX=max(1, len(prio) - 1), UTAB=utab, MIXSPLIT=_mixsplit())
+                  MIXSPLIT=_mixsplit() or pattern.sliding, SLIDING=pattern.sliding)
+    # union test: the key tables hold the configs but the last; the sink launch, after all of
+    # them in priority, tests every config in an unrolled loop
+    union = dict(UMAX=max(1, len(prio) - 1), UTAB=utab)
+    sink_union = dict(UMAX=len(prio), UTAB=0)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
-    for g0 in range(0, HKV, kch):
-        ng = min(kch, HKV - g0)
-        for li, (w, r) in enumerate(launch):
-            npri = prio.index((w, r))
-            first, last = li == 0, li == len(launch) - 1
-            kseg0, knseg = _seg_range(plan.klo, plan.khi, w)
-            knblk = triton.cdiv(triton.cdiv(w, r), kBN)
-            _dkdv_kernel[(knseg * r * knblk, B * ng)](
-                q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, qinv, kinv, qdoc, kdoc, cfg_t,
-                keys, psz, *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
-                dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
-                dv.stride(2), sqi, ski, sqd, skd, SQ,
-                scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
-                plan.qhi, plan.klo, plan.khi, kseg0, knblk, w, r, npri, int(first), int(last),
-                BM=kBM, BN=kBN, EARLIER=_earlier(npri), num_warps=kwarps, num_stages=kstages,
-                **common,
-            )
-    # dq: one program per query tile, as in the forward, a chunk of heads at a time
+    # dq: one program per query tile, as in the forward, a chunk of heads at a time (first: the
+    # sink launch's dk/dv sums are needed by the dk/dv kernel)
     for h0 in range(0, HQ, hch):
         nh = min(hch, HQ - h0)
-        for li, (w, r) in enumerate(launch):
-            npri = prio.index((w, r))
+        for li, ln in enumerate(launch):
             first, last = li == 0, li == len(launch) - 1
-            seg0, nseg, blk0, nblk = _query_tiles(plan, w, r, BM)
-            ncls = 1 if per_head else r
+            seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
+            ncls = 1 if per_head else ln.r
             _dq_kernel[(nseg * ncls * nblk, B * nh)](
-                q, k, v, do, lse, delta, dq, dqacc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys,
-                psz, *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
+                q, k, v, do, lse, delta, dq, dqacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
+                keys, psz, *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
                 dq.stride(0), dq.stride(1), dq.stride(2),
                 sqi, ski, sqd, skd, SQ,
                 scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
-                plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, w, r, npri, li, int(first),
-                int(last), BM=BM, BN=BN, EARLIER=_earlier(npri), num_warps=warps, num_stages=stages,
-                **common,
+                plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb, ln.kncap,
+                ln.npri, li, int(first), int(last), BM=BM, BN=BN, EARLIER=_earlier(ln.npri),
+                KVGRAD=ln.kncap != W_CAP, num_warps=warps, num_stages=stages, **common,
+                **(sink_union if ln.kncap != W_CAP else union),
+            )
+    # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
+    for g0 in range(0, HKV, kch):
+        ng = min(kch, HKV - g0)
+        for li, ln in enumerate(kv_launch):
+            first, last = li == 0, li == len(kv_launch) - 1
+            kseg0, knseg, kblk0, knblk = _key_tiles(plan, ln.w, ln.r, kBN)
+            _dkdv_kernel[(knseg * ln.r * knblk, B * ng)](
+                q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, qinv, kinv, qdoc, kdoc,
+                cfg_t, keys, psz, *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
+                dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+                dv.stride(2), sqi, ski, sqd, skd, SQ,
+                scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
+                plan.qhi, plan.klo, plan.khi, kseg0, knblk, kblk0, ln.w, ln.r, ln.lb, nsink,
+                ln.npri, int(first), int(last),
+                BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), SINKADD=sinks, num_warps=kwarps,
+                num_stages=kstages, **common, **union,
             )
     return dq, dk, dv
 

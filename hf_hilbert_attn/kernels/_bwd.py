@@ -14,8 +14,8 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import (_NO_SPEC, _covered, _n_range, _participates, _prog_key,
-                      _split_at, _union_keep, _union_tab)
+from ._common import (_NO_SPEC, _band_split, _band_tail, _covered, _n_range, _participates,
+                      _prog_key, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -44,14 +44,18 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
               HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
-              UTAB: tl.constexpr):
+              UTAB: tl.constexpr, SLIDING: tl.constexpr, KVGRAD: tl.constexpr):
     """dq over key tiles ``lo, lo+BN, .. < hi`` (keys ``n < end``); masks as in ``_fwd_tiles``.
 
-    Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal needs a mask.
-    ``rows``: ``(q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2)``;
-    ``keys`` and ``uni`` as in ``_fwd._fwd_tiles``.
+    Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal (and, sliding,
+    the window's edges) needs a mask. ``rows``: ``(q, do, lse2, delta, qd, offs_m, pq, p0, p1,
+    sbase, R, h, b64, scale_log2, LB, band_lo, sgk, sgv, scale)``; ``keys`` and ``uni`` as in
+    ``_fwd._fwd_tiles``. ``KVGRAD`` (the sink launch): this tile's dk/dv too, added atomically
+    to the float32 rows ``sgk[pos]`` / ``sgv[pos]`` of its key/value head, which the dk/dv
+    kernel's first launch adds in.
     """
-    q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2 = rows
+    q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo, sgk, \
+        sgv, scale = rows
     k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs = keys
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
@@ -81,16 +85,20 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
             s = tl.dot(q, tl.trans(k))
             dp = tl.dot(do, tl.trans(v))
         p = tl.math.exp2(s * scale_log2 - lse2[:, None])
-        if (CAUSAL and EDGE) or MAPPED == 2 or HAS_DOC or UNION:
+        if (CAUSAL and EDGE) or (SLIDING and EDGE) or MAPPED == 2 or HAS_DOC or UNION or KVGRAD:
             keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if SLIDING and EDGE:
+                keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
+                if not CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
             if UNION:
                 if UTAB > 0:
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD, UMAX)
+                                              PER_HEAD, UMAX, SLIDING)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -100,6 +108,17 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
         else:
             dq = tl.dot(ds.to(k.dtype), k, dq)
+        if KVGRAD:
+            # rows of queries that do not exist have q = dO = 0 (no contribution)
+            if IEEE:
+                dkp = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+                dvp = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
+            else:
+                dkp = tl.dot(tl.trans(ds.to(q.dtype)), q)
+                dvp = tl.dot(tl.trans(p.to(do.dtype)), do)
+            sg_rows = pk[:, None].to(tl.int64) * D + offs_d[None, :]
+            tl.atomic_add(sgk + sg_rows, dkp * scale, mask=col_ok[:, None])
+            tl.atomic_add(sgv + sg_rows, dvp, mask=col_ok[:, None])
     return dq
 
 
@@ -108,13 +127,13 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                 BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                 CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
                 HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
-                UTAB: tl.constexpr):
+                UTAB: tl.constexpr, SLIDING: tl.constexpr):
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
     (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing.
     ``cols``: the program's keys ``(k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64,
-    scale_log2)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
+    scale_log2, LB)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
     lrow, sqinv, sqdoc, sqs, sds, QOFF)``; ``uni`` as in ``_fwd._fwd_tiles``."""
-    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scale_log2 = cols
+    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scale_log2, LB = cols
     q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF = qside
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
@@ -141,16 +160,20 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
             st = tl.dot(k, tl.trans(q))
             dpt = tl.dot(v, tl.trans(do))
         pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
-        if (CAUSAL and EDGE) or MAPPED == 2 or HAS_DOC or UNION:
+        if (CAUSAL and EDGE) or (SLIDING and EDGE) or MAPPED == 2 or HAS_DOC or UNION:
             keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :])
+            if SLIDING and EDGE:  # the window: n_q <= n_k + LB (>= n_k - LB non-causal)
+                keep = keep & (offs_m[None, :] <= offs_n[:, None] + LB)
+                if not CAUSAL:
+                    keep = keep & (offs_m[None, :] >= offs_n[:, None] - LB)
             if UNION:
                 if UTAB > 0:
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB)
                 else:
                     keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD, UMAX)
+                                              PER_HEAD, UMAX, SLIDING)
             if HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
@@ -166,24 +189,29 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
 
 
 @triton.jit
-def _dq_span(dq, rows, keys, uni, lo, mid, end, ma, mb, BN: tl.constexpr, D: tl.constexpr,
+def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D: tl.constexpr,
              UNION: tl.constexpr, CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr,
              MAPPED: tl.constexpr, HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
-             UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr):
-    """dq over key tiles ``[lo, mid)`` whole, then ``[mid, end)`` masked (as ``_fwd._fwd_span``)."""
+             UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
+             SLIDING: tl.constexpr, KVGRAD: tl.constexpr):
+    """dq over key tiles ``[lo, b1)`` masked (sliding), ``[b1, mid)`` whole, then ``[mid, end)``
+    masked (as ``_fwd._fwd_span``)."""
+    if SLIDING:
+        dq = _dq_tiles(dq, rows, keys, uni, lo, b1, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
     if UNION and MIXSPLIT:
-        x1, x2 = _split_at(lo, mid, ma, mb, BN)
-        dq = _dq_tiles(dq, rows, keys, uni, lo, x1, end, BN, D, False, False, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        x1, x2 = _split_at(b1, mid, ma, mb, BN)
+        dq = _dq_tiles(dq, rows, keys, uni, b1, x1, end, BN, D, False, False, CAUSAL, PER_HEAD,
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
         dq = _dq_tiles(dq, rows, keys, uni, x1, x2, end, BN, D, False, True, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
         dq = _dq_tiles(dq, rows, keys, uni, x2, mid, end, BN, D, False, False, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
     else:
-        dq = _dq_tiles(dq, rows, keys, uni, lo, mid, end, BN, D, False, UNION, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dq = _dq_tiles(dq, rows, keys, uni, b1, mid, end, BN, D, False, UNION, CAUSAL, PER_HEAD,
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
     dq = _dq_tiles(dq, rows, keys, uni, mid, end, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
-                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
     return dq
 
 
@@ -192,10 +220,12 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
               BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-              MIXSPLIT: tl.constexpr):
+              MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr, KVGRAD: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
-    q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2 = rows
-    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
+        sgk, sgv, scale = rows
+    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD, SLIDING,
+                                     CAUSAL, False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
@@ -211,34 +241,36 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
-    a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
-    b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
+    a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN)
+    b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
     if mixed:
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
-        dq = _dq_span(dq, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING, KVGRAD)
+        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, True, CAUSAL,
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING, KVGRAD)
     else:
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN, D, False, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
-        dq = _dq_span(dq, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN, D, False, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, False,
+                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING,
+                      KVGRAD)
+        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, False,
+                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING,
+                      KVGRAD)
     return dq
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, DQACC,
+    Q, K, V, DO, LSE, DELTA, DQ, DQACC, SINKG,
     QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sdqb, sdqh, sdqs,
     sqinv, skinv, sqdoc, skdoc, SQ,
     scale, scale_log2, HQ, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
+    SEG0, NCLS, NBLK, BLK0, W, R, LB, KNCAP, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr,
+    EARLIER: tl.constexpr, SLIDING: tl.constexpr, KVGRAD: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -283,13 +315,22 @@ def _dq_kernel(
         qd = qidx
 
     kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    kn_hi = tl.minimum(kn_hi, KNCAP)
     m_first = tl.maximum(blk * BM, qn_lo)
     m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
+    band_lo = 0
+    if SLIDING:
+        kn_lo = tl.maximum(kn_lo, m_first - LB)
+        band_lo = blk * BM + BM - 1 - LB
+        if not CAUSAL:
+            kn_hi = tl.minimum(kn_hi, m_last + LB + 1)
     if CAUSAL:
         kn_hi = tl.minimum(kn_hi, m_last + 1)
         full_hi = tl.minimum(kn_hi, blk * BM + 1)
     else:
         full_hi = kn_hi
+        if SLIDING:
+            full_hi = tl.minimum(kn_hi, blk * BM + LB + 1)
     kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)
     pq0 = sbase + R * m_first
     pq1 = sbase + R * tl.maximum(m_last, m_first)
@@ -302,20 +343,25 @@ def _dq_kernel(
         v_base = v_base - KOFF.to(tl.int64) * svs
         KDOC_T = KDOC - KOFF
     dq = tl.zeros([BM, D], tl.float32)
-    rows = (q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2)
+    # sink launch: float32 dk / dv rows of this key/value head ([B, Hkv, 2, KNCAP, D])
+    sgk = SINKG + ((b64 * (HQ // GROUP) + hk) * 2) * KNCAP * D
+    sgv = sgk + KNCAP * D
+    rows = (q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB,
+            band_lo, sgk, sgv, scale)
     keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
     if EARLIER == 0:  # first config in priority order: no union test, nothing skipped
-        a_mid = kn_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - kn_lo, 0) // BN * BN
-        dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_mid, kn_hi,
-                      kn_lo, kn_lo, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                      0, MIXSPLIT)
+        a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN)
+        dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_b1, a_mid,
+                      kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE,
+                      UMAX, 0, MIXSPLIT, SLIDING, KVGRAD)
     else:
         dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN,
-                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING,
+                       KVGRAD)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD, SLIDING)
         dq += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
     if LAST != 0:
         tl.store(DQ + b64 * sdqb + h64 * sdqh + row64[:, None] * sdqs + offs_d[None, :],
@@ -325,41 +371,47 @@ def _dq_kernel(
 
 
 @triton.jit
-def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, end, ma, mb, BM: tl.constexpr,
+def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.constexpr,
                D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
                IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-               MIXSPLIT: tl.constexpr):
-    """dk, dv over query tiles ``[lo, mid)`` masked (the diagonal), then ``[mid, end)`` whole.
+               MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
+    """dk, dv over query tiles ``[lo, mid)`` masked (the diagonal), then ``[mid, tail)`` whole,
+    then (sliding) ``[tail, end)`` masked: queries past some key's window.
     ``UNION``: with the per-pair union mask — on every tile, or with ``MIXSPLIT`` only on the
     whole tiles that meet ``[ma, mb)`` (and the masked ones)."""
     dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM, D, True, UNION, CAUSAL,
-                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     if UNION and MIXSPLIT:
-        x1, x2 = _split_at(mid, end, ma, mb, BM)
+        x1, x2 = _split_at(mid, tail, ma, mb, BM)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM, D, False, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x1, x2, end, BM, D, False, True, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, end, end, BM, D, False, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, tail, end, BM, D, False, False, CAUSAL,
+                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     else:
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, end, end, BM, D, False, UNION,
-                             CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, tail, end, BM, D, False, UNION,
+                             CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+    if SLIDING:
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, tail, end, end, BM, D, True, UNION,
+                             CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     return dk, dv
 
 
 @triton.jit
-def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, CFG, NPRI, KEYS, PSZ,
-                BM: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG, NPRI, KEYS,
+                PSZ, BM: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                 PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
                 IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-                MIXSPLIT: tl.constexpr):
+                MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
     """dk, dv of one query head over the query tiles of a config with earlier configs: queries
     ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
-    with the diagonal tiles (masked), then whole unmasked tiles; the union mask where mixed."""
-    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2 = cols
-    ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD)
+    with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
+    past the window); the union mask where mixed."""
+    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB = cols
+    ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD, SLIDING,
+                                     CAUSAL, True)
     kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
     kp1 = kp0
     kp2 = kp0
@@ -377,32 +429,38 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, CFG, NPRI, K
     b_lo = tl.maximum(cb, qn_lo)
     a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
     b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
+    a_tail = _band_tail(a_mid, a_hi, band_hi, BM)
+    b_tail = _band_tail(b_mid, qn_hi, band_hi, BM)
     if mixed:
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_hi, ma, mb, BM, D, True,
-                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, qn_hi, ma, mb, BM, D, True,
-                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM, D,
+                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
+                            SLIDING)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
+                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
+                            SLIDING)
     else:
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_hi, ma, mb, BM, D, False,
-                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, qn_hi, ma, mb, BM, D, False,
-                            CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM, D,
+                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
+                            SLIDING)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
+                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
+                            SLIDING)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DKACC, DVACC,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DKACC, DVACC, SINKG,
     QINV, KINV, QDOC, KDOC, CFG, KEYS, PSZ,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
     sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
     sqinv, skinv, sqdoc, skdoc, SQ,
     scale, scale_log2, HKV, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NBLK, W, R, NPRI, FIRST, LAST,
+    SEG0, NBLK, BLK0, W, R, LB, SINKS, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr,
+    EARLIER: tl.constexpr, SLIDING: tl.constexpr, SINKADD: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
@@ -411,7 +469,7 @@ def _dkdv_kernel(
     b = bhk // HCH
     hkl = bhk % HCH  # kv head within this launch's chunk (DKACC/DVACC hold HCH heads)
     hk = HOFF + hkl
-    blk = tile % NBLK
+    blk = BLK0 + tile % NBLK
     t2 = tile // NBLK
     seg = SEG0 + t2 // R
     c = t2 % R
@@ -445,11 +503,18 @@ def _dkdv_kernel(
     pk0 = sbase + R * n_first
     pk1 = sbase + R * tl.maximum(n_last, n_first)
     qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
+    band_hi = qn_hi  # sliding: query tiles ending below this lie inside every key's window
     if CAUSAL:
         qn_lo = tl.maximum(qn_lo, n_first)  # queries n >= the first key's n
         full_lo = blk * BN + BN - 1  # query tiles starting here see no diagonal
     else:
         full_lo = qn_lo
+        if SLIDING:
+            qn_lo = tl.maximum(qn_lo, n_first - LB)
+            full_lo = blk * BN + BN - 1 - LB  # from here: above every key's window edge
+    if SLIDING:
+        qn_hi = tl.minimum(qn_hi, n_last + LB + 1)
+        band_hi = blk * BN + LB + 1
     qn_hi = tl.where(n_last >= n_first, qn_hi, qn_lo)
 
     dk = tl.zeros([BN, D], tl.float32)
@@ -465,23 +530,33 @@ def _dkdv_kernel(
             q_base = Q + b64 * sqb + h64 * sqh
             do_base = DO + b64 * sdb + h64 * sdh
             lrow = (b64 * (HKV * GROUP) + h64) * SQ
-            cols = (k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2)
+            cols = (k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB)
             qside = (q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF)
             if EARLIER == 0:
                 # first config in priority order: no union test, nothing skipped; the diagonal
                 # tiles (masked), then whole unmasked tiles
                 a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, qn_hi)
+                a_tail = _band_tail(a_mid, qn_hi, band_hi, BM)
                 dk, dv = _dkdv_span(dk, dv, cols, qside, (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk),
-                                    qn_lo, a_mid, qn_hi, qn_lo, qn_lo, BM, D, False, CAUSAL,
-                                    PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT)
+                                    qn_lo, a_mid, a_tail, qn_hi, qn_lo, qn_lo, BM, D, False,
+                                    CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT,
+                                    SLIDING)
             else:
-                dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, CFG,
-                                     NPRI, KEYS, PSZ, BM, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
-                                     IEEE, UMAX, UTAB, MIXSPLIT)
+                dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi,
+                                     CFG, NPRI, KEYS, PSZ, BM, D, CAUSAL, PER_HEAD, MAPPED,
+                                     HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]
     va_ptrs = DVACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]
+    if SINKADD:
+        if FIRST != 0:
+            # the sink keys' dk/dv, summed by the dq kernel's sink launch ([B, Hkv, 2, SINKS, D])
+            sink = col_ok & (pk < SINKS)
+            sg = SINKG + ((b64 * HKV + hk) * 2) * SINKS * D + pk[:, None].to(tl.int64) * D \
+                + offs_d[None, :]
+            dk += tl.load(sg, mask=sink[:, None], other=0.0)
+            dv += tl.load(sg + SINKS * D, mask=sink[:, None], other=0.0)
     if FIRST == 0:
         dk += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
         dv += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)

@@ -7,6 +7,11 @@ the only masks left are the causal diagonal, range ends, absent positions, docum
 *union* rule: a pair belongs to the first config (in priority order, ``CFG[0:NPRI]``) that
 allows it, so later configs mask pairs an earlier one already covers.
 
+Sliding windows (``SLIDING``) have no segments: a config's tiles are one class of the whole
+sequence (``W`` is a cap, ``seg == 0``) and a key is allowed within ``LB = (w - 1) // r`` class
+steps of the query (a band in class space); the band's edges are masked like the diagonal.
+Sink tokens are one more launch, last in priority: every query against the keys ``< KNCAP``.
+
 All divisions and remainders here act on non-negative integers: Triton's ``//`` truncates
 while the interpreter floors, and the two only agree there.
 """
@@ -17,7 +22,8 @@ import triton.language as tl
 # Scalar arguments that change with the pattern, the config or the positions: not specialised
 # (Triton would otherwise compile a variant per value == 1 / divisible by 16).
 _NO_SPEC = ["HQ", "HOFF", "HCH", "HKV", "GROUP", "SQ", "QOFF", "KOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
-            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST", "PSZ"]
+            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST", "PSZ", "LB", "KNCAP",
+            "SINKS"]
 
 
 @triton.jit
@@ -30,16 +36,18 @@ def _n_range(sbase, ncl, LO, HI, R):
 
 
 @triton.jit
-def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: tl.constexpr):
+def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: tl.constexpr,
+                SLIDING: tl.constexpr):
     """Per-pair union mask: True where no earlier config allows the pair.
 
     ``pq`` and ``pk`` are broadcastable int32 position tensors (``[M, 1]`` and ``[1, N]`` or
     transposed); the result has their broadcast shape. ``[p0, p1]`` is the position range of
     the program's own side: an earlier config whose segment holds all of it and whose rate
-    divides ``R`` is settled by the skipped interval of ``_covered`` and is not tested here.
-    Each config costs one compare per pair: a (segment, class) key per row and column. The
-    loop is unrolled (``UMAX`` >= ``NPRI``) so the key loop around it stays innermost and
-    software-pipelined; ``UMAX == 0`` keeps a runtime loop instead.
+    divides ``R`` is settled by the skipped interval of ``_covered`` and is not tested here
+    (sliding: only a config whose class is never this head's is settled).
+    Each config costs one compare per pair: a (segment, class) key per row and column
+    (sliding: the window and the class). The loop is unrolled (``UMAX`` >= ``NPRI``) so the key
+    loop around it stays innermost and software-pipelined; ``UMAX == 0`` keeps a runtime loop.
     """
     covered = (pq < 0) | (pk < 0)  # all False, broadcast shape
     if UMAX == 0:
@@ -47,53 +55,93 @@ def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: t
         for j in range(NPRI):
             wj = tl.load(CFG + 2 * j)
             rj = tl.load(CFG + 2 * j + 1)
-            settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
-            if settled == 0:
-                tq = pq % wj
-                cq = tq % rj
-                kq = (pq - tq) // wj * rj + cq
+            if SLIDING:
                 if PER_HEAD:
-                    kq = tl.where(cq == (h % rj), kq, -1)
-                tk = pk % wj
-                covered = covered | (kq == (pk - tk) // wj * rj + (tk % rj))
+                    settled = ((R % rj) == 0) & ((p0 % rj) != (h % rj))
+                else:
+                    settled = p0 < 0
+                if settled == 0:
+                    cq = pq % rj
+                    hit = ((pq - pk) < wj) & ((pk - pq) < wj) & (cq == (pk % rj))
+                    if PER_HEAD:
+                        hit = hit & (cq == (h % rj))
+                    covered = covered | hit
+            else:
+                settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
+                if settled == 0:
+                    tq = pq % wj
+                    cq = tq % rj
+                    kq = (pq - tq) // wj * rj + cq
+                    if PER_HEAD:
+                        kq = tl.where(cq == (h % rj), kq, -1)
+                    tk = pk % wj
+                    covered = covered | (kq == (pk - tk) // wj * rj + (tk % rj))
     for j in tl.static_range(UMAX):
         live = j < NPRI
         wj = tl.load(CFG + 2 * j, mask=live, other=1)
         rj = tl.load(CFG + 2 * j + 1, mask=live, other=1)
-        settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
-        use = live & (settled == 0)
-        tq = pq % wj
-        cq = tq % rj
-        if PER_HEAD:
-            use_q = use & (cq == (h % rj))
+        if SLIDING:
+            if PER_HEAD:
+                use = live & (((R % rj) != 0) | ((p0 % rj) == (h % rj)))
+            else:
+                use = live
+            cq = pq % rj
+            hit = ((pq - pk) < wj) & ((pk - pq) < wj) & (cq == (pk % rj)) & use
+            if PER_HEAD:
+                hit = hit & (cq == (h % rj))
+            covered = covered | hit
         else:
-            use_q = use & (cq >= 0)
-        kq = tl.where(use_q, (pq - tq) // wj * rj + cq, -1)  # segment * rj + class, or never
-        tk = pk % wj
-        kk = (pk - tk) // wj * rj + (tk % rj)
-        covered = covered | (kq == kk)
+            settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
+            use = live & (settled == 0)
+            tq = pq % wj
+            cq = tq % rj
+            if PER_HEAD:
+                use_q = use & (cq == (h % rj))
+            else:
+                use_q = use & (cq >= 0)
+            kq = tl.where(use_q, (pq - tq) // wj * rj + cq, -1)  # segment * rj + class, or never
+            tk = pk % wj
+            kk = (pk - tk) // wj * rj + (tk % rj)
+            covered = covered | (kq == kk)
     return covered == 0
 
 
 @triton.jit
-def _participates(pq, h, LCFG, NL, PER_HEAD: tl.constexpr):
+def _participates(pq, h, LCFG, NL, PER_HEAD: tl.constexpr, SLIDING: tl.constexpr):
     """Rows (positions ``pq``) that take part in any of the configs ``LCFG[0:NL]`` for head ``h``.
 
-    Those are the rows an earlier launch already wrote a partial result for.
+    Those are the rows an earlier launch already wrote a partial result for (the sink launch is
+    entered as ``(W, 1)``: every row).
     """
     part = (pq < 0)
     for j in range(NL):
         wj = tl.load(LCFG + 2 * j)
         rj = tl.load(LCFG + 2 * j + 1)
         if PER_HEAD:
-            part = part | (((pq % wj) % rj) == (h % rj))
+            if SLIDING:
+                part = part | ((pq % rj) == (h % rj))
+            else:
+                part = part | (((pq % wj) % rj) == (h % rj))
         else:
             part = part | (pq >= 0)
     return part
 
 
 @triton.jit
-def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
+def _idx_from(x, sbase, R):
+    """First class index ``n`` with ``sbase + R*n >= x`` (0 below ``sbase``)."""
+    return (tl.maximum(x - sbase, 0) + R - 1) // R
+
+
+@triton.jit
+def _idx_after(x, sbase, R):
+    """First class index ``n`` with ``sbase + R*n > x`` (0 below ``sbase``)."""
+    return tl.where(x >= sbase, tl.maximum(x - sbase, 0) // R + 1, 0)
+
+
+@triton.jit
+def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
+             SLIDING: tl.constexpr, CAUSAL: tl.constexpr, KSIDE: tl.constexpr):
     """Range ``[ca, cb)`` of class indices of the *other* side covered by earlier configs.
 
     One side of a tile holds positions ``[p0, p1]`` (all congruent modulo ``R``); the other side
@@ -107,6 +155,13 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
     pair: the config's own segment when it holds ``[p0, p1]`` (a rate not dividing ``R``
     covers pairs only inside it), else everything (``[0, empty_at)``). The union mask is needed
     nowhere else (``HF_HILBERT_MIXSPLIT``).
+
+    Sliding windows (``SLIDING``): a config whose rate divides ``R`` (this head's class) covers
+    for the whole tile the other side's positions within its window of every position of
+    ``[p0, p1]`` — ``[p1 - w + 1, p0 + w - 1]``; causal, pairs past the diagonal are masked
+    anyway, so the interval is open upwards for a query tile and downwards for a key tile
+    (``KSIDE``). The windows are nested around the tile, so their union is one interval; the
+    pairs only some positions of the tile reach (the window's edge) are ``mixed``.
     """
     ca = empty_at + 0 * p0
     cb = ca
@@ -117,25 +172,74 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr):
     for j in range(NPRI):
         wj = tl.load(CFG + 2 * j)
         rj = tl.load(CFG + 2 * j + 1)
-        qa = p0 // wj
-        single = qa == (p1 // wj)
         uniform = (R % rj) == 0
-        if PER_HEAD:
-            cls_ok = ((p0 - qa * wj) % rj) == (h % rj)
+        if SLIDING:
+            if PER_HEAD:
+                cls_ok = (p0 % rj) == (h % rj)
+            else:
+                cls_ok = p0 >= 0
+            full = uniform & cls_ok
+            none = uniform & (cls_ok == 0)
+            if CAUSAL:
+                if KSIDE:  # queries at or after the tile's keys
+                    lo = 0 * p0
+                    hi = tl.minimum(_idx_after(p0 + wj - 1, sbase, R), empty_at)
+                    mlo = _idx_from(p0, sbase, R)
+                    mhi = _idx_after(p1 + wj - 1, sbase, R)
+                else:
+                    lo = _idx_from(p1 - wj + 1, sbase, R)
+                    hi = empty_at + 0 * p0
+                    mlo = _idx_from(p0 - wj + 1, sbase, R)
+                    mhi = _idx_after(p1, sbase, R)
+            else:
+                lo = _idx_from(p1 - wj + 1, sbase, R)
+                hi = tl.minimum(_idx_after(p0 + wj - 1, sbase, R), empty_at)
+                mlo = _idx_from(p0 - wj + 1, sbase, R)
+                mhi = _idx_after(p1 + wj - 1, sbase, R)
+            full = full & (lo < hi)
+            mix_j = none == 0
+            ma = tl.where(mix_j, tl.minimum(ma, mlo), ma)
+            mb = tl.where(mix_j, tl.maximum(mb, mhi), mb)
         else:
-            cls_ok = p0 >= 0
-        full = single & uniform & cls_ok
-        none = single & uniform & (cls_ok == 0)
-        mix_j = (full == 0) & (none == 0)
+            qa = p0 // wj
+            single = qa == (p1 // wj)
+            uniform = uniform & single
+            if PER_HEAD:
+                cls_ok = ((p0 - qa * wj) % rj) == (h % rj)
+            else:
+                cls_ok = p0 >= 0
+            full = uniform & cls_ok
+            none = uniform & (cls_ok == 0)
+            mix_j = (full == 0) & (none == 0)
+            lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
+            hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
+            ma = tl.where(mix_j, tl.minimum(ma, tl.where(single, lo, 0)), ma)
+            mb = tl.where(mix_j, tl.maximum(mb, tl.where(single, hi, empty_at)), mb)
         mixed = mixed | mix_j
-        lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
-        hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
         ca = tl.where(full, tl.where(found, tl.minimum(ca, lo), lo), ca)
         cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
         found = found | full
-        ma = tl.where(mix_j, tl.minimum(ma, tl.where(single, lo, 0)), ma)
-        mb = tl.where(mix_j, tl.maximum(mb, tl.where(single, hi, empty_at)), mb)
     return ca, cb, mixed, ma, mb
+
+
+@triton.jit
+def _band_split(lo, full_hi, end, band_lo, BN: tl.constexpr):
+    """Tile starts ``lo <= b1 <= mid <= end`` of a key run ``[lo, end)`` (steps of ``BN``):
+    ``[lo, b1)`` masked (sliding: keys below some query's window; ``band_lo <= lo`` leaves it
+    empty), ``[b1, mid)`` whole tiles below ``full_hi`` (no diagonal), ``[mid, end)`` masked."""
+    b1 = tl.minimum(lo + (tl.maximum(band_lo - lo, 0) + BN - 1) // BN * BN, end)
+    b1 = tl.maximum(b1, lo)
+    mid = b1 + tl.maximum(tl.minimum(end, full_hi) - b1, 0) // BN * BN
+    return b1, mid
+
+
+@triton.jit
+def _band_tail(mid, end, band_hi, BM: tl.constexpr):
+    """Key-side programs (dk/dv): the whole query tiles from ``mid`` end where a tile would
+    reach past ``band_hi`` (sliding: queries beyond some key's window); masked from there."""
+    # a tile is whole when its rows below ``end`` all lie below ``band_hi``
+    return tl.where(end <= band_hi, end,
+                    tl.minimum(mid + tl.maximum(band_hi - mid, 0) // BM * BM, end))
 
 
 @triton.jit

@@ -11,7 +11,7 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import (_NO_SPEC, _covered, _n_range, _participates, _prog_key,
+from ._common import (_NO_SPEC, _band_split, _covered, _n_range, _participates, _prog_key,
                       _split_at, _union_keep, _union_tab)
 
 
@@ -20,16 +20,17 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
                BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
-               UTAB: tl.constexpr):
+               UTAB: tl.constexpr, SLIDING: tl.constexpr):
     """Online softmax over key tiles starting at ``lo, lo+BN, .. < hi``; keys ``n < end``.
 
-    ``EDGE`` tiles need the causal / range-end mask; ``UNION`` tiles the per-pair union mask.
-    No branch inside the loop, so Triton can software-pipeline the loads. ``rows``: the
-    program's queries ``(q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2)``; ``keys``:
+    ``EDGE`` tiles need the causal / range-end / window-edge mask; ``UNION`` tiles the per-pair
+    union mask. No branch inside the loop, so Triton can software-pipeline the loads. ``rows``:
+    the program's queries ``(q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB,
+    band_lo)``; ``keys``:
     where keys live ``(k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs)``; ``uni``: the union
     test ``(CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)``.
     """
-    q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2 = rows
+    q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
     k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs = keys
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
@@ -61,12 +62,16 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
             keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
             if CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if SLIDING and EDGE:  # the window: n_q - LB <= n_k (<= n_q + LB non-causal)
+                keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
+                if not CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
             if UNION:
                 if UTAB > 0:
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD, UMAX)
+                                              PER_HEAD, UMAX, SLIDING)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -86,27 +91,36 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
 
 
 @triton.jit
-def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, mid, end, ma, mb,
+def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
               BN: tl.constexpr, D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-              MIXSPLIT: tl.constexpr):
-    """Key tiles ``[lo, mid)`` whole and unmasked, then ``[mid, end)`` masked (diagonal, range
-    end). ``UNION``: with the per-pair union mask — on every tile, or with ``MIXSPLIT`` only on
-    the whole tiles that meet ``[ma, mb)`` (and the masked ones)."""
+              MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
+    """Key tiles ``[lo, b1)`` masked (sliding: the window's lower edge), ``[b1, mid)`` whole and
+    unmasked, then ``[mid, end)`` masked (diagonal, range end). ``UNION``: with the per-pair
+    union mask — on every tile, or with ``MIXSPLIT`` only on the whole tiles that meet
+    ``[ma, mb)`` (and the masked ones)."""
+    if SLIDING:
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, b1, end, BN, D, True,
+                                   UNION, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                   SLIDING)
     if UNION and MIXSPLIT:
-        x1, x2 = _split_at(lo, mid, ma, mb, BN)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, x1, end, BN, D, False,
-                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        x1, x2 = _split_at(b1, mid, ma, mb, BN)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, x1, end, BN, D, False,
+                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                   SLIDING)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x1, x2, end, BN, D, False,
-                                   True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                                   True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                   SLIDING)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x2, mid, end, BN, D, False,
-                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                   SLIDING)
     else:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, mid, end, BN, D, False,
-                                   UNION, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, mid, end, BN, D, False,
+                                   UNION, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
+                                   SLIDING)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, mid, end, end, BN, D, True, UNION,
-                               CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB)
+                               CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     return acc, l_i, m_i
 
 
@@ -115,12 +129,14 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
                BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
                IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-               MIXSPLIT: tl.constexpr):
+               MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
     """Key tiles of a config with earlier configs: keys ``[ca, cb)`` covered by them for the
     whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
-    then masked tiles (diagonal, range end); the per-pair union mask where ``mixed``."""
-    q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2 = rows
-    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD)
+    then masked tiles (diagonal, range end; sliding: a masked window edge first); the per-pair
+    union mask where ``mixed``."""
+    q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
+    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD, SLIDING,
+                                     CAUSAL, False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
@@ -136,22 +152,22 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
-    a_mid = kn_lo + tl.maximum(tl.minimum(a_hi, full_hi) - kn_lo, 0) // BN * BN
-    b_mid = b_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - b_lo, 0) // BN * BN
+    a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN)
+    b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
     if mixed:
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN,
-                                  D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                  MIXSPLIT)
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN,
-                                  D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                  MIXSPLIT)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
+                                  mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
+                                  UTAB, MIXSPLIT, SLIDING)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma,
+                                  mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
+                                  UTAB, MIXSPLIT, SLIDING)
     else:
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_mid, a_hi, ma, mb, BN,
-                                  D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                  MIXSPLIT)
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_mid, kn_hi, ma, mb, BN,
-                                  D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                  MIXSPLIT)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
+                                  mb, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
+                                  UTAB, MIXSPLIT, SLIDING)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma,
+                                  mb, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
+                                  UTAB, MIXSPLIT, SLIDING)
     return acc, l_i, m_i
 
 
@@ -162,11 +178,11 @@ def _fwd_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
     sqinv, skinv, sqdoc, skdoc,
     scale_log2, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, NPRI, NLAUNCHED, FIRST, LAST,
+    SEG0, NCLS, NBLK, BLK0, W, R, LB, KNCAP, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr,
+    EARLIER: tl.constexpr, SLIDING: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -204,15 +220,25 @@ def _fwd_kernel(
     else:
         qd = qidx
 
-    # ---- key range of this tile: same segment and class
+    # ---- key range of this tile: same segment and class (sliding: the band of LB class steps
+    # before each query, after it too when not causal); the sink launch stops at KNCAP
     kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    kn_hi = tl.minimum(kn_hi, KNCAP)
     m_first = tl.maximum(blk * BM, qn_lo)
     m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
+    band_lo = 0  # sliding: keys from here on lie inside every query's window (lower side)
+    if SLIDING:
+        kn_lo = tl.maximum(kn_lo, m_first - LB)
+        band_lo = blk * BM + BM - 1 - LB
+        if not CAUSAL:
+            kn_hi = tl.minimum(kn_hi, m_last + LB + 1)
     if CAUSAL:
         kn_hi = tl.minimum(kn_hi, m_last + 1)  # keys n <= the last query's n
         full_hi = tl.minimum(kn_hi, blk * BM + 1)  # below: no diagonal inside the tile
     else:
         full_hi = kn_hi
+        if SLIDING:
+            full_hi = tl.minimum(kn_hi, blk * BM + LB + 1)  # below: inside every window
     kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)  # no query: empty loop
     pq0 = sbase + R * m_first
     pq1 = sbase + R * tl.maximum(m_last, m_first)
@@ -227,19 +253,19 @@ def _fwd_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    rows = (q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2)
+    rows = (q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo)
     keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
     if EARLIER == 0:
         # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
         # config's, so no union test and no skipped range; compiled without them (registers)
-        a_mid = kn_lo + tl.maximum(tl.minimum(kn_hi, full_hi) - kn_lo, 0) // BN * BN
+        a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq),
-                                  kn_lo, a_mid, kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL,
-                                  PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT)
+                                  kn_lo, a_b1, a_mid, kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL,
+                                  PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT, SLIDING)
     else:
         acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
                                    NPRI, KEYS, PSZ, BN, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
-                                   IEEE, UMAX, UTAB, MIXSPLIT)
+                                   IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0
@@ -249,7 +275,7 @@ def _fwd_kernel(
     lse_ptrs = LSE + b64 * slb + h.to(tl.int64) * slh + row64
     acc_ptrs = ACC + b64 * sab + hl.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD)
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD, SLIDING)
         prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * 1.4426950408889634
         prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
         new2 = tl.maximum(prev_lse2, lse2)

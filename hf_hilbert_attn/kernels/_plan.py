@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 MAX_SPREAD = 4  # position range / sequence length above which the mapped plan is refused
-_W_CAP = 1 << 30  # positions are < 2**30; a longer segment behaves identically
+W_CAP = 1 << 30  # positions are < 2**30; a longer segment behaves identically
 
 
 @dataclass
@@ -79,15 +79,17 @@ def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
 
 def _period(pattern) -> int:
     """Shifting every position by a multiple of this leaves the pattern unchanged: the least
-    common multiple of the segment lengths (0 = no usable period, e.g. a dense config)."""
+    common multiple of the segment lengths (sliding windows: of the rates; 0 = no usable
+    period, e.g. a dense config). Sink tokens are not periodic: the kernels compare positions
+    relative to the base with ``sink_tokens - base``."""
     if pattern is None:
         return 0
     per = 1
-    for w in pattern.segment_lengths:
-        if w >= _W_CAP:
+    for w in (pattern.dilation_rates if pattern.sliding else pattern.segment_lengths):
+        if w >= W_CAP:
             return 0
         per = per * w // math.gcd(per, w)
-        if per >= _W_CAP:
+        if per >= W_CAP:
             return 0
     return per
 
@@ -164,7 +166,7 @@ def config_order(pattern):
     Returns:
         ``(prio, launch)``: lists of ``(w, r)`` with ``w`` capped at 2**30.
     """
-    cfgs = [(min(w, _W_CAP), r) for w, r in pattern.configs]
+    cfgs = [(min(w, W_CAP), r) for w, r in pattern.configs]
     prio = sorted(dict.fromkeys(cfgs), key=lambda wr: (wr[1], wr[0]))  # duplicates add nothing
     launch = prio[1:] + prio[:1]
     return prio, launch

@@ -14,11 +14,20 @@ the group); the remaining factor of the world is data parallel (DDP through Acce
     accelerate launch --config_file configs/accelerate/sp8_gpu.yaml examples/finetune.py \
         --model /path/to/llama --data corpus.jsonl --seq-len 262144 --sp-size 4
 
+    # the dense control of a quality study: same data order, steps and lr, plain SDPA attention
+    python examples/finetune.py --model DIR --data corpus/train --attn-implementation sdpa \
+        --seq-len 8192 --max-steps 150 --lr 1e-4 --save-every 0 --output-dir runs/sdpa
+
 Without ``--model`` a tiny Llama (hidden 64, 2 layers, byte vocabulary) is built from a config;
-without ``--data`` a generated corpus is used. Data: a ``.txt``/``.jsonl``/``.json``/``.parquet``
-file or a directory of them, loaded with ``datasets``; documents are joined with EOS and packed
-into ``--seq-len`` blocks. The final model (``OUTPUT_DIR/final``) keeps the pattern in its
-``config.json`` (``hilbert_attn``).
+without ``--data`` a generated corpus is used. Data: a ``.txt`` file or a directory of them (each
+FILE is one document, read whole, files in name order), or ``.jsonl``/``.json``/``.parquet``
+files loaded with ``datasets`` (one document per record); documents are joined with EOS, packed
+into ``--seq-len`` blocks and visited in an order that depends only on ``--seed`` (the same for
+every attention implementation). Mixed precision: bf16 autocast on CUDA unless the launcher
+(``accelerate launch --mixed_precision``) or ``--mixed-precision`` says otherwise; weights and
+optimizer stay float32. The final model (``OUTPUT_DIR/final``) has the tokenizer beside it and
+keeps the pattern in its ``config.json`` (``hilbert_attn``); ``OUTPUT_DIR/train_stats.json``
+holds the steps, seconds per step and tokens/s (both without the first step) and the final loss.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -58,10 +68,20 @@ def parse_args(argv=None):
     p.add_argument("--loss-chunk", type=int, default=0,
                    help="cross-entropy over N positions at a time from the final hidden states "
                    "(the [S, vocab] logits are never whole); 0: the model's own loss")
-    p.add_argument("--data", help="text/jsonl/json/parquet file or directory (default: generated)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory (default: --model; a byte tokenizer without either)")
+    p.add_argument("--data", help=".txt file or directory of .txt files (each file one document), "
+                   "or jsonl/json/parquet file(s) (default: generated)")
     p.add_argument("--text-column", default="text")
+    p.add_argument("--attn-implementation", choices=("hilbert_dilated", "sdpa"),
+                   default="hilbert_dilated",
+                   help="sdpa: plain dense attention, the control of a quality study (--pattern "
+                   "is then ignored; no sequence parallelism)")
     p.add_argument("--pattern", default=None,
                    help="pattern YAML (default: the model's config, else configs/default.yaml)")
+    p.add_argument("--mixed-precision", choices=("auto", "no", "bf16", "fp16"), default="auto",
+                   help="autocast dtype; auto: the launcher's choice under `accelerate launch`, "
+                   "else bf16 on CUDA and none on CPU")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--sp-size", type=int, default=None,
                    help="ranks per sequence (default: all processes)")
@@ -86,6 +106,9 @@ def parse_args(argv=None):
         p.error(f"--loss-chunk must be >= 0, got {args.loss_chunk}")
     if args.seq_len < 2:
         p.error(f"--seq-len must be >= 2, got {args.seq_len}")
+    if args.attn_implementation == "sdpa" and args.sp_size not in (None, 1):
+        p.error(f"--attn-implementation sdpa cannot shard a sequence (--sp-size {args.sp_size}); "
+                "use --sp-size 1")
     return args
 
 
@@ -113,12 +136,18 @@ def generated_corpus(n_docs: int = 400, seed: int = 0) -> list:
 
 
 def load_texts(path, text_column, min_bytes: int = 0):
-    import datasets
+    """The documents, a list of strings.
 
+    ``.txt``: each file is one document, read whole (``datasets``' text builder would make every
+    line a document, and EOS between the lines of a play or a book is not what we train on).
+    ``.jsonl``/``.json``/``.parquet``: one document per record of ``text_column``, read with
+    ``datasets`` (the only kind that needs it).
+    """
     if path is None:  # enough records for at least two blocks of the asked length
-        n_docs = max(400, 2 * min_bytes // 300 + 1)
-        return datasets.Dataset.from_dict({text_column: generated_corpus(n_docs)})
+        return generated_corpus(max(400, 2 * min_bytes // 300 + 1))
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--data not found: {path}")
     files = sorted(path.iterdir()) if path.is_dir() else [path]
     kinds = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
     by_kind = {}
@@ -129,19 +158,25 @@ def load_texts(path, text_column, min_bytes: int = 0):
         raise ValueError(f"--data needs files of one kind among {sorted(kinds)}, got "
                          f"{[str(f) for f in files]}")
     kind, data_files = next(iter(by_kind.items()))
-    ds = datasets.load_dataset(kind, data_files=data_files, split="train")
     if kind == "text":
-        text_column = "text"
+        docs = [Path(f).read_text(encoding="utf-8") for f in data_files]
+        docs = [d for d in docs if d.strip()]
+        if not docs:
+            raise ValueError(f"--data {path}: every .txt file is empty")
+        return docs
+    import datasets
+
+    ds = datasets.load_dataset(kind, data_files=data_files, split="train")
     if text_column not in ds.column_names:
         raise ValueError(f"no column {text_column!r} in {data_files}: {ds.column_names}")
-    return ds.rename_column(text_column, "text") if text_column != "text" else ds
+    return [t for t in ds[text_column] if isinstance(t, str)]
 
 
-def pack(ds, tokenizer, seq_len: int) -> torch.Tensor:
+def pack(docs, tokenizer, seq_len: int) -> torch.Tensor:
     """Documents joined with EOS, cut into ``[N, seq_len]`` blocks (remainder dropped)."""
     ids = []
-    for start in range(0, len(ds), 1000):
-        for doc in tokenizer(ds[start:start + 1000]["text"])["input_ids"]:
+    for start in range(0, len(docs), 1000):
+        for doc in tokenizer(docs[start:start + 1000])["input_ids"]:
             ids.extend(doc)
             ids.append(tokenizer.eos_token_id)
     n = len(ids) // seq_len
@@ -201,8 +236,10 @@ class CausalLMWithLoss(torch.nn.Module):
 
 
 def build_model(args, tokenizer):
+    """The model (float32 weights: mixed precision is autocast) and its pattern (None for sdpa)."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
+    impl = args.attn_implementation
     if args.model_preset:
         from hf_hilbert_attn.evaluation.bench_model import PRESETS
 
@@ -210,24 +247,28 @@ def build_model(args, tokenizer):
         kw["vocab_size"] = max(kw["vocab_size"], tokenizer.vocab_size)
         cfg = LlamaConfig(max_position_embeddings=max(131072, args.seq_len),
                           eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **kw)
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hilbert_dilated")
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
     elif args.model:
         cfg = AutoConfig.from_pretrained(args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model,
-                                                     attn_implementation="hilbert_dilated")
+        # float32 whatever the checkpoint holds (transformers 5 would load bf16 weights as bf16)
+        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=impl,
+                                                     dtype=torch.float32)
     else:
         cfg = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           max_position_embeddings=max(4096, args.seq_len),
                           eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="hilbert_dilated")
-    if args.pattern:
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+    if impl == "sdpa":
+        pattern = None
+    elif args.pattern:
         pattern = DilatedPattern.from_yaml(args.pattern)
     elif getattr(cfg, "hilbert_attn", None):
         pattern = DilatedPattern.from_dict(cfg.hilbert_attn)
     else:
         pattern = DilatedPattern.from_yaml(ROOT / "configs" / "default.yaml")
-    hf_hilbert_attn.configure(model, pattern)
+    if pattern is not None:
+        hf_hilbert_attn.configure(model, pattern)
     if args.gradient_checkpointing:
         from hf_hilbert_attn.evaluation.bench_model import enable_checkpointing
 
@@ -248,6 +289,31 @@ class TrainState:
         self.step = int(d["step"])
 
 
+def load_tokenizer(args):
+    """The tokenizer of ``--tokenizer`` or ``--model``; the byte tokenizer when neither has one."""
+    source = args.tokenizer or args.model
+    if source is None:
+        return ByteTokenizer()
+    files = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json")
+    if args.tokenizer or any((Path(source) / f).exists() for f in files):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source)
+    logger.warning("%s has no tokenizer files: using the byte tokenizer (ids 0-256); pass "
+                   "--tokenizer if the model has its own", source)
+    return ByteTokenizer()
+
+
+def resolve_mixed_precision(choice: str, cuda: bool):
+    """``--mixed-precision`` for ``Accelerator``: None defers to ``accelerate launch``'s setting
+    (it exports ACCELERATE_MIXED_PRECISION); ``auto`` elsewhere is bf16 on CUDA, none on CPU."""
+    if choice != "auto":
+        return choice
+    if "ACCELERATE_MIXED_PRECISION" in os.environ:
+        return None
+    return "bf16" if cuda and torch.cuda.is_bf16_supported() else "no"
+
+
 def latest_checkpoint(out: Path):
     ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     return ckpts[-1] if ckpts else None
@@ -262,19 +328,17 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("accelerate").setLevel(logging.WARNING)
     # torchrun on a machine without CUDA: Accelerate needs cpu=True to pick MULTI_CPU (gloo)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    cuda_here = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not cuda_here,
+                              mixed_precision=resolve_mixed_precision(args.mixed_precision,
+                                                                      cuda_here))
     topo = sequence_parallel_topology(accelerator, args.sp_size)
     out = Path(args.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     set_seed(args.seed)
 
-    if args.model and (Path(args.model) / "tokenizer_config.json").exists():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-    else:
-        tokenizer = ByteTokenizer()
+    tokenizer = load_tokenizer(args)
     need = args.seq_len * args.batch_size * topo.dp_size
     blocks = pack(load_texts(args.data, args.text_column, need), tokenizer, args.seq_len)
     lm, pattern = build_model(args, tokenizer)
@@ -295,9 +359,11 @@ def main(argv=None):
         accelerator.load_state(str(ckpt))
         logger.info("resumed from %s at step %d", ckpt, state.step)
     if accelerator.is_main_process:
-        logger.info("world %d = dp %d x sp %d (%s); %d blocks of %d tokens; pattern %s; layout %s",
-                    accelerator.num_processes, topo.dp_size, topo.sp_size, topo.source,
-                    blocks.shape[0], args.seq_len, pattern, args.layout)
+        logger.info("world %d = dp %d x sp %d (%s); %d blocks of %d tokens; %s; layout %s; "
+                    "mixed precision %s", accelerator.num_processes, topo.dp_size, topo.sp_size,
+                    topo.source, blocks.shape[0], args.seq_len,
+                    pattern if pattern is not None else "sdpa (dense)", args.layout,
+                    accelerator.mixed_precision)
 
     log_path = out / "train_log.jsonl"
     tokens_per_step = args.seq_len * args.batch_size * topo.dp_size
@@ -310,6 +376,7 @@ def main(argv=None):
     # tokens/s counts from the end of the first step of this run (planning, autotuning and
     # allocator warm-up fall in it) once a second step exists
     t0, tok0, first_step = time.perf_counter(), 0, state.step + 1
+    t_start, first_seconds, losses = t0, None, []
     while state.step < args.max_steps:
         ids = batch_for_step(blocks, state.step, topo.dp_rank, topo.dp_size, args.batch_size,
                              args.seed).to(accelerator.device)
@@ -325,8 +392,10 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         state.step += 1
         mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
+        losses.append(mean_loss)
         if state.step == first_step:
             t0, tok0 = time.perf_counter(), 0
+            first_seconds = t0 - t_start
         else:
             tok0 += tokens_per_step
         if state.step % args.log_every == 0 or state.step == args.max_steps:
@@ -346,7 +415,27 @@ def main(argv=None):
         if args.save_every and (state.step % args.save_every == 0 or state.step == args.max_steps):
             ckpt = out / "checkpoints" / f"step_{state.step}"
             accelerator.save_state(str(ckpt))
+    t_end = time.perf_counter()
     bar.close()
+    steps_run = len(losses)
+    timed_steps = steps_run - 1  # without the first (warm-up) step, when there is another
+    stats = {
+        "steps": steps_run, "max_steps": args.max_steps, "seq_len": args.seq_len,
+        "batch_size": args.batch_size, "world": accelerator.num_processes,
+        "tokens_per_step": tokens_per_step, "seconds": t_end - t_start,
+        "first_step_seconds": first_seconds,
+        "seconds_per_step": (t_end - t0) / timed_steps if timed_steps > 0 else first_seconds,
+        "tokens_per_s": (tok0 / (t_end - t0) if timed_steps > 0
+                         else tokens_per_step / first_seconds if first_seconds else None),
+        "timing_excludes_first_step": timed_steps > 0,
+        "final_loss": losses[-1] if losses else None,
+        "final_loss_mean10": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+        "attn_implementation": args.attn_implementation,
+        "pattern": pattern.to_dict() if pattern is not None else None,
+        "mixed_precision": str(accelerator.mixed_precision), "device": str(accelerator.device),
+        "peak_mem_gib": (torch.cuda.max_memory_allocated(accelerator.device) / 2**30
+                         if cuda else None),
+    }
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -354,8 +443,17 @@ def main(argv=None):
         lm = accelerator.unwrap_model(model).lm
         lm.save_pretrained(final)
         if hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(final)
-        logger.info("saved %s (config.hilbert_attn = %s)", final, lm.config.hilbert_attn)
+            tokenizer.save_pretrained(final)  # so final/ loads like the model it came from
+        else:
+            logger.info("the byte tokenizer is built in: final/ has no tokenizer files")
+        logger.info("saved %s (config.hilbert_attn = %s)", final,
+                    getattr(lm.config, "hilbert_attn", None))
+        if steps_run > 0:
+            logger.info("%d steps: %.4g s/step, %.4g tokens/s (%s the first step), final loss "
+                        "%.4f (mean of the last 10: %.4f)", steps_run, stats["seconds_per_step"],
+                        stats["tokens_per_s"], "without" if timed_steps > 0 else "with",
+                        losses[-1], stats["final_loss_mean10"])
+        (out / "train_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     # every rank leaves together: no rank tears the process group down while another still works
     accelerator.wait_for_everyone()
     accelerator.end_training()

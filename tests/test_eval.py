@@ -211,23 +211,39 @@ def test_passkey_bad_arguments(tok):
 # ----------------------------------------------------------------------------- corpus, patterns
 def test_load_corpus_text_jsonl_parquet(tmp_path, tok):
     docs = ["first document here", "second one", "third"]
-    (tmp_path / "a.txt").write_text("\n".join(docs) + "\n")
+    # A text file is one document, newlines kept; json/parquet rows are documents.
+    texts = ["ACT I.\n\nHam. Who's there?\n", "line one\nline two"]
+    for i, t in enumerate(texts):
+        (tmp_path / f"{i}.txt").write_text(t)
     (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"body": d}) for d in docs))
     import datasets
 
     datasets.Dataset.from_dict({"text": docs}).to_parquet(str(tmp_path / "a.parquet"))
-    assert load_corpus([str(tmp_path / "a.txt")]) == docs
+    assert load_corpus([str(tmp_path / "0.txt"), str(tmp_path / "1.txt")]) == texts
     assert load_corpus([str(tmp_path / "a.jsonl")], text_field="body") == docs
     assert load_corpus([str(tmp_path / "a.parquet")]) == docs
     with pytest.raises(ValueError, match="no column 'text'"):
         load_corpus([str(tmp_path / "a.jsonl")])
     with pytest.raises(ValueError, match="all be of one kind"):
-        load_corpus([str(tmp_path / "a.txt"), str(tmp_path / "a.jsonl")])
+        load_corpus([str(tmp_path / "0.txt"), str(tmp_path / "a.jsonl")])
     with pytest.raises(FileNotFoundError, match="corpus file not found"):
         load_corpus([str(tmp_path / "missing.txt")])
     ids = tokenize_corpus(tok, docs, 1000)
     assert ids.numel() == sum(len(d) + 1 for d in docs)  # chars + one EOS per document
     assert tok.decode(ids[: len(docs[0])]) == docs[0]
+
+
+@pytest.mark.parametrize("name", ["empty.txt", "empty.jsonl", "empty.parquet"])
+def test_load_corpus_empty_file_is_one_line_error(tmp_path, name):
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(ValueError, match=f"corpus file is empty: .*{name}$"):
+        load_corpus([str(tmp_path / name)])
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(ValueError, match="blank.txt holds only whitespace"):
+        load_corpus([str(tmp_path / "blank.txt")])
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt is not UTF-8 text"):
+        load_corpus([str(tmp_path / "latin1.txt")])
 
 
 def test_builtin_corpus_is_deterministic():

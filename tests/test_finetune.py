@@ -208,3 +208,67 @@ def test_finetune_rejects_bad_arguments(tmp_path):
         proc = subprocess.run([sys.executable, "examples/finetune.py", *extra], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and msg in proc.stderr, proc.stderr
+
+
+def _finetune_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("finetune_example", ROOT / "examples/finetune.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_finetune_txt_file_is_one_document(tmp_path):
+    texts = ["ACT I.\nSCENE I. Elsinore.\n\nWho's there?\n", "line one\nline two"]
+    for i, t in enumerate(texts):
+        (tmp_path / f"{i}.txt").write_text(t)
+    (tmp_path / "blank.txt").write_text("\n")
+    ft = _finetune_module()
+    assert ft.load_texts(tmp_path, "text")["text"] == texts  # name order, newlines kept
+    assert ft.load_texts(tmp_path / "1.txt", "text")["text"] == [texts[1]]
+
+
+def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):
+    """A model directory with its tokenizer, a directory of .txt documents: final/ loads with its
+    tokenizer, train_stats.json has the timings, and sdpa and the dense pattern (same data
+    order, seed and lr) train to the same losses."""
+    from transformers import AutoTokenizer
+
+    from hf_hilbert_attn.evaluation.corpus import (build_char_tokenizer, build_default_model,
+                                                   builtin_corpus)
+
+    tok = build_char_tokenizer()
+    build_default_model(tok, seed=3).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "data").mkdir()
+    for i, doc in enumerate(builtin_corpus(6000, seed=1)):
+        (tmp_path / "data" / f"{i:03d}.txt").write_text(doc.replace(". ", ".\n"))
+    (tmp_path / "dense.yaml").write_text("segment_lengths: [1073741824]\ndilation_rates: [1]\n")
+    losses = {}
+    dense = ["--pattern", str(tmp_path / "dense.yaml")]
+    for impl, extra in (("sdpa", []), ("hilbert_dilated", dense)):
+        out = tmp_path / impl
+        losses[impl] = _run([sys.executable, "examples/finetune.py", "--model",
+                             str(tmp_path / "model"), "--data", str(tmp_path / "data"),
+                             "--seq-len", "64", "--max-steps", "3", "--save-every", "0",
+                             "--lr", "1e-2", "--attn-implementation", impl, "--output-dir",
+                             str(out), *extra], out)
+        final = out / "final"
+        loaded = AutoTokenizer.from_pretrained(final)
+        assert loaded("Hello 12345.")["input_ids"] == tok("Hello 12345.")["input_ids"]
+        cfg = json.loads((final / "config.json").read_text())
+        assert ("hilbert_attn" in cfg) == (impl == "hilbert_dilated"), cfg.get("hilbert_attn")
+        stats = json.loads((out / "train_stats.json").read_text())
+        assert stats["steps"] == 3 and stats["timing_excludes_first_step"]
+        assert stats["seconds_per_step"] > 0 and stats["tokens_per_s"] > 0
+        assert stats["tokens_per_step"] == 64 and stats["attn_implementation"] == impl
+        assert stats["final_loss"] == losses[impl][-1]
+        assert stats["mixed_precision"] == "no"  # CPU
+    assert losses["hilbert_dilated"] == pytest.approx(losses["sdpa"], rel=1e-5)
+
+
+def test_finetune_sdpa_refuses_sequence_parallel(tmp_path):
+    proc = subprocess.run([sys.executable, "examples/finetune.py", "--attn-implementation", "sdpa",
+                           "--sp-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "cannot shard a sequence" in proc.stderr, proc.stderr

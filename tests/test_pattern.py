@@ -14,14 +14,16 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 def random_pattern(rng: random.Random, max_w: int = 40) -> DilatedPattern:
     """A fresh valid pattern: 1-3 configs, any segment lengths and rates (not nested, not
-    powers of two), per_head patterns get a rate-1 config somewhere."""
+    powers of two), per_head patterns get a rate-1 config somewhere; either window kind, with
+    or without sink tokens."""
     n = rng.randint(1, 3)
     w = [rng.randint(1, max_w) for _ in range(n)]
     r = [rng.randint(1, min(wi, 7)) for wi in w]
     mode = rng.choice(["per_head", "all"])
     if mode == "per_head" and 1 not in r:
         r[rng.randrange(n)] = 1
-    return DilatedPattern(w, r, query_dilation=mode)
+    return DilatedPattern(w, r, query_dilation=mode, window=rng.choice(["segment", "sliding"]),
+                          sink_tokens=rng.choice([0, 0, 1, 3, 50]))
 
 
 # ------------------------------------------------------------------------------ validation
@@ -48,6 +50,14 @@ def random_pattern(rng: random.Random, max_w: int = 40) -> DilatedPattern:
         (dict(segment_lengths=[True], dilation_rates=[1]), r"segment_lengths\[0\] must be an integer, got True"),
         (dict(segment_lengths=4, dilation_rates=[1]), r"segment_lengths must be a non-empty list of integers, got 4"),
         (dict(segment_lengths=[4], dilation_rates=None), r"dilation_rates must be a non-empty list of integers, got None"),
+        (dict(segment_lengths=[4], dilation_rates=[1], sink_tokens=-1),
+         r"sink_tokens must be an integer >= 0, got -1"),
+        (dict(segment_lengths=[4], dilation_rates=[1], sink_tokens=1.5),
+         r"sink_tokens must be an integer >= 0, got 1.5"),
+        (dict(segment_lengths=[4], dilation_rates=[1], sink_tokens=True),
+         r"sink_tokens must be an integer >= 0, got True"),
+        (dict(segment_lengths=[4], dilation_rates=[1], window="band"),
+         r"window must be one of \('segment', 'sliding'\), got 'band'"),
     ],
 )
 def test_validation_errors(kwargs, message):
@@ -76,6 +86,34 @@ def test_from_dict_errors():
     # a description is allowed (the shipped YAMLs may carry one), and ignored
     p = DilatedPattern.from_dict({"segment_lengths": [4], "dilation_rates": [1], "description": "x"})
     assert p == DilatedPattern([4], [1])
+
+
+def test_older_dicts_keep_their_meaning(tmp_path):
+    # a YAML / config.json written before sink_tokens and window existed means no sinks and
+    # fixed segments, whatever the constructor's defaults are
+    old = {"segment_lengths": [8, 32], "dilation_rates": [1, 4], "query_dilation": "per_head",
+           "ordering": "natural"}
+    p = DilatedPattern.from_dict(old)
+    assert (p.sink_tokens, p.window) == (0, "segment")
+    path = tmp_path / "old.yaml"
+    path.write_text("segment_lengths: [8, 32]\ndilation_rates: [1, 4]\n")
+    assert DilatedPattern.from_yaml(path) == p
+    new = p.replace(sink_tokens=4, window="sliding")
+    assert new.to_dict()["sink_tokens"] == 4 and DilatedPattern.from_dict(new.to_dict()) == new
+    assert new != p and hash(new) != hash(p)
+    assert "sliding" in str(new) and "sinks=4" in str(new)
+
+
+def test_count_pairs_many_rates_is_fast():
+    # eight configs with rates 1..128: the per-head classes come from p % lcm(rates), not from a
+    # table of every class combination (2^28 entries)
+    import time
+
+    p = DilatedPattern([512 * 2**i for i in range(8)], [2**i for i in range(8)],
+                       window="sliding", sink_tokens=4)
+    t = time.perf_counter()
+    n = p.count_pairs(1 << 16, 32)
+    assert time.perf_counter() - t < 30 and len(n) == 32 and min(n) > 0
 
 
 def test_missing_yaml(tmp_path):
@@ -267,6 +305,8 @@ def test_allowed_is_union_of_configs():
             seg_k, cls_k = p.segment_and_class(i, kp)
             # a config allows only pairs of one (segment, class) group
             assert not (p.config_allowed(i, h, qp, kp) & ~((seg_q == seg_k) & (cls_q == cls_k))).any()
+        if p.sink_tokens:  # the sink rule joins the union
+            union |= p.sink_allowed(kp)
         assert torch.equal(p.allowed(h, qp, kp).expand_as(union), union)
 
 

@@ -345,3 +345,163 @@ def test_local_attention_equals_the_op(backend):
                                            torch.nan_to_num(b, neginf=0.0), **tol)
     finally:
         kernels.BLOCK_OVERRIDE = old
+
+
+# ------------------------------------------------------------------ sink tokens, sliding windows
+def _sinks_sliding_case(seed: int, world: int, window: str, layout: str, sinks: int, docs: bool):
+    """A random case of :func:`_case` with the pattern's window kind and sinks replaced."""
+    c = _case(seed, world)
+    c.update(pattern=c["pattern"].replace(window=window, sink_tokens=sinks), layout=layout,
+             docs=docs)
+    return c
+
+
+def _worker_sinks_sliding(rank, world, cases):
+    import torch.distributed as dist
+
+    out = [_check_case(rank, world, _sinks_sliding_case(*c), dist.group.WORLD) for c in cases]
+    if world == 2:
+        # ranks that differ only in the new fields disagree on the pattern, on every rank
+        s = 16
+        q = torch.randn(1, 2, s, 8)
+        pos = torch.arange(s) + rank * s
+        for field, mine in (("sink_tokens", rank), ("window", ("segment", "sliding")[rank])):
+            pat = DilatedPattern([8, 16], [1, 2], **{field: mine})
+            with pytest.raises(ValueError, match="disagree on pattern"):
+                ring_attention(q, q, q, pat, group=dist.group.WORLD, q_positions=pos,
+                               k_positions=pos)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_sinks_and_sliding_match_reference(world):
+    """Sliding windows cross shards and sink keys go from the first shard(s) to every later
+    query, for contiguous and zigzag shards: rows, lse and gradients equal the reference."""
+    base = random.randrange(10**6)
+    if world == 2:
+        cases = [(base, world, "sliding", "contiguous", 3, False),
+                 (base + 1, world, "sliding", "zigzag", 1, True),
+                 (base + 2, world, "segment", "zigzag", 5, False),
+                 (base + 3, world, "segment", "contiguous", 2, True)]
+    else:
+        cases = [(base, world, "sliding", "zigzag", 2, False),
+                 (base + 1, world, "sliding", "contiguous", 1, True),
+                 (base + 2, world, "segment", "contiguous", 4, False)]
+    run_distributed(_worker_sinks_sliding, world, cases, timeout=240)
+
+
+def _random_new_pattern(rng: random.Random) -> DilatedPattern:
+    return _random_pattern(rng).replace(window=rng.choice(["segment", "sliding"]),
+                                        sink_tokens=rng.choice([0, 1, 3, 7]))
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_key_need_with_sinks_and_sliding_equals_brute_force(trial):
+    # exact, as for segments: the window and sink rules are evaluated per key, not bounded
+    rng = random.Random(random.randrange(10**9))
+    pat = _random_new_pattern(rng)
+    hkv = rng.choice([1, 2, 4])
+    hq = hkv * rng.choice([1, 2, 3])
+    causal = rng.random() < 0.7
+    s, b = rng.randint(2, 90), rng.choice([1, 2])
+    perm = torch.stack([torch.randperm(s) for _ in range(b)])
+    cut = rng.randint(0, s)
+    qp, kp = perm[:, :cut], perm[:, cut:]
+    need = _key_need(pat, hq, hkv, causal, qp, kp)
+    mask = pat.build_mask(hq, qp, kp, causal=causal)  # [B, Hq, Sq, Sk]
+    brute = mask.any(2).any(0).view(hkv, hq // hkv, -1).any(1)
+    assert torch.equal(need, brute), f"send plan != brute force for {pat}, hq={hq}, hkv={hkv}"
+
+
+def test_key_need_for_positions_too_far_apart_for_one_search_key():
+    # two clusters 2^61 apart: the sliding search key would overflow, each bucket is searched
+    rng = random.Random(random.randrange(10**9))
+    pat = DilatedPattern([rng.randint(2, 30), rng.randint(2, 30)], [1, rng.randint(1, 3)],
+                         window="sliding", sink_tokens=2,
+                         query_dilation=rng.choice(["per_head", "all"]))
+    pos = torch.cat([torch.arange(30), torch.arange(30) + 2**61])[torch.randperm(60)]
+    qp, kp = pos[None, :25], pos[None, 25:]
+    for causal in (True, False):
+        need = _key_need(pat, 4, 2, causal, qp, kp)
+        brute = pat.build_mask(4, qp, kp, causal=causal)[0].any(1).view(2, 2, -1).any(1)
+        assert torch.equal(need, brute), pat
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_ring_plan_sends_every_allowed_key(trial):
+    """Random positions split over 2-4 ranks (packed documents, whose positions restart): for
+    every pair of ranks, each key some query of the receiver may attend is sent (superset), the
+    receiver expects exactly what the sender sends, and the piece filter keeps every piece that
+    holds an allowed pair."""
+    from hf_hilbert_attn.ring import _interacts, _run_ranges
+
+    rng = random.Random(random.randrange(10**9))
+    pat = _random_new_pattern(rng)
+    world = rng.choice([2, 3, 4])
+    hkv = rng.choice([1, 2])
+    hq = hkv * rng.choice([1, 2, 3])
+    causal = rng.random() < 0.7
+    s = world * rng.randint(5, 25)
+    pos = torch.randperm(s)
+    if rng.random() < 0.5:  # documents: positions restart (the plan ignores document ids)
+        pos = pos % rng.randint(3, s)
+    shards = [p.unsqueeze(0) for p in pos.view(world, -1)]
+    plans = [plan_ring(pat, hq, hkv, causal, r, shards, shards) for r in range(world)]
+    for r, plan in enumerate(plans):
+        for st in plan.steps:
+            mask = pat.build_mask(hq, shards[st.dst], shards[r], causal=causal)[0]
+            want = mask.any(1).view(hkv, hq // hkv, -1).any(1)  # [Hkv, Sk] of rank r
+            sent = torch.zeros_like(want)
+            sent[st.send_head, st.send_row] = True
+            missing = (want & ~sent).nonzero()
+            assert missing.numel() == 0, f"{pat}: {r} -> {st.dst} misses {missing[:5].tolist()}"
+            back = plans[st.dst].steps[st.j - 1]  # dst receives our keys at the same step
+            assert back.src == r and torch.equal(back.recv_rows, st.send_rows)
+            assert back.n_recv == st.n_send
+        # the piece filter: query runs vs key runs of every rank (this rank's local step too)
+        for src in range(world):
+            mask = pat.build_mask(hq, shards[r], shards[src], causal=causal)[0].any(0)
+            for qs, qe, qrng in _run_ranges(shards[r]):
+                for ks, ke, krng in _run_ranges(shards[src]):
+                    if bool(mask[qs:qe, ks:ke].any()):
+                        assert _interacts(pat, causal, qrng, krng), (pat, qrng, krng)
+
+
+def test_sinks_are_sent_to_every_later_rank():
+    # contiguous shards of 64, segments inside shards: only the sinks travel, from rank 0 to
+    # every other rank, all kv heads; sliding windows add only the previous shard's last keys
+    pos = [torch.arange(r * 64, (r + 1) * 64).unsqueeze(0) for r in range(4)]
+    pat = DilatedPattern([16, 64], [1, 4], sink_tokens=3)
+    assert plan_ring(pat, 8, 2, True, 0, pos, pos).entries_sent() == 3 * 3 * 2
+    assert all(plan_ring(pat, 8, 2, True, r, pos, pos).entries_sent() == 0 for r in (1, 2, 3))
+    slide = DilatedPattern([16], [1], window="sliding")
+    assert all(plan_ring(slide, 8, 2, True, r, pos, pos).entries_sent() == 15 * 2
+               for r in (0, 1, 2))
+    assert plan_ring(slide, 8, 2, True, 3, pos, pos).entries_sent() == 0  # last: nothing later
+    assert plan_ring(slide, 8, 2, False, 3, pos, pos).entries_sent() == 15 * 2  # non-causal
+
+
+@pytest.mark.parametrize("window", ["segment", "sliding"])
+def test_local_attention_with_sinks_and_sliding_equals_the_op(window):
+    # the local step's piece filter keeps every run pair a window or a sink joins: runs at
+    # gaps (a zigzag-like shard plus a stray run), the sinks in the first run only
+    pat = DilatedPattern([8, 16, 32], [1, 2, 4], window=window, sink_tokens=3,
+                         query_dilation=random.choice(["per_head", "all"]))
+    pos = torch.cat([torch.arange(0, 24), torch.arange(72, 96), torch.arange(40, 47)])
+    q = torch.randn(1, 4, pos.numel(), 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, pos.numel(), 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    for causal in (True, False):
+        kw = dict(q_positions=pos, k_positions=pos, causal=causal, return_lse=True,
+                  backend="torch")
+        got = local_attention(q, k, v, pat, **kw)
+        want = reference_attention(q, k, v, pat, dtype=torch.float64,
+                                   **{n: x for n, x in kw.items() if n != "backend"})
+        w = torch.randn_like(got[0])
+        g_got = torch.autograd.grad((got[0] * w).sum(), (q, k, v))
+        g_want = torch.autograd.grad((want[0] * w).sum(), (q, k, v))
+        # pieces merge through their float32 lse: close, not exact (see the top of the file)
+        torch.testing.assert_close(got[0], want[0], atol=ATOL, rtol=0)
+        torch.testing.assert_close(got[1].double(), want[1], atol=ATOL, rtol=0)
+        for a, b in zip(g_got, g_want):
+            torch.testing.assert_close(a, b, atol=10 * ATOL, rtol=0)

@@ -131,3 +131,44 @@ def _worker_gather(rank, world):
 
 def test_gather_sequence_inverts_shard_batch():
     run_distributed(_worker_gather, 2, timeout=90)
+
+
+def test_auto_layout_rule_with_sinks_and_sliding_windows():
+    from hf_hilbert_attn.ring import plan_ring
+    from hf_hilbert_attn.sharding import resolve_layout
+
+    # segment windows with sinks: the old rule; whole-segment shards send only the sink rows
+    pat = DilatedPattern([16, 64], [1, 4], sink_tokens=3)
+    assert resolve_layout("auto", 256, 4, pat) == "contiguous"
+    assert resolve_layout("auto", 256, 8, pat) == "zigzag"
+    pos = [t.unsqueeze(0) for t in shard_positions(256, 4, "auto", pat)]
+    sent = [plan_ring(pat, 4, 2, True, r, pos, pos).entries_sent() for r in range(4)]
+    assert sent == [3 * 2 * 3, 0, 0, 0], sent  # 3 sinks x 2 kv heads to each later rank
+    # sliding windows: contiguous while the longest window is at most a quarter of the sequence
+    slide = DilatedPattern([64, 256], [1, 4], window="sliding", sink_tokens=2)
+    assert resolve_layout("auto", 1024, 4, slide) == "contiguous"
+    assert resolve_layout("auto", 1023, 4, slide) == "zigzag"
+    assert resolve_layout("auto", 1024, 4, slide.replace(segment_lengths=[64, 257])) == "zigzag"
+    assert resolve_layout("zigzag", 1024, 4, slide) == "zigzag"
+    # the rule's claim: then contiguous shards are as balanced as zigzag ones and send less
+    work, volume = {}, {}
+    for layout in ("contiguous", "zigzag"):
+        pairs = pairs_per_rank(slide, 1024, 4, layout, num_heads=4)
+        work[layout] = max(pairs) * 4 / sum(pairs)
+        pos = [t.unsqueeze(0) for t in shard_positions(1024, 4, layout, slide)]
+        volume[layout] = sum(plan_ring(slide, 4, 2, True, r, pos, pos).entries_sent()
+                             for r in range(4))
+    assert work["contiguous"] <= work["zigzag"] + 0.01, work
+    assert volume["contiguous"] < 0.7 * volume["zigzag"], volume
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_pairs_per_rank_with_sinks_and_sliding_equals_brute_force(layout):
+    s, world, heads = random.choice([61, 96, 130]), random.choice([2, 3, 4]), 4
+    pat = DilatedPattern([8, 24, 64], [1, 3, 4], window=random.choice(["segment", "sliding"]),
+                         sink_tokens=random.choice([1, 3, 5]),
+                         query_dilation=random.choice(["per_head", "all"]))
+    got = pairs_per_rank(pat, s, world, layout, num_heads=heads)
+    per_query = pat.build_mask(heads, torch.arange(s), torch.arange(s))[0].sum((0, 2))
+    table = shard_positions(s, world, layout, pat)
+    assert got == [int(per_query[t[t < s]].sum()) for t in table], pat

@@ -85,21 +85,26 @@ def load_corpus(
     text_field: str = "text",
     num_chars: int = 200_000,
 ) -> List[str]:
-    """Documents from local text / jsonl / parquet files via ``datasets``, or the built-in corpus.
+    """Documents from local text / jsonl / parquet files, or the built-in corpus.
 
     Args:
-        paths: local files, all of one kind (``.txt``/``.text``/``.md`` → one document per line
-            as ``datasets``' "text" builder reads them; ``.json``/``.jsonl``; ``.parquet``).
+        paths: local files, all of one kind: ``.txt``/``.text``/``.md`` → each file is ONE
+            document, read whole as UTF-8 with its newlines (a line per document, as
+            ``datasets``' "text" builder reads by default, drops the newlines and puts an EOS
+            between lines: SmolLM2-135M's perplexity on held-out Shakespeare at 1K context
+            went from 27.9 to 53.7);
+            ``.json``/``.jsonl`` and ``.parquet`` → one document per row, read with ``datasets``.
             None or empty: :func:`builtin_corpus`.
         text_field: the column holding the text (json / parquet).
         num_chars: size of the built-in corpus.
 
     Returns:
-        A list of non-empty document strings.
+        A list of non-empty document strings, in the order of ``paths`` (rows in file order).
 
     Raises:
         FileNotFoundError: a path does not exist.
-        ValueError: mixed or unknown file kinds, a missing text column, or no text at all.
+        ValueError: mixed or unknown file kinds, an empty file, a text file that is not UTF-8,
+            a missing text column, or no text at all.
     """
     if not paths:
         return builtin_corpus(num_chars)
@@ -110,9 +115,24 @@ def load_corpus(
         kinds.add(_file_kind(p))
     if len(kinds) != 1:
         raise ValueError(f"corpus files must all be of one kind, got {sorted(kinds)} for {list(paths)}")
+    for p in paths:
+        if Path(p).stat().st_size == 0:
+            raise ValueError(f"corpus file is empty: {p}")
+    kind = kinds.pop()
+    if kind == "text":
+        docs = []
+        for p in paths:
+            try:
+                text = Path(p).read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"corpus file {p} is not UTF-8 text ({e.reason} at byte "
+                                 f"{e.start})") from None
+            if not text.strip():
+                raise ValueError(f"corpus file {p} holds only whitespace")
+            docs.append(text)
+        return docs
     import datasets
 
-    kind = kinds.pop()
     ds = datasets.load_dataset(kind, data_files=[str(p) for p in paths], split="train")
     if text_field not in ds.column_names:
         raise ValueError(

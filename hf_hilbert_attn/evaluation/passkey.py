@@ -1,5 +1,5 @@
 """Synthetic passkey retrieval: a number hidden at a chosen depth of filler text, read back with
-``generate()``.
+``generate()``, or with one batched teacher-forced forward that reaches the same verdict.
 
 A prompt of (about) ``L`` tokens is::
 
@@ -7,6 +7,9 @@ A prompt of (about) ``L`` tokens is::
 
 with the needle's start at fraction ``depth`` of the filler. The model is asked to continue
 "The pass key is"; the answer is correct iff the first run of digits it generates is the key.
+:func:`evaluate_passkey` generates (one prompt at a time, any ``generate_fn``);
+:func:`passkey_teacher_forced` scores the same prompts with one ``[B, L + n]`` forward per batch
+(see its docstring for why the two agree).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -24,6 +27,11 @@ __all__ = [
     "score_passkey",
     "hf_generate_fn",
     "evaluate_passkey",
+    "passkey_key",
+    "passkey_prompts",
+    "teacher_forced_answer",
+    "passkey_teacher_forced",
+    "evaluate_passkey_teacher_forced",
 ]
 
 # Short fixed parts, so that even a character-level tokenizer fits them into 128 tokens.
@@ -31,6 +39,7 @@ INTRO = "A pass key is hidden in this text. Remember it.\n"
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. "
 QUESTION = "\nWhat is the pass key? The pass key is"
+ANSWER = " {key}."  # the continuation teacher forcing feeds (its digits; the "." ends the run)
 
 _DIGITS = re.compile(r"\d+")
 
@@ -80,6 +89,19 @@ def score_passkey(answer: str, key: str) -> bool:
     """True iff the first run of digits in the generated ``answer`` equals ``key``."""
     m = _DIGITS.search(answer)
     return m is not None and m.group(0) == str(key)
+
+
+def passkey_key(seed: int, length: int, depth_index: int, trial: int) -> str:
+    """The 5-digit key of one prompt: a pure function of its coordinates, so every method (and
+    both scoring paths) sees the same keys."""
+    return str(random.Random(f"{seed}-{length}-{depth_index}-{trial}").randint(10000, 99999))
+
+
+def passkey_prompts(tokenizer, length: int, depths: Sequence[float], trials: int, *,
+                    seed: int = 0) -> List[PasskeyPrompt]:
+    """The prompts :func:`evaluate_passkey` uses at one length: depth-major, ``trials`` each."""
+    return [make_passkey_prompt(tokenizer, length, depth, passkey_key(seed, length, di, t))
+            for di, depth in enumerate(depths) for t in range(trials)]
 
 
 def hf_generate_fn(model, tokenizer, max_new_tokens: int = 8) -> Callable[[torch.Tensor], str]:
@@ -133,7 +155,7 @@ def evaluate_passkey(
     for di, depth in enumerate(depths):
         correct, answers, tokens = 0, [], 0
         for t in range(trials):
-            key = str(random.Random(f"{seed}-{length}-{di}-{t}").randint(10000, 99999))
+            key = passkey_key(seed, length, di, t)
             prompt = make_passkey_prompt(tokenizer, length, depth, key)
             answer = generate_fn(prompt.input_ids)
             correct += score_passkey(answer, key)
@@ -144,4 +166,146 @@ def evaluate_passkey(
         rows.append(dict(length=length, depth=float(depth), correct=correct, trials=trials,
                          accuracy=correct / trials if trials else float("nan"),
                          prompt_tokens=tokens, answers=answers))
+    return rows
+
+
+# ----------------------------------------------------------------------------- teacher forcing
+def teacher_forced_answer(tokenizer, key: str) -> Tuple[int, ...]:
+    """The tokens a correct greedy answer starts with: after the prompt, up to and including the
+    one holding the key's last digit.
+
+    The prompt ends with ``tokenize(QUESTION)``. The answer tokens are those of
+    ``tokenize(QUESTION + " 68302.")`` after that prefix — tokenised together, so a tokenizer
+    that merges a space with the first digit (``" 6"``), splits digits singly, or merges them in
+    groups (``"683", "02"``) gives the tokens it would give in running text. They are cut after
+    the first token at which the decoded answer's first run of digits equals the key.
+
+    Raises:
+        ValueError: the tokenizer re-tokenises the end of the question when the answer follows
+            (the prompt would then not be a prefix of prompt + answer), or no prefix of the answer
+            tokens decodes to the key.
+    """
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    question = enc(QUESTION)
+    both = enc(QUESTION + ANSWER.format(key=key))
+    if both[:len(question)] != question:
+        raise ValueError(
+            f"this tokenizer tokenises the end of the passkey question differently when the "
+            f"answer follows ({question[-3:]} vs {both[len(question) - 3:len(question)]}), so "
+            f"teacher forcing cannot score the prompt that generate() sees")
+    rest = both[len(question):]
+    for n in range(1, len(rest) + 1):
+        text = tokenizer.decode(rest[:n], skip_special_tokens=True)
+        m = _DIGITS.search(text)
+        if m is not None and m.group(0) == key:
+            return tuple(rest[:n])
+    raise ValueError(f"no prefix of the answer tokens {rest} decodes to the key {key!r}")
+
+
+@torch.inference_mode()
+def passkey_teacher_forced(model, tokenizer, prompts: Sequence[PasskeyPrompt], *,
+                           max_batch_tokens: int = 65536, progress=None) -> List[Dict]:
+    """Score passkey prompts with one teacher-forced forward per batch instead of ``generate()``.
+
+    Each prompt (all of the same length ``L``, as :func:`make_passkey_prompt` builds them) is
+    followed by the answer tokens ``a_1..a_n`` of :func:`teacher_forced_answer` and the batch
+    ``[B, L + n]`` runs once (right-padded where keys tokenise to different ``n``: a causal
+    model's logits at a position never see later positions, so padding after the answer changes
+    nothing before it). A prompt is correct iff
+
+    1. at every answer position the argmax is the expected token: the prediction after
+       ``prompt + a_1..a_{j-1}`` is ``a_j``, for ``j = 1..n``; and
+    2. the argmax ``t`` after ``prompt + a_1..a_n`` does not continue the run of digits:
+       the first run of digits of ``decode(a_1..a_n, t)`` is still the key.
+
+    Why this is greedy ``generate()``: greedy decoding emits the argmax after the prompt, then
+    the argmax after prompt + that token, and so on. By induction on ``j``, if the argmaxes of
+    condition 1 hold, greedy decoding has fed exactly ``prompt + a_1..a_{j-1}`` when it picks its
+    ``j``-th token, so its logits are the teacher-forced ones and it emits ``a_j``; at the first
+    ``j`` where the argmax differs, greedy decoding emits that other token instead. So condition
+    1 holds iff greedy generation starts with ``a_1..a_n``, and then its ``n+1``-th token is
+    ``t``: with 2, the first run of digits of the generated text is exactly the key —
+    :func:`score_passkey`'s rule. The two paths agree on every prompt, with three caveats:
+
+    * a model that answers correctly but in another form (``"  68302"``, ``" is 68302"``, or a
+      non-canonical split of the digits) passes ``generate()`` and fails here: teacher forcing is
+      the stricter of the two, never the laxer;
+    * ``generate()`` stopped by ``max_new_tokens`` right after the last digit counts as correct
+      whatever would come next; here the next token is always checked;
+    * a cached decode and a full forward round differently, so near-ties of the argmax can go
+      either way (``tests/test_quality.py`` checks agreement on real and fake models).
+
+    Args:
+        model: a causal LM (``model(input_ids=..., logits_to_keep=..., use_cache=False)``).
+        tokenizer: the one that built the prompts.
+        prompts: :class:`PasskeyPrompt` s of one length.
+        max_batch_tokens: at most this many tokens per forward (at least one prompt).
+        progress: optional tqdm bar, advanced once per prompt.
+
+    Returns:
+        One dict per prompt, in order: ``key``, ``depth``, ``length``, ``correct`` (bool),
+        ``answer`` — the text greedy decoding emits up to and including its first token that
+        differs from the expected answer (or the ``n + 1`` tokens when none does).
+
+    Raises:
+        ValueError: prompts of different lengths, or see :func:`teacher_forced_answer`.
+    """
+    if not prompts:
+        return []
+    L = prompts[0].input_ids.shape[1]
+    if any(p.input_ids.shape[1] != L for p in prompts):
+        raise ValueError(f"teacher-forced passkey prompts must share one length, got "
+                         f"{sorted({p.input_ids.shape[1] for p in prompts})}")
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    answers = [teacher_forced_answer(tokenizer, p.key) for p in prompts]
+    out = []
+    longest = max(len(a) for a in answers)
+    per_batch = max(1, max_batch_tokens // (L + longest))
+    for start in range(0, len(prompts), per_batch):
+        batch, ans = prompts[start:start + per_batch], answers[start:start + per_batch]
+        n_max = max(len(a) for a in ans)
+        ids = torch.full((len(batch), L + n_max), pad if pad is not None else 0, dtype=torch.long)
+        for i, (p, a) in enumerate(zip(batch, ans)):
+            ids[i, :L] = p.input_ids[0]
+            ids[i, L:L + len(a)] = torch.tensor(a, dtype=torch.long)
+        keep = n_max + 1  # logits at positions L-1 .. L-1+n_max: predictions of a_1 .. a_n, t
+        try:
+            logits = model(input_ids=ids.to(device), logits_to_keep=keep, use_cache=False).logits
+        except TypeError:  # a model without logits_to_keep
+            logits = model(input_ids=ids.to(device), use_cache=False).logits
+        pred = logits[:, -keep:].argmax(-1).cpu()  # [B, keep]; index j predicts answer token j+1
+        for i, (p, a) in enumerate(zip(batch, ans)):
+            n = len(a)
+            got = pred[i, :n + 1].tolist()
+            miss = next((j for j in range(n) if got[j] != a[j]), None)
+            if miss is None:
+                text = tokenizer.decode(list(a) + got[n:n + 1], skip_special_tokens=True)
+                correct = score_passkey(text, p.key)
+                shown = got[:n + 1]
+            else:
+                correct, shown = False, got[:miss + 1]
+            out.append(dict(key=p.key, depth=p.depth, length=L, correct=bool(correct),
+                            answer=tokenizer.decode(shown, skip_special_tokens=True)))
+            if progress is not None:
+                progress.update(1)
+    return out
+
+
+def evaluate_passkey_teacher_forced(model, tokenizer, length: int, depths: Sequence[float],
+                                    trials: int, *, seed: int = 0, max_batch_tokens: int = 65536,
+                                    progress=None) -> List[Dict]:
+    """:func:`evaluate_passkey`'s rows (same prompts and keys) scored by
+    :func:`passkey_teacher_forced`: one dict per depth with ``length``, ``depth``, ``correct``,
+    ``trials``, ``accuracy``, ``prompt_tokens`` and ``answers``."""
+    prompts = passkey_prompts(tokenizer, length, depths, trials, seed=seed)
+    res = passkey_teacher_forced(model, tokenizer, prompts, max_batch_tokens=max_batch_tokens,
+                                 progress=progress)
+    rows = []
+    for di, depth in enumerate(depths):
+        cell = res[di * trials:(di + 1) * trials]
+        correct = sum(r["correct"] for r in cell)
+        rows.append(dict(length=length, depth=float(depth), correct=correct, trials=trials,
+                         accuracy=correct / trials if trials else float("nan"),
+                         prompt_tokens=length * trials, answers=[r["answer"] for r in cell]))
     return rows

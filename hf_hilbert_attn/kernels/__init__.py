@@ -292,10 +292,11 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                   HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
                   MIXSPLIT=_mixsplit() or pattern.sliding, SLIDING=pattern.sliding)
-    # union test: the key tables hold the configs but the last; the sink launch, after all of
-    # them in priority, tests every config in an unrolled loop
-    union = dict(UMAX=max(1, len(prio) - 1), UTAB=utab)
-    sink_union = dict(UMAX=len(prio), UTAB=0)
+    # union test: the key tables hold the configs but the last. The sink launch (after all of
+    # them in priority) and sliding windows (no tables) test the configs in a runtime loop: the
+    # unrolled one spilled several KB per thread in dq and dk/dv (sm_90, kernel_resources.py)
+    union = dict(UMAX=0, UTAB=0) if pattern.sliding else dict(UMAX=max(1, len(prio) - 1), UTAB=utab)
+    sink_union = dict(UMAX=0, UTAB=0)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first: the

@@ -243,7 +243,10 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
-    if mixed:
+    if SLIDING and CAUSAL:  # one range (as in _fwd._fwd_union)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, True, SLIDING, KVGRAD)
+    elif mixed:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
                       PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING, KVGRAD)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, True, CAUSAL,
@@ -431,7 +434,12 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
     a_tail = _band_tail(a_mid, a_hi, band_hi, BM)
     b_tail = _band_tail(b_mid, qn_hi, band_hi, BM)
-    if mixed:
+    if SLIDING and CAUSAL:
+        # covered queries start at 0 (``_covered``): the range above them only
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
+                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, True,
+                            SLIDING)
+    elif mixed:
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM, D,
                             True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
                             SLIDING)

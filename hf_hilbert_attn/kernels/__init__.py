@@ -69,45 +69,55 @@ def _blocks(kind, d, dtype):
     return bm, bn, warps, stages
 
 
+_SMALL: dict = {}  # small int32 device tensors by (content, device): made once, never per call
+
+
+def _small_tensor(values: tuple, device) -> torch.Tensor:
+    """A cached int32 tensor on ``device``. Made per call, each of these was a host-to-device copy
+    (4 per layer and step): a pageable copy waits for the host, and CUDA graphs cannot hold one."""
+    key = (values, str(device))
+    t = _SMALL.get(key)
+    if t is None:
+        if len(_SMALL) > 256:
+            _SMALL.clear()
+        t = _SMALL[key] = torch.tensor(values, device=device, dtype=torch.int32)
+    return t
+
+
 def _dummy(device):
-    return torch.empty(1, device=device, dtype=torch.int32)
+    return _small_tensor((0,), device)
 
 
 class _Launch(tuple):
-    """One launch of a kernel: ``(w, r, lb, kncap, npri, entry)`` — the tiling segment length
-    ``w`` (sliding and sinks: ``W_CAP``, one segment), rate ``r``, band reach ``lb`` in class
-    steps (sliding), key class-index cap ``kncap`` (sink launch: the sink count), the number of
-    configs before it in priority order, and its ``(w, r)`` entry in the launch table that
-    ``_participates`` reads (the sink launch: ``(W_CAP, 1)``, every row)."""
+    """One launch of a kernel: ``(w, r, lb, npri, entry)`` — the tiling segment length ``w``
+    (sliding: ``W_CAP``, one segment), rate ``r``, band reach ``lb`` in class steps (sliding),
+    the number of configs before it in priority order, and its ``(w, r)`` entry in the launch
+    table that ``_participates`` reads."""
 
     w = property(lambda s: s[0])
     r = property(lambda s: s[1])
     lb = property(lambda s: s[2])
-    kncap = property(lambda s: s[3])
-    npri = property(lambda s: s[4])
-    entry = property(lambda s: s[5])
+    npri = property(lambda s: s[3])
+    entry = property(lambda s: s[4])
 
 
-def _launches(pattern, plan: PositionPlan, with_sinks: bool = True):
-    """(priority configs, launches in order). The sink launch (lowest priority: it owns only
-    pairs no config allows) comes first, when some key of this call is a sink; the config
-    covering every query comes last (it writes the final result)."""
+def _launches(pattern, plan: PositionPlan):
+    """``(priority configs, launches in order, sinks)``: the config covering every query comes
+    last (it writes the final result, and takes the sink keys: ``sinks`` > 0 when some key of
+    this call is one, positions relative to ``plan.base``)."""
     prio, order = config_order(pattern)
     out = []
-    sinks = pattern.sink_tokens - plan.base  # positions here are relative to plan.base
-    if with_sinks and sinks > 0 and plan.klo < sinks:
-        out.append(_Launch((W_CAP, 1, W_CAP - 1, sinks, len(prio), (W_CAP, 1))))
     for w, r in order:
         if pattern.sliding:
-            out.append(_Launch((W_CAP, r, (w - 1) // r, W_CAP, prio.index((w, r)), (w, r))))
+            out.append(_Launch((W_CAP, r, (w - 1) // r, prio.index((w, r)), (w, r))))
         else:
-            out.append(_Launch((w, r, 0, W_CAP, prio.index((w, r)), (w, r))))
-    return prio, out
+            out.append(_Launch((w, r, 0, prio.index((w, r)), (w, r))))
+    sinks = pattern.sink_tokens - plan.base
+    return prio, out, (sinks if sinks > 0 and plan.klo < sinks else 0)
 
 
 def _cfg_tensor(cfgs, device):
-    flat = [x for wr in cfgs for x in wr] or [1, 1]
-    return torch.tensor(flat, device=device, dtype=torch.int32)
+    return _small_tensor(tuple(x for wr in cfgs for x in wr) or (1, 1), device)
 
 
 def _seg_range(lo: int, hi: int, w: int):
@@ -195,7 +205,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return out, lse
-    prio, launch = _launches(pattern, plan)
+    prio, launch, sinks = _launches(pattern, plan)
     per_head = pattern.query_dilation == "per_head"
     BM, BN, warps, stages = _blocks("fwd", D, q.dtype)
     cfg_t = _cfg_tensor(prio, dev)
@@ -227,12 +237,13 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
                 sqi, ski, sqd, skd,
                 scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
-                plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb, ln.kncap, ln.npri, li,
-                int(li == 0), int(li == len(launch) - 1),
+                plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb, max(sinks, 1), len(prio),
+                ln.npri, li, int(li == 0), int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
                 UMAX=0, UTAB=utab, MIXSPLIT=mixsplit, EARLIER=_earlier(ln.npri),
-                SLIDING=pattern.sliding, num_warps=warps, num_stages=stages,
+                SLIDING=pattern.sliding, SINKT=bool(sinks) and li == len(launch) - 1,
+                num_warps=warps, num_stages=stages,
             )
     return out, lse
 
@@ -265,22 +276,18 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2), HQ,
         BM=dblk, D=D, HAS_DLSE=dlse is not None,
     )
-    prio, launch = _launches(pattern, plan)
-    kv_launch = [ln for ln in launch if ln.kncap == W_CAP]  # dk/dv: the configs (sinks: below)
-    sinks = len(kv_launch) < len(launch)
+    prio, launch, sinks = _launches(pattern, plan)
     multi = len(launch) > 1
     hch, kch = HQ, HKV  # heads per chunk of the float32 buffers (query / key-value heads)
     if multi:
         hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
-    if len(kv_launch) > 1:
         kch = max(1, min(HKV, ACC_BYTES // max(2 * B * SK * D * 4, 1)))
     dqacc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if multi else dq
-    dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if len(kv_launch) > 1 else dk
-    dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if len(kv_launch) > 1 else dv
-    # The sink launch of the dq kernel also sums the sink keys' dk/dv (float32, atomically, over
-    # its query tiles); the first dk/dv launch adds them in.
-    nsink = launch[0].kncap if sinks else 1
-    sinkg = (torch.zeros((B, HKV, 2, nsink, D), device=dev, dtype=torch.float32) if sinks
+    dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dk
+    dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dv
+    # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
+    # tiles); the first dk/dv launch adds them in.
+    sinkg = (torch.zeros((B, HKV, 2, sinks, D), device=dev, dtype=torch.float32) if sinks
              else _dummy(dev))
     per_head = pattern.query_dilation == "per_head"
     BM, BN, warps, stages = _blocks("dq", D, q.dtype)
@@ -296,7 +303,6 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     # them in priority) and sliding windows (no tables) test the configs in a runtime loop: the
     # unrolled one spilled several KB per thread in dq and dk/dv (sm_90, kernel_resources.py)
     union = dict(UMAX=0, UTAB=0) if pattern.sliding else dict(UMAX=max(1, len(prio) - 1), UTAB=utab)
-    sink_union = dict(UMAX=0, UTAB=0)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first: the
@@ -313,16 +319,16 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 dq.stride(0), dq.stride(1), dq.stride(2),
                 sqi, ski, sqd, skd, SQ,
                 scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
-                plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb, ln.kncap,
-                ln.npri, li, int(first), int(last), BM=BM, BN=BN, EARLIER=_earlier(ln.npri),
-                KVGRAD=ln.kncap != W_CAP, num_warps=warps, num_stages=stages, **common,
-                **(sink_union if ln.kncap != W_CAP else union),
+                plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb,
+                max(sinks, 1), len(prio), ln.npri, li, int(first), int(last), BM=BM, BN=BN,
+                EARLIER=_earlier(ln.npri), SINKT=bool(sinks) and last, num_warps=warps,
+                num_stages=stages, **common, **union,
             )
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
     for g0 in range(0, HKV, kch):
         ng = min(kch, HKV - g0)
-        for li, ln in enumerate(kv_launch):
-            first, last = li == 0, li == len(kv_launch) - 1
+        for li, ln in enumerate(launch):
+            first, last = li == 0, li == len(launch) - 1
             kseg0, knseg, kblk0, knblk = _key_tiles(plan, ln.w, ln.r, kBN)
             _dkdv_kernel[(knseg * ln.r * knblk, B * ng)](
                 q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, qinv, kinv, qdoc, kdoc,
@@ -330,9 +336,9 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
                 dv.stride(2), sqi, ski, sqd, skd, SQ,
                 scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
-                plan.qhi, plan.klo, plan.khi, kseg0, knblk, kblk0, ln.w, ln.r, ln.lb, nsink,
-                ln.npri, int(first), int(last),
-                BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), SINKADD=sinks, num_warps=kwarps,
+                plan.qhi, plan.klo, plan.khi, kseg0, knblk, kblk0, ln.w, ln.r, ln.lb,
+                max(sinks, 1), ln.npri, int(first), int(last),
+                BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), SINKADD=bool(sinks), num_warps=kwarps,
                 num_stages=kstages, **common, **union,
             )
     return dq, dk, dv

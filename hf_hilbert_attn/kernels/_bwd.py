@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._common import (_NO_SPEC, _band_split, _band_tail, _covered, _n_range, _participates,
-                      _prog_key, _split_at, _union_keep, _union_tab)
+                      _prog_key, _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -50,7 +50,7 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
     Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal (and, sliding,
     the window's edges) needs a mask. ``rows``: ``(q, do, lse2, delta, qd, offs_m, pq, p0, p1,
     sbase, R, h, b64, scale_log2, LB, band_lo, sgk, sgv, scale)``; ``keys`` and ``uni`` as in
-    ``_fwd._fwd_tiles``. ``KVGRAD`` (the sink launch): this tile's dk/dv too, added atomically
+    ``_fwd._fwd_tiles``. ``KVGRAD`` (the sink keys): this tile's dk/dv too, added atomically
     to the float32 rows ``sgk[pos]`` / ``sgv[pos]`` of its key/value head, which the dk/dv
     kernel's first launch adds in.
     """
@@ -193,25 +193,25 @@ def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D:
              UNION: tl.constexpr, CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr,
              MAPPED: tl.constexpr, HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
              UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-             SLIDING: tl.constexpr, KVGRAD: tl.constexpr):
+             SLIDING: tl.constexpr):
     """dq over key tiles ``[lo, b1)`` masked (sliding), ``[b1, mid)`` whole, then ``[mid, end)``
     masked (as ``_fwd._fwd_span``)."""
     if SLIDING:
         dq = _dq_tiles(dq, rows, keys, uni, lo, b1, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
     if UNION and MIXSPLIT:
         x1, x2 = _split_at(b1, mid, ma, mb, BN)
         dq = _dq_tiles(dq, rows, keys, uni, b1, x1, end, BN, D, False, False, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
         dq = _dq_tiles(dq, rows, keys, uni, x1, x2, end, BN, D, False, True, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
         dq = _dq_tiles(dq, rows, keys, uni, x2, mid, end, BN, D, False, False, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
     else:
         dq = _dq_tiles(dq, rows, keys, uni, b1, mid, end, BN, D, False, UNION, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
+                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
     dq = _dq_tiles(dq, rows, keys, uni, mid, end, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
-                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, KVGRAD)
+                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
     return dq
 
 
@@ -220,7 +220,7 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
               BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-              MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr, KVGRAD: tl.constexpr):
+              MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
         sgk, sgv, scale = rows
@@ -245,19 +245,17 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
     if SLIDING and CAUSAL:  # one range (as in _fwd._fwd_union)
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, True, SLIDING, KVGRAD)
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, True, SLIDING)
     elif mixed:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING, KVGRAD)
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING, KVGRAD)
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
     else:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, False,
-                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING,
-                      KVGRAD)
+                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, False,
-                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING,
-                      KVGRAD)
+                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
     return dq
 
 
@@ -269,11 +267,11 @@ def _dq_kernel(
     sdqb, sdqh, sdqs,
     sqinv, skinv, sqdoc, skdoc, SQ,
     scale, scale_log2, HQ, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, LB, KNCAP, NPRI, NLAUNCHED, FIRST, LAST,
+    SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr, SLIDING: tl.constexpr, KVGRAD: tl.constexpr,
+    EARLIER: tl.constexpr, SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -318,7 +316,6 @@ def _dq_kernel(
         qd = qidx
 
     kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
-    kn_hi = tl.minimum(kn_hi, KNCAP)
     m_first = tl.maximum(blk * BM, qn_lo)
     m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
     band_lo = 0
@@ -346,9 +343,9 @@ def _dq_kernel(
         v_base = v_base - KOFF.to(tl.int64) * svs
         KDOC_T = KDOC - KOFF
     dq = tl.zeros([BM, D], tl.float32)
-    # sink launch: float32 dk / dv rows of this key/value head ([B, Hkv, 2, KNCAP, D])
-    sgk = SINKG + ((b64 * (HQ // GROUP) + hk) * 2) * KNCAP * D
-    sgv = sgk + KNCAP * D
+    # the sink keys' float32 dk / dv rows of this key/value head ([B, Hkv, 2, SINKS, D])
+    sgk = SINKG + ((b64 * (HQ // GROUP) + hk) * 2) * SINKS * D
+    sgv = sgk + SINKS * D
     rows = (q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB,
             band_lo, sgk, sgv, scale)
     keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
@@ -356,11 +353,21 @@ def _dq_kernel(
         a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN)
         dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_b1, a_mid,
                       kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE,
-                      UMAX, 0, MIXSPLIT, SLIDING, KVGRAD)
+                      UMAX, 0, MIXSPLIT, SLIDING)
     else:
         dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN,
-                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING,
-                       KVGRAD)
+                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+    if SINKT:
+        # the sink keys (last in priority, as in the forward); their dk/dv summed atomically
+        s_hi = tl.minimum(SINKS, KHI + 1)
+        if CAUSAL:
+            s_hi = tl.minimum(s_hi, pq1 + 1)
+        s_hi = tl.where(m_last >= m_first, s_hi, KLO)
+        offs_s, s0, s1, sb, sr, slb, sbl = _sink_geometry(pq)
+        dq = _dq_tiles(dq, (q, do, lse2, delta, qd, offs_s, pq, s0, s1, sb, sr, h, b64, scale_log2,
+                            slb, sbl, sgk, sgv, scale), keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq),
+                       KLO, s_hi, s_hi, BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE,
+                       0, 0, SLIDING, True)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:

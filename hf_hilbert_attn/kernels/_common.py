@@ -10,7 +10,8 @@ allows it, so later configs mask pairs an earlier one already covers.
 Sliding windows (``SLIDING``) have no segments: a config's tiles are one class of the whole
 sequence (``W`` is a cap, ``seg == 0``) and a key is allowed within ``LB = (w - 1) // r`` class
 steps of the query (a band in class space); the band's edges are masked like the diagonal.
-Sink tokens are one more launch, last in priority: every query against the keys ``< KNCAP``.
+Sink tokens (last in priority) are one more key run of the last launch, the one covering every
+query: positions ``< SINKS``, with the union mask against every config (``NCFG``).
 
 All divisions and remainders here act on non-negative integers: Triton's ``//`` truncates
 while the interpreter floors, and the two only agree there.
@@ -22,8 +23,8 @@ import triton.language as tl
 # Scalar arguments that change with the pattern, the config or the positions: not specialised
 # (Triton would otherwise compile a variant per value == 1 / divisible by 16).
 _NO_SPEC = ["HQ", "HOFF", "HCH", "HKV", "GROUP", "SQ", "QOFF", "KOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
-            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST", "PSZ", "LB", "KNCAP",
-            "SINKS"]
+            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST", "PSZ", "LB", "SINKS",
+            "NCFG"]
 
 
 @triton.jit
@@ -224,6 +225,15 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
         cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
         found = found | full
     return ca, cb, mixed, ma, mb
+
+
+@triton.jit
+def _sink_geometry(pq):
+    """``(offs, p0, p1, sbase, R, LB, band_lo)`` that make a tile loop walk the sink keys at
+    consecutive positions ``0, 1, ..``: rows indexed by their positions (the causal mask then
+    compares positions), the whole range ``[0, 2**31)`` as the program's side (so the union
+    test settles no config and tests every pair) and a window reaching everything."""
+    return pq, 0, 2147483647, 0, 1, 1073741823, 0
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ._common import (_NO_SPEC, _band_split, _covered, _n_range, _participates, _prog_key,
-                      _split_at, _union_keep, _union_tab)
+                      _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -184,11 +184,11 @@ def _fwd_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
     sqinv, skinv, sqdoc, skdoc,
     scale_log2, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, LB, KNCAP, NPRI, NLAUNCHED, FIRST, LAST,
+    SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr, SLIDING: tl.constexpr,
+    EARLIER: tl.constexpr, SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -227,9 +227,8 @@ def _fwd_kernel(
         qd = qidx
 
     # ---- key range of this tile: same segment and class (sliding: the band of LB class steps
-    # before each query, after it too when not causal); the sink launch stops at KNCAP
+    # before each query, after it too when not causal)
     kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
-    kn_hi = tl.minimum(kn_hi, KNCAP)
     m_first = tl.maximum(blk * BM, qn_lo)
     m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
     band_lo = 0  # sliding: keys from here on lie inside every query's window (lower side)
@@ -272,6 +271,19 @@ def _fwd_kernel(
         acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
                                    NPRI, KEYS, PSZ, BN, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
                                    IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+
+    if SINKT:
+        # ---- the sink keys (positions < SINKS), last in priority: the pairs no config allows
+        s_hi = tl.minimum(SINKS, KHI + 1)
+        if CAUSAL:
+            s_hi = tl.minimum(s_hi, pq1 + 1)
+        s_hi = tl.where(m_last >= m_first, s_hi, KLO)
+        offs_s, s0, s1, sb, sr, slb, sbl = _sink_geometry(pq)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i,
+                                   (q, qd, offs_s, pq, s0, s1, sb, sr, h, b64, scale_log2, slb, sbl),
+                                   keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
+                                   BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0,
+                                   SLIDING)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0

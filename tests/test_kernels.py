@@ -281,7 +281,8 @@ def test_sinks_and_sliding(causal, window, sinks):
     # the sink launch (every query against the first keys, after all configs in priority; its
     # dk/dv summed atomically by the dq kernel) and sliding bands (masked window edges, union
     # intervals open towards the diagonal)
-    _run(PAT.replace(window=window, sink_tokens=sinks), sq=70, hq=4, hkv=2, causal=causal)
+    # (two batch rows: row strides in every pointer, including the sink keys' run)
+    _run(PAT.replace(window=window, sink_tokens=sinks), b=2, sq=70, hq=4, hkv=2, causal=causal)
 
 
 @pytest.mark.parametrize("mode", ["per_head", "all"])

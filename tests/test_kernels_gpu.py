@@ -49,12 +49,13 @@ def _grads(fn, inputs, dout):
     return [out.detach()] + [t.grad for t in ins]
 
 
-def _check(pattern, *, s, hq=4, hkv=2, d=128, sq=None, dtype=torch.bfloat16, causal=True, **kw):
+def _check(pattern, *, s, hq=4, hkv=2, d=128, sq=None, dtype=torch.bfloat16, causal=True, b=1,
+           **kw):
     sq = sq or s
-    q = torch.randn(1, hq, sq, d, device="cuda", dtype=dtype)
-    k = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype)
-    v = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype)
-    dout = torch.randn(1, hq, sq, d, device="cuda", dtype=dtype)
+    q = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype)
+    dout = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
     _poison()
     ours = _grads(lambda a, b, c: dilated_attention(a, b, c, pattern, causal=causal, **kw),
                   (q, k, v), dout)
@@ -211,7 +212,7 @@ def test_sinks_and_sliding(dtype, window, sinks):
     # LongNet-like rates (6 and 12 not dividing 4: per-pair union masks) with both window kinds
     # and sink tokens (the sink launch, its atomic dk/dv)
     _check(LONGNET_SMALL.replace(window=window, sink_tokens=sinks), s=3001, hq=12, hkv=4,
-           dtype=dtype)
+           dtype=dtype, b=2)
 
 
 @pytest.mark.parametrize("mode,causal,d", [("all", True, 64), ("per_head", False, 128),

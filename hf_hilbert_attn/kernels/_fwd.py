@@ -278,9 +278,9 @@ def _fwd_kernel(
         if CAUSAL:
             s_hi = tl.minimum(s_hi, pq1 + 1)
         s_hi = tl.where(m_last >= m_first, s_hi, KLO)
-        offs_s, s0, s1, sb, sr, slb, sbl = _sink_geometry(pq)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i,
-                                   (q, qd, offs_s, pq, s0, s1, sb, sr, h, b64, scale_log2, slb, sbl),
+        s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band = _sink_geometry(pq)
+        s_rows = (q, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64, scale_log2, s_lb, s_band)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, s_rows,
                                    keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
                                    BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0,
                                    SLIDING)

@@ -367,7 +367,7 @@ def _dq_kernel(
         s_rows = (q, do, lse2, delta, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64,
                   scale_log2, s_lb, s_band, sgk, sgv, scale)
         dq = _dq_tiles(dq, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
-                       BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0, SLIDING,
+                       16, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0, SLIDING,
                        True)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]

@@ -280,9 +280,11 @@ def _fwd_kernel(
         s_hi = tl.where(m_last >= m_first, s_hi, KLO)
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band = _sink_geometry(pq)
         s_rows = (q, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64, scale_log2, s_lb, s_band)
+        # (16-key tiles: the per-pair union test against every config is the cost here, and
+        # there are few sinks)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, s_rows,
                                    keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
-                                   BN, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0,
+                                   16, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0,
                                    SLIDING)
 
     # ---- finish this config's partial, merge with earlier launches, write

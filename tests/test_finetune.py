@@ -225,8 +225,8 @@ def test_finetune_txt_file_is_one_document(tmp_path):
         (tmp_path / f"{i}.txt").write_text(t)
     (tmp_path / "blank.txt").write_text("\n")
     ft = _finetune_module()
-    assert ft.load_texts(tmp_path, "text")["text"] == texts  # name order, newlines kept
-    assert ft.load_texts(tmp_path / "1.txt", "text")["text"] == [texts[1]]
+    assert ft.load_texts(tmp_path, "text") == texts  # name order, newlines kept
+    assert ft.load_texts(tmp_path / "1.txt", "text") == [texts[1]]
 
 
 def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):

@@ -149,7 +149,7 @@ def test_shipped_configs():
     assert default.dilation_rates[0] == 1
 
 
-def test_default_is_dense_up_to_first_segment():
+def test_default_is_dense_up_to_first_window():
     default = DilatedPattern.from_yaml(CONFIGS / "default.yaml")
     w0 = default.segment_lengths[0]
     heads = 2
@@ -158,11 +158,21 @@ def test_default_is_dense_up_to_first_segment():
         mask = default.build_mask(heads, pos, pos, causal=True)
         assert torch.equal(mask[0], torch.ones(length, length, dtype=torch.bool).tril().expand(heads, -1, -1))
         assert default.is_dense_for(length)
-    # One token more and some (head, pair) is no longer allowed: the bound is tight.
-    pos = torch.arange(w0 + 1)
+    # Past the first window (and the sink tokens, which every query sees) some (head, pair) is
+    # no longer allowed: the bound is tight.
+    n = w0 + default.sink_tokens + 1
+    pos = torch.arange(n)
     mask = default.build_mask(heads, pos, pos, causal=True)
-    tri = torch.ones(w0 + 1, w0 + 1, dtype=torch.bool).tril()
-    assert bool((~mask[0] & tri).any()) and not default.is_dense_for(w0 + 1)
+    tri = torch.ones(n, n, dtype=torch.bool).tril()
+    assert bool((~mask[0] & tri).any()) and not default.is_dense_for(n)
+
+
+def test_shipped_defaults_are_measured_choices():
+    # docs/decisions.md: sliding windows with one sink token, <= 10 % of the causal pairs at 64K
+    for name in ("default", "sliding_sparse"):
+        p = DilatedPattern.from_yaml(CONFIGS / f"{name}.yaml")
+        assert p.window == "sliding" and p.sink_tokens == 1
+        assert p.count_pairs_total(65536, 4) / (4 * 65536 * 65537 / 2) <= 0.10
 
 
 def test_hash_and_equality():

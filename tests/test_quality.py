@@ -201,11 +201,18 @@ def test_density_is_exact(pattern):
 
 
 # ----------------------------------------------------------------------------- methods file
+def pats_of(methods):
+    return {m.label: m.pattern for m in methods}
+
+
 def test_shipped_methods_file():
     methods = load_methods(DEFAULT_METHODS)
     labels = [m.label for m in methods]
     assert labels[0] == "sdpa" and methods[0].pattern is None
-    assert {"default", "longnet_lm"} <= set(labels) and 8 <= len(methods) <= 12
+    assert {"default", "longnet_lm", "slide2k_sink1"} <= set(labels) and 8 <= len(methods) <= 16
+    # configs/default.yaml is the measured winner; "default" names the one it replaced
+    assert pats_of(methods)["slide2k_sink1"] == DilatedPattern.from_yaml(DEFAULT_METHODS.parent / "default.yaml")
+    assert pats_of(methods)["default"].segment_lengths == (4096, 16384, 65536)
     pats = {m.label: m.pattern for m in methods}
     assert pats["slide512_sink4"].window == "sliding" and pats["slide512_sink4"].sink_tokens == 4
     assert pats["seg1k_sink1"].window == "segment" and pats["seg1k_sink1"].sink_tokens == 1

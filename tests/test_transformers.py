@@ -8,6 +8,7 @@ small non-dense pattern whose segments are shorter than the sequences, so positi
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,17 @@ def test_default_pattern_matches_yaml():
     assert yaml.safe_load((CONFIGS / "default.yaml").read_text()) == integ.DEFAULT_PATTERN
     model = tiny_model("llama", "hilbert_dilated")
     assert getattr(model.config, "hilbert_attn", None) is None
-    assert integ.get_pattern(model.config) == DilatedPattern.from_yaml(CONFIGS / "default.yaml")
+    # a model without a pattern says once what the default costs, and how to choose
+    integ._DEFAULT_NOTED[0] = False
+    with pytest.warns(UserWarning, match="has no 'hilbert_attn' pattern.*configure"):
+        assert integ.get_pattern(model.config) == DilatedPattern.from_yaml(CONFIGS / "default.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        integ.get_pattern(model.config)  # once per process, not per layer
+    hf_hilbert_attn.configure(model, CONFIGS / "dense.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        integ.get_pattern(model.config)  # a chosen pattern: no note
 
 
 def test_mask_is_compact():
@@ -247,9 +258,13 @@ def test_packed_flash_kwargs_cu_seqlens():
 
 # --------------------------------------------------------------------- incremental decoding
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_cached_generate_matches_full_forward(family, cache):
-    model = configure(tiny_model(family), SMALL)
+@pytest.mark.parametrize("family,options", [
+    ("llama", {}), ("gpt2", {}),
+    # sinks are the first *real* tokens of each (left-padded) row; windows slide with decoding
+    ("llama", dict(window="sliding", sink_tokens=2)), ("gpt2", dict(sink_tokens=1)),
+])
+def test_cached_generate_matches_full_forward(family, options, cache):
+    model = configure(tiny_model(family), SMALL.replace(**options))
     prompt_len, new = 41, 9  # longer than every segment; decoding crosses segment boundaries
     ids = tokens(3, prompt_len)
     mask = left_pad_mask(3, prompt_len, [0, 3, 10])

@@ -33,7 +33,6 @@ import fnmatch
 import gc
 import json
 import logging
-import math
 import os
 import re
 import shlex
@@ -52,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from ..pattern import DilatedPattern
-from ._args import length_type, positive_int
+from ._args import check_eval_grid, depth, length_type, nonneg_int, positive_int
 from .corpus import tokenize_corpus
 from .measure import Meter
 from .passkey import evaluate_passkey_teacher_forced, make_passkey_prompt
@@ -355,16 +354,8 @@ def _validate(cfg: QualityConfig) -> None:
                              f"checkout only")
         if cfg.finetune_seq_len < 2:
             raise StudyError(f"--finetune-seq-len must be >= 2, got {cfg.finetune_seq_len}")
-    bad = [t for t in cfg.tasks if t not in TASKS]
-    if bad or not cfg.tasks:
-        raise StudyError(f"tasks must be among {list(TASKS)}, got {list(cfg.tasks)}")
-    for name in ("lengths", "passkey_lengths"):
-        for x in getattr(cfg, name):
-            if int(x) < 2:
-                raise StudyError(f"{name} must be integers >= 2, got {x}")
-    for d in cfg.depths:
-        if not 0.0 <= float(d) <= 1.0:
-            raise StudyError(f"depths must be in [0, 1], got {d}")
+    check_eval_grid(cfg.tasks, TASKS, cfg.lengths, cfg.passkey_lengths, cfg.depths, cfg.trials,
+                    error=StudyError)
     if cfg.trials < 1 or cfg.ppl_tokens < 2 or cfg.batch_tokens < 1:
         raise StudyError(f"need trials >= 1, ppl_tokens >= 2, batch_tokens >= 1; got "
                          f"{cfg.trials}, {cfg.ppl_tokens}, {cfg.batch_tokens}")
@@ -1008,26 +999,6 @@ def write_quality_report(out_dir, *, plots: bool = True, errors: Sequence[str] =
 
 
 # ----------------------------------------------------------------------------- command line
-def _depth(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"a needle depth must be in [0, 1], got {v}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
 def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _len = length_type("context length")
     p.add_argument("--model", help="local Hugging Face causal LM directory (with its tokenizer)")
@@ -1045,16 +1016,16 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--ppl-tokens", type=positive_int, default=65536,
                    help="held-out tokens scored at every length (default 65536, or all there are)")
     p.add_argument("--passkey-lengths", nargs="+", type=_len, default=[1024, 2048, 4096, 8192])
-    p.add_argument("--depths", nargs="+", type=_depth, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    p.add_argument("--depths", nargs="+", type=depth, default=[0.0, 0.25, 0.5, 0.75, 1.0])
     p.add_argument("--trials", type=positive_int, default=6, help="passkey prompts per depth")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     p.add_argument("--stages", nargs="+", choices=STAGES, default=None,
                    help="default: base, plus finetuned when --finetune-steps > 0 "
                         "(--stages finetuned skips the base eval)")
-    p.add_argument("--finetune-steps", type=_nonneg_int, default=0,
+    p.add_argument("--finetune-steps", type=nonneg_int, default=0,
                    help="fine-tune steps per method (0: no fine-tune)")
     p.add_argument("--finetune-lr", type=float, default=1e-4)
-    p.add_argument("--finetune-warmup", type=_nonneg_int, default=10, help="linear warm-up steps")
+    p.add_argument("--finetune-warmup", type=nonneg_int, default=10, help="linear warm-up steps")
     p.add_argument("--finetune-seq-len", type=_len, default=8192)
     p.add_argument("--finetune-args", default="",
                    help="more arguments for examples/finetune.py, one string "

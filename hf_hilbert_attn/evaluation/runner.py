@@ -20,7 +20,7 @@ import torch
 from ..pattern import DilatedPattern
 from . import report
 from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
-from ._args import length_type, positive_int
+from ._args import check_eval_grid, depth, length_type, positive_int
 from .measure import Meter
 from .passkey import evaluate_passkey, hf_generate_fn, make_passkey_prompt
 from .perplexity import count_windows, evaluate_perplexity
@@ -391,18 +391,8 @@ def _sp_perplexity(model, tokens, L, stride, topo, pattern, bar):
 
 
 def _validate(cfg: EvalConfig) -> None:
-    bad = [t for t in cfg.tasks if t not in ("perplexity", "passkey")]
-    if bad or not cfg.tasks:
-        raise ValueError(f"tasks must be among ['perplexity', 'passkey'], got {list(cfg.tasks)}")
-    for name in ("lengths", "passkey_lengths"):
-        for x in getattr(cfg, name):
-            if int(x) < 2:
-                raise ValueError(f"{name} must be integers >= 2, got {x}")
-    for d in cfg.depths:
-        if not 0.0 <= float(d) <= 1.0:
-            raise ValueError(f"depths must be in [0, 1], got {d}")
-    if cfg.trials < 1:
-        raise ValueError(f"trials must be >= 1, got {cfg.trials}")
+    check_eval_grid(cfg.tasks, ("perplexity", "passkey"), cfg.lengths, cfg.passkey_lengths,
+                    cfg.depths, cfg.trials)
     if cfg.stride is not None and cfg.stride < 1:
         raise ValueError(f"stride must be >= 1, got {cfg.stride}")
     if cfg.stride is not None and cfg.stride >= min(cfg.lengths):
@@ -423,16 +413,6 @@ def _validate(cfg: EvalConfig) -> None:
 
 # ----------------------------------------------------------------------------- command line
 _length_arg = length_type("context length")
-
-
-def _depth(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"a needle depth must be in [0, 1], got {v}")
-    return v
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -459,7 +439,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "built-in generated corpus)")
     p.add_argument("--text-field", default="text", help="text column of jsonl/parquet files")
     p.add_argument("--passkey-lengths", nargs="+", type=_length_arg, default=None)
-    p.add_argument("--depths", nargs="+", type=_depth, default=[0.0, 0.5, 1.0],
+    p.add_argument("--depths", nargs="+", type=depth, default=[0.0, 0.5, 1.0],
                    help="needle depths in [0, 1]")
     p.add_argument("--trials", type=positive_int, default=2, help="passkey prompts per cell")
     p.add_argument("--max-new-tokens", type=positive_int, default=8)

@@ -78,7 +78,7 @@ def parse_args(argv=None):
                    help="sdpa: plain dense attention, the control of a quality study (--pattern "
                    "is then ignored; no sequence parallelism)")
     p.add_argument("--pattern", default=None,
-                   help="pattern YAML (default: the model's config, else configs/default.yaml)")
+                   help="pattern YAML (default: the model's config, else hf_hilbert_attn/patterns/default.yaml)")
     p.add_argument("--mixed-precision", choices=("auto", "no", "bf16", "fp16"), default="auto",
                    help="autocast dtype; auto: the launcher's choice under `accelerate launch`, "
                    "else bf16 on CUDA and none on CPU")
@@ -266,7 +266,7 @@ def build_model(args, tokenizer):
     elif getattr(cfg, "hilbert_attn", None):
         pattern = DilatedPattern.from_dict(cfg.hilbert_attn)
     else:
-        pattern = DilatedPattern.from_yaml(ROOT / "configs" / "default.yaml")
+        pattern = DilatedPattern.from_yaml(ROOT / "hf_hilbert_attn" / "patterns" / "default.yaml")
     if pattern is not None:
         hf_hilbert_attn.configure(model, pattern)
     if args.gradient_checkpointing:

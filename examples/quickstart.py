@@ -1,6 +1,6 @@
 """Quickstart: a causal LM whose attention is LongNet-style dilated attention.
 
-    python examples/quickstart.py                          # tiny random Llama, configs/longnet_lm.yaml
+    python examples/quickstart.py                          # tiny random Llama, hf_hilbert_attn/patterns/longnet_lm.yaml
     python examples/quickstart.py PATH/TO/MODEL [PATTERN.yaml]
 
 Runs a forward over a sequence longer than the pattern's first segment (so the pattern is
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main():
     model_path = sys.argv[1] if len(sys.argv) > 1 else None
-    pattern_path = sys.argv[2] if len(sys.argv) > 2 else ROOT / "configs" / "longnet_lm.yaml"
+    pattern_path = sys.argv[2] if len(sys.argv) > 2 else ROOT / "hf_hilbert_attn" / "patterns" / "longnet_lm.yaml"
     torch.manual_seed(0)
 
     if model_path:

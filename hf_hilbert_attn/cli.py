@@ -1,7 +1,7 @@
 """The ``hf-hilbert-attn`` console command.
 
     hf-hilbert-attn env                                  versions, CUDA device, Triton kernels
-    hf-hilbert-attn show-pattern configs/longnet_lm.yaml --length 65536 --png mask.png
+    hf-hilbert-attn show-pattern longnet_lm --length 65536 --png mask.png
     hf-hilbert-attn eval [MODEL_DIR] [--pattern P] ...   long-context eval (perplexity, passkey)
     hf-hilbert-attn bench model [--preset tiny] ...      end-to-end fwd+bwd benchmark
     hf-hilbert-attn bench attention [ARGS...]            examples/benchmarks/bench_attention.py
@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_cmd_env)
 
     s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
-    s.add_argument("pattern", help="a pattern YAML, a configs/ name, a built-in name (tiny, "
+    s.add_argument("pattern", help="a pattern YAML, a shipped pattern name, a built-in name (tiny, "
                                    "dense) or inline 'W1,W2:R1,R2'")
     s.add_argument("--length", type=parse_length, required=True, help="sequence length (tokens)")
     s.add_argument("--heads", type=int, default=1, help="query heads to count (default 1)")

@@ -67,7 +67,7 @@ def test_show_pattern_ascii_counts_and_png(capsys, tmp_path):
 
 
 def test_show_pattern_long_length_skips_ascii(capsys):
-    rc, out, _ = _run(capsys, "show-pattern", str(REPO / "configs" / "longnet_lm.yaml"),
+    rc, out, _ = _run(capsys, "show-pattern", str(REPO / "hf_hilbert_attn" / "patterns" / "longnet_lm.yaml"),
                       "--length", "64k", "--heads", "2")
     assert rc == 0
     assert "no ASCII picture above 64 tokens" in out

@@ -363,7 +363,7 @@ def _computed_pairs(pattern, s, heads, causal=True):
     return total
 
 
-CONFIGS = str(Path(__file__).resolve().parent.parent / "configs")
+CONFIGS = str(Path(__file__).resolve().parent.parent / "hf_hilbert_attn" / "patterns")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import torch
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "hf_hilbert_attn" / "patterns"
 
 
 def random_pattern(rng: random.Random, max_w: int = 40) -> DilatedPattern:

@@ -210,7 +210,7 @@ def test_shipped_methods_file():
     labels = [m.label for m in methods]
     assert labels[0] == "sdpa" and methods[0].pattern is None
     assert {"default", "longnet_lm", "slide2k_sink1"} <= set(labels) and 8 <= len(methods) <= 16
-    # configs/default.yaml is the measured winner; "default" names the one it replaced
+    # hf_hilbert_attn/patterns/default.yaml is the measured winner; "default" names the one it replaced
     assert pats_of(methods)["slide2k_sink1"] == DilatedPattern.from_yaml(DEFAULT_METHODS.parent / "default.yaml")
     assert pats_of(methods)["default"].segment_lengths == (4096, 16384, 65536)
     pats = {m.label: m.pattern for m in methods}

@@ -1,7 +1,7 @@
 """attn_implementation="hilbert_dilated" in real (tiny, random) Transformers models.
 
 Families: Llama (GQA), Qwen2, Mistral, GPT-2; float32, hidden 64, 2 layers, 4 heads, vocab 128.
-Dense equivalence uses configs/dense.yaml against sdpa; everything else compares our own runs
+Dense equivalence uses hf_hilbert_attn/patterns/dense.yaml against sdpa; everything else compares our own runs
 (packed vs separate, cached vs full forward, hilbert vs natural, checkpointed vs not) with a
 small non-dense pattern whose segments are shorter than the sequences, so positions matter.
 """
@@ -28,7 +28,7 @@ import hf_hilbert_attn
 from hf_hilbert_attn import DilatedPattern, configure
 from hf_hilbert_attn.integrations import transformers as integ
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "hf_hilbert_attn" / "patterns"
 DENSE = CONFIGS / "dense.yaml"
 # Segments shorter than the prompts: a wrong key position changes segment / class membership.
 SMALL = DilatedPattern([8, 16, 32], [1, 2, 4])

@@ -274,13 +274,13 @@ def plot_panels(rows: List[dict], path, *, panel_key: str, series_key: str, x_ke
 
 
 def load_pattern(spec: str) -> tuple:
-    """``"longnet_lm"`` → ``configs/longnet_lm.yaml``; a path is read as is. Returns (name, pattern)."""
+    """``"longnet_lm"`` → ``hf_hilbert_attn/patterns/longnet_lm.yaml``; a path is read as is. Returns (name, pattern)."""
     path = Path(spec)
     if not path.suffix:
-        path = REPO / "configs" / f"{spec}.yaml"
+        path = REPO / "hf_hilbert_attn" / "patterns" / f"{spec}.yaml"
     if not path.exists():
         raise SystemExit(f"pattern {spec!r} not found (looked for {path}); give a name in "
-                         f"configs/ (e.g. longnet_lm, pow2) or a YAML path")
+                         f"hf_hilbert_attn/patterns/ (e.g. longnet_lm, pow2) or a YAML path")
     return path.stem, _pattern_cls().from_yaml(path)
 
 

@@ -1,7 +1,7 @@
 """Side-by-side attention benchmark: our dilated kernels against every alternative, one run, one GPU.
 
 Per shape (B=1, Hq=32, Hkv in {32, 8}, D in {128, 64}, S in {16K, 32K, 64K, 128K}, bf16, causal)
-and pattern (``configs/longnet_lm.yaml``, ``configs/pow2.yaml``) it times, on the same inputs:
+and pattern (``hf_hilbert_attn/patterns/longnet_lm.yaml``, ``hf_hilbert_attn/patterns/pow2.yaml``) it times, on the same inputs:
 
 * ``ours-natural``  ``dilated_attention(..., backend="triton")`` on natural-order tensors;
 * ``ours-hilbert``  the same op on tensors stored in Hilbert order (``q_positions=k_positions=perm``;

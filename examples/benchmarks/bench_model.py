@@ -1,6 +1,6 @@
 """End-to-end benchmark on one GPU: a Llama-3.2-1B-shaped model (random init, bf16), forward +
 backward with gradient checkpointing at 16K–128K tokens, ``sdpa`` vs ``hilbert_dilated``
-(``configs/longnet_lm.yaml``): tokens/s, peak memory, ratios; ``--max-len`` finds the longest
+(``hf_hilbert_attn/patterns/longnet_lm.yaml``): tokens/s, peak memory, ratios; ``--max-len`` finds the longest
 sequence each runs. Writes CSV + PNG + markdown tagged with the GPU name into ``--out-dir``.
 
     python examples/benchmarks/bench_model.py --max-len            # GPU

@@ -33,7 +33,7 @@ def main(argv=None):
     p.add_argument("--hkv", type=int, default=8)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
-    p.add_argument("--pattern", default="configs/longnet_lm.yaml")
+    p.add_argument("--pattern", default="hf_hilbert_attn/patterns/longnet_lm.yaml")
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--forward-only", action="store_true")
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")

@@ -2,7 +2,7 @@
 
     python examples/benchmarks/kernel_timing.py --seq 65536 --hq 32 --hkv 8 --dim 128
     python examples/benchmarks/kernel_timing.py --no-check --seq 65536 \
-        --pattern configs/longnet_lm.yaml configs/sliding_lm.yaml --csv timing.csv
+        --pattern hf_hilbert_attn/patterns/longnet_lm.yaml hf_hilbert_attn/patterns/sliding_sparse.yaml --csv timing.csv
 
 Prints, per case: max error vs a float32 reference on a small shape, then fwd / fwd+bwd ms
 (median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``) and
@@ -142,7 +142,7 @@ def main():
     ap.add_argument("--hq", type=int, default=32)
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--pattern", nargs="+", default=["configs/longnet_lm.yaml"],
+    ap.add_argument("--pattern", nargs="+", default=["hf_hilbert_attn/patterns/longnet_lm.yaml"],
                     help="one or more pattern YAMLs, timed side by side (the first is used for "
                          "--long, --decode, --profile)")
     ap.add_argument("--csv", default=None, help="also write the timing rows to this CSV")

@@ -36,7 +36,7 @@ if has finetune; then
     rm -rf "/tmp/ft_sp$n"
     step accelerate launch --num_processes "$n" --mixed_precision bf16 --dynamo_backend no \
         $( [ "$n" -gt 1 ] && echo --multi_gpu ) examples/finetune.py --model-preset 1b \
-        --pattern configs/longnet_lm.yaml --seq-len "$FT_SEQ" --sp-size "$n" --loss-chunk 4096 \
+        --pattern hf_hilbert_attn/patterns/longnet_lm.yaml --seq-len "$FT_SEQ" --sp-size "$n" --loss-chunk 4096 \
         --gradient-checkpointing \
         --max-steps "$FT_STEPS" --save-every 0 --lr 1e-5 --output-dir "/tmp/ft_sp$n"
     # the model is not copied back: only the log

@@ -1,7 +1,7 @@
 """Where a training step of a real model spends its time: ``sdpa`` vs ``hilbert_dilated``.
 
     python examples/benchmarks/profile_step.py --model /path/to/smollm2 --seq 8192 \
-        --patterns dense configs/longnet_lm.yaml --steps 10 --profile
+        --patterns dense hf_hilbert_attn/patterns/longnet_lm.yaml --steps 10 --profile
 
 One forward + backward + AdamW step on random token ids of ``--seq`` tokens (bf16 autocast on
 CUDA, as ``examples/finetune.py`` trains), timed per implementation in the same process (median

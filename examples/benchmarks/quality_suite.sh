@@ -61,7 +61,7 @@ if has kernel; then
   printf 'segment_lengths: [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]\ndilation_rates: [1, 2, 4, 8, 16, 32, 64, 128]\nwindow: sliding\n' > "$P/slide512.yaml"
   printf 'segment_lengths: [2048, 4096, 8192, 16384, 32768, 65536]\ndilation_rates: [1, 2, 4, 8, 16, 32]\nwindow: sliding\nsink_tokens: 1\n' > "$P/slide2k_sink1.yaml"
   step timeout ${KERNEL_TIMEOUT:-200} python examples/benchmarks/kernel_timing.py --no-check --seq 65536 \
-    --pattern configs/longnet_lm.yaml "$P/longnet_lm_sink4.yaml" "$P/slide512.yaml" \
+    --pattern hf_hilbert_attn/patterns/longnet_lm.yaml "$P/longnet_lm_sink4.yaml" "$P/slide512.yaml" \
     "$P/slide512_sink4.yaml" "$P/slide2k_sink4.yaml" "$P/slide2k_sink1.yaml" \
     --csv "$WORK/kernel_timing_64k.csv"
 fi

@@ -44,7 +44,7 @@ def volume(pattern, s, world, layout, hq, hkv, d, elem=2):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pattern", default=str(ROOT / "configs" / "longnet_lm.yaml"))
+    ap.add_argument("--pattern", default=str(ROOT / "hf_hilbert_attn" / "patterns" / "longnet_lm.yaml"))
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[65536, 262144, 1048576])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)

@@ -30,9 +30,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["EvalConfig", "Method", "resolve_pattern", "hilbert_available", "run_eval",
            "add_eval_arguments", "config_from_args", "main"]
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "patterns"  # installed with the package
 
-# Built-in patterns by name, beside the YAMLs of configs/ (found when running from a checkout).
+# Built-in patterns by name, beside the shipped YAMLs of hf_hilbert_attn/patterns/.
 # "tiny" suits the built-in model's 128–512-token contexts: dense within 64 tokens, then every
 # 4th token of a 256-token segment.
 BUILTIN_PATTERNS = {
@@ -44,7 +44,7 @@ BUILTIN_PATTERNS = {
 def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
     """A pattern from a YAML path, a shipped config name, a built-in name or an inline spec.
 
-    Accepted, in this order: an existing ``.yaml`` file; a name of ``configs/NAME.yaml`` (e.g.
+    Accepted, in this order: an existing ``.yaml`` file; a name of ``hf_hilbert_attn/patterns/NAME.yaml`` (e.g.
     ``dense``, ``longnet_lm``, ``default``); a built-in name (``tiny``, ``dense``); inline
     ``"W1,W2,...:R1,R2,..."`` (segment lengths : dilation rates, per_head, natural), optionally
     followed by ``:sliding`` (window kind) and ``:sinks=K`` (sink tokens).

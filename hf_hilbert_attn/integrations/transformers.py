@@ -39,6 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from ..ops import dilated_attention
 from ..pattern import DilatedPattern
+from ..patterns import DEFAULT_PATTERN, as_pattern
 from .. import ring as _ring
 
 __all__ = [
@@ -54,25 +55,13 @@ __all__ = [
 
 ATTN_IMPLEMENTATION = "hilbert_dilated"
 
-# The pattern of a model whose config has no ``hilbert_attn`` entry: ``configs/default.yaml``
-# (a test keeps them equal; why this one: docs/decisions.md, "Quality on a trained model").
-# Exactly dense causal attention up to 2048 tokens; beyond, sliding windows of 2K..64K tokens
-# with rates 1..32 per head class, and the first token as an attention sink.
-DEFAULT_PATTERN = {
-    "segment_lengths": [2048, 4096, 8192, 16384, 32768, 65536],
-    "dilation_rates": [1, 2, 4, 8, 16, 32],
-    "query_dilation": "per_head",
-    "ordering": "natural",
-    "sink_tokens": 1,
-    "window": "sliding",
-}
 DEFAULT_PATTERN_NOTE = (
     "hf_hilbert_attn: this model's config has no 'hilbert_attn' pattern, so it uses the default "
-    "(configs/default.yaml: dense up to 2048 tokens, then sliding dilated windows up to 64K and one "
+    "(hf_hilbert_attn/patterns/default.yaml: dense up to 2048 tokens, then sliding dilated windows up to 64K and one "
     "sink token). Measured on a trained 135M model it stays within 2.3 % of dense perplexity up to "
     "8K tokens, but exact retrieval of a detail more than 2048 tokens back degrades (passkey 17/30 at "
     "4K, 6/30 at 8K). Call hf_hilbert_attn.configure(model, pattern) to choose one "
-    "(configs/dense.yaml for exact attention); docs/usage.md, 'Choosing a pattern'."
+    "(hf_hilbert_attn/patterns/dense.yaml for exact attention); docs/usage.md, 'Choosing a pattern'."
 )
 
 # Checked once at import. The hooks used here (AttentionInterface, AttentionMaskInterface and
@@ -90,35 +79,6 @@ except ImportError:  # pragma: no cover - older layouts; kwargs/config are still
 
 
 # ----------------------------------------------------------------------------------- pattern
-def _freeze(d: dict) -> tuple:
-    return tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()))
-
-
-@lru_cache(maxsize=64)
-def _pattern_from_frozen(frozen: tuple) -> DilatedPattern:
-    return DilatedPattern.from_dict({k: list(v) if isinstance(v, tuple) else v for k, v in frozen})
-
-
-def as_pattern(pattern: Union[DilatedPattern, dict, str, os.PathLike, None]) -> DilatedPattern:
-    """A :class:`DilatedPattern` from a pattern, a dict, a YAML path, or ``None`` (the default).
-
-    Raises:
-        ValueError: for an invalid pattern; FileNotFoundError for a missing YAML file;
-        TypeError: for anything else.
-    """
-    if pattern is None:
-        return _pattern_from_frozen(_freeze(DEFAULT_PATTERN))
-    if isinstance(pattern, DilatedPattern):
-        return pattern
-    if isinstance(pattern, dict):
-        return _pattern_from_frozen(_freeze(pattern))
-    if isinstance(pattern, (str, os.PathLike)):
-        return DilatedPattern.from_yaml(pattern)
-    raise TypeError(
-        f"pattern must be a DilatedPattern, a dict, a YAML path or None, got {type(pattern).__name__}"
-    )
-
-
 def get_pattern(config) -> DilatedPattern:
     """The pattern a model with this config uses: ``config.hilbert_attn``, else :data:`DEFAULT_PATTERN`.
 
@@ -165,7 +125,7 @@ def configure(model, pattern: Union[DilatedPattern, dict, str, os.PathLike, None
 
     Args:
         model: a ``transformers.PreTrainedModel``.
-        pattern: a :class:`DilatedPattern`, its dict, a YAML path (e.g. ``configs/longnet_lm.yaml``),
+        pattern: a :class:`DilatedPattern`, its dict, a YAML path (e.g. ``hf_hilbert_attn/patterns/longnet_lm.yaml``),
             or ``None`` for :data:`DEFAULT_PATTERN`.
         set_attn_implementation: also call ``model.set_attn_implementation("hilbert_dilated")``.
 

@@ -1,0 +1,86 @@
+"""The shipped patterns, by name, and what a pattern argument may be.
+
+The YAML files beside this module are installed with the package (``pip install .``), so a
+name such as ``"longnet_lm"`` works from anywhere: ``configure(model, "longnet_lm")``, the
+CLI's ``--pattern longnet_lm``, ``show-pattern longnet_lm``. ``default.yaml`` is the pattern
+of a model whose config has no ``hilbert_attn`` entry (why this one: ``docs/decisions.md``,
+"Quality on a trained model").
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import List, Union
+
+from ..pattern import DilatedPattern
+
+__all__ = ["PATTERN_DIR", "DEFAULT_PATTERN", "names", "path", "load", "default", "as_pattern"]
+
+PATTERN_DIR = Path(__file__).resolve().parent
+PatternLike = Union[DilatedPattern, dict, str, os.PathLike, None]
+
+
+def names() -> List[str]:
+    """Names of the shipped patterns (``default``, ``dense``, ``longnet_lm``, ...)."""
+    return sorted(p.stem for p in PATTERN_DIR.glob("*.yaml"))
+
+
+def path(name: str) -> Path:
+    """The YAML file of the shipped pattern ``name``; ``ValueError`` naming the choices."""
+    file = PATTERN_DIR / f"{name}.yaml"
+    if not file.is_file():
+        raise ValueError(f"unknown pattern {name!r}: shipped patterns are {names()}")
+    return file
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> DilatedPattern:
+    """The shipped pattern ``name`` (cached)."""
+    return DilatedPattern.from_yaml(path(name))
+
+
+def default() -> DilatedPattern:
+    """The pattern of a model whose config has no ``hilbert_attn`` entry (``default.yaml``)."""
+    return load("default")
+
+
+# The default as a dict (``DilatedPattern.to_dict()``), for ``config.hilbert_attn``-style use.
+DEFAULT_PATTERN = default().to_dict()
+
+
+def _freeze(d: dict) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()))
+
+
+@lru_cache(maxsize=64)
+def _from_frozen(frozen: tuple) -> DilatedPattern:
+    return DilatedPattern.from_dict({k: list(v) if isinstance(v, tuple) else v for k, v in frozen})
+
+
+def as_pattern(pattern: PatternLike) -> DilatedPattern:
+    """A :class:`DilatedPattern` from a pattern, its dict, a YAML path, a shipped name
+    (:func:`names`), or ``None`` (:func:`default`). Dicts are cached per distinct content, so
+    a per-layer call costs a dict walk.
+
+    Raises:
+        ValueError: an invalid pattern or an unknown name; FileNotFoundError: a missing
+        ``.yaml`` file; TypeError: anything else.
+    """
+    if pattern is None:
+        return default()
+    if isinstance(pattern, DilatedPattern):
+        return pattern
+    if isinstance(pattern, dict):
+        return _from_frozen(_freeze(pattern))
+    if isinstance(pattern, (str, os.PathLike)):
+        file = Path(pattern)
+        if file.suffix in (".yaml", ".yml") or file.is_file():
+            return DilatedPattern.from_yaml(file)
+        if isinstance(pattern, str) and pattern in names():
+            return load(pattern)
+        raise ValueError(f"unknown pattern {str(pattern)!r}: give a YAML file or a shipped "
+                         f"pattern name {names()}")
+    raise TypeError(f"pattern must be a DilatedPattern, a dict, a YAML path, a shipped name or "
+                    f"None, got {type(pattern).__name__}")

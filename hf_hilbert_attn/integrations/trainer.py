@@ -1,0 +1,311 @@
+"""Sequence parallelism for ``transformers.Trainer`` (and TRL's ``SFTTrainer``).
+
+Trainer's own context parallelism (``ParallelismConfig(cp_size=N)``) shards buffers and patches
+SDPA only, and refuses any other attention. This module gives ``attn_implementation=
+"hilbert_dilated"`` the same place in a Trainer run, built from the pieces of
+:mod:`hf_hilbert_attn.integrations.accelerate`:
+
+* **Topology.** The world is split into ``dp × sp`` ranks (consecutive ranks form one
+  sequence-parallel group, :func:`~hf_hilbert_attn.integrations.accelerate.sequence_parallel_topology`).
+* **Data.** The DataLoaders are split over the ``dp`` groups, not over all ranks, so every rank of
+  a group reads the same batch (Accelerate's ``prepare_data_loader`` with ``num_processes=dp``;
+  dispatching is off: a dispatcher would slice a batch per rank). Every step checks that the
+  ranks of a group really got the same batch (a 24-byte all-gather) and raises otherwise.
+* **Sharding.** :class:`SequenceParallelCollator` wraps the Trainer's collator: each batch is cut
+  with :func:`~hf_hilbert_attn.sharding.shard_batch` (true positions, global document ids for
+  packed rows, labels shifted *before* sharding and passed as ``shift_labels``).
+* **Step.** ``training_step`` and ``prediction_step`` run inside
+  :func:`hf_hilbert_attn.sequence_parallel`, so the registered attention is the ring.
+* **Loss.** Trainer's own token accounting already does the right thing once every rank holds a
+  shard: ``num_items_in_batch`` counts the ``shift_labels`` of all ranks (``average_tokens_
+  across_devices``, the default), each rank's loss is ``sum of its token losses / N`` times the
+  world size, and DDP averages gradients over the world. The gradient is that of
+  ``Σ(all token losses) / N`` — the 1-process gradient — and the logged loss (the mean over ranks)
+  is the 1-process loss. The ring's backward returns each key's gradient to the rank that holds
+  it, so no extra all-reduce of the loss is needed.
+
+Usage::
+
+    from hf_hilbert_attn.integrations.trainer import SequenceParallelTrainer
+
+    trainer = SequenceParallelTrainer(model=model, args=args, train_dataset=ds,
+                                      data_collator=collator, sp_size=2)
+    trainer.train()
+
+``sequence_parallel_trainer(SFTTrainer)`` makes the same class over another Trainer subclass.
+With ``sp_size == 1`` (or one process) the class is the plain Trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Optional
+
+import torch
+from transformers import Trainer
+
+from .. import DilatedPattern, get_pattern, sequence_parallel, shard_batch
+from ..sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
+from .accelerate import SPTopology, sequence_parallel_topology
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SequenceParallelCollator", "SequenceParallelMixin", "SequenceParallelTrainer",
+           "sequence_parallel_trainer", "FINGERPRINT_KEY"]
+
+ATTN = "hilbert_dilated"
+FINGERPRINT_KEY = "hilbert_sp_fingerprint"
+IGNORE_INDEX = -100
+# Keys that describe the *unsharded* packed layout for flash/varlen kernels (TRL's padding-free
+# collator, DataCollatorWithFlattening(return_flash_attn_kwargs=True)). A shard's documents are
+# given by hilbert_doc_ids instead; these would be wrong for it.
+_VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def _fingerprint(batch: dict) -> torch.Tensor:
+    """int64 ``[3]``: shape and a position-weighted checksum of the whole (unsharded) batch."""
+    ids = batch["input_ids"].to(torch.int64)
+    w = torch.arange(1, ids.numel() + 1, dtype=torch.int64).view(ids.shape) * 1000003 + 7
+    h = (ids * w).sum()
+    if batch.get("labels") is not None:
+        h = h + (batch["labels"].to(torch.int64) * (w + 11)).sum()
+    return torch.stack([torch.tensor(ids.shape[0]), torch.tensor(ids.shape[1]), h])
+
+
+class SequenceParallelCollator:
+    """Collate with ``collator``, then keep this rank's shard of every sequence.
+
+    Args:
+        collator: the collator to wrap (``DataCollatorForLanguageModeling``,
+            ``DataCollatorWithFlattening``, TRL's collator, ``default_data_collator``, ...). Its
+            output needs ``input_ids`` ``[B, S]``; ``labels`` (unshifted, or pre-shifted as
+            ``shift_labels``), ``position_ids`` (restarting per document for packed rows) and
+            ``attention_mask`` are used when present.
+        sp_rank, sp_size: this rank's place in its sequence-parallel group.
+        layout: a layout of :data:`~hf_hilbert_attn.sharding.LAYOUT_CHOICES`.
+        pattern: the model's :class:`~hf_hilbert_attn.DilatedPattern` (``layout`` ``"auto"`` and
+            ``"hilbert"`` use it).
+        pad_token_id: ``input_ids`` value of the padding :func:`shard_batch` adds.
+
+    Returns (per call) the dict of :func:`~hf_hilbert_attn.sharding.shard_batch` without
+    ``num_items`` (Trainer counts ``shift_labels`` itself), without the varlen keys of the
+    unsharded batch, plus :data:`FINGERPRINT_KEY` (checked and removed by the trainer).
+    Picklable: it runs in DataLoader workers.
+    """
+
+    def __init__(self, collator, sp_rank: int, sp_size: int, layout: str = DEFAULT_LAYOUT,
+                 pattern: Optional[DilatedPattern] = None, pad_token_id: int = 0):
+        if layout not in LAYOUT_CHOICES:
+            raise ValueError(f"sp_layout must be one of {LAYOUT_CHOICES}, got {layout!r}")
+        if not 0 <= sp_rank < sp_size:
+            raise ValueError(f"need 0 <= sp_rank < sp_size, got sp_rank={sp_rank}, sp_size={sp_size}")
+        self.collator = collator
+        self.sp_rank, self.sp_size = int(sp_rank), int(sp_size)
+        self.layout, self.pattern, self.pad_token_id = layout, pattern, int(pad_token_id)
+
+    def __call__(self, features):
+        if self.collator is None:
+            from transformers import default_data_collator
+
+            batch = default_data_collator(features)
+        else:
+            batch = self.collator(features)
+        batch = {k: v for k, v in dict(batch).items() if k not in _VARLEN_KEYS}
+        if "input_ids" not in batch:
+            raise ValueError(f"sequence parallelism needs 'input_ids' in every batch; the collator "
+                             f"returned {sorted(batch)}")
+        if batch["input_ids"].dim() == 1:  # a flattened row without its batch dim
+            batch = {k: v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() == 1 else v
+                     for k, v in batch.items()}
+        pre = batch.pop("shift_labels", None)
+        if pre is not None:
+            # shard_batch shifts `labels` itself; give it the labels whose shift is `pre`
+            # (pre[..., -1] predicts past the row and is ignored, as it is without SP).
+            batch["labels"] = torch.nn.functional.pad(pre[..., :-1], (1, 0), value=IGNORE_INDEX)
+        fp = _fingerprint(batch)
+        shard = shard_batch(batch, (self.sp_rank, self.sp_size), self.layout, self.pattern,
+                            pad_token_id=self.pad_token_id)
+        shard.pop("num_items", None)
+        shard[FINGERPRINT_KEY] = fp
+        return shard
+
+
+class SequenceParallelMixin:
+    """Sequence parallelism for a ``transformers.Trainer`` subclass (put it first in the bases).
+
+    Extra keyword arguments:
+        sp_size: ranks per sequence (default: every process; 1 turns the mixin off). The rest of
+            the world is data parallel: ``world = dp × sp_size``.
+        sp_layout: how a sequence is cut over the group (default ``"auto"``, see
+            :func:`hf_hilbert_attn.sharding.resolve_layout`).
+
+    Raises (one-line ``ValueError``, the same on every rank):
+        ``sp_size`` does not divide the world size; the model's attention is not
+        ``hilbert_dilated``; Trainer's own context/sequence parallelism is configured;
+        ``average_tokens_across_devices=False``, ``label_smoothing_factor > 0``,
+        ``compute_loss_func``, or a model whose forward takes no ``num_items_in_batch`` (the
+        token-reduced loss needs Trainer's token count and the model's own loss).
+    """
+
+    def __init__(self, *args, sp_size: Optional[int] = None, sp_layout: str = DEFAULT_LAYOUT,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        if sp_layout not in LAYOUT_CHOICES:
+            raise ValueError(f"sp_layout must be one of {LAYOUT_CHOICES}, got {sp_layout!r}")
+        if sp_size is not None and (not isinstance(sp_size, int) or sp_size < 1):
+            raise ValueError(f"sp_size must be a positive integer, got {sp_size!r}")
+        pc = getattr(self.accelerator, "parallelism_config", None)
+        if pc is not None and (getattr(pc, "cp_enabled", False) or getattr(pc, "sp_enabled", False)):
+            raise ValueError(
+                "SequenceParallelTrainer shards sequences itself: remove cp_size/sp_size from "
+                "parallelism_config (Trainer's context parallelism patches SDPA only) and pass "
+                "sp_size= to the trainer")
+        topo = sequence_parallel_topology(None, sp_size)
+        self.sp_topology: SPTopology = topo
+        self.sp_layout = sp_layout
+        if topo.sp_size == 1:
+            return
+        self._check_sp_config()
+        model = self.accelerator.unwrap_model(self.model)
+        pattern = get_pattern(model.config)
+        pad = getattr(getattr(self, "processing_class", None), "pad_token_id", None)
+        self.data_collator = SequenceParallelCollator(
+            self.data_collator, topo.sp_rank, topo.sp_size, sp_layout, pattern,
+            pad_token_id=pad if pad is not None else 0)
+        logger.info("sequence parallel: world %d = dp %d x sp %d, layout %s, %s",
+                    topo.dp_size * topo.sp_size, topo.dp_size, topo.sp_size, sp_layout, pattern)
+
+    # ------------------------------------------------------------------ checks
+    def _check_sp_config(self) -> None:
+        sp = self.sp_topology.sp_size
+        cfg = getattr(self.accelerator.unwrap_model(self.model), "config", None)
+        impl = getattr(cfg, "_attn_implementation", None)
+        if impl != ATTN:
+            raise ValueError(f"sp_size={sp} needs a model loaded with attn_implementation="
+                             f"{ATTN!r}, got {impl!r}")
+        a = self.args
+        if not a.average_tokens_across_devices:
+            raise ValueError(f"sp_size={sp} needs average_tokens_across_devices=True (the loss is "
+                             "the token mean over all ranks)")
+        if a.label_smoothing_factor:
+            raise ValueError(f"sp_size={sp} does not support label_smoothing_factor="
+                             f"{a.label_smoothing_factor} (labels are shifted before sharding)")
+        if getattr(self, "compute_loss_func", None) is not None:
+            raise ValueError(f"sp_size={sp} does not support compute_loss_func (labels are "
+                             "shifted before sharding; the model's own loss takes shift_labels)")
+        if not getattr(self, "model_accepts_loss_kwargs", True):
+            raise ValueError(f"sp_size={sp} needs a model whose forward accepts "
+                             "num_items_in_batch (loss kwargs), got "
+                             f"{type(self.accelerator.unwrap_model(self.model)).__name__}")
+
+    @property
+    def sp_active(self) -> bool:
+        return getattr(self, "sp_topology", None) is not None and self.sp_topology.sp_size > 1
+
+    def _check_same_batch(self, inputs: dict) -> None:
+        """Every rank of a group must hold a shard of the same batch; raise on all of them if not."""
+        import torch.distributed as dist
+
+        fp = inputs.pop(FINGERPRINT_KEY, None)
+        if fp is None:
+            raise ValueError("the batch was not sharded by SequenceParallelCollator (was "
+                             "trainer.data_collator replaced after the trainer was built?)")
+        group = self.sp_topology.group
+        parts = [torch.empty_like(fp) for _ in range(self.sp_topology.sp_size)]
+        dist.all_gather(parts, fp.contiguous(), group=group)
+        if any(not torch.equal(p, parts[0]) for p in parts):
+            raise ValueError(
+                "the ranks of a sequence-parallel group got different batches (shape, checksum "
+                f"per rank: {[p.tolist() for p in parts]}); keep the DataLoader deterministic "
+                "(accelerator_config use_seedable_sampler=True, the default)")
+
+    # ------------------------------------------------------------------ data
+    def _prepare_dataloader_per_group(self, dataloader, device_placement=None):
+        """``Accelerator.prepare_data_loader`` over the ``dp`` groups instead of every rank."""
+        from accelerate.data_loader import prepare_data_loader
+
+        acc, topo = self.accelerator, self.sp_topology
+        if getattr(dataloader, "_is_accelerate_prepared", False):
+            return dataloader
+        prepared = prepare_data_loader(
+            dataloader, acc.device, num_processes=topo.dp_size, process_index=topo.dp_rank,
+            split_batches=acc.split_batches,
+            put_on_device=acc.device_placement if device_placement is None else device_placement,
+            rng_types=list(acc.rng_types), dispatch_batches=False, even_batches=acc.even_batches,
+            use_seedable_sampler=acc.use_seedable_sampler,
+            data_seed=acc.dataloader_config.data_seed, non_blocking=acc.non_blocking,
+            use_stateful_dataloader=acc.use_stateful_dataloader)
+        acc._dataloaders.append(prepared)
+        return prepared
+
+    @contextlib.contextmanager
+    def _per_group_dataloaders(self):
+        if not self.sp_active:
+            yield
+            return
+        acc = self.accelerator
+        # Trainer builds its DataLoaders and hands them to accelerator.prepare, which calls
+        # prepare_data_loader: shadow that one method for the duration of the call.
+        acc.prepare_data_loader = self._prepare_dataloader_per_group
+        try:
+            yield
+        finally:
+            del acc.prepare_data_loader
+
+    def get_train_dataloader(self):
+        with self._per_group_dataloaders():
+            return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        with self._per_group_dataloaders():
+            return super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        with self._per_group_dataloaders():
+            return super().get_test_dataloader(test_dataset)
+
+    def get_total_train_batch_size(self, args) -> int:
+        if not self.sp_active:
+            return super().get_total_train_batch_size(args)
+        return self._train_batch_size * args.gradient_accumulation_steps * self.sp_topology.dp_size
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not self.sp_active:
+            return super().training_step(model, inputs, num_items_in_batch)
+        self._check_same_batch(inputs)
+        with sequence_parallel(self.sp_topology.group):
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        if not self.sp_active:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        if not prediction_loss_only:
+            raise ValueError("under sequence parallelism evaluation gives the loss only (each rank "
+                             "holds a shard of the logits): drop compute_metrics or set "
+                             "prediction_loss_only=True")
+        self._check_same_batch(inputs)
+        with sequence_parallel(self.sp_topology.group):
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+
+
+class SequenceParallelTrainer(SequenceParallelMixin, Trainer):
+    """``transformers.Trainer`` with sequence parallelism (:class:`SequenceParallelMixin`):
+    ``SequenceParallelTrainer(model=..., args=..., train_dataset=..., sp_size=2)``."""
+
+
+_CLASSES = {Trainer: SequenceParallelTrainer}
+
+
+def sequence_parallel_trainer(base):
+    """``base`` (a ``transformers.Trainer`` subclass such as TRL's ``SFTTrainer``) with
+    :class:`SequenceParallelMixin` in front; the same class object for the same ``base``."""
+    if not (isinstance(base, type) and issubclass(base, Trainer)):
+        raise TypeError(f"sequence_parallel_trainer needs a transformers.Trainer subclass, got {base!r}")
+    if issubclass(base, SequenceParallelMixin):
+        return base
+    if base not in _CLASSES:
+        _CLASSES[base] = type(f"SequenceParallel{base.__name__}", (SequenceParallelMixin, base),
+                              {"__module__": __name__, "__doc__": SequenceParallelMixin.__doc__})
+    return _CLASSES[base]

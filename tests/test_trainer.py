@@ -1,0 +1,285 @@
+"""``transformers.Trainer`` with sequence parallelism equals the 1-process Trainer.
+
+One gloo run of 1 process (plain ``Trainer``) and one of 2 processes (``SequenceParallelTrainer``,
+``sp_size=2``) train the same tiny random Llama on the same data; every scenario runs in both
+(a module fixture, so the whole file starts 3 processes), and each test checks one property:
+losses and every parameter gradient at every step (float32: close, the ring sums in another
+order), packed rows through ``DataCollatorWithFlattening``, checkpoint + resume through Trainer
+(exact), the one-line errors, and TRL's ``SFTTrainer`` when TRL is installed.
+"""
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from _dist import run_distributed
+
+pytestmark = pytest.mark.multiprocess
+
+VOCAB = 96
+PATTERN = dict(segment_lengths=[8, 32, 64], dilation_rates=[1, 2, 4])
+
+
+def _model(seed=0, attn="hilbert_dilated"):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import hf_hilbert_attn
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    if attn == "hilbert_dilated":
+        hf_hilbert_attn.configure(model, hf_hilbert_attn.DilatedPattern(**PATTERN))
+    return model
+
+
+def _rows(n, lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        s = lengths[i % len(lengths)]
+        ids = torch.randint(3, VOCAB, (s,), generator=g)
+        labels = ids.clone()
+        labels[torch.rand(s, generator=g) < 0.2] = -100  # ignored tokens: the count matters
+        rows.append({"input_ids": ids.tolist(), "labels": labels.tolist()})
+    return rows
+
+
+class _Grabber:
+    """Callback: every optimizer step's gradients (after DDP's all-reduce) as one float64 array."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        grabber = self
+
+        class CB(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+                grabber.grads.append(np.concatenate(
+                    [p.grad.detach().double().flatten().numpy() for p in model.parameters()]))
+
+        self.grads, self.callback = [], CB()
+
+
+def _args(out, **kw):
+    from transformers import TrainingArguments
+
+    # SGD where runs are compared: Adam's first step moves every weight by about lr, whatever the
+    # size of its gradient, so float32 rounding of near-zero gradients would grow into visible
+    # differences by the next step
+    base = dict(output_dir=out, per_device_train_batch_size=2, learning_rate=0.2, optim="sgd",
+                max_steps=3,
+                logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+                disable_tqdm=True, max_grad_norm=0.0, warmup_steps=0, dataloader_num_workers=0)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def _losses(trainer):
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def _trainer(world, **kw):
+    from transformers import Trainer
+
+    from hf_hilbert_attn.integrations.trainer import SequenceParallelTrainer
+
+    if world == 1:
+        return Trainer(**kw)
+    return SequenceParallelTrainer(sp_size=world, **kw)
+
+
+# ------------------------------------------------------------------------------- scenarios
+def _plain(world, tmp):
+    from transformers import default_data_collator
+
+    grab = _Grabber()
+    tr = _trainer(world, model=_model(), args=_args(f"{tmp}/plain{world}",
+                                                   gradient_accumulation_steps=2,
+                                                   per_device_eval_batch_size=2),
+                  train_dataset=_rows(12, [61], 1), eval_dataset=_rows(4, [61], 2),
+                  data_collator=default_data_collator, callbacks=[grab.callback])
+    tr.train()
+    ev = tr.evaluate()
+    return {"losses": _losses(tr), "grads": grab.grads, "eval_loss": ev["eval_loss"]}
+
+
+def _packed(world, tmp):
+    from transformers import DataCollatorWithFlattening
+
+    grab = _Grabber()
+    tr = _trainer(world, model=_model(), args=_args(f"{tmp}/packed{world}", per_device_train_batch_size=3),
+                  train_dataset=_rows(12, [13, 29, 40, 7, 22], 3),
+                  data_collator=DataCollatorWithFlattening(), callbacks=[grab.callback])
+    tr.train()
+    return {"losses": _losses(tr), "grads": grab.grads}
+
+
+def _resume(world, tmp):
+    from transformers import default_data_collator
+
+    out = f"{tmp}/resume{world}"
+    kw = dict(train_dataset=_rows(12, [61], 4), data_collator=default_data_collator)
+    adam = dict(optim="adamw_torch", learning_rate=1e-2, max_steps=4)  # optimizer state to restore
+    full = _trainer(world, model=_model(), args=_args(out, save_strategy="steps", save_steps=2,
+                                                      **adam), **kw)
+    full.train()
+    resumed = _trainer(world, model=_model(seed=1), args=_args(out, **adam), **kw)
+    resumed.train(resume_from_checkpoint=f"{out}/checkpoint-2")
+    return {"full": _losses(full), "resumed": _losses(resumed),
+            "ckpts": sorted(p for p in os.listdir(out) if p.startswith("checkpoint-"))}
+
+
+def _errors(world, tmp):
+    """(what, message) for each misconfiguration: all must raise ValueError."""
+    from transformers import default_data_collator
+
+    from hf_hilbert_attn.integrations.trainer import SequenceParallelTrainer
+
+    data = dict(train_dataset=_rows(4, [16], 5), data_collator=default_data_collator)
+    cases = {
+        "sp3": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"), sp_size=3, **data),
+        "sdpa": lambda: SequenceParallelTrainer(model=_model(attn="sdpa"), args=_args(f"{tmp}/e"),
+                                                sp_size=2, **data),
+        "smoothing": lambda: SequenceParallelTrainer(
+            model=_model(), args=_args(f"{tmp}/e", label_smoothing_factor=0.1), sp_size=2, **data),
+        "tokens": lambda: SequenceParallelTrainer(
+            model=_model(), args=_args(f"{tmp}/e", average_tokens_across_devices=False), sp_size=2,
+            **data),
+        "layout": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"), sp_size=2,
+                                                  sp_layout="diagonal", **data),
+    }
+    out = {}
+    for name, make in cases.items():
+        try:
+            make()
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+    return out
+
+
+def _sft(world, tmp):
+    from trl import SFTConfig, SFTTrainer
+
+    from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer
+    from hf_hilbert_attn.integrations.trainer import sequence_parallel_trainer
+
+    tok = build_char_tokenizer()
+    rows = [{"input_ids": r["input_ids"]} for r in _rows(12, [21, 34, 9, 40], 6)]
+    from datasets import Dataset
+
+    args = SFTConfig(output_dir=f"{tmp}/sft{world}", per_device_train_batch_size=3, max_steps=3,
+                     learning_rate=0.2, optim="sgd", logging_steps=1, save_strategy="no", report_to="none",
+                     use_cpu=True, seed=0, disable_tqdm=True, max_grad_norm=0.0,
+                     padding_free=True, max_length=None, bf16=False)  # TRL's default is bf16
+    cls = SFTTrainer if world == 1 else sequence_parallel_trainer(SFTTrainer)
+    kw = {} if world == 1 else {"sp_size": world}
+    grab = _Grabber()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = cls(model=_model(), args=args, train_dataset=Dataset.from_list(rows),
+                 processing_class=tok, callbacks=[grab.callback], **kw)
+        tr.train()
+    return {"losses": _losses(tr), "grads": grab.grads}
+
+
+def _worker(rank, world, tmp, with_trl):
+    # Accelerate reads the launcher's environment to see the process group run_distributed made
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    out = {"plain": _plain(world, tmp), "packed": _packed(world, tmp)}
+    if world > 1:
+        out["resume"] = _resume(world, tmp)
+        out["errors"] = _errors(world, tmp)
+    if with_trl:
+        out["sft"] = _sft(world, tmp)
+    if rank > 0:  # rank 0's results are checked; the others must log the same losses
+        out = {k: {"losses": v["losses"]} for k, v in out.items() if "losses" in v}
+    return out
+
+
+def _has_trl():
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("trainer"))
+    trl = _has_trl()
+    one = run_distributed(_worker, 1, tmp, trl, timeout=240)[0]
+    two = run_distributed(_worker, 2, tmp, trl, timeout=240)
+    for name, res in two[1].items():  # every rank logs the same (all-gathered) losses
+        assert res["losses"] == two[0][name]["losses"], name
+    return one, two[0]
+
+
+def _check_steps(one, two, what):
+    assert len(one["losses"]) == len(two["losses"]) == 3, (one["losses"], two["losses"])
+    # close: same data and weights; the ring and the shard-wise loss sum in another order
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=2e-6, atol=0,
+                               err_msg=f"{what}: losses per step, 2 processes vs 1")
+    assert len(one["grads"]) == len(two["grads"]) == 3
+    for step, (g1, g2) in enumerate(zip(one["grads"], two["grads"])):
+        bad = np.flatnonzero(~np.isclose(g2, g1, rtol=1e-4, atol=1e-6))
+        assert bad.size == 0, (f"{what}: step {step}: {bad.size} gradient entries differ, first "
+                               f"{bad[:5]}: {g2[bad[:5]]} vs {g1[bad[:5]]}")
+    assert one["losses"][0] != one["losses"][-1]  # it trained
+
+
+def test_sp2_trainer_equals_one_process(runs):
+    one, two = runs
+    _check_steps(one["plain"], two["plain"], "gradient accumulation 2, padded odd length")
+    assert two["plain"]["eval_loss"] == pytest.approx(one["plain"]["eval_loss"], rel=2e-6)
+
+
+def test_sp2_trainer_packed_rows(runs):
+    one, two = runs
+    _check_steps(one["packed"], two["packed"], "DataCollatorWithFlattening")
+
+
+def test_sp2_trainer_checkpoint_resume(runs):
+    res = runs[1]["resume"]
+    assert res["ckpts"] == ["checkpoint-2", "checkpoint-4"]
+    # the resumed log holds steps 1-2 from the checkpoint's trainer_state.json, then its own 3-4
+    assert len(res["full"]) == 4 and len(res["resumed"]) == 4
+    # exact: the model, optimizer, scheduler, RNG and data position come from the checkpoint (the
+    # resumed trainer starts from other weights, so nothing passes unless they are loaded)
+    assert res["resumed"][2:] == res["full"][2:], (res["resumed"], res["full"])
+
+
+def test_sp_trainer_errors(runs):
+    errors = runs[1]["errors"]
+    expect = {"sp3": "sp_size must divide the world size 2, got 3",
+              "sdpa": "needs a model loaded with attn_implementation='hilbert_dilated', got 'sdpa'",
+              "smoothing": "label_smoothing_factor",
+              "tokens": "average_tokens_across_devices=True",
+              "layout": "sp_layout must be one of"}
+    for name, msg in expect.items():
+        assert errors[name] is not None, f"{name}: no error"
+        assert msg in errors[name] and "\n" not in errors[name], (name, errors[name])
+
+
+def test_sp_trainer_needs_distributed():
+    from hf_hilbert_attn.integrations.accelerate import sequence_parallel_topology
+
+    with pytest.raises(ValueError, match="needs torch.distributed to be initialised"):
+        sequence_parallel_topology(None, 2)
+
+
+@pytest.mark.skipif(not _has_trl(), reason="TRL is not installed")
+def test_sp2_sft_trainer_equals_one_process(runs):
+    one, two = runs
+    _check_steps(one["sft"], two["sft"], "SFTTrainer, padding-free")

@@ -2,12 +2,13 @@
 
 One gloo run of 1 process (plain ``Trainer``) and one of 2 processes (``SequenceParallelTrainer``,
 ``sp_size=2``) train the same tiny random Llama on the same data; every scenario runs in both
-(a module fixture, so the whole file starts 3 processes), and each test checks one property:
+(a module fixture, so the whole file starts 3 processes, all at once), and each test checks one property:
 losses and every parameter gradient at every step (float32: close, the ring sums in another
 order), packed rows through ``DataCollatorWithFlattening``, checkpoint + resume through Trainer
 (exact), the one-line errors, and TRL's ``SFTTrainer`` when TRL is installed.
 """
 
+import concurrent.futures
 import os
 import warnings
 
@@ -113,7 +114,10 @@ def _packed(world, tmp):
     from transformers import DataCollatorWithFlattening
 
     grab = _Grabber()
-    tr = _trainer(world, model=_model(), args=_args(f"{tmp}/packed{world}", per_device_train_batch_size=3),
+    # activation checkpointing under SP: the backward recomputes the ring forward
+    args = _args(f"{tmp}/packed{world}", per_device_train_batch_size=3,
+                 gradient_checkpointing=world > 1)
+    tr = _trainer(world, model=_model(), args=args,
                   train_dataset=_rows(12, [13, 29, 40, 7, 22], 3),
                   data_collator=DataCollatorWithFlattening(), callbacks=[grab.callback])
     tr.train()
@@ -136,24 +140,29 @@ def _resume(world, tmp):
 
 
 def _errors(world, tmp):
-    """(what, message) for each misconfiguration: all must raise ValueError."""
+    """The message of each misconfiguration (None where nothing was raised)."""
     from transformers import default_data_collator
 
     from hf_hilbert_attn.integrations.trainer import SequenceParallelTrainer
 
     data = dict(train_dataset=_rows(4, [16], 5), data_collator=default_data_collator)
-    cases = {
-        "sp3": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"), sp_size=3, **data),
-        "sdpa": lambda: SequenceParallelTrainer(model=_model(attn="sdpa"), args=_args(f"{tmp}/e"),
-                                                sp_size=2, **data),
-        "smoothing": lambda: SequenceParallelTrainer(
-            model=_model(), args=_args(f"{tmp}/e", label_smoothing_factor=0.1), sp_size=2, **data),
-        "tokens": lambda: SequenceParallelTrainer(
-            model=_model(), args=_args(f"{tmp}/e", average_tokens_across_devices=False), sp_size=2,
-            **data),
-        "layout": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"), sp_size=2,
-                                                  sp_layout="diagonal", **data),
-    }
+    if world == 1:
+        cases = {"sp2_of_1": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"),
+                                                             sp_size=2, **data)}
+    else:
+        cases = {
+            "sp3": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"), sp_size=3,
+                                                   **data),
+            "sdpa": lambda: SequenceParallelTrainer(model=_model(attn="sdpa"), args=_args(f"{tmp}/e"),
+                                                    sp_size=2, **data),
+            "smoothing": lambda: SequenceParallelTrainer(
+                model=_model(), args=_args(f"{tmp}/e", label_smoothing_factor=0.1), sp_size=2, **data),
+            "tokens": lambda: SequenceParallelTrainer(
+                model=_model(), args=_args(f"{tmp}/e", average_tokens_across_devices=False),
+                sp_size=2, **data),
+            "layout": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"),
+                                                      sp_size=2, sp_layout="diagonal", **data),
+        }
     out = {}
     for name, make in cases.items():
         try:
@@ -196,10 +205,9 @@ def _worker(rank, world, tmp, with_trl):
     import transformers
 
     transformers.logging.set_verbosity_error()
-    out = {"plain": _plain(world, tmp), "packed": _packed(world, tmp)}
+    out = {"plain": _plain(world, tmp), "packed": _packed(world, tmp), "errors": _errors(world, tmp)}
     if world > 1:
         out["resume"] = _resume(world, tmp)
-        out["errors"] = _errors(world, tmp)
     if with_trl:
         out["sft"] = _sft(world, tmp)
     if rank > 0:  # rank 0's results are checked; the others must log the same losses
@@ -219,8 +227,11 @@ def _has_trl():
 def runs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("trainer"))
     trl = _has_trl()
-    one = run_distributed(_worker, 1, tmp, trl, timeout=240)[0]
-    two = run_distributed(_worker, 2, tmp, trl, timeout=240)
+    # both runs at once: the 1-process run alone would leave one of two cores idle
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        one = pool.submit(run_distributed, _worker, 1, tmp, trl, timeout=240)
+        two = pool.submit(run_distributed, _worker, 2, tmp, trl, timeout=240)
+        one, two = one.result()[0], two.result()
     for name, res in two[1].items():  # every rank logs the same (all-gathered) losses
         assert res["losses"] == two[0][name]["losses"], name
     return one, two[0]
@@ -261,8 +272,8 @@ def test_sp2_trainer_checkpoint_resume(runs):
 
 
 def test_sp_trainer_errors(runs):
-    errors = runs[1]["errors"]
-    expect = {"sp3": "sp_size must divide the world size 2, got 3",
+    errors = {**runs[0]["errors"], **runs[1]["errors"]}
+    expect = {"sp2_of_1": "sp_size must divide the world size 1, got 2","sp3": "sp_size must divide the world size 2, got 3",
               "sdpa": "needs a model loaded with attn_implementation='hilbert_dilated', got 'sdpa'",
               "smoothing": "label_smoothing_factor",
               "tokens": "average_tokens_across_devices=True",
@@ -270,13 +281,6 @@ def test_sp_trainer_errors(runs):
     for name, msg in expect.items():
         assert errors[name] is not None, f"{name}: no error"
         assert msg in errors[name] and "\n" not in errors[name], (name, errors[name])
-
-
-def test_sp_trainer_needs_distributed():
-    from hf_hilbert_attn.integrations.accelerate import sequence_parallel_topology
-
-    with pytest.raises(ValueError, match="needs torch.distributed to be initialised"):
-        sequence_parallel_topology(None, 2)
 
 
 @pytest.mark.skipif(not _has_trl(), reason="TRL is not installed")

@@ -120,8 +120,11 @@ class SequenceParallelCollator:
                      for k, v in batch.items()}
         pre = batch.pop("shift_labels", None)
         if pre is not None:
-            # shard_batch shifts `labels` itself; give it the labels whose shift is `pre`
-            # (pre[..., -1] predicts past the row and is ignored, as it is without SP).
+            # shard_batch shifts `labels` itself: give it the labels whose shift is `pre`. The
+            # last token of a row has no next token, so a collator leaves its label ignored.
+            if bool((pre[..., -1] != IGNORE_INDEX).any()):
+                raise ValueError("shift_labels[..., -1] must be -100 (the last token of a row "
+                                 f"predicts nothing), got {pre[..., -1].tolist()}")
             batch["labels"] = torch.nn.functional.pad(pre[..., :-1], (1, 0), value=IGNORE_INDEX)
         fp = _fingerprint(batch)
         shard = shard_batch(batch, (self.sp_rank, self.sp_size), self.layout, self.pattern,

@@ -198,6 +198,43 @@ def _sft(world, tmp):
     return {"losses": _losses(tr), "grads": grab.grads}
 
 
+def _collator():
+    """A collator that gives pre-shifted ``shift_labels`` (and varlen keys) shards like one that
+    gives ``labels``; one whose last ``shift_labels`` column is not ignored is refused."""
+    from transformers import DataCollatorWithFlattening
+
+    from hf_hilbert_attn.integrations.trainer import FINGERPRINT_KEY, SequenceParallelCollator
+    from hf_hilbert_attn.sharding import shift_labels
+
+    rows = _rows(3, [13, 29, 7], 7)
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+
+    def pre_shifted(features):
+        b = flat(features)
+        b["shift_labels"] = shift_labels(b.pop("labels"))
+        return b
+
+    out = {"same": [], "varlen_dropped": True}
+    for rank in range(2):
+        a = SequenceParallelCollator(flat, rank, 2, "zigzag")(rows)
+        b = SequenceParallelCollator(pre_shifted, rank, 2, "zigzag")(rows)
+        out["varlen_dropped"] &= not any(k.startswith(("cu_seq", "max_length")) for k in a)
+        out["same"].append(sorted(a) == sorted(b) and all(
+            torch.equal(a[k], b[k]) for k in a if k != FINGERPRINT_KEY))
+
+    def bad(features):
+        b = pre_shifted(features)
+        b["shift_labels"][..., -1] = 5
+        return b
+
+    try:
+        SequenceParallelCollator(bad, 0, 2)(rows)
+        out["bad"] = None
+    except ValueError as e:
+        out["bad"] = str(e)
+    return out
+
+
 def _worker(rank, world, tmp, with_trl):
     # Accelerate reads the launcher's environment to see the process group run_distributed made
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
@@ -208,6 +245,8 @@ def _worker(rank, world, tmp, with_trl):
     out = {"plain": _plain(world, tmp), "packed": _packed(world, tmp), "errors": _errors(world, tmp)}
     if world > 1:
         out["resume"] = _resume(world, tmp)
+    else:
+        out["collator"] = _collator()
     if with_trl:
         out["sft"] = _sft(world, tmp)
     if rank > 0:  # rank 0's results are checked; the others must log the same losses
@@ -281,6 +320,12 @@ def test_sp_trainer_errors(runs):
     for name, msg in expect.items():
         assert errors[name] is not None, f"{name}: no error"
         assert msg in errors[name] and "\n" not in errors[name], (name, errors[name])
+
+
+def test_sp_collator_pre_shifted_labels(runs):
+    res = runs[0]["collator"]
+    assert res["same"] == [True, True] and res["varlen_dropped"], res
+    assert "shift_labels[..., -1] must be -100" in res["bad"], res["bad"]
 
 
 @pytest.mark.skipif(not _has_trl(), reason="TRL is not installed")

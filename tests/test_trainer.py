@@ -235,6 +235,45 @@ def _collator():
     return out
 
 
+def _example(world, tmp):
+    """``examples/finetune_trainer.py``'s main() in this process group (what torchrun runs)."""
+    import importlib.util
+    import json
+
+    from hf_hilbert_attn.evaluation.corpus import builtin_corpus
+
+    text, yaml = f"{tmp}/notes.txt", f"{tmp}/p.yaml"
+    if world == 1:  # written once: the 2-process run reads them after its own other scenarios
+        with open(text, "w") as f:
+            f.write("\n\n".join(builtin_corpus(3000, seed=3)))
+        with open(yaml, "w") as f:
+            f.write("segment_lengths: [16, 32, 64]\ndilation_rates: [1, 2, 4]\n")
+    else:
+        import time
+
+        for _ in range(600):  # the 1-process run writes them within its first seconds
+            if os.path.exists(yaml):
+                break
+            time.sleep(0.1)
+    spec = importlib.util.spec_from_file_location(
+        "finetune_trainer", os.path.join(os.path.dirname(__file__), "..", "examples",
+                                         "finetune_trainer.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = f"{tmp}/example{world}"
+    assert mod.main(["--data", text, "--pattern", yaml, "--seq-len", "64", "--max-steps", "3",
+                     "--lr", "0.1", "--output-dir", out]) == 0
+    import torch.distributed as dist
+
+    dist.barrier()  # rank 0 writes the log and the tokenizer
+    with open(f"{out}/train_log.jsonl") as f:
+        losses = [json.loads(line)["loss"] for line in f]
+    with open(f"{out}/final/config.json") as f:
+        kept = json.load(f)["hilbert_attn"]["segment_lengths"]
+    return {"losses": losses, "pattern": kept,
+            "tokenizer": os.path.exists(f"{out}/final/tokenizer_config.json")}
+
+
 def _worker(rank, world, tmp, with_trl):
     # Accelerate reads the launcher's environment to see the process group run_distributed made
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
@@ -242,7 +281,8 @@ def _worker(rank, world, tmp, with_trl):
     import transformers
 
     transformers.logging.set_verbosity_error()
-    out = {"plain": _plain(world, tmp), "packed": _packed(world, tmp), "errors": _errors(world, tmp)}
+    out = {"example": _example(world, tmp), "plain": _plain(world, tmp),
+           "packed": _packed(world, tmp), "errors": _errors(world, tmp)}
     if world > 1:
         out["resume"] = _resume(world, tmp)
     else:
@@ -320,6 +360,14 @@ def test_sp_trainer_errors(runs):
     for name, msg in expect.items():
         assert errors[name] is not None, f"{name}: no error"
         assert msg in errors[name] and "\n" not in errors[name], (name, errors[name])
+
+
+def test_example_finetune_trainer(runs):
+    one, two = runs
+    assert len(one["example"]["losses"]) == 3
+    np.testing.assert_allclose(two["example"]["losses"], one["example"]["losses"], rtol=2e-6)
+    for res in (one["example"], two["example"]):
+        assert res["pattern"] == [16, 32, 64] and res["tokenizer"], res
 
 
 def test_sp_collator_pre_shifted_labels(runs):

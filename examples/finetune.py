@@ -15,19 +15,25 @@ the group); the remaining factor of the world is data parallel (DDP through Acce
         --model /path/to/llama --data corpus.jsonl --seq-len 262144 --sp-size 4
 
     # the dense control of a quality study: same data order, steps and lr, plain SDPA attention
-    python examples/finetune.py --model DIR --data corpus/train --attn-implementation sdpa \
-        --seq-len 8192 --max-steps 150 --lr 1e-4 --save-every 0 --output-dir runs/sdpa
+    python examples/finetune.py --model DIR --data corpus/train --attn sdpa \
+        --seq-len 8192 --max-steps 150 --save-every 0 --output-dir runs/sdpa
+    # the pattern: a shipped name, a YAML file or inline segment lengths : dilation rates
+    python examples/finetune.py --model DIR --data corpus/train --pattern 2048,8192:1,4:sinks=1
 
 Without ``--model`` a tiny Llama (hidden 64, 2 layers, byte vocabulary) is built from a config;
 without ``--data`` a generated corpus is used. Data: a ``.txt`` file or a directory of them (each
 FILE is one document, read whole, files in name order), or ``.jsonl``/``.json``/``.parquet``
-files loaded with ``datasets`` (one document per record); documents are joined with EOS, packed
+files loaded with ``datasets`` (one document per record of ``--text-field``); documents are
+joined with EOS, packed
 into ``--seq-len`` blocks and visited in an order that depends only on ``--seed`` (the same for
 every attention implementation). Mixed precision: bf16 autocast on CUDA unless the launcher
 (``accelerate launch --mixed_precision``) or ``--mixed-precision`` says otherwise; weights and
 optimizer stay float32. The final model (``OUTPUT_DIR/final``) has the tokenizer beside it and
 keeps the pattern in its ``config.json`` (``hilbert_attn``); ``OUTPUT_DIR/train_stats.json``
 holds the steps, seconds per step and tokens/s (both without the first step) and the final loss.
+The default learning rate, 1e-4, suits fine-tuning a pretrained model (1e-3 diverged on
+SmolLM2-135M); raise it for the tiny random model. Bad arguments and inputs print one line,
+``finetune.py: error: ...`` (from rank 0 only under a launcher), and exit with status 2.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import json
 import logging
 import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -45,22 +52,30 @@ import torch
 try:
     import hf_hilbert_attn
 except ModuleNotFoundError:  # running from a checkout without `pip install -e .`
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import hf_hilbert_attn
-from hf_hilbert_attn import DilatedPattern
+from hf_hilbert_attn import DilatedPattern, patterns
+from hf_hilbert_attn.evaluation._args import InputError, InputNotFound
+from hf_hilbert_attn.evaluation.runner import resolve_pattern
 from hf_hilbert_attn.integrations.accelerate import (
     reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
 from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
+from hf_hilbert_attn.training import MODEL_SHAPES, CausalLMWithLoss, enable_checkpointing
 
 logger = logging.getLogger("finetune")
-ROOT = Path(__file__).resolve().parents[1]
+PROG = "finetune.py"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors become :class:`InputError`: one line, printed by rank 0 only (see main)."""
+
+    def error(self, message):
+        raise InputError(message)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="local model path (default: a tiny built-in Llama)")
     p.add_argument("--model-preset", choices=("1b",), default=None,
                    help="random-initialised model of a preset shape instead of --model "
@@ -72,13 +87,17 @@ def parse_args(argv=None):
                    help="tokenizer directory (default: --model; a byte tokenizer without either)")
     p.add_argument("--data", help=".txt file or directory of .txt files (each file one document), "
                    "or jsonl/json/parquet file(s) (default: generated)")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--attn-implementation", choices=("hilbert_dilated", "sdpa"),
-                   default="hilbert_dilated",
+    p.add_argument("--text-field", default="text",
+                   help="text column of jsonl/json/parquet data (the eval's flag of that name)")
+    p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)  # the old name
+    p.add_argument("--attn", "--attn-implementation", dest="attn_implementation",
+                   choices=("hilbert_dilated", "sdpa"), default="hilbert_dilated",
                    help="sdpa: plain dense attention, the control of a quality study (--pattern "
                    "is then ignored; no sequence parallelism)")
     p.add_argument("--pattern", default=None,
-                   help="pattern YAML (default: the model's config, else hf_hilbert_attn/patterns/default.yaml)")
+                   help="a shipped pattern name (default, longnet_lm, ...), a YAML file or inline "
+                   "'W1,W2:R1,R2[:sliding][:sinks=K]', as the eval takes (default: the model's "
+                   "config, else the shipped default)")
     p.add_argument("--mixed-precision", choices=("auto", "no", "bf16", "fp16"), default="auto",
                    help="autocast dtype; auto: the launcher's choice under `accelerate launch`, "
                    "else bf16 on CUDA and none on CPU")
@@ -89,7 +108,9 @@ def parse_args(argv=None):
                    help="sequence layout over the group (auto: contiguous when shards are whole "
                    "longest segments, else zigzag)")
     p.add_argument("--batch-size", type=int, default=1, help="sequences per data-parallel group")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-4,
+                   help="peak learning rate (default 1e-4: 1e-3 diverges on a pretrained 135M "
+                   "model)")
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--max-steps", type=int, default=100)
@@ -109,6 +130,21 @@ def parse_args(argv=None):
     if args.attn_implementation == "sdpa" and args.sp_size not in (None, 1):
         p.error(f"--attn-implementation sdpa cannot shard a sequence (--sp-size {args.sp_size}); "
                 "use --sp-size 1")
+    for flag in ("model", "tokenizer", "data"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).exists():
+            raise InputNotFound(f"--{flag} {path}: path not found (local files only; nothing is "
+                                f"downloaded)")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.sp_size is not None and (args.sp_size < 1 or world % args.sp_size):
+        p.error(f"--sp-size {args.sp_size} must divide the number of processes ({world})")
+    for flag in ("batch_size", "max_steps", "log_every"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.save_every < 0 or args.warmup_steps < 0:
+        p.error("--save-every and --warmup-steps must be >= 0")
+    if args.pattern is not None and args.attn_implementation != "sdpa":
+        args.pattern = resolve_pattern(args.pattern)[1]  # an InputError names a bad one
     return args
 
 
@@ -135,19 +171,19 @@ def generated_corpus(n_docs: int = 400, seed: int = 0) -> list:
     return docs
 
 
-def load_texts(path, text_column, min_bytes: int = 0):
+def load_texts(path, text_field, min_bytes: int = 0):
     """The documents, a list of strings.
 
     ``.txt``: each file is one document, read whole (``datasets``' text builder would make every
     line a document, and EOS between the lines of a play or a book is not what we train on).
-    ``.jsonl``/``.json``/``.parquet``: one document per record of ``text_column``, read with
+    ``.jsonl``/``.json``/``.parquet``: one document per record of ``text_field``, read with
     ``datasets`` (the only kind that needs it).
     """
     if path is None:  # enough records for at least two blocks of the asked length
         return generated_corpus(max(400, 2 * min_bytes // 300 + 1))
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--data not found: {path}")
+        raise InputNotFound(f"--data not found: {path}")
     files = sorted(path.iterdir()) if path.is_dir() else [path]
     kinds = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
     by_kind = {}
@@ -155,21 +191,22 @@ def load_texts(path, text_column, min_bytes: int = 0):
         if f.suffix in kinds:
             by_kind.setdefault(kinds[f.suffix], []).append(str(f))
     if len(by_kind) != 1:
-        raise ValueError(f"--data needs files of one kind among {sorted(kinds)}, got "
+        raise InputError(f"--data needs files of one kind among {sorted(kinds)}, got "
                          f"{[str(f) for f in files]}")
     kind, data_files = next(iter(by_kind.items()))
     if kind == "text":
         docs = [Path(f).read_text(encoding="utf-8") for f in data_files]
         docs = [d for d in docs if d.strip()]
         if not docs:
-            raise ValueError(f"--data {path}: every .txt file is empty")
+            raise InputError(f"--data {path}: every .txt file is empty")
         return docs
     import datasets
 
     ds = datasets.load_dataset(kind, data_files=data_files, split="train")
-    if text_column not in ds.column_names:
-        raise ValueError(f"no column {text_column!r} in {data_files}: {ds.column_names}")
-    return [t for t in ds[text_column] if isinstance(t, str)]
+    if text_field not in ds.column_names:
+        raise InputError(f"no column {text_field!r} in {data_files}: {ds.column_names} (choose "
+                         f"one with --text-field)")
+    return [t for t in ds[text_field] if isinstance(t, str)]
 
 
 def pack(docs, tokenizer, seq_len: int) -> torch.Tensor:
@@ -181,7 +218,7 @@ def pack(docs, tokenizer, seq_len: int) -> torch.Tensor:
             ids.append(tokenizer.eos_token_id)
     n = len(ids) // seq_len
     if n == 0:
-        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than --seq-len {seq_len}")
+        raise InputError(f"the corpus has {len(ids)} tokens, fewer than --seq-len {seq_len}")
     return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
 
 
@@ -201,55 +238,23 @@ def batch_for_step(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, 
 
 
 # ---------------------------------------------------------------------------------- model
-class CausalLMWithLoss(torch.nn.Module):
-    """The causal LM plus its loss in one module, so DDP sees the whole step.
-
-    ``loss_chunk > 0`` computes the cross-entropy from the final hidden states ``loss_chunk``
-    positions at a time (:func:`hf_hilbert_attn.evaluation.bench_model.chunked_lm_loss`): at
-    long context the full ``[S, vocab]`` float32 logits would otherwise dominate memory
-    (128K tokens x 128K vocabulary = 64 GiB). It assumes ``logits = lm_head(hidden)`` (Llama,
-    Qwen2, Mistral, GPT-2); models that scale or soft-cap logits are refused.
-    """
-
-    def __init__(self, lm, loss_chunk: int = 0):
-        super().__init__()
-        self.lm = lm
-        self.loss_chunk = int(loss_chunk)
-        cfg = lm.config
-        if self.loss_chunk and (getattr(cfg, "final_logit_softcapping", None)
-                                or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0)):
-            raise ValueError(f"--loss-chunk: {type(lm).__name__} transforms its logits "
-                             "(soft-capping or scaling); use --loss-chunk 0")
-
-    def forward(self, labels=None, shift_labels=None, num_items_in_batch=None, **inputs):
-        if not self.loss_chunk:
-            return self.lm(labels=labels, shift_labels=shift_labels,
-                           num_items_in_batch=num_items_in_batch, use_cache=False, **inputs).loss
-        from hf_hilbert_attn.evaluation.bench_model import chunked_lm_loss
-        from hf_hilbert_attn.sharding import shift_labels as shift
-
-        base = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = base(use_cache=False, **inputs).last_hidden_state
-        y = shift_labels if shift_labels is not None else shift(labels)
-        return chunked_lm_loss(hidden, self.lm.get_output_embeddings().weight, y,
-                               self.loss_chunk, num_items=num_items_in_batch)
-
-
 def build_model(args, tokenizer):
     """The model (float32 weights: mixed precision is autocast) and its pattern (None for sdpa)."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
     impl = args.attn_implementation
     if args.model_preset:
-        from hf_hilbert_attn.evaluation.bench_model import PRESETS
-
-        kw = dict(PRESETS[args.model_preset]["model"])
+        kw = dict(MODEL_SHAPES[args.model_preset])
         kw["vocab_size"] = max(kw["vocab_size"], tokenizer.vocab_size)
         cfg = LlamaConfig(max_position_embeddings=max(131072, args.seq_len),
                           eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **kw)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
     elif args.model:
-        cfg = AutoConfig.from_pretrained(args.model)
+        try:
+            cfg = AutoConfig.from_pretrained(args.model)
+        except (OSError, ValueError) as e:  # no config.json, or one of an unknown model type
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise InputError(f"--model {args.model}: not a model directory ({first})") from None
         # float32 whatever the checkpoint holds (transformers 5 would load bf16 weights as bf16)
         model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=impl,
                                                      dtype=torch.float32)
@@ -262,16 +267,14 @@ def build_model(args, tokenizer):
     if impl == "sdpa":
         pattern = None
     elif args.pattern:
-        pattern = DilatedPattern.from_yaml(args.pattern)
+        pattern = args.pattern  # resolved by parse_args
     elif getattr(cfg, "hilbert_attn", None):
         pattern = DilatedPattern.from_dict(cfg.hilbert_attn)
     else:
-        pattern = DilatedPattern.from_yaml(ROOT / "hf_hilbert_attn" / "patterns" / "default.yaml")
+        pattern = patterns.default()
     if pattern is not None:
         hf_hilbert_attn.configure(model, pattern)
     if args.gradient_checkpointing:
-        from hf_hilbert_attn.evaluation.bench_model import enable_checkpointing
-
         enable_checkpointing(model)
     return model, pattern
 
@@ -320,6 +323,19 @@ def latest_checkpoint(out: Path):
 
 
 def main(argv=None):
+    """Run the fine-tune; an :class:`InputError` (a bad argument or input) prints one line from
+    rank 0 only and exits with status 2 on every rank (``HF_HILBERT_DEBUG=1``: the traceback)."""
+    try:
+        _main(argv)
+    except InputError as e:
+        if os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
+            raise
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _main(argv=None):
     args = parse_args(argv)
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -332,7 +348,10 @@ def main(argv=None):
     accelerator = Accelerator(cpu=not cuda_here,
                               mixed_precision=resolve_mixed_precision(args.mixed_precision,
                                                                       cuda_here))
-    topo = sequence_parallel_topology(accelerator, args.sp_size)
+    try:
+        topo = sequence_parallel_topology(accelerator, args.sp_size)
+    except ValueError as e:  # an --sp-size the world does not allow
+        raise InputError(str(e)) from None
     out = Path(args.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -340,7 +359,7 @@ def main(argv=None):
 
     tokenizer = load_tokenizer(args)
     need = args.seq_len * args.batch_size * topo.dp_size
-    blocks = pack(load_texts(args.data, args.text_column, need), tokenizer, args.seq_len)
+    blocks = pack(load_texts(args.data, args.text_field, need), tokenizer, args.seq_len)
     lm, pattern = build_model(args, tokenizer)
     model = CausalLMWithLoss(lm, args.loss_chunk)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -354,10 +373,12 @@ def main(argv=None):
 
     if args.resume:
         ckpt = latest_checkpoint(out) if args.resume == "latest" else Path(args.resume)
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume latest: no checkpoint under {out / 'checkpoints'}")
+        if ckpt is None or not ckpt.exists():
+            raise InputNotFound(f"--resume {args.resume}: no checkpoint "
+                                f"{'under ' + str(out / 'checkpoints') if ckpt is None else ckpt}")
         accelerator.load_state(str(ckpt))
-        logger.info("resumed from %s at step %d", ckpt, state.step)
+        if accelerator.is_main_process:
+            logger.info("resumed from %s at step %d", ckpt, state.step)
     if accelerator.is_main_process:
         logger.info("world %d = dp %d x sp %d (%s); %d blocks of %d tokens; %s; layout %s; "
                     "mixed precision %s", accelerator.num_processes, topo.dp_size, topo.sp_size,
@@ -409,8 +430,10 @@ def main(argv=None):
             if accelerator.is_main_process:
                 with open(log_path, "a") as f:
                     f.write(json.dumps(rec) + "\n")
-                bar.set_postfix(loss=f"{mean_loss:.4f}",
-                                tok_s=f"{rec['tokens_per_s'] or 0:.0f}")
+                post = {"loss": f"{mean_loss:.4f}"}
+                if rec["tokens_per_s"]:  # none yet on the first (warm-up) step
+                    post["tok_s"] = f"{rec['tokens_per_s']:.0f}"
+                bar.set_postfix(post)
         bar.update(1)
         if args.save_every and (state.step % args.save_every == 0 or state.step == args.max_steps):
             ckpt = out / "checkpoints" / f"step_{state.step}"

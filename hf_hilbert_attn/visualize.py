@@ -105,29 +105,76 @@ def save_mask_png(pattern: DilatedPattern, length: int, path, *, heads: Sequence
                   causal: bool = True, max_pixels: int = 512) -> Path:
     """Draw the mask of each head in ``heads`` into one PNG (matplotlib Agg).
 
-    Up to ``max_pixels`` tokens each pair is one pixel; beyond, each pixel is the fraction of
-    allowed pairs in its tile (a density picture, estimated from a few query rows per tile), so
-    long lengths can be drawn (128K tokens: a few seconds).
+    Up to ``max_pixels`` tokens each pair is one pixel (black allowed, light grey masked by the
+    pattern, white the causal future; a legend says so); beyond, each pixel is the fraction of
+    allowed pairs in its tile (a density picture, estimated from a few query rows per tile, on
+    a logarithmic colour bar so sparse far-away configs stay visible), so long lengths can be
+    drawn (128K tokens: a few seconds). Axis ticks are token positions (``16K``, ``32K``, …).
+    A path without a suffix gets ``.png``.
+
+    Returns:
+        The path of the file written.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap, LogNorm
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
 
     heads = list(heads)
-    fig, axes = plt.subplots(1, len(heads), figsize=(4.2 * len(heads), 4.4), squeeze=False)
+    exact = length <= max_pixels
+    fig, axes = plt.subplots(1, len(heads), figsize=(3.6 * len(heads) + 1.4, 4.4),
+                             squeeze=False, layout="constrained")
+    ticks = FuncFormatter(lambda v, _: _token_label(v))
+    step = 1 << max(0, (max(1, length // 4)).bit_length() - 1)  # a power of two, 4-7 ticks
+    im = None
     for ax, h in zip(axes[0], heads):
         img = _block_density(pattern, length, h, causal, max_pixels)
-        ax.imshow(img.numpy(), cmap="Greys", vmin=0.0, vmax=1.0, interpolation="nearest",
-                  extent=(0, length, length, 0))
-        ax.set_title(f"head {h}" + ("" if length <= max_pixels else " (tile density)"),
+        if exact:  # 0 masked, 1 allowed, 2 future (above the diagonal)
+            idx = torch.where(img > 0, 1, 0)
+            if causal:
+                idx = torch.where(torch.ones_like(idx, dtype=torch.bool).triu(1), 2, idx)
+            ax.imshow(idx.numpy(), cmap=ListedColormap(["#d9d9d9", "black", "white"]), vmin=0,
+                      vmax=2, interpolation="nearest", extent=(0, length, length, 0))
+        else:  # tiles without an allowed pair are white (0 is "bad" on a log scale)
+            low = float(img[img > 0].min()) if bool((img > 0).any()) else 1e-6
+            im = ax.imshow(img.numpy(), cmap=plt.get_cmap("magma_r").with_extremes(bad="white"),
+                           norm=LogNorm(vmin=min(low, 0.1), vmax=1.0), interpolation="nearest",
+                           extent=(0, length, length, 0))
+        ax.set_title(f"head {h}" + ("" if exact else " (fraction of pairs allowed per tile)"),
                      fontsize=9)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(MultipleLocator(step))
+            axis.set_major_formatter(ticks)
+        ax.tick_params(labelsize=8)
         ax.set_xlabel("key position")
         ax.set_ylabel("query position")
-    fig.suptitle(f"{pattern}, length {length}", fontsize=9)
-    fig.tight_layout()
+    if exact:
+        legend = [Patch(facecolor="black", label="allowed"),
+                  Patch(facecolor="#d9d9d9", edgecolor="#999999", label="masked by the pattern")]
+        if causal:
+            legend.append(Patch(facecolor="white", edgecolor="#999999", label="future (causal)"))
+        fig.legend(handles=legend, loc="outside lower center", ncol=len(legend), fontsize=8)
+    elif im is not None:
+        fig.colorbar(im, ax=list(axes[0]), shrink=0.8,
+                     label="allowed pairs / pairs in the tile (log scale)")
+    fig.suptitle(f"{pattern}\nlength {_token_label(length)} tokens", fontsize=9)
     path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".png")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _token_label(v: float) -> str:
+    """A tick label: 512, 16K, 1.5K, 1M."""
+    v = int(round(v))
+    for unit, div in (("M", 1 << 20), ("K", 1 << 10)):
+        if v >= div:
+            x = v / div
+            return f"{x:.0f}{unit}" if x == int(x) else f"{x:.1f}{unit}"
+    return str(v)

@@ -1,4 +1,5 @@
-"""CPU tests of the benchmark baselines (examples/benchmarks/) and a smoke run of the script.
+"""CPU tests of the benchmark baselines (hf_hilbert_attn.benchmarks) and a smoke run of the
+attention benchmark.
 
 The gather → SDPA → LSE-merge baseline must equal the pattern's reference wherever no pair is
 allowed by two configs (a single config), and must differ — by exactly the double counting that
@@ -8,19 +9,16 @@ its label announces — where configs overlap.
 import csv
 import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from hf_hilbert_attn import DilatedPattern, reference_attention
+from hf_hilbert_attn.benchmarks import baselines as B
+from hf_hilbert_attn.benchmarks import common as C
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "examples" / "benchmarks"
-sys.path.insert(0, str(BENCH_DIR))
-
-import _common as C  # noqa: E402
-import baselines as B  # noqa: E402
 
 
 def _inputs(S, hq, hkv, D, dtype=torch.float32, batch=2):
@@ -153,7 +151,7 @@ def test_flex_mask_matches_reference_forward_eager_cpu():
     _assert_close("out", fx(q, k, v), reference_attention(q, k, v, pattern), 1e-5)
 
 
-# --------------------------------------------------------------------------- _common helpers
+# --------------------------------------------------------------------------- common helpers
 def test_common_sizes_and_names():
     assert C.parse_size("16K") == 16384 and C.parse_size("1m") == 1 << 20
     assert C.parse_size("3000") == 3000
@@ -225,3 +223,25 @@ def test_bench_attention_max_len_cpu_smoke(tmp_path):
     for r in ours:
         assert r["max_ok_len"] == "128" and "max-len-cap" in r["stopped"], r
     assert all(r["max_ok_str"] == "unavailable" for r in rows if r["impl"] != "ours natural")
+
+
+def test_plot_panels_keeps_title_and_legend_inside(tmp_path):
+    # One panel and six long series names: the title and the legend used to run off the image.
+    import matplotlib.image
+
+    rows = [dict(panel="longnet_lm Hkv=8 D=128", impl=f"implementation number {i} (a long label)",
+                 S=S, y=float(i + S / 1e4)) for i in range(6) for S in (16384, 32768, 65536)]
+    path = C.plot_panels(rows, tmp_path / "p.png", panel_key="panel", series_key="impl",
+                         x_key="S", y_key="y", xlabel="sequence length", ylabel="TFLOP/s",
+                         title="Dilated attention fwd+bwd, useful (pattern-pair) TFLOP/s — "
+                               "NVIDIA H100 80GB HBM3, Hq=32, bf16")
+    img = matplotlib.image.imread(str(path))[..., :3]
+    for edge in (img[:3], img[-3:], img[:, :3], img[:, -3:]):
+        assert float(edge.min()) > 0.99  # nothing drawn up to the border
+
+
+def test_bench_attention_script_is_the_package_benchmark():
+    from hf_hilbert_attn.benchmarks import attention
+
+    script = _load_script()
+    assert script.main is attention.main and script.LABELS is attention.LABELS

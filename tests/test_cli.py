@@ -81,7 +81,7 @@ def test_show_pattern_long_length_skips_ascii(capsys):
     (["show-pattern", "8:2", "--length", "8"], "dilation_rates must contain a 1"),
     (["show-pattern", "tiny", "--length", "-4"], "--length must be >= 1, got -4"),
     (["show-pattern", "tiny", "--length", "abc"], "expected a length like 4096"),
-    (["show-pattern", "tiny"], "the following arguments are required: --length"),
+    (["show-pattern", "tiny", "--heads", "0"], "--heads must be >= 1, got 0"),
     (["eval", "--lengths", "1"], "a context length must be >= 2, got 1"),
     (["eval", "--depths", "1.5"], r"a needle depth must be in \[0, 1\], got 1.5"),
     (["eval", "--pattern", "nope"], "unknown pattern 'nope'"),
@@ -89,6 +89,8 @@ def test_show_pattern_long_length_skips_ascii(capsys):
     (["eval", "--corpus", "/no/such.txt"], "corpus file not found: /no/such.txt"),
     (["eval", "--lengths", "64", "--stride", "64"], "stride must be < every length"),
     (["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
+    (["bench", "model"], "choose what to run: --preset 1b: .*; --preset tiny: "),
+    (["bench", "model", "--preset", "tiny", "--device", "cuda:x"], "expected auto, cpu, cuda"),
     (["bench", "model", "--lengths", "-8"], "a sequence length must be >= 2, got -8"),
     (["bench"], "required: WHAT"),
     ([], "required: COMMAND"),
@@ -122,3 +124,110 @@ def test_console_module_exit_code():
     ok = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.cli", "show-pattern", "tiny",
                          "--length", "8"], capture_output=True, text=True, env=env, cwd=REPO)
     assert ok.returncode == 0 and "allowed pairs per head   36\n" in ok.stdout
+
+
+# ----------------------------------------------------------------------------- one-line errors
+def test_version(capsys):
+    from hf_hilbert_attn import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hf-hilbert-attn {__version__}"
+
+
+def test_show_pattern_without_arguments_shows_the_default(capsys):
+    from hf_hilbert_attn.patterns import default
+
+    rc, out, _ = _run(capsys, "show-pattern", "--heads", "1")
+    assert rc == 0
+    assert f"pattern   {default()}" in out
+    assert f"length    {default().max_segment} tokens" in out
+
+
+def _input_error(capsys, *argv):
+    """An input error found after parsing: SystemExit with one line 'PROG: error: ...'."""
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    msg = e.value.code
+    assert isinstance(msg, str) and "\n" not in msg, msg
+    return msg
+
+
+def test_bad_inputs_are_one_line_errors(capsys, tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    msg = _input_error(capsys, "eval", "--corpus", str(tmp_path / "empty.txt"), "--tasks",
+                       "perplexity", "--lengths", "64", "--no-progress", "--out-dir",
+                       str(tmp_path / "o"))
+    assert msg == f"hf-hilbert-attn eval: error: corpus file is empty: {tmp_path / 'empty.txt'}"
+    (tmp_path / "short.txt").write_text("hello")
+    msg = _input_error(capsys, "eval", "--corpus", str(tmp_path / "short.txt"), "--tasks",
+                       "perplexity", "--lengths", "64", "--no-progress", "--out-dir",
+                       str(tmp_path / "o"))
+    assert msg.startswith("hf-hilbert-attn eval: error: the corpus has 6 tokens, fewer than "
+                          "the longest context length 64"), msg
+    assert not (tmp_path / "o" / "results.md").exists()  # no table of a 6-token corpus
+
+
+def test_bad_yaml_pattern_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("segment_lengths: [1, 2\ndilation_rates: [1]\n")
+    for argv in (["show-pattern", str(bad), "--length", "8"], ["eval", "--pattern", str(bad)]):
+        err = _fails(capsys, *argv)
+        assert f"error: pattern file {bad} is not valid YAML: expected ',' or ']'" in err, err
+        assert "Traceback" not in err and "yaml.parser" not in err
+    bad.write_text("segment_lengths: [8]\n")
+    err = _fails(capsys, "show-pattern", str(bad), "--length", "8")
+    assert f"error: pattern file {bad}: " in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_gpu_commands_refuse_on_cpu(capsys):
+    err = _fails(capsys, "eval", "--device", "cuda")
+    assert "--device cuda: " in err and "use --device cpu" in err
+    msg = _input_error(capsys, "bench", "model", "--preset", "1b")
+    assert msg.startswith("hf-hilbert-attn bench model: error: --preset 1b needs a CUDA GPU")
+    assert "--preset tiny" in msg
+    msg = _input_error(capsys, "bench", "attention")
+    assert msg.startswith("hf-hilbert-attn bench attention: error: this benchmark times GPU "
+                          "kernels"), msg
+    assert "--device cpu --ours-backend torch" in msg
+    msg = _input_error(capsys, "bench", "attention", "--device", "cuda")
+    assert "torch sees no CUDA device" in msg
+
+
+def test_input_error_exit_status_and_debug(tmp_path):
+    # A real process: one line on stderr, exit status 1; --debug keeps the traceback.
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    (tmp_path / "empty.txt").write_text("")
+    argv = [sys.executable, "-m", "hf_hilbert_attn.cli", "eval", "--corpus",
+            str(tmp_path / "empty.txt"), "--tasks", "perplexity", "--lengths", "64",
+            "--out-dir", str(tmp_path / "o")]
+    bad = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1].startswith("hf-hilbert-attn eval: error: "
+                                                          "corpus file is empty")
+    assert "Traceback" not in bad.stderr
+    dbg = subprocess.run(argv[:3] + ["--debug"] + argv[3:], capture_output=True, text=True,
+                         env=env, cwd=tmp_path)
+    assert dbg.returncode == 1 and "Traceback" in dbg.stderr and "InputError" in dbg.stderr
+
+
+# ----------------------------------------------------------------------------- pictures
+def _white_border(path, px=3):
+    """Nothing (title, legend, axis label) runs off the picture: its outer pixels are white."""
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(path))[..., :3]
+    edges = [img[:px], img[-px:], img[:, :px], img[:, -px:]]
+    return all(float(e.min()) > 0.99 for e in edges)
+
+
+@pytest.mark.parametrize("argv", [["8,32:1,4", "--length", "32", "--heads", "2"],
+                                  ["longnet_lm", "--length", "16k", "--heads", "2"]])
+def test_show_pattern_png_fits_and_names_the_file(capsys, tmp_path, argv):
+    rc, out, _ = _run(capsys, "show-pattern", *argv, "--png", str(tmp_path / "noext"))
+    assert rc == 0
+    assert f"wrote {tmp_path / 'noext.png'}" in out  # the file it really wrote
+    assert (tmp_path / "noext.png").read_bytes()[:4] == b"\x89PNG"
+    assert _white_border(tmp_path / "noext.png")

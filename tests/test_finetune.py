@@ -8,6 +8,7 @@ every parameter gradient must agree at every step (close: float32, different sum
 import contextlib
 import copy
 import json
+import math
 import os
 import signal
 import subprocess
@@ -148,6 +149,7 @@ def _run(cmd, out_dir):
                     f"{stdout[-3000:]}\n{stderr[-12000:]}")
     assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} failed:\n{stdout[-3000:]}\n"
                                   f"{stderr[-5000:]}")
+    _run.last_stderr = stderr
     log = {}
     for line in (out_dir / "train_log.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -182,6 +184,9 @@ def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path):
     assert (part / "checkpoints" / "step_2" / "optimizer.bin").exists()
     resumed = _run([*_accelerate(), *_args(tmp_path, part, 4, "--resume", "latest")], part)
     assert resumed == full, f"exact: resumed trajectory {resumed} != uninterrupted {full}"
+    # said once (rank 0), and the progress bar shows no tokens/s before a step has been timed
+    assert _run.last_stderr.count("resumed from") == 1, _run.last_stderr[-3000:]
+    assert "tok_s=0" not in _run.last_stderr
     # nothing written is lost; the final model keeps the pattern
     assert sorted(p.name for p in (part / "checkpoints").iterdir()) == ["step_2", "step_4"]
     cfg = json.loads((part / "final" / "config.json").read_text())
@@ -259,6 +264,15 @@ def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):
         assert loaded("Hello 12345.")["input_ids"] == tok("Hello 12345.")["input_ids"]
         cfg = json.loads((final / "config.json").read_text())
         assert ("hilbert_attn" in cfg) == (impl == "hilbert_dilated"), cfg.get("hilbert_attn")
+        if impl == "hilbert_dilated":  # final/ is a model the eval takes as it is
+            from hf_hilbert_attn.evaluation import EvalConfig, run_eval
+
+            rows = run_eval(EvalConfig(model=str(final), tasks=("perplexity",), lengths=(64,),
+                                       ppl_tokens=128, corpus=(str(tmp_path / "data" / "000.txt"),),
+                                       out_dir=str(tmp_path / "eval"), plots=False,
+                                       progress=False))["rows"]
+            assert [r["method"] for r in rows] == ["sdpa", "hilbert_dilated:default"]
+            assert all(math.isfinite(r["value"]) for r in rows)
         stats = json.loads((out / "train_stats.json").read_text())
         assert stats["steps"] == 3 and stats["timing_excludes_first_step"]
         assert stats["seconds_per_step"] > 0 and stats["tokens_per_s"] > 0
@@ -272,3 +286,45 @@ def test_finetune_sdpa_refuses_sequence_parallel(tmp_path):
     proc = subprocess.run([sys.executable, "examples/finetune.py", "--attn-implementation", "sdpa",
                            "--sp-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "cannot shard a sequence" in proc.stderr, proc.stderr
+
+
+def test_finetune_arguments_inline_pattern_aliases_and_defaults():
+    from hf_hilbert_attn import DilatedPattern
+
+    ft = _finetune_module()
+    args = ft.parse_args(["--pattern", "8,16:1,4:sinks=1", "--text-column", "body"])
+    assert args.pattern == DilatedPattern([8, 16], [1, 4], sink_tokens=1)  # inline, as eval
+    assert args.text_field == "body"  # the old flag name still works
+    assert ft.parse_args(["--text-field", "t"]).text_field == "t"
+    assert ft.parse_args(["--pattern", "longnet_lm"]).pattern.segment_lengths[-1] == 32768
+    assert ft.parse_args(["--attn", "sdpa"]).attn_implementation == "sdpa"
+    assert ft.parse_args([]).lr == 1e-4
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--model", "/nonexistent"], "--model /nonexistent: path not found"),
+    (["--data", "/no/such/dir"], "--data /no/such/dir: path not found"),
+    (["--pattern", "8,16:1,32"], r"dilation_rates\[1\] must be <= segment_lengths\[1\]"),
+])
+def test_finetune_bad_inputs_are_one_line(extra, message):
+    import re
+
+    proc = subprocess.run([sys.executable, "examples/finetune.py", *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "finetune.py: error:" in ln]
+    assert len(lines) == 1 and re.search(message, lines[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_finetune_bad_sp_size_under_torchrun_is_one_line_from_rank_0(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run([*_torchrun(2), "examples/finetune.py", "--sp-size", "3",
+                           "--output-dir", str(tmp_path / "x")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode != 0
+    # our one line, once; what follows is torchrun's own summary of the failed workers
+    assert proc.stderr.count("finetune.py: error: --sp-size 3 must divide the number of "
+                             "processes (2)") == 1, proc.stderr
+    assert 'File "' + str(ROOT / "examples" / "finetune.py") not in proc.stderr

@@ -25,10 +25,6 @@ from hf_hilbert_attn.evaluation.perplexity import evaluate_perplexity
 from hf_hilbert_attn.evaluation.quality import (
     DEFAULT_METHODS, QualityConfig, StudyError, load_methods, pattern_density,
     perplexity_batched, run_quality_study)
-from hf_hilbert_attn.evaluation.runner import hilbert_available
-
-needs_hilbert = pytest.mark.skipif(not hilbert_available(),
-                                   reason="hilbert_dilated is not registered")
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +207,9 @@ def test_shipped_methods_file():
     assert labels[0] == "sdpa" and methods[0].pattern is None
     assert {"default", "longnet_lm", "slide2k_sink1"} <= set(labels) and 8 <= len(methods) <= 16
     # hf_hilbert_attn/patterns/default.yaml is the measured winner; "default" names the one it replaced
-    assert pats_of(methods)["slide2k_sink1"] == DilatedPattern.from_yaml(DEFAULT_METHODS.parent / "default.yaml")
+    from hf_hilbert_attn.patterns import default
+
+    assert pats_of(methods)["slide2k_sink1"] == default()
     assert pats_of(methods)["default"].segment_lengths == (4096, 16384, 65536)
     pats = {m.label: m.pattern for m in methods}
     assert pats["slide512_sink4"].window == "sliding" and pats["slide512_sink4"].sink_tokens == 4
@@ -294,7 +292,6 @@ def _csv(out):
         return list(csv.DictReader(f))
 
 
-@needs_hilbert
 def test_study_writes_every_file_and_row(study):
     out, res = study
     assert res["errors"] == []
@@ -337,7 +334,6 @@ def test_study_writes_every_file_and_row(study):
         assert title in md, title
 
 
-@needs_hilbert
 def test_study_pattern_applied_and_finetune_changes_weights(study):
     out, _ = study
     ppl = {(r["method"], r["stage"], r["length"]): float(r["value"]) for r in _csv(out)
@@ -353,7 +349,6 @@ def test_study_pattern_applied_and_finetune_changes_weights(study):
                                                               rel=1e-4)
 
 
-@needs_hilbert
 def test_study_dense_pattern_equals_sdpa(dirs):
     methods = [METHODS[0], {"label": "dense", "pattern": DilatedPattern.dense(1 << 30).to_dict()}]
     res = run_quality_study(_cfg(dirs, dirs[0] / "dense", methods=methods, finetune_steps=0,
@@ -364,7 +359,6 @@ def test_study_dense_pattern_equals_sdpa(dirs):
         assert ppl[("dense", L)] == pytest.approx(ppl[("sdpa", L)], rel=1e-5)
 
 
-@needs_hilbert
 def test_study_resumes_and_checks_settings(study, dirs):
     out, _ = study
     before = _csv(out)
@@ -378,7 +372,6 @@ def test_study_resumes_and_checks_settings(study, dirs):
         run_quality_study(_cfg(dirs, out, methods=bad))
 
 
-@needs_hilbert
 def test_report_only_redraws_from_the_csv(study, capsys):
     from hf_hilbert_attn.cli import main
 

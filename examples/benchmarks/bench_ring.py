@@ -76,11 +76,8 @@ from typing import Callable, Dict, List, Optional, Sequence  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
-
-C.ensure_repo_on_path()
 from hf_hilbert_attn import DilatedPattern, dilated_attention  # noqa: E402
+from hf_hilbert_attn.benchmarks import common as C  # noqa: E402
 from hf_hilbert_attn.ring import ring_attention  # noqa: E402
 
 try:  # the ring's local step alone (this version's shard-alone ideal)

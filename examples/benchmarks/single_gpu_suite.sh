@@ -46,8 +46,8 @@ for s in 16 64 128; do
   has attn$s && step python $BA --seq-lens $lens --out-dir "$OUT_DIR" --tag "_s$s"
 done
 if has model; then
-  step python examples/benchmarks/bench_model.py --out-dir "$OUT_DIR"
-  step python examples/benchmarks/bench_model.py --compile --lengths 64k --out-dir "$OUT_DIR"
+  step python examples/benchmarks/bench_model.py --preset 1b --out-dir "$OUT_DIR"
+  step python examples/benchmarks/bench_model.py --preset 1b --compile --lengths 64k --out-dir "$OUT_DIR"
 fi
 has maxlen && step python examples/benchmarks/bench_ring.py --mode max-len --layouts zigzag \
     --out-dir "$OUT_DIR"

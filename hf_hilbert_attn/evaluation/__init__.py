@@ -7,13 +7,12 @@
 
 from .passkey import evaluate_passkey, make_passkey_prompt, score_passkey
 from .perplexity import evaluate_perplexity, strided_windows
-from .runner import EvalConfig, hilbert_available, resolve_pattern, run_eval
+from .runner import EvalConfig, resolve_pattern, run_eval
 
 __all__ = [
     "EvalConfig",
     "run_eval",
     "resolve_pattern",
-    "hilbert_available",
     "evaluate_perplexity",
     "strided_windows",
     "evaluate_passkey",

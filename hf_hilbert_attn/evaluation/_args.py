@@ -1,8 +1,36 @@
-"""argparse value types shared by the eval, the model benchmark and the console command."""
+"""argparse value types and the input error shared by the eval, the benchmarks, the fine-tune
+example and the console command."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from typing import Callable
+
+
+class InputError(ValueError):
+    """A bad input (argument, file, pattern, device): the commands report it as one line,
+    ``PROG: error: MESSAGE`` with exit status 1, never as a traceback (``HF_HILBERT_DEBUG=1``
+    shows the traceback)."""
+
+
+class InputNotFound(InputError, FileNotFoundError):
+    """An input path (model, corpus, pattern file) that does not exist."""
+
+
+def report_input_errors(fn: Callable[[], int], prog: str, debug: bool = False) -> int:
+    """``fn()``; an :class:`InputError` leaves as ``SystemExit("PROG: error: MESSAGE")`` (one line
+    on stderr, exit status 1; under a launcher only rank 0 prints it). Any other exception keeps
+    its traceback: it is a bug."""
+    try:
+        return fn()
+    except InputError as e:
+        if debug or os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
+            raise
+        if int(os.environ.get("RANK", "0")) != 0:
+            raise SystemExit(1) from None
+        raise SystemExit(f"{prog or os.path.basename(sys.argv[0])}: error: {e}") from None
 
 
 def parse_length(text: str) -> int:
@@ -70,3 +98,24 @@ def check_eval_grid(tasks, known_tasks, lengths, passkey_lengths, depths, trials
             raise error(f"depths must be in [0, 1], got {d}")
     if trials < 1:
         raise error(f"trials must be >= 1, got {trials}")
+
+
+def check_device(device: str) -> None:
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N``, …; a CUDA device where torch has none is an
+    :class:`InputError` naming what torch here can use."""
+    import torch
+
+    if device == "auto":
+        return
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is built without CUDA" if torch.version.cuda is None
+                   else "torch sees no CUDA device")
+            raise InputError(f"--device {device}: {why}; use --device cpu (or auto)")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA "
+                             f"device(s) here")

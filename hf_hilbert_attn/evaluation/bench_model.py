@@ -28,45 +28,36 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from ._args import length_type, positive_int
+from ..training import MODEL_SHAPES, chunked_lm_loss, enable_checkpointing
+from ._args import InputError, check_device, length_type, positive_int, report_input_errors
 
 _length_arg = length_type("sequence length")
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PRESETS", "build_model", "train_step", "chunked_lm_loss", "memory_estimates",
-           "run_benchmark", "find_max_length", "main"]
+__all__ = ["PRESETS", "build_model", "train_step", "memory_estimates", "run_benchmark",
+           "find_max_length", "main"]
 
 PRESETS = {
     "1b": dict(
-        model=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                   num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                   vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+        model=MODEL_SHAPES["1b"], gpu=True,
         lengths=[16384, 32768, 65536, 131072], dtype="bfloat16", pattern="longnet_lm",
         warmup=1, iters=2, max_len_start=131072, max_len_step=16384,
+        plan="Llama-3.2-1B shape (random init, bf16) at 16K, 32K, 64K and 128K tokens, sdpa vs "
+             "hilbert_dilated:longnet_lm; needs a CUDA GPU (minutes)",
     ),
     "tiny": dict(
-        model=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                   vocab_size=256, rope_theta=10000.0, tie_word_embeddings=False),
+        model=MODEL_SHAPES["tiny"], gpu=False,
         lengths=[128, 256], dtype="float32", pattern="tiny",
         warmup=1, iters=1, max_len_start=256, max_len_step=128,
+        plan="a 2-layer hidden-64 model at 128 and 256 tokens: a CPU smoke test of the "
+             "pipeline (seconds; its timings are noise)",
     ),
 }
 
 OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
                     torch.cuda.OutOfMemoryError})
-
-
-def enable_checkpointing(model) -> None:
-    """Non-reentrant activation checkpointing of every decoder layer. transformers >= 5.2x
-    renamed the method (the old name warns); 5.17 has only the old one."""
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def compile_layers(model) -> int:
@@ -97,48 +88,14 @@ def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype
     if attn_implementation != "sdpa":
         model.set_attn_implementation(attn_implementation)
     if pattern is not None:
-        from .runner import apply_pattern
+        import hf_hilbert_attn
 
-        apply_pattern(model, pattern)
+        hf_hilbert_attn.configure(model, pattern)
     enable_checkpointing(model)
     if compile:
         compile_layers(model)
     model.train()
     return model
-
-
-def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                    chunk: int = 2048, num_items=None) -> torch.Tensor:
-    """Mean next-token cross-entropy from hidden states, ``chunk`` positions at a time.
-
-    Args:
-        hidden: ``[B, S, H]`` final hidden states (after the final norm).
-        weight: ``[V, H]`` the LM head.
-        labels: ``[B, S]``, ``labels[:, t]`` is the target of position ``t`` (already shifted;
-            -100 = ignored).
-        chunk: positions per chunk; each chunk's ``[chunk, V]`` logits live only inside it
-            (recomputed in backward by activation checkpointing).
-        num_items: divide the summed loss by this instead of the number of non-ignored labels
-            here (a sequence-parallel shard divides by the count over the whole sequence).
-
-    Returns:
-        The scalar mean loss over non-ignored labels (float32), or ``sum / num_items``.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    h = hidden.reshape(-1, hidden.shape[-1])
-    y = labels.reshape(-1)
-    n = (y != -100).sum().clamp(min=1) if num_items is None else num_items
-
-    acc = torch.promote_types(hidden.dtype, torch.float32)  # bf16 logits → float32 softmax
-
-    def piece(hc, yc):
-        return F.cross_entropy((hc @ weight.t()).to(acc), yc, ignore_index=-100, reduction="sum")
-
-    total = hidden.new_zeros((), dtype=acc)
-    for i in range(0, h.shape[0], chunk):
-        total = total + checkpoint(piece, h[i:i + chunk], y[i:i + chunk], use_reentrant=False)
-    return total / n
 
 
 def train_step(model, input_ids: torch.Tensor, loss_mode: str = "chunked",
@@ -295,7 +252,7 @@ def run_benchmark(args) -> Dict:
     from tqdm.auto import tqdm
 
     from . import report
-    from .runner import hilbert_available, resolve_pattern
+    from .runner import resolve_pattern
 
     preset = PRESETS[args.preset]
     device = torch.device(args.device if args.device != "auto"
@@ -306,9 +263,10 @@ def run_benchmark(args) -> Dict:
     pattern_label, pattern = resolve_pattern(args.pattern or preset["pattern"])
     impls = list(args.impls)
     notes = []
-    if "hilbert_dilated" in impls and not hilbert_available():
-        impls.remove("hilbert_dilated")
-        notes.append("hilbert_dilated is not registered in this install; skipped")
+    if device.type == "cpu":
+        notes.append("CPU timings: step times of this size swing by several times between runs, "
+                     "so the speed and memory ratios are not shown (the columns say n/a); time "
+                     "on a GPU (--preset 1b) for numbers that mean something")
     tag = device_tag(device)
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rows: List[Dict] = []
@@ -374,8 +332,10 @@ def _markdown(rows, max_rows, model_kwargs, lengths, args, gpu_name, notes) -> s
 
     parts = [f"# bench_model ({args.preset}) on {gpu_name}, forward+backward, gradient "
              f"checkpointing, loss={args.loss}{', decoder layers compiled' if args.compile else ''}\n"]
+    cpu = any(r["gpu"] == "cpu" for r in rows)
     body = [[r["method"], r["seq_len"], r["status"], r["tokens_per_s"], r["step_s"],
-             r["peak_mem_gib"], r["speedup_vs_sdpa"], r["memory_vs_sdpa"]] for r in rows]
+             r["peak_mem_gib"]] + (["n/a", "n/a"] if cpu else
+                                   [r["speedup_vs_sdpa"], r["memory_vs_sdpa"]]) for r in rows]
     parts.append(markdown_table(["method", "tokens", "status", "tokens/s", "s/step",
                                  "peak GiB", "speed vs sdpa", "memory vs sdpa"], body))
     if max_rows:
@@ -426,8 +386,8 @@ def _plot(rows, max_rows, path, title):
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--preset", choices=sorted(PRESETS), default="1b",
-                   help="1b: Llama-3.2-1B shape on a GPU; tiny: CPU smoke test")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="required: 1b (Llama-3.2-1B shape, GPU) or tiny (CPU smoke test)")
     p.add_argument("--lengths", nargs="+", type=_length_arg, default=None,
                    help="sequence lengths (default 16k 32k 64k 128k for 1b)")
     p.add_argument("--impls", nargs="+", choices=("sdpa", "hilbert_dilated", "flex_attention",
@@ -464,20 +424,30 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     parser = add_bench_arguments(argparse.ArgumentParser(
         prog=prog, description="End-to-end forward+backward benchmark: sdpa vs hilbert_dilated."))
     args = parser.parse_args(argv)
-    return run_from_args(args, parser)
+    return report_input_errors(lambda: run_from_args(args, parser), parser.prog)
+
+
+def plan_text() -> str:
+    return "; ".join(f"--preset {name}: {p['plan']}" for name, p in sorted(PRESETS.items()))
 
 
 def run_from_args(args, parser) -> int:
+    """Bad arguments: ``parser.error`` (exit 2). A GPU preset on a machine without CUDA is an
+    :class:`InputError` naming the preset that runs there."""
+    if args.preset is None:
+        parser.error(f"choose what to run: {plan_text()}")
     if args.warmup is not None and args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here")
     try:
+        check_device(args.device)
         from .runner import resolve_pattern
 
         resolve_pattern(args.pattern or PRESETS[args.preset]["pattern"])
-    except (ValueError, FileNotFoundError) as e:
+    except InputError as e:
         parser.error(str(e))
+    if PRESETS[args.preset]["gpu"] and args.device == "auto" and not torch.cuda.is_available():
+        raise InputError(f"--preset {args.preset} needs a CUDA GPU and torch sees none here; "
+                         f"on a CPU run --preset tiny (or force --device cpu)")
     out = run_benchmark(args)
     print(out["markdown"])
     print(f"wrote {', '.join(str(v) for v in out['files'].values())}")

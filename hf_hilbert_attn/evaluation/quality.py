@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from ..pattern import DilatedPattern
-from ._args import check_eval_grid, depth, length_type, nonneg_int, positive_int
+from ._args import (InputError, check_device, check_eval_grid, depth, length_type, nonneg_int,
+                    positive_int)
 from .corpus import tokenize_corpus
 from .measure import Meter
 from .passkey import evaluate_passkey_teacher_forced, make_passkey_prompt
@@ -84,7 +85,7 @@ _VALUE_SETTINGS = ("model", "corpus", "ppl_tokens", "depths", "trials", "seed", 
                    "finetune_args")
 
 
-class StudyError(ValueError):
+class StudyError(InputError):
     """A bad input of the study (directory, methods file, pattern, setting): one line, no trace."""
 
 
@@ -356,6 +357,10 @@ def _validate(cfg: QualityConfig) -> None:
             raise StudyError(f"--finetune-seq-len must be >= 2, got {cfg.finetune_seq_len}")
     check_eval_grid(cfg.tasks, TASKS, cfg.lengths, cfg.passkey_lengths, cfg.depths, cfg.trials,
                     error=StudyError)
+    try:
+        check_device(cfg.device)
+    except InputError as e:
+        raise StudyError(str(e)) from None
     if cfg.trials < 1 or cfg.ppl_tokens < 2 or cfg.batch_tokens < 1:
         raise StudyError(f"need trials >= 1, ppl_tokens >= 2, batch_tokens >= 1; got "
                          f"{cfg.trials}, {cfg.ppl_tokens}, {cfg.batch_tokens}")
@@ -663,12 +668,8 @@ def run_quality_study(cfg: QualityConfig) -> Dict:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .runner import hilbert_available
-
     _validate(cfg)
     methods = filter_methods(load_methods(cfg.methods), cfg.methods_filter)
-    if any(m.attn_implementation == "hilbert_dilated" for m in methods) and not hilbert_available():
-        raise StudyError("hilbert_dilated is not registered in this install")
     device, weight_dtype, autocast, dtype_label = _device_and_dtype(cfg)
     study = _Study(cfg, Path(cfg.out), device, weight_dtype, autocast, dtype_label)
     stages = cfg.resolved_stages()

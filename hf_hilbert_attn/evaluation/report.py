@@ -8,7 +8,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-__all__ = ["write_csv", "markdown_table", "eval_markdown", "write_eval_report",
+__all__ = ["write_csv", "read_eval_csv", "markdown_table", "eval_markdown", "write_eval_report",
            "plot_perplexity", "plot_passkey_heatmap"]
 
 
@@ -26,6 +26,23 @@ def write_csv(rows: Sequence[Dict], path) -> Path:
         for r in rows:
             w.writerow({k: _fmt_csv(v) for k, v in r.items()})
     return path
+
+
+_EVAL_INTS = ("length", "stride", "scored_tokens", "processed_tokens")
+_EVAL_FLOATS = ("depth", "value", "seconds", "tokens_per_s", "peak_mem_mb")
+
+
+def read_eval_csv(path) -> list:
+    """The rows of an eval's ``results.csv`` with numbers converted back (empty cells stay
+    ``""``), as :func:`hf_hilbert_attn.evaluation.run_eval` made them."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for keys, kind in ((_EVAL_INTS, int), (_EVAL_FLOATS, float)):
+            for k in keys:
+                if r.get(k, "") != "":
+                    r[k] = kind(float(r[k])) if kind is int else float(r[k])
+    return rows
 
 
 def _fmt_csv(v):

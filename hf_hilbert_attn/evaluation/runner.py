@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
-import importlib.util
+import json
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -20,17 +18,16 @@ import torch
 from ..pattern import DilatedPattern
 from . import report
 from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
-from ._args import check_eval_grid, depth, length_type, positive_int
+from ._args import (InputError, InputNotFound, check_device, check_eval_grid, depth,
+                    length_type, positive_int, report_input_errors)
 from .measure import Meter
 from .passkey import evaluate_passkey, hf_generate_fn, make_passkey_prompt
 from .perplexity import count_windows, evaluate_perplexity
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvalConfig", "Method", "resolve_pattern", "hilbert_available", "run_eval",
-           "add_eval_arguments", "config_from_args", "main"]
-
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "patterns"  # installed with the package
+__all__ = ["EvalConfig", "Method", "resolve_pattern", "run_eval", "add_eval_arguments",
+           "config_from_args", "main"]
 
 # Built-in patterns by name, beside the shipped YAMLs of hf_hilbert_attn/patterns/.
 # "tiny" suits the built-in model's 128–512-token contexts: dense within 64 tokens, then every
@@ -53,15 +50,42 @@ def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
         ``(label, pattern)``; the label names it in tables and plots.
 
     Raises:
-        FileNotFoundError: a path-like spec (ending in .yaml/.yml) that does not exist.
-        ValueError: an unknown name, a malformed inline spec, or the pattern's own validation
-            error (e.g. ``dilation_rates[0] must be <= segment_lengths[0] …``).
+        InputNotFound (a ``FileNotFoundError``): a path-like spec (ending in .yaml/.yml) that
+            does not exist.
+        InputError (a ``ValueError``): an unknown name, a malformed inline spec, a YAML file
+            that does not parse, or the pattern's own validation error (e.g.
+            ``dilation_rates[0] must be <= segment_lengths[0] …``).
     """
+    try:
+        return _resolve_pattern(spec)
+    except FileNotFoundError as e:
+        raise InputNotFound(str(e)) from None
+    except (ValueError, TypeError) as e:  # the pattern's validation names the field
+        raise InputError(str(e)) from None
+
+
+def _pattern_file(path: Path) -> DilatedPattern:
+    import yaml
+
+    try:
+        return DilatedPattern.from_yaml(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise InputError(f"pattern file {path} is not valid YAML: {problem}{where}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise InputError(f"pattern file {path}: {e}") from None
+
+
+def _resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
+    from .. import patterns
+
     path = Path(spec)
     if path.suffix in (".yaml", ".yml"):
-        return path.stem, DilatedPattern.from_yaml(path)
-    if (CONFIGS_DIR / f"{spec}.yaml").is_file():
-        return spec, DilatedPattern.from_yaml(CONFIGS_DIR / f"{spec}.yaml")
+        return path.stem, _pattern_file(path)
+    if spec in patterns.names():
+        return spec, patterns.load(spec)
     if spec in BUILTIN_PATTERNS:
         return spec, BUILTIN_PATTERNS[spec]
     if ":" in spec:
@@ -84,31 +108,11 @@ def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
             ) from None
         label = "_".join([w_text + "_r" + r_text] + options).replace(",", "-").replace("=", "")
         return label, DilatedPattern(w, r, **extra)
-    shipped = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else []
     raise ValueError(
-        f"unknown pattern {spec!r}: give a .yaml file, a shipped config name {shipped}, a built-in "
-        f"name {sorted(BUILTIN_PATTERNS)}, or an inline 'W1,W2:R1,R2' spec"
+        f"unknown pattern {spec!r}: give a .yaml file, a shipped pattern name "
+        f"{patterns.names()}, a built-in name {sorted(BUILTIN_PATTERNS)}, or an inline "
+        f"'W1,W2:R1,R2' spec"
     )
-
-
-def hilbert_available() -> bool:
-    """Whether ``import hf_hilbert_attn`` registered the ``hilbert_dilated`` attention."""
-    import hf_hilbert_attn  # noqa: F401  (registers on import once the integration exists)
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return "hilbert_dilated" in ALL_ATTENTION_FUNCTIONS.valid_keys()
-
-
-def apply_pattern(model, pattern: DilatedPattern) -> None:
-    """Give ``model`` its pattern: ``hf_hilbert_attn.configure`` where it exists, else the
-    ``config.hilbert_attn`` dict it reads (DESIGN §3)."""
-    import hf_hilbert_attn
-
-    configure = getattr(hf_hilbert_attn, "configure", None)
-    if configure is not None:
-        configure(model, pattern)
-    else:
-        model.config.hilbert_attn = pattern.to_dict()
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ class EvalConfig:
     seed: int = 0
     plots: bool = True
     progress: bool = True
+    fresh: bool = False  # discard out_dir's results.csv instead of resuming from it
 
     def resolved(self) -> "EvalConfig":
         builtin = self.model is None
@@ -185,7 +190,11 @@ def load_tokenizer(cfg: EvalConfig):
         return build_char_tokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(cfg.model)
+    try:
+        return AutoTokenizer.from_pretrained(cfg.model)
+    except (OSError, ValueError) as e:  # no tokenizer files, or none this install can read
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{cfg.model}: no usable tokenizer ({first})") from None
 
 
 def load_model(cfg: EvalConfig, method: Method, tokenizer, device, dtype):
@@ -200,7 +209,9 @@ def load_model(cfg: EvalConfig, method: Method, tokenizer, device, dtype):
         model = AutoModelForCausalLM.from_pretrained(
             cfg.model, attn_implementation=method.attn_implementation, dtype=dtype)
     if method.pattern is not None:
-        apply_pattern(model, method.pattern)
+        import hf_hilbert_attn
+
+        hf_hilbert_attn.configure(model, method.pattern)
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -211,24 +222,6 @@ def _free(device):
 
 
 # ----------------------------------------------------------------------------- sequence parallel
-def sequence_parallel_support() -> Tuple[bool, str]:
-    """Whether sequence-parallel eval can run here, and why not if it cannot."""
-    import hf_hilbert_attn
-
-    missing = []
-    if not hasattr(hf_hilbert_attn, "sequence_parallel"):
-        missing.append("hf_hilbert_attn.sequence_parallel")
-    if importlib.util.find_spec("hf_hilbert_attn.sharding") is None:
-        missing.append("hf_hilbert_attn.sharding")
-    if missing:
-        return False, (f"sequence parallelism needs {' and '.join(missing)}, which this install "
-                       f"does not have yet")
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return False, ("sequence parallelism needs a process group: start the eval with "
-                       "`accelerate launch` or `torchrun --nproc_per_node N`")
-    return True, ""
-
-
 def _sp_window_nll(model, ids: torch.Tensor, num_scored: int, topo, pattern) -> float:
     """Summed NLL of one window with its sequence sharded over the SP group (ring attention).
 
@@ -255,45 +248,45 @@ def _sp_window_nll(model, ids: torch.Tensor, num_scored: int, topo, pattern) -> 
 
 
 # ----------------------------------------------------------------------------- the eval
-def build_methods(cfg: EvalConfig) -> Tuple[List[Method], List[str]]:
-    """The methods to run and notes about any that cannot run here."""
-    methods, notes = [], []
-    if cfg.include_sdpa:
-        methods.append(Method("sdpa"))
-    patterns = [resolve_pattern(p) for p in cfg.patterns]
-    if patterns and not hilbert_available():
-        notes.append("hilbert_dilated is not registered in this install (hf_hilbert_attn's "
-                     "Transformers integration is missing); its rows were skipped")
-    else:
-        methods += [Method("hilbert_dilated", label, p) for label, p in patterns]
-    return methods, notes
+def build_methods(cfg: EvalConfig) -> List[Method]:
+    """The methods to run: sdpa (unless excluded), then one per pattern."""
+    methods = [Method("sdpa")] if cfg.include_sdpa else []
+    return methods + [Method("hilbert_dilated", *resolve_pattern(p)) for p in cfg.patterns]
 
 
 def run_eval(cfg: EvalConfig) -> Dict:
     """Run the eval of ``cfg`` and write its results into ``cfg.out_dir``.
 
+    ``results.csv`` is rewritten after every finished cell (a method at one length of one
+    task), beside ``eval_settings.json``; a later run into the same directory with the same
+    settings resumes: it keeps those rows and runs only the missing cells (``cfg.fresh``
+    starts over).
+
     Returns:
-        ``{"rows": [...], "files": {...}, "markdown": str, "notes": [...]}``; the rows are also
-        in ``results.csv``.
+        A dict: ``rows`` (one per cell, per needle depth for passkey: the rows of
+        ``results.csv``), ``files`` (name → path), ``markdown`` (the printed tables), ``notes``.
 
     Raises:
-        ValueError / FileNotFoundError: bad lengths, depths, patterns or corpus files.
+        InputError (a ``ValueError``; ``InputNotFound`` is also a ``FileNotFoundError``): bad
+            lengths, depths, patterns, device, corpus files, a corpus shorter than the longest
+            length, or an output directory holding results of other settings.
     """
     from tqdm.auto import tqdm
 
     cfg = cfg.resolved()
     _validate(cfg)
     device, dtype = _device_and_dtype(cfg)
-    methods, notes = build_methods(cfg)
+    methods = build_methods(cfg)
     if not methods:
-        raise ValueError("nothing to evaluate: no sdpa and no runnable hilbert_dilated pattern")
+        raise InputError("nothing to evaluate: --no-sdpa and no --pattern")
+    notes: List[str] = []
 
     topo, rank = None, 0
     if cfg.sp_size > 1:
         _init_distributed(device)
-        ok, why = sequence_parallel_support()
-        if not ok:
-            raise RuntimeError(f"--sp-size {cfg.sp_size}: {why}")
+        if not torch.distributed.is_initialized():
+            raise InputError(f"--sp-size {cfg.sp_size} needs a process group: start the eval "
+                             f"with `torchrun --nproc_per_node N` or `accelerate launch`")
         from ..integrations.accelerate import sequence_parallel_topology
 
         topo = sequence_parallel_topology(None, cfg.sp_size)
@@ -303,26 +296,44 @@ def run_eval(cfg: EvalConfig) -> Dict:
 
     tokenizer = load_tokenizer(cfg)
     if "passkey" in cfg.tasks:  # fail before any model runs if the shortest prompt cannot fit
-        make_passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, "12345")
-    rows: List[Dict] = []
+        try:
+            make_passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, "12345")
+        except ValueError as e:
+            raise InputError(str(e)) from None
     tokens = None
     if "perplexity" in cfg.tasks:
-        docs = load_corpus(cfg.corpus, text_field=cfg.text_field,
-                           num_chars=max(200_000, 2 * cfg.ppl_tokens))
+        try:
+            docs = load_corpus(cfg.corpus, text_field=cfg.text_field,
+                               num_chars=max(200_000, 2 * cfg.ppl_tokens))
+        except FileNotFoundError as e:
+            raise InputNotFound(str(e)) from None
+        except ValueError as e:
+            raise InputError(str(e)) from None
         tokens = tokenize_corpus(tokenizer, docs, cfg.ppl_tokens)
-        if tokens.numel() < 2:
-            raise ValueError("the corpus tokenised to fewer than 2 tokens")
         if tokens.numel() < max(cfg.lengths):
-            notes.append(f"the corpus has only {tokens.numel()} tokens: windows longer than that "
-                         f"are cut to it")
+            raise InputError(f"the corpus has {tokens.numel()} tokens, fewer than the longest "
+                             f"context length {max(cfg.lengths)}: give more text (--corpus) or "
+                             f"shorter --lengths")
     model_name = cfg.model or "builtin-tiny-llama"
     common = dict(model=model_name, device=str(device), dtype=str(dtype).replace("torch.", ""))
     disable = not cfg.progress or rank != 0
+    results = _Results(Path(cfg.out_dir), _settings(cfg, methods, common), fresh=cfg.fresh,
+                       writer=rank == 0)
+    if topo is not None:  # every rank has read the old rows before rank 0 writes new ones
+        torch.distributed.barrier(group=topo.group)
+    if results.rows:
+        notes.append(f"resumed: {len(results.done)} cell(s) read from {results.csv}")
+        logger.info("resuming in %s: %d finished cell(s) kept", cfg.out_dir, len(results.done))
 
     for method in methods:
+        todo = [(t, L) for t in ("perplexity", "passkey") if t in cfg.tasks
+                for L in (cfg.lengths if t == "perplexity" else cfg.passkey_lengths)
+                if (method.label, t, L) not in results.done]
+        if not todo:
+            continue
         model = load_model(cfg, method, tokenizer, device, dtype)
-        if "perplexity" in cfg.tasks:
-            for L in cfg.lengths:
+        for task, L in todo:
+            if task == "perplexity":
                 stride = cfg.stride or max(1, L // 2)
                 n_win = count_windows(int(tokens.numel()), L, stride)
                 with tqdm(total=n_win, desc=f"{method.label} ppl L={L}", disable=disable,
@@ -331,38 +342,105 @@ def run_eval(cfg: EvalConfig) -> Dict:
                         res = evaluate_perplexity(model, tokens, L, stride, progress=bar)
                     else:
                         res = _sp_perplexity(model, tokens, L, stride, topo, method.pattern, bar)
-                rows.append(dict(common, method=method.label, task="perplexity", length=L,
-                                 depth="", value=res.perplexity, stride=stride,
-                                 scored_tokens=res.scored_tokens,
-                                 processed_tokens=res.processed_tokens, seconds=m.seconds,
-                                 tokens_per_s=res.processed_tokens / max(m.seconds, 1e-9),
-                                 peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind))
-        if "passkey" in cfg.tasks:
-            gen = hf_generate_fn(model, tokenizer, cfg.max_new_tokens)
-            for L in cfg.passkey_lengths:
+                results.add([dict(common, method=method.label, task="perplexity", length=L,
+                                  depth="", value=res.perplexity, stride=stride,
+                                  scored_tokens=res.scored_tokens,
+                                  processed_tokens=res.processed_tokens, seconds=m.seconds,
+                                  tokens_per_s=res.processed_tokens / max(m.seconds, 1e-9),
+                                  peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind)])
+            else:
+                gen = hf_generate_fn(model, tokenizer, cfg.max_new_tokens)
                 with tqdm(total=len(cfg.depths) * cfg.trials, desc=f"{method.label} passkey L={L}",
                           disable=disable, leave=False) as bar, Meter(device) as m:
                     res = evaluate_passkey(gen, tokenizer, L, cfg.depths, cfg.trials,
                                            seed=cfg.seed, progress=bar)
                 total_tokens = sum(r["prompt_tokens"] for r in res)
-                for r in res:
-                    rows.append(dict(common, method=method.label, task="passkey", length=L,
-                                     depth=r["depth"], value=r["accuracy"], stride="",
-                                     scored_tokens=r["trials"], processed_tokens=r["prompt_tokens"],
-                                     seconds=m.seconds,
-                                     tokens_per_s=total_tokens / max(m.seconds, 1e-9),
-                                     peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind,
-                                     answers=" | ".join(a.replace("\n", " ") for a in r["answers"])))
+                results.add([dict(common, method=method.label, task="passkey", length=L,
+                                  depth=r["depth"], value=r["accuracy"], stride="",
+                                  scored_tokens=r["trials"], processed_tokens=r["prompt_tokens"],
+                                  seconds=m.seconds,
+                                  tokens_per_s=total_tokens / max(m.seconds, 1e-9),
+                                  peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind,
+                                  answers=" | ".join(a.replace("\n", " ") for a in r["answers"]))
+                             for r in res])
         del model
         _free(device)
 
+    # the table in the order of this run's methods and lengths, whatever order the cells ran in
+    order = {(m.label, t, L): i for i, (m, t, L) in enumerate(
+        (m, t, L) for m in methods for t in ("perplexity", "passkey")
+        for L in (cfg.lengths if t == "perplexity" else cfg.passkey_lengths))}
+    rows = sorted((r for r in results.rows if (r["method"], r["task"], r["length"]) in order),
+                  key=lambda r: order[(r["method"], r["task"], r["length"])])
     if rank != 0:  # rank 0 writes the results of a sequence-parallel run
         return {"markdown": "", "files": {}, "notes": notes, "rows": rows}
     out = report.write_eval_report(rows, cfg.out_dir, notes=notes, plots=cfg.plots,
                                    title=f"{model_name} on {device.type} ({common['dtype']})")
+    out["files"]["settings"] = results.settings_path
     out["notes"] = notes
     out["rows"] = rows
     return out
+
+
+# Settings that change the numbers: a resumed eval must use the same ones.
+_VALUE_SETTINGS = ("model", "corpus", "text_field", "ppl_tokens", "stride", "depths", "trials",
+                   "max_new_tokens", "seed", "device", "dtype", "sp_size")
+
+
+def _settings(cfg: EvalConfig, methods: Sequence[Method], common: Dict) -> Dict:
+    return dict(
+        model=str(Path(cfg.model).resolve()) if cfg.model else None,
+        corpus=[str(Path(c).resolve()) for c in cfg.corpus], text_field=cfg.text_field,
+        ppl_tokens=int(cfg.ppl_tokens), stride=cfg.stride, depths=[float(d) for d in cfg.depths],
+        trials=int(cfg.trials), max_new_tokens=int(cfg.max_new_tokens), seed=int(cfg.seed),
+        device=torch.device(common["device"]).type, dtype=common["dtype"],
+        sp_size=int(cfg.sp_size),
+        methods={m.label: (m.pattern.to_dict() if m.pattern is not None else None)
+                 for m in methods})
+
+
+class _Results:
+    """``OUT/results.csv`` kept current cell by cell, and the cells a previous run finished."""
+
+    def __init__(self, out: Path, settings: Dict, *, fresh: bool, writer: bool):
+        self.out, self.settings, self.writer = out, settings, writer
+        self.csv, self.settings_path = out / "results.csv", out / "eval_settings.json"
+        self.rows: List[Dict] = []
+        if fresh:
+            if writer:
+                for f in (self.csv, self.settings_path):
+                    f.unlink(missing_ok=True)
+        elif self.csv.exists():
+            self.rows = self._previous()
+        if writer:
+            out.mkdir(parents=True, exist_ok=True)
+            old = (json.loads(self.settings_path.read_text())
+                   if self.rows and self.settings_path.exists() else {"methods": {}})
+            settings = dict(settings, methods=dict(old["methods"], **settings["methods"]))
+            self.settings_path.write_text(json.dumps(settings, indent=1) + "\n")
+
+    @property
+    def done(self) -> set:
+        return {(r["method"], r["task"], r["length"]) for r in self.rows}
+
+    def _previous(self) -> List[Dict]:
+        if not self.settings_path.exists():
+            raise InputError(f"{self.out} has a results.csv but no eval_settings.json (an "
+                             f"older run?): use --fresh to start over, or another --out-dir")
+        old = json.loads(self.settings_path.read_text())
+        diff = [k for k in _VALUE_SETTINGS if old.get(k) != self.settings[k]]
+        diff += [f"pattern of {label}" for label, pat in self.settings["methods"].items()
+                 if label in old.get("methods", {}) and old["methods"][label] != pat]
+        if diff:
+            raise InputError(f"{self.out} holds results of other settings ({', '.join(diff)} "
+                             f"differ): use --fresh to start over, or another --out-dir")
+        return report.read_eval_csv(self.csv)
+
+    def add(self, rows: List[Dict]) -> None:
+        self.rows.extend(rows)
+        if self.writer:  # the whole file, renamed into place: a run stopped now keeps every
+            tmp = report.write_csv(self.rows, self.csv.with_suffix(".csv.tmp"))  # finished cell
+            os.replace(tmp, self.csv)
 
 
 def _init_distributed(device) -> None:
@@ -392,21 +470,25 @@ def _sp_perplexity(model, tokens, L, stride, topo, pattern, bar):
 
 def _validate(cfg: EvalConfig) -> None:
     check_eval_grid(cfg.tasks, ("perplexity", "passkey"), cfg.lengths, cfg.passkey_lengths,
-                    cfg.depths, cfg.trials)
+                    cfg.depths, cfg.trials, error=InputError)
     if cfg.stride is not None and cfg.stride < 1:
-        raise ValueError(f"stride must be >= 1, got {cfg.stride}")
+        raise InputError(f"stride must be >= 1, got {cfg.stride}")
     if cfg.stride is not None and cfg.stride >= min(cfg.lengths):
-        raise ValueError(f"stride must be < every length (shortest {min(cfg.lengths)}), "
+        raise InputError(f"stride must be < every length (shortest {min(cfg.lengths)}), "
                          f"got {cfg.stride}")
     if cfg.ppl_tokens < 2:
-        raise ValueError(f"ppl_tokens must be >= 2, got {cfg.ppl_tokens}")
+        raise InputError(f"ppl_tokens must be >= 2, got {cfg.ppl_tokens}")
+    if "perplexity" in cfg.tasks and cfg.ppl_tokens < max(cfg.lengths):
+        raise InputError(f"ppl_tokens ({cfg.ppl_tokens}) must be >= the longest context length "
+                         f"({max(cfg.lengths)})")
     if cfg.sp_size < 1:
-        raise ValueError(f"sp_size must be >= 1, got {cfg.sp_size}")
+        raise InputError(f"sp_size must be >= 1, got {cfg.sp_size}")
+    check_device(cfg.device)
     for p in cfg.corpus:
         if not Path(p).is_file():
-            raise FileNotFoundError(f"corpus file not found: {p}")
+            raise InputNotFound(f"corpus file not found: {p}")
     if cfg.model is not None and not Path(cfg.model).exists():
-        raise FileNotFoundError(
+        raise InputNotFound(
             f"model path not found: {cfg.model} (give a local directory saved with "
             f"save_pretrained; nothing is downloaded)")
 
@@ -445,7 +527,11 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=positive_int, default=8)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, …")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    p.add_argument("--out-dir", default="eval_results", help="where results.md/.csv and PNGs go")
+    p.add_argument("--out-dir", default="eval_results",
+                   help="where results.md/.csv and PNGs go; results.csv is written after every "
+                        "cell, and a rerun with the same settings resumes from it")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard OUT_DIR/results.csv instead of resuming from it")
     p.add_argument("--sp-size", type=positive_int, default=1,
                    help="sequence-parallel group size for the perplexity windows (needs "
                         "`accelerate launch`/`torchrun` and hf_hilbert_attn.sharding)")
@@ -463,24 +549,22 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         passkey_lengths=tuple(args.passkey_lengths or ()), depths=tuple(args.depths),
         trials=args.trials, max_new_tokens=args.max_new_tokens, device=args.device,
         dtype=args.dtype, out_dir=args.out_dir, sp_size=args.sp_size, seed=args.seed,
-        plots=not args.no_plots, progress=not args.no_progress)
+        plots=not args.no_plots, progress=not args.no_progress, fresh=args.fresh)
 
 
 def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run the eval for parsed arguments; turns bad values into ``parser.error`` (exit 2)."""
+    """Run the eval for parsed arguments. Bad values found before any model is built are
+    ``parser.error`` (usage, exit 2); bad inputs found later (an empty corpus, …) leave as
+    :class:`InputError` (one line, exit 1, see :func:`report_input_errors`)."""
     cfg = config_from_args(args)
     try:
         # Resolve patterns and validate before any model is built, so mistakes fail fast.
         for p in cfg.patterns:
             resolve_pattern(p)
         _validate(cfg.resolved())
-    except (ValueError, FileNotFoundError) as e:
+    except InputError as e:
         parser.error(str(e))
-    try:
-        out = run_eval(cfg)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    out = run_eval(cfg)
     if not out["files"]:  # a non-zero rank of a sequence-parallel run
         return 0
     print(out["markdown"])
@@ -493,4 +577,4 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         prog=prog, description=__doc__.split("\n")[0]))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return run_from_args(args, parser)
+    return report_input_errors(lambda: run_from_args(args, parser), parser.prog)

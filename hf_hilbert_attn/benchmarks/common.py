@@ -1,6 +1,6 @@
-"""Helpers shared by the benchmark scripts: timing, memory, GPU tagging, CSV / PNG / markdown output.
+"""Helpers shared by the benchmarks: timing, memory, GPU tagging, CSV / PNG / markdown output.
 
-Kept free of anything attention-specific so the model benchmark can reuse it.
+Kept free of anything attention-specific so every benchmark can reuse it.
 """
 
 from __future__ import annotations
@@ -10,23 +10,11 @@ import gc
 import math
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def ensure_repo_on_path() -> None:
-    """Make ``hf_hilbert_attn`` importable when a script runs from a checkout without install."""
-    try:
-        import hf_hilbert_attn  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 
 # ----------------------------------------------------------------------------- device / naming
 def device_name(device) -> str:
@@ -228,18 +216,25 @@ def plot_panels(rows: List[dict], path, *, panel_key: str, series_key: str, x_ke
                 logy: bool = False) -> Path:
     """One subplot per distinct ``panel_key`` value, one line per ``series_key``; PNG via Agg.
 
-    Rows whose ``y_key`` is missing (failed / unavailable) are left out of their line.
+    Rows whose ``y_key`` is missing (failed / unavailable) are left out of their line. The
+    legend sits under the panels and the title above them, both inside the saved image
+    (constrained layout, ``bbox_inches="tight"``), whatever the number of panels.
     """
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     panels = list(dict.fromkeys(r[panel_key] for r in rows))
     n = max(1, len(panels))
     ncols = min(4, n)
     nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False)
+    width = max(4.6 * ncols, 7.0)  # room for the title and a legend of two columns
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.6 * nrows + 1.2), squeeze=False,
+                             layout="constrained")
     for ax, panel in zip(axes.flat, panels):
         sub = [r for r in rows if r[panel_key] == panel]
         for series in dict.fromkeys(r[series_key] for r in sub):
@@ -253,6 +248,11 @@ def plot_panels(rows: List[dict], path, *, panel_key: str, series_key: str, x_ke
         ax.set_ylabel(ylabel)
         if logx:
             ax.set_xscale("log", base=2)
+            xs = sorted({r[x_key] for r in sub if isinstance(r.get(x_key), int)})
+            if xs:
+                ax.set_xticks(xs)
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_size(int(v))))
+                ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         if logy:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
@@ -265,27 +265,17 @@ def plot_panels(rows: List[dict], path, *, panel_key: str, series_key: str, x_ke
                 handles.append(h)
                 labels.append(lab)
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.95))
-    fig.savefig(path, dpi=120)
+        ncol = max(1, min(len(labels), int(width // 3.4)))
+        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=8)
+    fig.suptitle("\n".join(textwrap.wrap(title, width=int(width * 11))), fontsize=10)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
 
 def load_pattern(spec: str) -> tuple:
-    """``"longnet_lm"`` → ``hf_hilbert_attn/patterns/longnet_lm.yaml``; a path is read as is. Returns (name, pattern)."""
-    path = Path(spec)
-    if not path.suffix:
-        path = REPO / "hf_hilbert_attn" / "patterns" / f"{spec}.yaml"
-    if not path.exists():
-        raise SystemExit(f"pattern {spec!r} not found (looked for {path}); give a name in "
-                         f"hf_hilbert_attn/patterns/ (e.g. longnet_lm, pow2) or a YAML path")
-    return path.stem, _pattern_cls().from_yaml(path)
+    """``(name, pattern)`` of a shipped name (``longnet_lm``), a YAML path or an inline
+    ``W1,W2:R1,R2`` spec; an unknown one is an ``InputError`` naming the choices."""
+    from ..evaluation.runner import resolve_pattern
 
-
-def _pattern_cls():
-    ensure_repo_on_path()
-    from hf_hilbert_attn import DilatedPattern
-
-    return DilatedPattern
+    return resolve_pattern(spec)

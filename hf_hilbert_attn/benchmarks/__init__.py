@@ -1,0 +1,5 @@
+"""Benchmarks that ship with the package: the attention-op benchmark (:mod:`.attention`,
+``hf-hilbert-attn bench attention``), the baselines it compares against (:mod:`.baselines`:
+gather → SDPA → LSE merge, FlexAttention) and the helpers every benchmark script shares
+(:mod:`.common`: timing, memory, CSV / PNG / markdown). The end-to-end model benchmark is
+:mod:`hf_hilbert_attn.evaluation.bench_model`."""

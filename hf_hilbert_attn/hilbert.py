@@ -1,4 +1,5 @@
-"""Hilbert-curve storage layouts (DESIGN §2): a layout of tokens, never a change of the function.
+"""Hilbert-curve storage layouts (``docs/hilbert.md``): a layout of tokens, never a change of
+the function.
 
 The curve is the *generalised* Hilbert curve on any ``W x H`` rectangle: the rectangle is cut in
 halves (when it is long) or in three parts (when it is squarish), each part is traversed by the
@@ -35,6 +36,8 @@ __all__ = [
     "from_storage",
     "storage_positions",
     "resolve_ordering",
+    "storage_ordering",
+    "in_storage_order",
 ]
 
 Device = Union[str, torch.device, None]
@@ -199,7 +202,7 @@ def _permutation_cached(seq_len: int, segment: int, rate: int,
 
 def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
                         device: Device = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The Hilbert storage layout of ``seq_len`` tokens for ``pattern`` (DESIGN §2).
+    """The Hilbert storage layout of ``seq_len`` tokens for ``pattern`` (``docs/hilbert.md``).
 
     Within each segment of the longest config (``w = pattern.max_segment``; the last segment may
     be partial), offsets ``t`` form a grid of ``ceil(w / R)`` rows by ``R`` columns
@@ -289,3 +292,30 @@ def storage_positions(seq_len: int, pattern: DilatedPattern, ordering: Optional[
     if ordering == "hilbert":
         return hilbert_permutation(seq_len, pattern, device)[0]
     return _arange_cached(_check_int("seq_len", seq_len, 0), _device_key(device))
+
+
+def storage_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[int] = None,
+                     device: Device = None) -> str:
+    """The layout ``pattern.ordering`` gives ``seq_len`` tokens: ``"natural"`` or ``"hilbert"``
+    (``"auto"`` through :func:`resolve_ordering`; a pattern of rate 1 only has nothing to
+    reorder)."""
+    ordering = pattern.ordering
+    if ordering == "auto":
+        ordering = resolve_ordering(pattern, seq_len, head_dim, device)
+    return "natural" if pattern.max_rate == 1 else ordering
+
+
+def in_storage_order(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     pattern: DilatedPattern, *, q_doc_ids=None, k_doc_ids=None, **kwargs):
+    """``attend`` (``dilated_attention``'s signature) over self-attention tokens at positions
+    ``0..S-1`` stored in Hilbert order: q, k, v ``[B, H, S, D]`` (and document ids ``[B', S]``)
+    are permuted into storage order, attended with their true positions, and the outputs
+    (``out``, and ``lse`` if returned) restored to natural order. Differentiable."""
+    perm, inv = hilbert_permutation(q.shape[2], pattern, q.device)  # perm[i]: position at i
+    docs = [None if d is None else d.index_select(-1, perm) for d in (q_doc_ids, k_doc_ids)]
+    out = attend(q.index_select(2, perm), k.index_select(2, perm), v.index_select(2, perm),
+                 pattern, q_positions=perm, k_positions=perm, q_doc_ids=docs[0],
+                 k_doc_ids=docs[1], **kwargs)
+    if isinstance(out, tuple):
+        return tuple(t.index_select(2, inv) for t in out)
+    return out.index_select(2, inv)

@@ -1,6 +1,6 @@
 """Validation and normalisation of attention inputs, shared by every implementation.
 
-Conventions (DESIGN §3): q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``; ``Hq % Hkv == 0``.
+Conventions (as in ``ops.dilated_attention``): q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``; ``Hq % Hkv == 0``.
 Positions and document ids are ``[S]`` or ``[B, S]`` integer tensors. Without positions, keys
 sit at ``0..Sk-1`` and queries at the *last* ``Sq`` positions (``Sk-Sq..Sk-1``, bottom-right
 aligned, as in decoding with a cache)::
@@ -21,6 +21,8 @@ import torch
 from .pattern import DilatedPattern
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Head sizes the Triton kernels are built for (``ops.use_triton`` and ``kernels/`` read this).
+KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 
 
 @dataclass
@@ -117,3 +119,94 @@ def check_inputs(
     qd = _positions("q_doc_ids", q_doc_ids, b, sq, dev, None)
     kd = _positions("k_doc_ids", k_doc_ids, b, sk, dev, None)
     return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural)
+
+
+def restart_documents(positions: torch.Tensor) -> Optional[torch.Tensor]:
+    """Document ids ``[B, S]`` (0, 1, ...) of packed rows whose positions restart per document,
+    or None when every row is one document.
+
+    A position that does not follow its predecessor by 1 starts a new document: the rule of
+    ``DataCollatorWithFlattening`` and of Transformers' ``find_packed_sequence_indices``.
+    """
+    new_doc = torch.diff(positions, dim=-1) != 1  # [B, S-1]
+    if not bool(new_doc.any()):
+        return None
+    return torch.nn.functional.pad(new_doc, (1, 0), value=False).cumsum(-1)
+
+
+@dataclass
+class ModelPositions:
+    """True positions and document ids of one self-attention call (None: the op's default)."""
+
+    q_positions: Optional[torch.Tensor]  # [Bp, Sq] int64
+    k_positions: Optional[torch.Tensor]  # [Bp, Sk] int64
+    q_doc_ids: Optional[torch.Tensor]  # [Bd, Sq] int64
+    k_doc_ids: Optional[torch.Tensor]  # [Bd, Sk] int64, -1 on padding
+    cached: bool  # the queries are the last slots of a longer KV cache
+
+
+def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, sq: int, sk: int,
+                    device, *, sharded: bool = False) -> ModelPositions:
+    """The positions a model's attention layer hands the op (the pattern follows true positions,
+    never storage indices).
+
+    * No cache (training, prefill: ``q_offset == 0`` and ``sq == sk``): ``position_ids``
+      ``[B or 1, S]``; restarting positions are packed documents (:func:`restart_documents`),
+      unless ``doc_ids`` are given. Positions ``0..S-1`` with one document become None (the
+      op's natural order, where ``pattern.ordering`` applies). ``sharded`` (a sequence-parallel
+      shard, whose positions jump between zigzag chunks) needs ``doc_ids`` for packed rows.
+    * With a cache (decode, static-cache prefill): key ``j`` of row ``b`` sits at
+      ``cumsum(padding_mask[b])[j] - 1`` (left padding shifts nothing), or at ``j`` without a
+      padding mask; the queries are the cache slots ``q_offset ..`` they were written to.
+      Generate's ``position_ids`` are the same numbers, computed from the same mask.
+
+    ``padding_mask`` ``[B, Sk]`` (True = a real token) or None; padded keys get document id -1
+    and are never attended. Every returned ``[B', S]`` tensor has the same leading size.
+    """
+    cached = sq != sk or isinstance(q_offset, torch.Tensor) or q_offset != 0
+    if cached:
+        slots = torch.arange(sq, device=device, dtype=torch.int64) + q_offset  # [Sq]
+        if padding_mask is None:
+            return ModelPositions(slots.unsqueeze(0), None, None, None, True)
+        k_pos = (padding_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)  # [B, Sk]
+        q_pos = k_pos.gather(1, slots.unsqueeze(0).expand(k_pos.shape[0], sq))
+        k_doc = torch.where(padding_mask, 0, -1).to(torch.int64)
+        q_doc = torch.zeros(1, sq, dtype=torch.int64, device=device)
+        return ModelPositions(*_same_batch(q_pos, k_pos, q_doc, k_doc), True)
+
+    pos = None
+    if position_ids is not None:
+        pos = position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids
+        if pos.dim() != 2 or pos.shape[-1] != sq or pos.shape[0] not in (1, batch):
+            raise ValueError(
+                f"position_ids must have shape [B, S] = [{batch}, {sq}] (or [1, {sq}]), got "
+                f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported)"
+            )
+        pos = pos.to(device=device, dtype=torch.int64)
+    docs = None
+    if doc_ids is not None:
+        docs = doc_ids.to(device=device, dtype=torch.int64)
+        docs = docs.unsqueeze(0) if docs.dim() == 1 else docs
+    elif pos is not None and sharded:
+        # A shard's positions jump where the layout skips (zigzag), so restarts cannot be read
+        # locally, and local document numbers would differ between ranks.
+        if bool((torch.diff(pos, dim=-1) <= 0).any()):
+            raise ValueError(
+                "packed sequences under sequence_parallel need global document ids: pass "
+                "hilbert_doc_ids=[B, S_local] to the model's forward"
+            )
+    elif pos is not None:
+        docs = restart_documents(pos)
+    if docs is None and pos is not None and bool((pos == torch.arange(sq, device=device)).all()):
+        pos = None  # natural order
+    q_doc = k_doc = docs
+    if padding_mask is not None:
+        q_doc = docs if docs is not None else torch.zeros(1, sq, dtype=torch.int64, device=device)
+        k_doc = torch.where(padding_mask, q_doc, torch.full_like(q_doc, -1))
+    return ModelPositions(*_same_batch(pos, pos, q_doc, k_doc), False)
+
+
+def _same_batch(*ts):
+    # Every [B', S] tensor with the same leading size (expanded views, no copies).
+    batch = max((t.shape[0] for t in ts if t is not None), default=1)
+    return [None if t is None else t.expand(batch, -1) for t in ts]

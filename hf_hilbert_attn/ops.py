@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import List, Optional, Tuple
 
 import torch
 
-from .inputs import check_inputs
+from .chunked import chunked_attention
+from .hilbert import in_storage_order, storage_ordering
+from .inputs import KERNEL_HEAD_DIMS, check_inputs
+from .numerics import accum_dtype, call_under_autocast, finite_or_zero
+from .numerics import autocast_dtype, cast_for_autocast  # noqa: F401  (ring.py's imports, until it reads numerics)
 from .pattern import DilatedPattern
 
 BACKENDS = ("auto", "torch", "triton")
@@ -27,7 +32,8 @@ def dilated_attention(
     return_lse: bool = False,
     backend: str = "auto",
 ):
-    """LongNet-style dilated attention (DESIGN §1), differentiable.
+    """LongNet-style dilated attention (the rule: README "The pattern", ``pattern.py``),
+    differentiable.
 
     Args:
         q: ``[B, Hq, Sq, D]``.
@@ -50,27 +56,30 @@ def dilated_attention(
         backend: ``"auto"`` (Triton on CUDA when the shape is supported, else PyTorch),
             ``"torch"`` or ``"triton"``.
 
+    ``pattern.ordering`` is honoured here: with ``"hilbert"`` (or ``"auto"`` resolving to it),
+    self-attention over positions ``0..S-1`` (no positions given) stores the tokens in the
+    pattern's Hilbert order for the computation and returns them in natural order
+    (``hilbert.in_storage_order``); the result is the same function. Calls with explicit
+    positions are already in the caller's storage order.
+
     Returns:
         ``out`` ``[B, Hq, Sq, D]`` in the input dtype, and ``lse`` if ``return_lse``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    dt = autocast_dtype(q)
-    if dt is not None:  # cast like SDPA, then compute with autocast off
-        with torch.autocast(q.device.type, enabled=False):
-            return dilated_attention(
-                *cast_for_autocast(dt, q, k, v), pattern, causal=causal, scale=scale,
-                q_positions=q_positions, k_positions=k_positions, q_doc_ids=q_doc_ids,
-                k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+    cast = call_under_autocast(  # under torch.autocast: cast like SDPA, compute with it off
+        dilated_attention, q, k, v, pattern, causal=causal, scale=scale, q_positions=q_positions,
+        k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
+        backend=backend)
+    if cast is not None:
+        return cast
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
-    if backend == "triton" and not _triton_ok(q, a, any_device=True):
-        raise ValueError(
-            f"backend='triton' needs float16/bfloat16/float32 and head_dim in "
-            f"{_SUPPORTED_HEAD_DIMS} (same for v), got {q.dtype}, head_dim {a.head_dim}/"
-            f"{a.head_dim_v}; use backend='auto' or 'torch'"
-        )
-    if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
+    triton = use_triton(q, a, backend)
+    if a.natural_positions and a.sq == a.sk > 1 and \
+            storage_ordering(pattern, a.sq, a.head_dim, q.device) == "hilbert":
+        return in_storage_order(dilated_attention, q, k, v, pattern, causal=causal, scale=a.scale,
+                                q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
+                                return_lse=return_lse, backend=backend)
+    if triton:
         # Positions given explicitly travel to the op; it builds the position -> storage map
         # (or falls back to the PyTorch path when the kernels cannot take them).
         qp = None if a.natural_positions else a.q_positions
@@ -79,53 +88,40 @@ def dilated_attention(
             q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern), bool(causal),
             float(a.scale))
     else:
-        from .reference import chunked_attention
-
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
+        lse = lse.float()  # float32 for every input dtype
     return (out, lse) if return_lse else out
 
 
-def autocast_dtype(q) -> Optional[torch.dtype]:
-    """The autocast dtype when ``torch.autocast`` is on for ``q``'s device, else None.
-
-    Under autocast the attention runs in that dtype, as SDPA does: mixed precision is where
-    q, k, v disagree (Llama's rotary embedding multiplies bf16 q/k by float32 cos/sin, and
-    elementwise ops are not autocast, so q and k arrive in float32 next to a bf16 v). The
-    callers cast with :func:`cast_for_autocast` and compute with autocast off; outside autocast
-    nothing is cast (mixed dtypes then raise in ``check_inputs``).
-    """
-    dev = q.device.type if isinstance(q, torch.Tensor) else None
-    if dev in ("cuda", "cpu", "xpu") and torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return None
-
-
-def cast_for_autocast(dtype, *tensors):
-    """``tensors`` in ``dtype`` (float64 and non-floating tensors are left alone, as autocast
-    leaves float64)."""
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                 and t.dtype != torch.float64 else t for t in tensors)
-
-
-_SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _triton_ok(q: torch.Tensor, a, *, any_device: bool = False) -> bool:
-    """Whether the Triton kernels take this call (static checks only: no device sync, so the
-    decision traces under ``torch.compile``).
+def use_triton(q: torch.Tensor, a, backend: str) -> bool:
+    """Whether a call goes to the Triton kernels (the one dispatch rule of every entry point).
 
-    False (→ PyTorch path) for: tensors not on CUDA (unless ``any_device``: the interpreter),
-    float64, head_dim not in (16, 32, 64, 128) or differing between q and v, Triton missing.
-    Data-dependent limits (repeated or negative positions, e.g. packed documents whose
-    positions restart) are checked inside the op, which then runs the PyTorch path itself.
+    ``backend="triton"``: yes (on any device: the interpreter runs them on CPU), or a
+    ``ValueError`` when the kernels cannot take the dtype or head size. ``"auto"``: yes on CUDA
+    when they can; ``"torch"``: no. Static checks only (no device sync, so the decision traces
+    under ``torch.compile``); calls without work (an empty batch) take the PyTorch path, and
+    data-dependent limits (repeated or negative positions) are checked inside the op, which
+    then runs the PyTorch path itself.
     """
-    if not (any_device or q.is_cuda):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and not q.is_cuda):
         return False
-    if q.dtype not in _KERNEL_DTYPES:
-        return False
-    if a.head_dim not in _SUPPORTED_HEAD_DIMS or a.head_dim_v != a.head_dim:
-        return False
+    ok = (q.dtype in _KERNEL_DTYPES and a.head_dim in KERNEL_HEAD_DIMS
+          and a.head_dim_v == a.head_dim and _triton_importable())
+    if backend == "triton" and not ok:
+        raise ValueError(
+            f"backend='triton' needs float16/bfloat16/float32 and head_dim in "
+            f"{KERNEL_HEAD_DIMS} (same for v), got {q.dtype}, head_dim {a.head_dim}/"
+            f"{a.head_dim_v}; use backend='auto' or 'torch'"
+        )
+    return ok and a.batch > 0
+
+
+def _triton_importable() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
@@ -169,7 +165,7 @@ def _fwd_op(
     plan, why = plan_positions(a, pattern)
     if plan is not None:
         return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
-    runs = _document_runs(q, k, v, pattern, a)
+    runs = document_runs(q, k, v, pattern, a)
     if runs is not None:  # packed documents: one kernel call per document, written in place
         out = torch.zeros_like(q)
         lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
@@ -179,13 +175,16 @@ def _fwd_op(
                         lse=lse[sl])
         return out, lse
     _warn_fallback(why)
-    from .reference import chunked_attention
-
     out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
     return out.contiguous(), lse.float().contiguous()
 
 
 _WARNED = set()
+
+
+def reset_fallback_warnings() -> None:
+    """Forget which fallback reasons were reported, so each warns again (tests)."""
+    _WARNED.clear()
 
 
 def _warn_fallback(why: str) -> None:
@@ -194,8 +193,6 @@ def _warn_fallback(why: str) -> None:
     if why in _WARNED:
         return
     _WARNED.add(why)
-    import warnings
-
     warnings.warn(f"hf_hilbert_attn: the Triton kernels cannot take these positions ({why}); "
                   "this call runs on the PyTorch path (correct, much slower on a GPU). See "
                   "docs/kernels.md, 'Fallbacks'.", RuntimeWarning, stacklevel=3)
@@ -225,7 +222,7 @@ def _bwd_op(
     plan, _ = plan_positions(a, pattern)
     if plan is not None:
         return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
-    runs = _document_runs(q, k, v, pattern, a)
+    runs = document_runs(q, k, v, pattern, a)
     if runs is not None:  # packed documents, as in the forward
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for b, lo, hi, sub_plan in runs:
@@ -253,15 +250,11 @@ def _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
     That is FlashAttention's ``dS = P ∘ (dP - delta)`` with the merged probabilities, the same
     gradient the Triton backward computes from ``(out, lse)``.
     """
-    from .reference import chunked_attention
-
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accum_dtype(q.dtype)
     with torch.enable_grad():
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
         o_b, l_b = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
-        lse_m = lse.to(acc)
-        ref = torch.where(torch.isneginf(lse_m), torch.zeros_like(lse_m), lse_m)
-        c = torch.exp(l_b.detach().to(acc) - ref)  # 0 on rows this call has no key for
+        c = torch.exp(l_b.detach().to(acc) - finite_or_zero(lse.to(acc)))  # 0: no key here
         do = dout.to(acc)
         delta = (do * out.to(acc)).sum(-1)
         if dlse is not None:
@@ -304,14 +297,12 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
     Returns:
         ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
-    lse = lse.float()
-    dlse = None if dlse is None else dlse.float()
-    grads = None
-    if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
+    # float64 inputs keep a float64 lse (the PyTorch path; the kernels take float32 only)
+    lse = lse.to(accum_dtype(q.dtype))
+    dlse = None if dlse is None else dlse.to(accum_dtype(q.dtype))
+    if use_triton(q, a, backend):
         from .kernels import dilated_bwd, plan_positions
 
         if plan is None:
@@ -333,23 +324,27 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
 def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal: bool = True,
                            scale: Optional[float] = None, q_positions=None, k_positions=None,
                            q_doc_ids=None, k_doc_ids=None, backend: str = "auto", plan=None):
-    """:func:`dilated_attention` without autograd, writing ``out`` and the float32 ``lse`` into
-    the given tensors (e.g. views into a longer sequence's result): in place on the Triton path,
-    by a copy otherwise. ``plan``: as in :func:`dilated_attention_backward`. Returns
-    ``(out, lse)``."""
+    """:func:`dilated_attention` without autograd, writing ``out`` and ``lse`` into the given
+    tensors (e.g. views into a longer sequence's result): in place on the Triton path, by a copy
+    otherwise. ``lse`` is float32, or float64 for float64 inputs (the PyTorch path computes it
+    so; ring attention merges float64 pieces without a float32 step). ``plan``: as in
+    :func:`dilated_attention_backward`. Returns ``(out, lse)``."""
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
-    if backend == "triton" or (backend == "auto" and _triton_ok(q, a)):
+    if use_triton(q, a, backend):
         from .kernels import dilated_fwd, plan_positions
 
         if plan is None:
             plan, _ = plan_positions(a, pattern)
         if plan:
             return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
-    o, l = dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
-                             q_positions=q_positions, k_positions=k_positions,
-                             q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=True,
-                             backend=backend)
+        o, l = dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
+                                 q_positions=q_positions, k_positions=k_positions,
+                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=True,
+                                 backend=backend)
+    else:
+        with torch.no_grad():
+            o, l = chunked_attention(q, k, v, pattern, a, causal=causal)
     return out.copy_(o), lse.copy_(l)
 
 
@@ -362,7 +357,7 @@ def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_posit
     repeats a call with the same positions (ring attention, layer after layer) passes the
     result back through ``plan=`` instead, with its document ids attached (:func:`with_documents`)."""
     a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
-    if not (backend == "triton" or (backend == "auto" and _triton_ok(q, a))):
+    if not use_triton(q, a, backend):
         return None
     from .kernels import plan_positions
 
@@ -409,8 +404,8 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 MAX_DOCUMENT_RUNS = 4096  # beyond this many launches the PyTorch path is the better choice
 
 
-def _document_runs(q, k, v, pattern, a):
-    """Split packed self-attention into per-document kernel calls.
+def document_runs(q, k, v, pattern, a):
+    """Split packed self-attention into per-document kernel calls (``a``: ``check_inputs``).
 
     Returns ``[(batch_row, lo, hi, plan)]`` — storage ranges ``[lo, hi)`` each holding one whole
     document (doc id >= 0) with consecutive positions, and the kernels' plan for it — or None

@@ -1,4 +1,5 @@
-"""The dilated attention pattern (DESIGN §1): the one place that defines which pairs are allowed.
+"""The dilated attention pattern: the one place that defines which pairs are allowed
+(README, "The pattern").
 
 A pattern is a list of configs ``(w_i, r_i)`` (segment length, dilation rate). For query head
 ``h``, query position ``p`` and key position ``s`` (true positions, not storage indices):

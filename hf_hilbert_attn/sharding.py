@@ -8,7 +8,7 @@ layout computes the same function — layouts differ only in per-rank work and c
 * ``zigzag``: the sequence is cut into ``2W`` chunks; rank ``r`` holds chunks ``r`` and
   ``2W-1-r``, so under causal attention every rank holds as many early (cheap) as late
   (expensive) queries.
-* ``hilbert``: the positions in the pattern's Hilbert storage order (DESIGN §2; within each
+* ``hilbert``: the positions in the pattern's Hilbert storage order (docs/hilbert.md; within each
   longest segment a Hilbert curve over the (row, dilation class) grid), cut into ``W``
   contiguous pieces: each rank holds a compact block of rows × classes.
 
@@ -31,6 +31,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .inputs import restart_documents
 from .pattern import DilatedPattern
 
 __all__ = ["LAYOUTS", "LAYOUT_CHOICES", "DEFAULT_LAYOUT", "resolve_layout", "padded_length",
@@ -212,15 +213,14 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         last = pos[:, -1:] + 1
         full_pos = torch.cat([pos, last + torch.arange(sp - s, device=pos.device)], dim=1)
     out["position_ids"] = full_pos.index_select(1, idx)
-    packed = pos is not None and bool((torch.diff(pos, dim=-1) != 1).any())
-    if packed or layout == "hilbert":
+    docs = None if pos is None else restart_documents(pos)
+    if docs is not None or layout == "hilbert":
         # Packed documents (positions restart): a shard cannot see where documents start, so
         # pass global document ids (padding: -1, never attended) to the attention. Hilbert
         # shards store positions out of order, which the attention cannot tell from restarts
         # without them either.
-        docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
-        if packed:
-            docs = torch.nn.functional.pad(torch.diff(pos, dim=-1) != 1, (1, 0)).cumsum(-1)
+        if docs is None:
+            docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
         out["hilbert_doc_ids"] = pad(docs, -1).index_select(1, idx)
     labels = batch.get("labels")
     if labels is not None:

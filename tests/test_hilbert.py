@@ -1,4 +1,4 @@
-"""Hilbert layout (DESIGN §2): the curve, the permutation, and invariance of the attention."""
+"""Hilbert layout (docs/hilbert.md): the curve, the permutation, and invariance of the attention."""
 
 import math
 import time
@@ -292,3 +292,29 @@ def test_hilbert_layout_long_odd_sequence(impl):
     # 1025 tokens: two full segments of 512 (a 64 x 8 grid each) and one token in a third.
     pattern = DilatedPattern([64, 256, 512], [1, 4, 8], ordering="hilbert")
     _check_invariance(impl, pattern, True, b=1, hq=2, hkv=1, s=1025, d=16)
+
+
+def test_op_honours_pattern_ordering(monkeypatch):
+    # ordering="hilbert" is a setting of the op: self-attention over 0..S-1 is computed in the
+    # Hilbert layout (same function); calls with explicit positions are already in storage order.
+    import hf_hilbert_attn.hilbert as hilbert
+
+    calls = []
+    real = hilbert.hilbert_permutation
+    monkeypatch.setattr(hilbert, "hilbert_permutation",
+                        lambda n, p, device=None: calls.append(n) or real(n, p, device))
+    p = DilatedPattern([12, 40], [1, 3])
+    q, k, v = torch.randn(2, 4, 97, 16), torch.randn(2, 2, 97, 16), torch.randn(2, 2, 97, 16)
+    ref, ref_lse = dilated_attention(q, k, v, p, backend="torch", return_lse=True)
+    assert calls == []
+    out, lse = dilated_attention(q, k, v, p.replace(ordering="hilbert"), backend="torch",
+                                 return_lse=True)
+    assert calls == [97]
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-6, rtol=1e-5)
+    calls.clear()
+    pos = torch.arange(97)
+    dilated_attention(q, k, v, p.replace(ordering="hilbert"), backend="torch", q_positions=pos,
+                      k_positions=pos)
+    dilated_attention(q, k, v, p.replace(ordering="auto"), backend="torch")  # measured: natural
+    assert calls == []

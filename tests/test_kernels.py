@@ -8,6 +8,7 @@ Float32 inputs: the interpreter computes exactly, so tolerances are tight.
 import pytest
 import torch
 
+from helpers import assert_close
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn import kernels
 from hf_hilbert_attn.inputs import check_inputs
@@ -57,11 +58,7 @@ def _run(pattern, *, b=1, hq=4, hkv=2, sq=37, sk=None, d=16, causal=True, dtype=
 
 
 def _close(name, got, ref, tol):
-    err = (got.double() - ref.double()).abs()
-    bad = err > tol * (1 + ref.double().abs())
-    assert not bad.any(), (
-        f"{name}: {int(bad.sum())} mismatches, max err {err.max().item():.3e}, "
-        f"first at {bad.nonzero()[:5].tolist()}")
+    assert_close(name, got, ref, tol, elementwise=True)
 
 
 PAT = DilatedPattern([8, 16, 32], [1, 2, 4])
@@ -162,12 +159,12 @@ def test_packed_documents_run_per_document(monkeypatch):
     a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
     plan, why = plan_positions(a)
     assert plan is None and "repeats" in why
-    runs = ops._document_runs(q, q, q, PAT, a)
+    runs = ops.document_runs(q, q, q, PAT, a)
     assert [(b, lo, hi, p.mapped) for b, lo, hi, p in runs] == [
         (0, 0, 15, False), (0, 15, 40, False), (1, 0, 23, False), (1, 23, 35, False)]
     calls = []
-    real = ops._document_runs
-    monkeypatch.setattr(ops, "_document_runs", lambda *x: calls.append(1) or real(*x))
+    real = ops.document_runs
+    monkeypatch.setattr(ops, "document_runs", lambda *x: calls.append(1) or real(*x))
     _run(PAT, b=2, sq=s, hq=4, hkv=2, k_positions=pos, k_doc_ids=doc)
     assert len(calls) == 2  # forward and backward took the per-document path
 
@@ -182,8 +179,8 @@ def test_packed_document_split_in_two_falls_back():
     doc = torch.tensor([0] * 10 + [1] * 10 + [0] * 10, device=DEV)
     q = torch.randn(1, 2, s, 16, device=DEV)
     a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
-    assert ops._document_runs(q, q, q, PAT, a) is None
-    ops._WARNED.clear()
+    assert ops.document_runs(q, q, q, PAT, a) is None
+    ops.reset_fallback_warnings()
     with pytest.warns(RuntimeWarning, match="runs on the PyTorch path") as rec:
         _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
         _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)

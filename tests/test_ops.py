@@ -10,21 +10,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
-from hf_hilbert_attn import reference as reference_module
+from hf_hilbert_attn import chunked as chunked_module
+from helpers import assert_close, random_pattern
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
-
-
-def random_pattern(rng: random.Random, length: int, mode=None, max_rate: int = 8) -> DilatedPattern:
-    """1-3 configs with segment lengths up to ~1.3x the sequence (so the last, partial segment
-    and single-segment configs both occur), any rates; per_head gets a rate-1 config."""
-    n = rng.randint(1, 3)
-    w = [rng.randint(1, max(2, int(1.3 * length))) for _ in range(n)]
-    r = [rng.randint(1, min(wi, max_rate)) for wi in w]
-    mode = mode or rng.choice(["per_head", "all"])
-    if mode == "per_head" and 1 not in r:
-        r[rng.randrange(n)] = 1
-    return DilatedPattern(w, r, query_dilation=mode)
 
 
 def ours(q, k, v, pattern, **kw):
@@ -47,29 +36,11 @@ def run(fn, q, k, v, pattern, dout, dlse=None, **kw):
 
 
 def assert_match(got, want, tol, what=""):
-    """Max abs error of each of out/lse/dq/dk/dv <= tol * max(1, max |reference|); -inf lse and
+    """Each of out/lse/dq/dk/dv close to the reference (``helpers.assert_close``); -inf lse and
     their zero outputs must match exactly. lse is float32 for every input dtype, so its
-    tolerance is at least float32's. Prints the worst index on failure."""
+    tolerance is at least float32's."""
     for name, a, b in zip(NAMES, got, want):
-        tol_i = max(tol, 1e-6) if name == "lse" else tol
-        assert a.shape == b.shape, f"{what} {name}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-        a, b = a.double(), b.double()
-        fa, fb = torch.isfinite(a), torch.isfinite(b)
-        bad = (fa != fb).nonzero()
-        assert bad.numel() == 0, f"{what} {name}: finiteness differs at {bad[:5].tolist()}"
-        if name == "lse":
-            assert torch.equal(a[~fa], b[~fb]), f"{what} lse: non-finite values differ"
-        if not fa.any():
-            continue
-        diff = torch.where(fa, (a - b).abs(), torch.zeros_like(a))
-        err = float(diff.max())
-        scale = max(1.0, float(b[fb].abs().max()))
-        if err > tol_i * scale:
-            idx = int(diff.argmax())
-            where = list(torch.unravel_index(torch.tensor(idx), diff.shape))
-            raise AssertionError(f"{what} {name}: max error {err:.3g} > {tol_i:g} * {scale:.3g} at "
-                                 f"{[int(i) for i in where]} (got {float(a.flatten()[idx]):.6g}, "
-                                 f"want {float(b.flatten()[idx]):.6g})")
+        assert_close(name, a, b, max(tol, 1e-6) if name == "lse" else tol, what)
 
 
 def qkv(b, hq, hkv, sq, sk, d, dtype=torch.float32, dv=None):
@@ -106,13 +77,13 @@ def check(q, k, v, pattern, tol=2e-5, lse_grad=True, **kw):
 def test_matches_reference(b, hq, hkv, s, d, causal, mode):
     rng = random.Random(torch.initial_seed())
     for _ in range(2 if s < 1000 else 1):
-        pattern = random_pattern(rng, s, mode)
+        pattern = random_pattern(rng, s, mode=mode)
         q, k, v = qkv(b, hq, hkv, s, s, d)
         check(q, k, v, pattern, causal=causal, scale=rng.uniform(0.05, 0.5))
 
 
 def test_longnet_like_1025():
-    # Nested power-of-two segments with large rates: every config of DESIGN §1 at once, GQA.
+    # Nested power-of-two segments with large rates: every kind of config at once, GQA.
     pattern = DilatedPattern([64, 256, 1024], [1, 4, 16])
     q, k, v = qkv(1, 4, 2, 1025, 1025, 64)
     check(q, k, v, pattern, causal=True)
@@ -346,7 +317,7 @@ def test_never_allocates_sq_by_sk():
     # [B, Hq, CHUNK_Q, CHUNK_K]; a single [S, S] mask would be 16x over this limit.
     limit = s * s // 16
     assert watch.numel <= limit, f"{watch.op} returned {watch.numel} elements (limit {limit})"
-    assert watch.numel <= max(q.numel(), 4 * reference_module.CHUNK_Q * reference_module.CHUNK_K) * 2
+    assert watch.numel <= max(q.numel(), 4 * chunked_module.CHUNK_Q * chunked_module.CHUNK_K) * 2
 
 
 def _computed_pairs(pattern, s, heads, causal=True):
@@ -357,7 +328,7 @@ def _computed_pairs(pattern, s, heads, causal=True):
     k = torch.empty(1, 1, s, 1)
     a = check_inputs(q, k, k, pattern)
     total = 0
-    for ps in reference_module._plan(pattern, a, causal):
+    for ps in chunked_module._plan(pattern, a, causal):
         for lo, hi, chunks in ps.tiles:
             total += sum((hi - lo) * (c[1] - c[0]) for c in chunks) * ps.head_ids.numel()
     return total
@@ -400,3 +371,15 @@ def test_autocast_casts_like_sdpa():
     assert torch.equal(out, want)  # the same computation: cast, then autocast off inside
     with pytest.raises(ValueError, match="must share a dtype"):  # outside autocast: no cast
         dilated_attention(q, q, v, pat)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_empty_batch_returns_empty_like_sdpa(backend):
+    # batch size 0: an empty output (and lse, and gradients), as SDPA returns
+    q, k, v = (torch.randn(0, 4, 13, 8, requires_grad=True) for _ in range(3))
+    pattern = DilatedPattern([4, 8], [1, 2])
+    out, lse = dilated_attention(q, k, v, pattern, return_lse=True, backend=backend)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.shape == want.shape == (0, 4, 13, 8) and lse.shape == (0, 4, 13)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape

@@ -1,4 +1,4 @@
-"""DilatedPattern (DESIGN §1): validation, IO, the rule's three forms agree, pair counting,
+"""DilatedPattern (README, "The pattern"): validation, IO, the rule's three forms agree, pair counting,
 and the reference attention against a per-pair evaluation of the rule."""
 
 import random
@@ -7,23 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 
 CONFIGS = Path(__file__).resolve().parent.parent / "hf_hilbert_attn" / "patterns"
 
 
 def random_pattern(rng: random.Random, max_w: int = 40) -> DilatedPattern:
-    """A fresh valid pattern: 1-3 configs, any segment lengths and rates (not nested, not
-    powers of two), per_head patterns get a rate-1 config somewhere; either window kind, with
-    or without sink tokens."""
-    n = rng.randint(1, 3)
-    w = [rng.randint(1, max_w) for _ in range(n)]
-    r = [rng.randint(1, min(wi, 7)) for wi in w]
-    mode = rng.choice(["per_head", "all"])
-    if mode == "per_head" and 1 not in r:
-        r[rng.randrange(n)] = 1
-    return DilatedPattern(w, r, query_dilation=mode, window=rng.choice(["segment", "sliding"]),
-                          sink_tokens=rng.choice([0, 0, 1, 3, 50]))
+    """Either window kind, with or without sink tokens, rates up to 7."""
+    return helpers.random_pattern(rng, max_w=max_w, max_rate=7, window=None, sinks=None)
 
 
 # ------------------------------------------------------------------------------ validation

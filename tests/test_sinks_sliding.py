@@ -1,4 +1,4 @@
-"""Sink tokens and sliding windows (DESIGN §1) on the chunked PyTorch path
+"""Sink tokens and sliding windows (README, "The pattern") on the chunked PyTorch path
 (``dilated_attention(..., backend="torch")``) against ``reference_attention`` in float64: out,
 lse, dq, dk, dv on fresh random patterns of both window kinds, with and without sinks (also more
 sinks than tokens), GQA, odd sizes, decode, Hilbert-permuted positions, packed documents, left
@@ -13,8 +13,10 @@ import random
 import pytest
 import torch
 
+import helpers
+from helpers import assert_close
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
-from hf_hilbert_attn import reference as reference_module
+from hf_hilbert_attn import chunked as chunked_module
 from hf_hilbert_attn.hilbert import hilbert_permutation
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.ops import attention_forward_into, dilated_attention_backward
@@ -25,24 +27,9 @@ LSE_TOL = 2e-6  # lse (and what flows through it) is float32
 
 def random_pattern(rng: random.Random, length: int, window: str, sinks: int,
                    mode=None) -> DilatedPattern:
-    """1-3 configs, windows up to ~1.3x the length, any rates; half the time nested windows
-    with power-of-two rates (earlier configs then cover later ones' short distances: the
-    planner's class-free windows and skipped blocks)."""
-    n = rng.randint(1, 3)
-    mode = mode or rng.choice(["per_head", "all"])
-    if rng.random() < 0.5:
-        w = [rng.randint(1, max(2, int(1.3 * length))) for _ in range(n)]
-        r = [rng.randint(1, min(wi, 8)) for wi in w]
-    else:
-        base = rng.randint(1, max(1, length // 4))
-        w = [base * 2 ** j + rng.randint(0, 2) for j in range(n)]
-        r = [min(wi, 2 ** j) for j, wi in enumerate(w)]
-        if rng.random() < 0.3:
-            w.reverse()
-            r.reverse()
-    if mode == "per_head" and 1 not in r:
-        r[rng.randrange(n)] = 1
-    return DilatedPattern(w, r, query_dilation=mode, window=window, sink_tokens=sinks)
+    """Half the time nested windows with power-of-two rates (the planner's class-free windows
+    and skipped blocks)."""
+    return helpers.random_pattern(rng, length, mode=mode, window=window, sinks=sinks, nested=True)
 
 
 def draw_sinks(rng: random.Random, length: int) -> int:
@@ -73,23 +60,6 @@ def ref64(q, k, v, pattern, **kw):
     return reference_attention(q, k, v, pattern, dtype=torch.float64, **kw)
 
 
-def _close(name, got, want, tol, what):
-    got, want = got.double(), want.double()
-    assert got.shape == want.shape, f"{what} {name}: {tuple(got.shape)} vs {tuple(want.shape)}"
-    fg, fw = torch.isfinite(got), torch.isfinite(want)
-    bad = (fg != fw).nonzero()
-    assert bad.numel() == 0, f"{what} {name}: finiteness differs at {bad[:5].tolist()}"
-    if not fw.any():
-        return
-    diff = torch.where(fw, (got - want).abs(), torch.zeros_like(got))
-    scale = max(1.0, float(want[fw].abs().max()))
-    if float(diff.max()) > tol * scale:
-        at = [int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)]
-        raise AssertionError(f"{what} {name}: max error {float(diff.max()):.3g} > {tol:g} * "
-                             f"{scale:.3g} at {at} (got {float(got[tuple(at)]):.6g}, want "
-                             f"{float(want[tuple(at)]):.6g})")
-
-
 def check(q, k, v, pattern, **kw):
     """Ours vs the float64 reference (fresh random cotangents); returns ours."""
     dout = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
@@ -98,12 +68,12 @@ def check(q, k, v, pattern, **kw):
     want = _run(ref64, q, k, v, pattern, dout, dlse, **kw)
     causal = "causal" if kw.get("causal", True) else "non-causal"
     what = f"{pattern} {causal} q{tuple(q.shape)} k{tuple(k.shape)}"
-    _close("out", got[0], want[0], F64_TOL, what)
-    _close("lse", got[1], want[1], LSE_TOL, what)
+    assert_close("out", got[0], want[0], F64_TOL, what)
+    assert_close("lse", got[1], want[1], LSE_TOL, what)
     for name, a, b in zip(("dq", "dk", "dv"), got[2], want[2]):
-        _close(name, a, b, F64_TOL, what)
+        assert_close(name, a, b, F64_TOL, what)
     for name, a, b in zip(("dq", "dk", "dv"), got[3], want[3]):
-        _close(name + " (with lse)", a, b, LSE_TOL, what)
+        assert_close(name + " (with lse)", a, b, LSE_TOL, what)
     return got
 
 
@@ -178,9 +148,9 @@ def test_hilbert_permuted_positions(window):
     back = _run(ours, q[:, :, perm], k[:, :, perm], v[:, :, perm], pattern, dout[:, :, perm],
                 dlse[:, :, perm], causal=causal, q_positions=perm, k_positions=perm)
     for name, a, b in zip(("out", "lse"), back[:2], natural[:2]):
-        _close(name, a[:, :, inv], b, LSE_TOL if name == "lse" else F64_TOL, "unpermuted")
+        assert_close(name, a[:, :, inv], b, LSE_TOL if name == "lse" else F64_TOL, "unpermuted")
     for name, a, b in zip(("dq", "dk", "dv"), back[2], natural[2]):
-        _close(name, a[:, :, inv], b, F64_TOL, "unpermuted")
+        assert_close(name, a[:, :, inv], b, F64_TOL, "unpermuted")
     assert stored[0].shape == (1, 4, s, 16)
 
 
@@ -276,8 +246,8 @@ def test_results_written_into_poisoned_tensors(window):
     lse = torch.full(q.shape[:3], float("nan"))
     attention_forward_into(q, k, v, pattern, out=out, lse=lse, causal=causal, backend="torch")
     want, want_lse = ref64(q, k, v, pattern, causal=causal, return_lse=True)
-    _close("out", out, want, F64_TOL, str(pattern))
-    _close("lse", lse, want_lse, LSE_TOL, str(pattern))
+    assert_close("out", out, want, F64_TOL, str(pattern))
+    assert_close("lse", lse, want_lse, LSE_TOL, str(pattern))
     dout = torch.randn_like(out)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     dilated_attention_backward(dout, q, k, v, out, lse, pattern, causal=causal, backend="torch",
@@ -286,7 +256,7 @@ def test_results_written_into_poisoned_tensors(window):
     ref_grads = torch.autograd.grad((ref64(qq, kk, vv, pattern, causal=causal) * dout).sum(),
                                     (qq, kk, vv))
     for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads):
-        _close(name, a, b, LSE_TOL, str(pattern))  # from the float32 lse
+        assert_close(name, a, b, LSE_TOL, str(pattern))  # from the float32 lse
 
 
 # ------------------------------------------------------------------------------ bounded work
@@ -296,7 +266,7 @@ def _plan_work(pattern, sq, sk, heads, causal=True):
     k = torch.empty(1, 1, sk, 1)
     a = check_inputs(q, k, k, pattern)
     work = chunks = 0
-    for ps in reference_module._plan(pattern, a, causal):
+    for ps in chunked_module._plan(pattern, a, causal):
         for lo, hi, cs in ps.tiles:
             work += sum((hi - lo) * (c[1] - c[0]) for c in cs) * ps.head_ids.numel()
             chunks += len(cs)
@@ -335,5 +305,5 @@ def test_sliding_never_allocates_sq_by_sk():
         out, lse = dilated_attention(q, k, v, pattern, backend="torch", return_lse=True)
         (out.sum() + lse.sum()).backward()
     assert bool(torch.isfinite(lse).all()) and bool(torch.isfinite(q.grad).all())
-    limit = max(q.numel(), 4 * reference_module.CHUNK_Q * reference_module.CHUNK_K) * 2
+    limit = max(q.numel(), 4 * chunked_module.CHUNK_Q * chunked_module.CHUNK_K) * 2
     assert watch.numel <= limit, f"{watch.op} returned {watch.numel} elements (limit {limit})"

@@ -112,7 +112,7 @@ def test_default_pattern_matches_yaml():
     model = tiny_model("llama", "hilbert_dilated")
     assert getattr(model.config, "hilbert_attn", None) is None
     # a model without a pattern says once what the default costs, and how to choose
-    integ._DEFAULT_NOTED[0] = False
+    integ.reset_notes()
     with pytest.warns(UserWarning, match="has no 'hilbert_attn' pattern.*configure"):
         assert integ.get_pattern(model.config) == DilatedPattern.from_yaml(CONFIGS / "default.yaml")
     with warnings.catch_warnings():
@@ -376,6 +376,30 @@ def test_config_round_trip(tmp_path):
     assert loaded.config._attn_implementation == "hilbert_dilated"
     assert integ.get_pattern(loaded.config) == pattern
     assert torch.equal(loaded(ids).logits, ref)
+
+
+def test_loaded_without_attn_implementation_warns(tmp_path):
+    # Transformers does not save the attention implementation: a model saved with hilbert_dilated
+    # comes back as sdpa. It keeps running sdpa (the user's choice at load time), and says so once.
+    model = configure(tiny_model("llama"), SMALL)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config._attn_implementation == "sdpa"
+    integ.reset_notes()
+    with pytest.warns(UserWarning, match="has a 'hilbert_attn' pattern but the model runs sdpa"):
+        loaded(tokens(1, 20))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded(tokens(1, 20))  # once per process
+        tiny_model("llama")(tokens(1, 20))  # no pattern: nothing to say
+
+
+def test_configure_accepts_shipped_names():
+    model = configure(tiny_model("llama"), "longnet_lm")
+    assert integ.get_pattern(model.config) == hf_hilbert_attn.patterns.load("longnet_lm")
+    assert integ.get_pattern(model.config) == DilatedPattern.from_yaml(CONFIGS / "longnet_lm.yaml")
+    with pytest.raises(ValueError, match=r"unknown pattern 'no_such': .*shipped pattern name \[.*'dense'"):
+        configure(model, "no_such")
 
 
 def test_configure_accepts_dict_and_yaml(tmp_path):

@@ -1,9 +1,8 @@
 """Triton kernels for dilated attention: forward (out + lse) and backward (dq, dk, dv).
 
-Entry point: :func:`triton_dilated_attention` (differentiable). The launchers
-:func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wraps in ``torch.library`` custom
-ops. Design and measurements: ``docs/kernels.md``. This package imports neither transformers
-nor torch.distributed.
+The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wraps in
+``torch.library`` custom ops (differentiable there). Design and measurements:
+``docs/kernels.md``. This package imports neither transformers nor torch.distributed.
 """
 
 from __future__ import annotations
@@ -14,13 +13,13 @@ from typing import Optional
 import torch
 import triton
 
+from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._fwd import _fwd_kernel
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions,
                     union_keys)
 
 __all__ = [
-    "triton_dilated_attention",
     "dilated_fwd",
     "dilated_bwd",
     "plan_positions",
@@ -29,7 +28,6 @@ __all__ = [
     "BLOCK_OVERRIDE",
 ]
 
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634
 # Tests set this to (BM, BN) to force small tiles (many tiles, every boundary case) on tiny shapes.
 BLOCK_OVERRIDE: Optional[tuple] = None
@@ -342,50 +340,3 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 num_stages=kstages, **common, **union,
             )
     return dq, dk, dv
-
-
-class _DilatedAttnFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, pattern, scale, causal, plan):
-        out, lse = dilated_fwd(q, k, v, pattern, scale, causal, plan)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (pattern, scale, causal, plan)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        pattern, scale, causal, plan = ctx.args
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, scale, causal, plan)
-        return dq, dk, dv, None, None, None, None
-
-
-def triton_dilated_attention(q, k, v, pattern, a, *, causal: bool = True,
-                             plan: Optional[PositionPlan] = None):
-    """Dilated attention through the Triton kernels (differentiable; lse too).
-
-    Args:
-        q: ``[B, Hq, Sq, D]``; k, v: ``[B, Hkv, Sk, D]`` (GQA read in place), fp16/bf16/fp32,
-            D in ``SUPPORTED_HEAD_DIMS``.
-        pattern: the ``DilatedPattern``.
-        a: ``inputs.AttnInputs`` from ``check_inputs`` (scale, positions, document ids).
-        causal: mask keys after the query.
-        plan: a ``PositionPlan`` already built for ``a`` (else built here).
-
-    Returns:
-        ``(out [B, Hq, Sq, D] in q.dtype, lse [B, Hq, Sq] float32, natural log)``.
-
-    Raises:
-        ValueError: if the head size or positions are not supported (``ops._triton_ok`` and
-            ``plan_positions`` say so beforehand; ``ops`` then uses the PyTorch path).
-    """
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for q, k and v, got "
-                         f"{q.shape[-1]} and {v.shape[-1]}")
-    if plan is None:
-        plan, why = plan_positions(a, pattern)
-        if plan is None:
-            raise ValueError(f"the Triton kernels cannot take these positions: {why}")
-    return _DilatedAttnFn.apply(q, k, v, pattern, float(a.scale), bool(causal), plan)

@@ -1,6 +1,6 @@
 """Device helpers shared by the forward and backward kernels.
 
-Position space (DESIGN §4): a tile of config ``(W, R)`` is ``BLOCK`` positions of one dilation
+Position space (docs/kernels.md): a tile of config ``(W, R)`` is ``BLOCK`` positions of one dilation
 class ``c`` of one segment ``seg``: ``seg*W + c + R*n`` for consecutive ``n``. Every pair
 inside such a (query tile, key tile) is allowed by the config (same segment, same class), so
 the only masks left are the causal diagonal, range ends, absent positions, documents and the

@@ -82,5 +82,5 @@ def as_pattern(pattern: PatternLike) -> DilatedPattern:
             return load(pattern)
         raise ValueError(f"unknown pattern {str(pattern)!r}: give a YAML file or a shipped "
                          f"pattern name {names()}")
-    raise TypeError(f"pattern must be a DilatedPattern, a dict, a YAML path, a shipped name or "
-                    f"None, got {type(pattern).__name__}")
+    raise TypeError(f"pattern must be a DilatedPattern, a dict, a YAML path or None (or a shipped "
+                    f"pattern name), got {type(pattern).__name__}")

@@ -1,0 +1,639 @@
+"""The memory-efficient PyTorch path: ``dilated_attention(..., backend="torch")``, and the op's
+path wherever the Triton kernels do not run (CPU, float64, other head sizes, positions the
+kernels cannot plan).
+
+It computes exactly what ``reference.reference_attention`` computes, block by block in position
+space, never materialising ``[Sq, Sk]``, with a FlashAttention-style backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .numerics import accum_dtype, finite_or_zero, merge_partials
+from .pattern import DilatedPattern
+
+__all__ = ["chunked_attention", "CHUNK_Q", "CHUNK_K"]
+
+# --------------------------------------------------------------------------------------------
+# Work is planned in position space, config by config. Config ``i`` allows a pair only inside
+# one (segment, dilation class) group (``DilatedPattern.segment_and_class``), so for each config
+# the queries and keys are sorted by (group, position) and cut into tiles of ``CHUNK_Q`` queries
+# and chunks of at most ``CHUNK_K`` keys; a tile meets only the keys of its own groups. Sliding
+# windows have no segments (one group per class), so there a tile meets only the band of its
+# class's keys that lie within ``w_i`` of its queries (searched in the sorted keys): the work is
+# O(S * w_i / r_i), not O(S^2 / r_i); tiles are smaller and chunks longer (same block size), as
+# a band is a diagonal strip. Under the union rule a pair belongs to the *first* config
+# that allows it, so config ``i`` masks the pairs an earlier config already covered; the sink
+# tokens come last, as one pass of every query against the keys at positions
+# ``< sink_tokens``, masking the pairs any config allows. Passes are merged by log-sum-exp. Per
+# block, the mask comes from ``DilatedPattern.config_allowed`` (or from the distance ``p - s``
+# alone, where the rule reduces to a window) plus causality and document ids, and cheap min/max
+# summaries skip blocks that cannot hold a pair the pass owns. Memory is
+# O(B * H * CHUNK_Q * CHUNK_K) per block plus O(B * H * S * D) accumulators, never O(Sq * Sk).
+# --------------------------------------------------------------------------------------------
+
+CHUNK_Q = 512
+CHUNK_K = 512
+# Scores per block (B * heads * queries * keys): the query tile shrinks when B * heads is large.
+MAX_BLOCK_ELEMENTS = 1 << 23
+# Sliding windows: query tiles of about a quarter of the keys a query uses in its window (at
+# least SLIDING_CQ_MIN); measured on CPU at S = 8192 (tiles of 64-512, windows 512-8192).
+SLIDING_CQ_MIN = 64
+SLIDING_DIV = 4
+
+# What a block needs of its own pass's rule, per pair: nothing (every pair is in the pass's
+# group and window), the sliding window as a distance, or the config's whole rule.
+_OWN_NONE, _OWN_WINDOW, _OWN_RULE = 0, 1, 2
+
+
+class _Pass:
+    """One config (in per_head mode, one dilation class of it), or the sink tokens
+    (``config is None``), over one set of batch rows.
+
+    ``q_order``/``k_order`` are storage indices sorted by (group, position); ``tiles`` holds
+    ``(q_lo, q_hi, chunks)`` slices of ``q_order`` with, per key chunk (a slice of ``k_order``),
+    ``(k_lo, k_hi, need_causal, own, need_docs, dedupe_configs, covered)``: ``own`` is one of
+    ``_OWN_*``; ``dedupe_configs`` the earlier configs whose rule masks pairs of the block;
+    ``covered`` a distance ``W`` (0: none) such that an earlier config owns every pair of the
+    block with ``|p - s| < W``.
+    """
+
+    __slots__ = ("config", "causal", "rows", "heads", "head_ids", "kv_ids", "q_order", "q_pos",
+                 "q_doc", "k_order", "k_pos", "k_doc", "tiles")
+
+
+def _lex_order(group: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Indices sorting by ``group`` then ``pos`` (ties in both may come in any order)."""
+    if pos.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64, device=pos.device)
+    p_min, p_max = int(pos.min()), int(pos.max())
+    g_min, g_max = int(group.min()), int(group.max())
+    span = p_max - p_min + 1
+    if (g_max - g_min + 1) * span < 2**62:  # one sort of a combined key
+        return torch.sort((group - g_min) * span + (pos - p_min)).indices
+    order = torch.sort(pos, stable=True).indices
+    return order.index_select(0, torch.sort(group.index_select(0, order), stable=True).indices)
+
+
+def _lex_search(kg: torch.Tensor, kpos: torch.Tensor, g: torch.Tensor, p: torch.Tensor,
+                right: bool) -> torch.Tensor:
+    """Insertion points of the pairs ``(g, p)`` into keys sorted by (``kg``, ``kpos``)."""
+    k_min, k_max = int(kpos.min()), int(kpos.max())
+    base, span = k_min - 1, k_max - k_min + 3  # clamped queries land in [0, span)
+    g_min = min(int(kg.min()), int(g.min()))
+    g_max = max(int(kg.max()), int(g.max()))
+    if (g_max - g_min + 1) * span < 2**62:
+        keys = (kg - g_min) * span + (kpos - base)
+        at = (g - g_min) * span + (p.clamp(base, k_max + 1) - base)
+        return torch.searchsorted(keys, at, right=right)
+    # positions too far apart for one int64 key: search each group's slice of the keys
+    out = torch.empty_like(g)
+    for gv in torch.unique(g).tolist():
+        sel = g == gv
+        one = kg.new_tensor([gv])
+        a = int(torch.searchsorted(kg, one))
+        b = int(torch.searchsorted(kg, one, right=True))
+        out[sel] = a + torch.searchsorted(kpos[a:b], p[sel], right=right)
+    return out
+
+
+def _tile_bounds(counts: list, cq: int) -> list:
+    """Cut a sequence of consecutive groups into tiles of at most ``cq`` queries.
+
+    Small groups are packed together; a group larger than ``cq`` gets tiles of its own (near
+    equal sizes), so a tile never pays for a big neighbour's keys.
+    """
+    bounds, start, cur = [], 0, 0
+    for n in counts:
+        if n > cq:
+            if cur:
+                bounds.append((start, start + cur))
+                start, cur = start + cur, 0
+            pieces = -(-n // cq)
+            for j in range(pieces):
+                size = n * (j + 1) // pieces - n * j // pieces
+                bounds.append((start, start + size))
+                start += size
+            continue
+        if cur + n > cq:
+            bounds.append((start, start + cur))
+            start, cur = start + cur, 0
+        cur += n
+    if cur:
+        bounds.append((start, start + cur))
+    return bounds
+
+
+def _merge_ranges(ranges, ck: int) -> list:
+    """Key ranges ``[(a, b)]`` sorted by ``a`` (overlaps allowed) as disjoint chunks of at most
+    ``ck`` keys. A range near the previous chunk joins it, gap included (the gap's keys
+    are masked), so a class whose band is split in two, or small neighbouring bands, do not
+    become many tiny blocks."""
+    chunks, cs, ce = [], None, None
+    for a, b in ranges:
+        if ce is not None:
+            a = max(a, ce)  # disjoint: a key in two chunks would count twice
+            if a >= b:
+                continue
+            if b - cs <= ck:
+                ce = b
+                continue
+            chunks.append((cs, ce))
+        elif a >= b:
+            continue
+        if b - a > ck:  # near-equal pieces: no small remainder block
+            pieces = -(-(b - a) // ck)
+            cuts = [a + (b - a) * n // pieces for n in range(pieces + 1)]
+            chunks.extend(zip(cuts[:-2], cuts[1:-1]))
+            a = cuts[-2]
+        cs, ce = a, b
+    if ce is not None:
+        chunks.append((cs, ce))
+    return chunks
+
+
+def _range_min_max(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
+    """Min and max of ``x[..., a:b]`` for each non-empty range of ``starts``/``ends`` (``x``
+    ``[n]`` or ``[Bd, n]``, reduced over the batch too): two ``[len(starts)]`` tensors. Work
+    and memory O(len(starts) * longest range), in batches of at most one block's size."""
+    width = int((ends - starts).max())
+    step = max(1, CHUNK_Q * CHUNK_K // (width * (x.shape[0] if x.dim() == 2 else 1)))
+    lo, hi = [], []
+    for n in range(0, starts.numel(), step):
+        a, b = starts[n:n + step], ends[n:n + step]
+        # a short range repeats its last element, which changes neither its min nor its max
+        idx = torch.minimum(a[:, None] + torch.arange(width, device=x.device), b[:, None] - 1)
+        vals = x[..., idx]
+        lo.append(vals.amin(-1))
+        hi.append(vals.amax(-1))
+    lo, hi = torch.cat(lo, -1), torch.cat(hi, -1)
+    if x.dim() == 2:
+        lo, hi = lo.amin(0), hi.amax(0)
+    return lo, hi
+
+
+def _class_free(pattern, i, single_group: bool, j: int) -> bool:
+    """Whether earlier sliding config ``j``'s class test ``p ≡ s (≡ h, per_head) (mod r_j)``
+    holds for every pair of a block of pass ``i`` (``None``: the sinks): always when
+    ``r_j == 1``, and inside one class group of config ``i`` whenever ``r_j`` divides ``r_i``
+    (the group fixes ``p mod r_i`` for its queries, its keys and, per_head, the pass's heads).
+    Then ``j``'s rule on the block is its window alone."""
+    rj = pattern.dilation_rates[j]
+    return rj == 1 or (i is not None and single_group and pattern.dilation_rates[i] % rj == 0)
+
+
+def _covered_distance(pattern, i, single_group: bool) -> int:
+    """The largest window ``w_j`` of an earlier sliding config ``j`` that owns *every* pair of
+    a block of pass ``i`` (``None``: the sinks) with ``|p - s| < w_j``, or 0: the union of the
+    windows of the class-free configs (:func:`_class_free`) is the largest of them."""
+    if not pattern.sliding:
+        return 0
+    n = pattern.num_configs if i is None else i
+    return max((pattern.segment_lengths[j] for j in range(n)
+                if _class_free(pattern, i, single_group, j)), default=0)
+
+
+def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi_group, ck):
+    """Per tile, the key chunks of sliding config ``i``: for each group (class) of the tile,
+    its keys within ``w_i`` of the group's queries, less the keys every one of those queries
+    already gets from an earlier config (:func:`_covered_distance`), as :func:`_merge_ranges`
+    chunks. ``q_pos``/``qg`` and ``k_pos``/``kg`` are sorted by (group, position)."""
+    w = pattern.segment_lengths[i]
+    dev = q_pos.device
+    tile_start = torch.tensor([b[0] for b in bounds], device=dev)
+    group_start = torch.tensor(counts, device=dev).cumsum(0) - torch.tensor(counts, device=dev)
+    # a tile holds whole small groups or part of one large group: cut at both kinds of start
+    seg = torch.unique(torch.cat([tile_start, group_start]))
+    seg_end = torch.cat([seg[1:], seg.new_tensor([q_pos.numel()])])
+    tile_of = torch.searchsorted(tile_start, seg, right=True) - 1
+    g = qg.index_select(0, seg)
+    qmin, qmax = q_pos.index_select(0, seg), q_pos.index_select(0, seg_end - 1)  # ascending
+    multi = torch.tensor(multi_group, device=dev).index_select(0, tile_of)
+    cov = torch.where(multi, _covered_distance(pattern, i, False),
+                      _covered_distance(pattern, i, True))
+    # keys s with p - s < cov for every query p are an earlier config's: causal leaves
+    # [qmin - w + 1, qmax - cov]; non-causal also [qmin + cov, qmax + w - 1] (one band at cov 0)
+    pieces = [(qmin - (w - 1), qmax - cov)]
+    if not causal:
+        pieces.append((qmin + cov, qmax + (w - 1)))
+    cols = []
+    for lo, hi in pieces:
+        cols.append(_lex_search(kg, k_pos, g, lo, right=False).tolist())
+        cols.append(_lex_search(kg, k_pos, g, hi, right=True).tolist())
+    per_tile = [[] for _ in bounds]
+    for n, t in enumerate(tile_of.tolist()):
+        per_tile[t].extend((cols[2 * c][n], cols[2 * c + 1][n]) for c in range(len(pieces)))
+    return [_merge_ranges(rs, ck) for rs in per_tile]
+
+
+def _make_pass(pattern, i, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_idx, k_pos, k_doc,
+               causal, batch_rows):
+    """The pass of config ``i`` (``None``: the sink tokens, against the keys given) over these
+    queries and keys, or None when it has no block."""
+    if q_idx.numel() == 0 or k_idx.numel() == 0:
+        return None
+    if i is None:
+        # Every query meets the sink keys. With document ids shared by the rows, group by
+        # document, so a tile of one document meets only that document's sinks.
+        if q_doc is not None and q_doc.shape[0] == 1:
+            qg, kg = q_doc[0], k_doc[0]
+        else:
+            qg, kg = torch.zeros_like(q_pos), torch.zeros_like(k_pos)
+    else:
+        r = pattern.dilation_rates[i]
+        qseg, qcls = pattern.segment_and_class(i, q_pos)
+        kseg, kcls = pattern.segment_and_class(i, k_pos)
+        qg, kg = qseg * r + qcls, kseg * r + kcls
+    qo, ko = _lex_order(qg, q_pos), _lex_order(kg, k_pos)
+    ps = _Pass()
+    ps.config, ps.causal, ps.rows, ps.heads = i, causal, rows, heads
+    head_list = list(range(hq))[heads]
+    ps.head_ids = torch.tensor(head_list, dtype=torch.int64, device=q_pos.device)
+    # A strict subset of heads reads its key/value heads through an index (block-sized copies);
+    # all heads use the grouped view q [B, Hkv, G * cq, D], so K/V are never expanded.
+    ps.kv_ids = None if len(head_list) == hq else torch.div(ps.head_ids, group_size, rounding_mode="floor")
+    # (index_select: advanced indexing is several times slower on CPU)
+    ps.q_order, ps.q_pos = q_idx.index_select(0, qo), q_pos.index_select(0, qo)
+    ps.k_order, ps.k_pos = k_idx.index_select(0, ko), k_pos.index_select(0, ko)
+    ps.q_doc = None if q_doc is None else q_doc.index_select(1, qo)
+    ps.k_doc = None if k_doc is None else k_doc.index_select(1, ko)
+    qg, kg = qg.index_select(0, qo), kg.index_select(0, ko)
+
+    cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * len(head_list) * CHUNK_K)))
+    sliding = i is not None and pattern.sliding
+    if sliding:
+        # A tile's band holds ~(tile + window) keys of its class, of which each query uses
+        # the window: small tiles waste less, at more blocks; their key chunks grow so that
+        # blocks keep their size (and memory bound).
+        w, r = pattern.configs[i]
+        useful = (w - _covered_distance(pattern, i, True)) // r
+        small = min(cq, max(SLIDING_CQ_MIN, 1 << max(0, (useful // SLIDING_DIV).bit_length() - 1)))
+        ck, cq = CHUNK_K * cq // small, small
+    counts = torch.unique_consecutive(qg, return_counts=True)[1].tolist()
+    bounds = _tile_bounds(counts, cq)
+    starts = torch.tensor([b[0] for b in bounds], device=qg.device)
+    ends = torch.tensor([b[1] - 1 for b in bounds], device=qg.device)
+    g_lo, g_hi = qg[starts], qg[ends]
+    multi_group = (g_lo != g_hi).tolist()
+    dev = qg.device
+    if sliding:
+        band = _band_chunks(pattern, i, causal, ps.q_pos, qg, ps.k_pos, kg, counts, bounds,
+                            multi_group, ck)
+        c_tile = torch.tensor([t for t, rs in enumerate(band) for _ in rs], dtype=torch.int64,
+                              device=dev)
+        c_lo = torch.tensor([x for rs in band for x, _ in rs], dtype=torch.int64, device=dev)
+        c_hi = torch.tensor([y for rs in band for _, y in rs], dtype=torch.int64, device=dev)
+    else:  # every key of the tile's groups, in chunks of CHUNK_K
+        k_lo = torch.searchsorted(kg, g_lo, side="left")
+        k_hi = torch.searchsorted(kg, g_hi, side="right")
+        n_ch = torch.div(k_hi - k_lo + (CHUNK_K - 1), CHUNK_K, rounding_mode="floor")
+        c_tile = torch.repeat_interleave(torch.arange(len(bounds), device=dev), n_ch)
+        first = (n_ch.cumsum(0) - n_ch).index_select(0, c_tile)
+        nth = torch.arange(c_tile.numel(), device=dev) - first  # chunk number in its tile
+        c_lo = k_lo.index_select(0, c_tile) + nth * CHUNK_K
+        c_hi = torch.minimum(c_lo + CHUNK_K, k_hi.index_select(0, c_tile))
+    if c_tile.numel() == 0:
+        return None
+    # Summaries per chunk (the tile's queries, the chunk's keys), all chunks of the pass at once.
+    qmin, qmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_pos, starts, ends + 1))
+    kmn, kmx = _range_min_max(ps.k_pos, c_lo, c_hi)
+    single = (g_lo == g_hi).index_select(0, c_tile)
+    keep = torch.ones_like(single)
+    need_causal = torch.zeros_like(single)
+    if causal:
+        keep &= kmn <= qmax  # some key at or before some query
+        need_causal = kmx > qmin
+    if i is None:  # sink keys are chosen by position: no rule of their own
+        own = torch.full_like(kmn, _OWN_NONE)
+    else:  # several groups in one tile: the config's rule, per pair
+        own = torch.where(single, _OWN_NONE, _OWN_RULE)
+    if sliding:
+        w = pattern.segment_lengths[i]
+        keep &= (kmn - qmax < w) & (qmin - kmx < w)
+        # one class: the rule is the window, needed unless every pair lies inside it (causal:
+        # pairs with s > p are masked anyway)
+        inside = qmax - kmn < w
+        if not causal:
+            inside &= kmx - qmin < w
+        own = torch.where(single & ~inside, _OWN_WINDOW, own)
+    covered = torch.zeros_like(kmn)
+    # Earlier configs (all of them for the sinks): a block none of whose pairs the pass can own
+    # is skipped (segments: rate 1 and one segment; sliding: inside a window whose class test
+    # always holds); any other overlap is masked per pair.
+    earlier = list(range(pattern.num_configs if i is None else i))
+    dedupe = []
+    if pattern.sliding:
+        cov = torch.where(single, _covered_distance(pattern, i, True),
+                          _covered_distance(pattern, i, False))
+        within = (cov > 0) & (qmax - kmn < cov)
+        if not causal:
+            within &= kmx - qmin < cov
+        keep &= ~within
+        covered = torch.where((cov > 0) & (kmn - qmax < cov) & (qmin - kmx < cov), cov, covered)
+        for j in earlier:
+            wj = pattern.segment_lengths[j]
+            # class-free configs are inside `covered`; the others mask by their rule
+            free = torch.where(single, _class_free(pattern, i, True, j),
+                               _class_free(pattern, i, False, j))
+            dedupe.append(~free & (kmn - qmax < wj) & (qmin - kmx < wj))
+    else:
+        for j in earlier:
+            wj, rj = pattern.configs[j]
+            a_lo = torch.div(qmin, wj, rounding_mode="floor")
+            a_hi = torch.div(qmax, wj, rounding_mode="floor")
+            b_lo = torch.div(kmn, wj, rounding_mode="floor")
+            b_hi = torch.div(kmx, wj, rounding_mode="floor")
+            if rj == 1:
+                keep &= ~((a_lo == a_hi) & (b_lo == a_lo) & (b_hi == a_lo))
+            dedupe.append(torch.maximum(b_lo, a_lo) <= torch.minimum(b_hi, a_hi))
+    need_docs = torch.zeros_like(keep)
+    if ps.q_doc is not None:
+        dmin, dmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_doc, starts, ends + 1))
+        kdmn, kdmx = _range_min_max(ps.k_doc, c_lo, c_hi)
+        keep &= (kdmx >= 0) & (kdmx >= dmin) & (kdmn <= dmax)
+        need_docs = ~((kdmn == kdmx) & (kdmn >= 0) & (dmin == dmax) & (kdmn == dmin))
+    ids = keep.nonzero().flatten()
+    if ids.numel() == 0:
+        return None
+    dd = (torch.stack(dedupe, 1) if dedupe else torch.zeros(len(single), 0, dtype=torch.bool,
+                                                               device=dev)).index_select(0, ids)
+    cols = [x.index_select(0, ids).tolist() for x in (c_tile, c_lo, c_hi, need_causal, own,
+                                                        need_docs, covered)]
+    tiles = []
+    for (t, a, b, nc, ow, nd, cv), row in zip(zip(*cols), dd.tolist()):
+        if not tiles or tiles[-1][0] != t:
+            tiles.append((t, []))
+        tiles[-1][1].append((a, b, nc, ow, nd, tuple(j for j, f in zip(earlier, row) if f), cv))
+    ps.tiles = [(bounds[t][0], bounds[t][1], chunks) for t, chunks in tiles]
+    return ps
+
+
+def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
+    """All passes for the inputs ``a`` (an ``AttnInputs``); depends on positions only."""
+    per_head = pattern.query_dilation == "per_head"
+    group_size = a.hq // a.hkv
+    qpos, kpos = a.q_positions, a.k_positions  # [Bp, S]
+    # Rows with equal positions (e.g. [1, S] expanded to the batch) share one plan; only their
+    # document ids (masks) differ.
+    shared = torch.equal(qpos, qpos[:1].expand_as(qpos)) and torch.equal(kpos, kpos[:1].expand_as(kpos))
+    dev = qpos.device
+    passes = []
+    for b in ([None] if shared else range(a.batch)):
+        rows = slice(None) if b is None else slice(b, b + 1)
+        qp = qpos[0 if b is None else b]
+        kp = kpos[0 if b is None else b]
+        qd = kd = None
+        if a.q_doc_ids is not None:
+            pick = slice(None) if (b is None or a.q_doc_ids.shape[0] == 1) else rows
+            qd, kd = a.q_doc_ids[pick], a.k_doc_ids[pick]
+        n_rows = a.batch if b is None else 1
+        q_all = torch.arange(a.sq, device=dev)
+        k_all = torch.arange(a.sk, device=dev)
+        work = []  # (config or None, heads, query rows, key rows)
+        for i, (w, r) in enumerate(pattern.configs):
+            if per_head and r > 1:
+                # Head h uses class h % r: one pass per class present among the heads.
+                _, qcls = pattern.segment_and_class(i, qp)
+                _, kcls = pattern.segment_and_class(i, kp)
+                for c in sorted({h % r for h in range(a.hq)}):
+                    work.append((i, slice(c, None, r), (qcls == c).nonzero().flatten(),
+                                 (kcls == c).nonzero().flatten()))
+            else:
+                work.append((i, slice(None), q_all, k_all))
+        if pattern.sink_tokens:  # last: the union gives each pair to a config first
+            ks = (kp < pattern.sink_tokens).nonzero().flatten()
+            if kd is not None and kd.shape[0] == 1:
+                ks = ks[kd[0].index_select(0, ks) >= 0]  # padding is never a sink
+            work.append((None, slice(None), q_all, ks))
+        for i, heads, qs, ks in work:
+            ps = _make_pass(pattern, i, rows, heads, a.hq, group_size, qs, qp.index_select(0, qs),
+                            None if qd is None else qd.index_select(1, qs), ks,
+                            kp.index_select(0, ks),
+                            None if kd is None else kd.index_select(1, ks), causal, n_rows)
+            if ps is not None:
+                passes.append(ps)
+    return passes
+
+
+def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
+    """Mask ``[Bm, Hm, cq, ck]`` (Bm in {1, Bd}, Hm in {1, heads of the pass}) of the pairs of
+    this block that pass ``ps`` owns, or ``None`` when every pair is owned."""
+    _, _, need_causal, own, need_docs, dedupe, covered = chunk
+    qc, kc = qp[:, None], kp[None, :]
+    h = ps.head_ids.view(-1, 1, 1)
+    mask = None
+    if own == _OWN_RULE:
+        mask = pattern.config_allowed(ps.config, h, qc, kc)
+    if own == _OWN_WINDOW or covered:
+        # Sliding windows whose class test holds for every pair: the rule is a distance, with
+        # no head dimension. Causal: the signed p - s, as pairs with s > p go anyway (below).
+        dist = qc - kc if ps.causal else (qc - kc).abs()
+        if own == _OWN_WINDOW:
+            m = dist < pattern.segment_lengths[ps.config]
+            mask = m if mask is None else mask & m
+        if covered:  # the union rule: |p - s| < covered belongs to an earlier config
+            m = dist >= covered
+            mask = m if mask is None else mask & m
+    taken = None  # the union rule: a pair belongs to the first config that allows it
+    for j in dedupe:
+        t = pattern.config_allowed(j, h, qc, kc)
+        taken = t if taken is None else taken | t
+    if taken is not None:
+        mask = ~taken if mask is None else mask & ~taken
+    if need_causal and not (covered and ps.causal):  # p - s >= covered > 0 is causal already
+        mask = (kc <= qc) if mask is None else mask & (kc <= qc)
+    if mask is not None:
+        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if need_docs:  # same document only; a negative key id is padding
+        d = ((qd[:, :, None] == kd[:, None, :]) & (kd[:, None, :] >= 0))[:, None]
+        mask = d if mask is None else mask & d
+    return mask
+
+
+def _grouped_mask(mask, hk, g):
+    """``[Bm, Hm, cq, ck]`` -> broadcastable to scores viewed as ``[B, hk, g, cq, ck]``."""
+    if mask.shape[1] == 1:
+        return mask[:, :, None]
+    return mask.reshape(mask.shape[0], hk, g, mask.shape[2], mask.shape[3])
+
+
+def _pass_views(ps, hkv):
+    """Per-pass head layout ``(hk, g)``: scores are ``[B, hk, g * cq, ck]``. All heads: the
+    grouped view (hk = Hkv, g = Hq // Hkv); a subset of heads: one row block per head."""
+    hc = ps.head_ids.numel()
+    return (hkv, hc // hkv) if ps.kv_ids is None else (hc, 1)
+
+
+def _gather_kv(t, rows, idx, kv_ids):
+    """``t[rows][:, kv heads][:, :, idx]`` as ``[B', hk, n, D]``: only the block is copied."""
+    blk = t[rows].index_select(2, idx)
+    return blk if kv_ids is None else blk.index_select(1, kv_ids)
+
+
+def _key_chunk(ps, kf, vf, chunk):
+    """Storage rows ``ki`` of a key chunk and its K and V blocks ``[B', hk, ck, D]``."""
+    ki = ps.k_order[chunk[0]:chunk[1]]
+    return ki, _gather_kv(kf, ps.rows, ki, ps.kv_ids), _gather_kv(vf, ps.rows, ki, ps.kv_ids)
+
+
+def _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g):
+    """Scores ``s`` ``[B', hk, g*cq, ck]`` with the pairs the pattern forbids set to -inf
+    (unchanged when the whole block is allowed)."""
+    k_lo, k_hi = chunk[0], chunk[1]
+    kd = None if ps.k_doc is None else ps.k_doc[:, k_lo:k_hi]
+    mask = _block_mask(pattern, ps, qp, ps.k_pos[k_lo:k_hi], qd, kd, chunk)
+    if mask is None:
+        return s
+    s5 = s.view(s.shape[0], hk, g, -1, s.shape[-1])
+    return torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
+
+
+def _chunked_forward(pattern, passes, qf, kf, vf):
+    """Forward over the plan: ``out [B, Hq, Sq, Dv]`` and ``lse [B, Hq, Sq]`` in qf's dtype.
+    ``qf`` is already multiplied by the softmax scale."""
+    b, hq, sq, _ = qf.shape
+    dv = vf.shape[-1]
+    out = qf.new_zeros(b, hq, sq, dv)
+    lse = qf.new_full((b, hq, sq), float("-inf"))
+    for ps in passes:
+        hk, g = _pass_views(ps, kf.shape[1])
+        q_src = qf[ps.rows, ps.heads]
+        out_v, lse_v = out[ps.rows, ps.heads], lse[ps.rows, ps.heads]
+        for lo, hi, chunks in ps.tiles:
+            qi = ps.q_order[lo:hi]
+            cq = qi.numel()
+            qb = q_src.index_select(2, qi)  # [B', Hc, cq, D]
+            nb = qb.shape[0]
+            qb = qb.reshape(nb, hk, g * cq, qb.shape[-1])
+            m = qb.new_full((nb, hk, g * cq), float("-inf"))
+            l = qb.new_zeros(nb, hk, g * cq)
+            acc = qb.new_zeros(nb, hk, g * cq, dv)
+            qp = ps.q_pos[lo:hi]
+            qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
+            for chunk in chunks:
+                ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
+                s = torch.matmul(qb, kb.transpose(-1, -2))  # [B', hk, g*cq, ck]
+                s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
+                m_new = torch.maximum(m, s.amax(-1))
+                m_safe = finite_or_zero(m_new)  # empty rows stay 0
+                p = s.sub_(m_safe[..., None]).exp_()
+                corr = torch.exp(m - m_safe)
+                # A ones column on V makes the row sums of p come out of the same matmul.
+                pv = torch.matmul(p, torch.cat([vb, vb.new_ones(vb.shape[:-1] + (1,))], -1))
+                l = l * corr + pv[..., -1]
+                acc = acc * corr[..., None] + pv[..., :-1]
+                m = m_new
+            # Tile result (lse_t, out_t), merged into the running (lse, out) of these queries.
+            lse_t = (m + torch.log(l)).view(nb, hk * g, cq)  # -inf where nothing was allowed
+            out_t = (acc / l.clamp_min(torch.finfo(l.dtype).tiny)[..., None]).view(nb, hk * g, cq, dv)
+            l0 = lse_v.index_select(2, qi)
+            o0 = out_v.index_select(2, qi)
+            o, new = merge_partials(o0, l0, out_t, lse_t)
+            lse_v.index_copy_(2, qi, new)
+            out_v.index_copy_(2, qi, o)
+    return out, lse
+
+
+def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
+    """FlashAttention-style backward: probabilities recomputed block by block from ``lse``;
+    ``delta = rowsum(dO * O) - dlse``. ``qf`` is scaled. Returns dq, dk, dv (qf's dtype)."""
+    dq = torch.zeros_like(qf)
+    dk = torch.zeros_like(kf)
+    dv = torch.zeros_like(vf)
+    hkv = kf.shape[1]
+    lse_safe = finite_or_zero(lse)  # rows with no key: p = 0 anyway
+    for ps in passes:
+        hk, g = _pass_views(ps, hkv)
+        q_src = qf[ps.rows, ps.heads]
+        do_src = dout[ps.rows, ps.heads]
+        lse_src, delta_src = lse_safe[ps.rows, ps.heads], delta[ps.rows, ps.heads]
+        dq_v, dk_v, dv_v = dq[ps.rows, ps.heads], dk[ps.rows], dv[ps.rows]
+        for lo, hi, chunks in ps.tiles:
+            qi = ps.q_order[lo:hi]
+            cq = qi.numel()
+            qb = q_src.index_select(2, qi)
+            nb = qb.shape[0]
+            qb = qb.reshape(nb, hk, g * cq, qb.shape[-1])
+            dob = do_src.index_select(2, qi).reshape(nb, hk, g * cq, -1)
+            lse_b = lse_src.index_select(2, qi).reshape(nb, hk, g * cq, 1)
+            delta_b = delta_src.index_select(2, qi).reshape(nb, hk, g * cq, 1)
+            dq_t = torch.zeros_like(qb)
+            qp = ps.q_pos[lo:hi]
+            qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
+            for chunk in chunks:
+                ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
+                s = torch.matmul(qb, kb.transpose(-1, -2)).sub_(lse_b)
+                s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
+                p = s.exp_()  # [B', hk, g*cq, ck]
+                dv_b = torch.matmul(p.transpose(-1, -2), dob)  # [B', hk, ck, Dv]
+                ds = torch.matmul(dob, vb.transpose(-1, -2)).sub_(delta_b).mul_(p)
+                dq_t += torch.matmul(ds, kb)
+                dk_b = torch.matmul(ds.transpose(-1, -2), qb)  # q is scaled: d(s)/dk = scale*q
+                if ps.kv_ids is not None:  # fold the pass's heads onto their key/value heads
+                    dk_b = dk_b.new_zeros(nb, hkv, *dk_b.shape[2:]).index_add_(1, ps.kv_ids, dk_b)
+                    dv_b = dv_b.new_zeros(nb, hkv, *dv_b.shape[2:]).index_add_(1, ps.kv_ids, dv_b)
+                dk_v.index_add_(2, ki, dk_b)
+                dv_v.index_add_(2, ki, dv_b)
+            dq_v.index_add_(2, qi, dq_t.view(nb, hk * g, cq, -1))
+    return dq * scale, dk, dv
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pattern, passes, scale):
+        cdt = accum_dtype(q.dtype)
+        qf = q.to(cdt) * scale
+        out, lse = _chunked_forward(pattern, passes, qf, k.to(cdt), v.to(cdt))
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.pattern, ctx.passes, ctx.scale = pattern, passes, scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        # computes in its own dtype even when backward() runs inside torch.autocast
+        with torch.autocast(dout.device.type, enabled=False):
+            return _ChunkedAttention._backward(ctx, dout, dlse)
+
+    @staticmethod
+    def _backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        cdt = lse.dtype
+        dout = dout.to(cdt)
+        delta = (dout * out.to(cdt)).sum(-1)  # [B, Hq, Sq]
+        if dlse is not None:
+            delta = delta - dlse.to(cdt)  # d lse / d s = p: folds into the same ds formula
+        dq, dk, dv = _chunked_backward(ctx.pattern, ctx.passes, q.to(cdt) * ctx.scale, k.to(cdt),
+                                       v.to(cdt), dout, lse, delta, ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def chunked_attention(q, k, v, pattern, a, *, causal=True):
+    """Memory-efficient dilated attention in PyTorch (any device), differentiable.
+
+    Computes exactly what :func:`reference_attention` computes, in float32 (float64 for float64
+    inputs), without ever materialising ``[Sq, Sk]``: blocks of at most ``CHUNK_Q x CHUNK_K``
+    scores (per batch row and head) planned in position space, with FlashAttention-style
+    recomputation in the backward. Sliding windows visit only the keys within each query
+    tile's windows, and sink tokens are one pass of every query against the first
+    ``sink_tokens`` positions.
+
+    Args:
+        q: ``[B, Hq, Sq, D]``.
+        k, v: ``[B, Hkv, Sk, D]`` / ``[B, Hkv, Sk, Dv]``, read in place for GQA.
+        pattern: the :class:`DilatedPattern`.
+        a: the ``AttnInputs`` from ``check_inputs`` (scale, positions, document ids).
+        causal: mask keys at later positions.
+
+    Returns:
+        ``(out, lse)``: ``out`` ``[B, Hq, Sq, Dv]`` in ``q.dtype``; ``lse`` ``[B, Hq, Sq]`` in
+        float32, float64 for float64 inputs (natural log; ``-inf`` and ``out = 0`` for a query with no allowed key).
+    """
+    b, hq, sq, _ = q.shape
+    if b == 0 or sq == 0 or k.shape[2] == 0:  # nothing to attend: empty / all -inf rows
+        out = q.new_zeros(b, hq, sq, v.shape[-1]) + 0 * q.sum() + 0 * k.sum() + 0 * v.sum()
+        return out, q.new_full((b, hq, sq), float("-inf"), dtype=accum_dtype(q.dtype))
+    passes = _plan(pattern, a, causal)
+    out, lse = _ChunkedAttention.apply(q, k, v, pattern, passes, a.scale)
+    return out, lse

@@ -4,7 +4,7 @@
   segment's dilation class into a dense sub-sequence, run causal SDPA on it (a fused kernel that
   also returns the log-sum-exp), scatter back and LSE-merge the configs. A key allowed by several
   configs is counted once per config (the diagonal always is, in every config that sees the
-  query), so this is **not** the function of DESIGN §1; every output labels it
+  query), so this is **not** the function of the pattern (README, "The pattern"); every output labels it
   ``"gather-sdpa (double-counts overlaps)"``. :func:`double_counted_reference` is the dense
   definition of what it computes (each key's softmax weight times the number of configs that
   allow it), used by the tests.

@@ -95,7 +95,7 @@ def test_position_map():
 
 
 def test_packed_documents():
-    # positions restarting per document: one kernel call per document (ops._document_runs)
+    # positions restarting per document: one kernel call per document (ops.document_runs)
     lengths = [700, 1300, 49, 1000]
     pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
     doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()

@@ -205,11 +205,6 @@ def test_many_configs_loop_union():
     _run(DilatedPattern([4, 8, 12, 16, 24, 32], [1, 2, 3, 4, 6, 8]), sq=61, hq=8, hkv=2)
 
 
-def test_union_loop_path_matches(monkeypatch):
-    monkeypatch.setenv("HF_HILBERT_UNION", "loop")
-    _run(DilatedPattern([12, 20, 45], [1, 3, 4]), sq=70, hq=6, hkv=3)
-
-
 def test_backward_buffer_in_head_chunks(monkeypatch):
     # the float32 buffer summing dq over configs holds a chunk of heads when the whole would
     # exceed ACC_BYTES (as in the forward): force chunks of 1 and of 3 of 4 heads
@@ -254,21 +249,12 @@ def test_write_into_views_of_longer_tensors():
                     dq=torch.empty(1, 4, 41, 8, device=DEV))
 
 
-@pytest.mark.parametrize("mixsplit,mode", [("0", "per_head"), ("1", "per_head"), ("1", "all")])
-def test_non_dividing_rates_long_segments(monkeypatch, mixsplit, mode):
+@pytest.mark.parametrize("mode", ["per_head", "all"])
+def test_non_dividing_rates_long_segments(mode):
     # like longnet_lm's (8192, 4) before (16384, 6): a query tile of the rate-6 config lies in
     # one segment of the rate-4 config, whose pairs it can cover only pair by pair, and only
-    # inside that segment; HF_HILBERT_MIXSPLIT=1 masks just those tiles (forward and backward)
-    monkeypatch.setenv("HF_HILBERT_MIXSPLIT", mixsplit)
+    # inside that segment: the per-pair union mask on just those tiles (forward and backward)
     _run(DilatedPattern([8, 128, 512], [1, 4, 6], query_dilation=mode), sq=420, hq=3, hkv=1)
-
-
-@pytest.mark.parametrize("mode", ["per_head", "all"])
-def test_first_config_with_union_code(monkeypatch, mode):
-    # HF_HILBERT_LEAN_FIRST=0 (A/B timing): the first config in priority order also compiles
-    # the union code (which finds nothing to mask for it): same results
-    monkeypatch.setenv("HF_HILBERT_LEAN_FIRST", "0")
-    _run(DilatedPattern([8, 32, 64], [1, 2, 4], query_dilation=mode), sq=75, hq=4, hkv=2)
 
 
 # ------------------------------------------------------------- sink tokens, sliding windows

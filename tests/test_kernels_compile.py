@@ -6,7 +6,7 @@ every specialization one forward + backward would launch is compiled ahead of ti
 (``hf_hilbert_attn.kernels.aot``), in a subprocess without ``TRITON_INTERPRET`` (conftest sets it
 for this process before the kernels are defined). Cases cover both query-dilation modes,
 bf16/fp16/fp32, head sizes 128/64/32, causal and not, the three position kinds (natural, a
-permutation, a map with gaps), document ids, the kernel switches (MIXSPLIT, union loop), sink
+permutation, a map with gaps), document ids, sink
 tokens (the sink launch, the dq kernel's atomic dk/dv) and sliding windows.
 Each tile load must stay vectorised (no 1-2 byte global loads: that is what a lost alignment
 specialization costs, 8x the load instructions).
@@ -24,9 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     # name: (query_dilation, dtype, head_dim, causal, positions, env[, pattern options])
     "bf16_d128_natural": ("per_head", "bf16", 128, True, "natural", {}),
-    "fp16_d64_perm_all_noncausal": ("all", "fp16", 64, False, "perm",
-                                    {"HF_HILBERT_MIXSPLIT": "1", "HF_HILBERT_UNION": "loop"}),
-    "fp32_d32_gaps_docs": ("per_head", "fp32", 32, True, "gaps_docs", {"HF_HILBERT_MIXSPLIT": "1"}),
+    "fp16_d64_perm_all_noncausal": ("all", "fp16", 64, False, "perm", {}),
+    "fp32_d32_gaps_docs": ("per_head", "fp32", 32, True, "gaps_docs", {}),
     "bf16_d64_sliding_sinks": ("per_head", "bf16", 64, True, "natural", {},
                                dict(window="sliding", sink_tokens=4)),
     "fp16_d128_segment_sinks_perm_noncausal": ("all", "fp16", 128, False, "perm", {},

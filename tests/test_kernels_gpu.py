@@ -194,14 +194,6 @@ def test_local_attention_and_autocast():
     torch.testing.assert_close(out, want.detach(), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["per_head", "all"])
-def test_mixsplit_forward_variant(monkeypatch, mode):
-    # HF_HILBERT_MIXSPLIT=1: the per-pair union mask only on key tiles that meet the segment of
-    # the earlier config needing it (rate 4 not dividing 6, as in longnet_lm)
-    monkeypatch.setenv("HF_HILBERT_MIXSPLIT", "1")
-    _check(LONGNET_SMALL.replace(query_dilation=mode), s=4096, hq=12, hkv=4)
-
-
 SLIDING_SMALL = DilatedPattern([256, 512, 1024, 2048, 4096], [1, 2, 4, 8, 16], window="sliding")
 
 
@@ -222,17 +214,21 @@ def test_sliding_modes_with_sinks(mode, causal, d):
            causal=causal)
 
 
-def test_sliding_sinks_decode_positions_and_documents():
+@pytest.mark.parametrize("case", ["decode", "position_map", "documents", "offsets"])
+def test_sliding_sinks_decode_positions_and_documents(case):
     pat = SLIDING_SMALL.replace(sink_tokens=4)
-    for _ in range(2):  # decode: one query at the end of a long cache
-        _check(pat, s=5000, sq=1, hq=8, hkv=2)
-    perm = torch.randperm(2049, device="cuda")  # a stored order (Hilbert-like): position map
-    _check(pat, s=2049, hq=4, hkv=2, k_positions=perm)
-    # packed documents: sinks are the first tokens of each document
-    lengths = [700, 1300, 49, 1000]
-    pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
-    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()
-    _check(pat, s=sum(lengths), hq=8, hkv=2, k_positions=pos, k_doc_ids=doc)
-    qp = torch.arange(70000, 71500, device="cuda")  # offsets: no sink key in this call
-    kp = torch.arange(69000, 70500, device="cuda")
-    _check(pat, s=1500, hq=8, hkv=2, q_positions=qp, k_positions=kp)
+    if case == "decode":  # one query at the end of a long cache
+        for _ in range(2):
+            _check(pat, s=5000, sq=1, hq=8, hkv=2)
+    elif case == "position_map":  # a stored order (Hilbert-like)
+        perm = torch.randperm(2049, device="cuda")
+        _check(pat, s=2049, hq=4, hkv=2, k_positions=perm)
+    elif case == "documents":  # packed documents: sinks are the first tokens of each document
+        lengths = [700, 1300, 49, 1000]
+        pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
+        doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()
+        _check(pat, s=sum(lengths), hq=8, hkv=2, k_positions=pos, k_doc_ids=doc)
+    else:  # offsets: no sink key in this call
+        qp = torch.arange(70000, 71500, device="cuda")
+        kp = torch.arange(69000, 70500, device="cuda")
+        _check(pat, s=1500, hq=8, hkv=2, q_positions=qp, k_positions=kp)

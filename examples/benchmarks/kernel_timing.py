@@ -2,7 +2,7 @@
 
     python examples/benchmarks/kernel_timing.py --seq 65536 --hq 32 --hkv 8 --dim 128
     python examples/benchmarks/kernel_timing.py --no-check --seq 65536 \
-        --pattern hf_hilbert_attn/patterns/longnet_lm.yaml hf_hilbert_attn/patterns/sliding_sparse.yaml --csv timing.csv
+        --pattern longnet_lm sliding_sparse my_pattern.yaml --csv timing.csv
 
 Prints, per case: max error vs a float32 reference on a small shape, then fwd / fwd+bwd ms
 (median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``) and
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import triton
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
+from hf_hilbert_attn.patterns import as_pattern
 
 
 def _rel(a, b):
@@ -142,8 +143,8 @@ def main():
     ap.add_argument("--hq", type=int, default=32)
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--pattern", nargs="+", default=["hf_hilbert_attn/patterns/longnet_lm.yaml"],
-                    help="one or more pattern YAMLs, timed side by side (the first is used for "
+    ap.add_argument("--pattern", nargs="+", default=["longnet_lm"],
+                    help="shipped pattern names or YAML files, timed side by side (the first is used for "
                          "--long, --decode, --profile)")
     ap.add_argument("--csv", default=None, help="also write the timing rows to this CSV")
     ap.add_argument("--no-check", action="store_true")
@@ -155,7 +156,7 @@ def main():
                     help="one fwd+bwd at S_FB (Hq, Hkv, D of the args) and one forward at S_FWD "
                          "(8 heads x 64, fp16, no grad): time and peak memory")
     args = ap.parse_args()
-    pats = [(Path(p).stem, DilatedPattern.from_yaml(p)) for p in args.pattern]
+    pats = [(Path(p).stem, as_pattern(p)) for p in args.pattern]
     pat = pats[0][1]
     gpu = torch.cuda.get_device_name()
     print(gpu, "torch", torch.__version__, "triton", triton.__version__)

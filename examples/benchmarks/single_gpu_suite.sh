@@ -5,10 +5,8 @@
 #
 # STAGES (comma list; default tests,ab):
 #   tests      GPU tests (kernels vs float32 references in bf16/fp16, transformers, autocast)
-#   ab         kernel A/B at 64K, longnet_lm, 32/8 heads, D=128, per-launch profile: default,
-#              HF_HILBERT_LEAN_FIRST=0 (union code in every launch, the old binaries),
-#              HF_HILBERT_MIXSPLIT=1, and the dk/dv and dq tiles that spill less
-#              (docs/decisions.md, "EARLIER")
+#   ab         kernel tiles at 64K, longnet_lm, 32/8 heads, D=128, per-launch profile: the
+#              default and the dk/dv and dq tiles that spill less (docs/decisions.md)
 #   attn16     bench_attention.py matrix at 16K and 32K (Hkv 32,8; D 128,64; both patterns)
 #   attn64     the same at 64K
 #   attn128    the same at 128K
@@ -27,13 +25,11 @@ KT=examples/benchmarks/kernel_timing.py
 BA=examples/benchmarks/bench_attention.py
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$LOG"
-has tests && step python -m pytest -q -m gpu tests
+has tests && step python -m pytest -q -m gpu -n auto tests
 if has ab; then
   # registers/spills of the binaries being timed, from the device's own Triton
   step python examples/benchmarks/kernel_resources.py --csv "$OUT_DIR/kernel_resources.csv"
   step python $KT --seq 65536 --profile
-  step env HF_HILBERT_LEAN_FIRST=0 python $KT --no-check --seq 65536 --profile
-  step env HF_HILBERT_MIXSPLIT=1 python $KT --no-check --seq 65536 --profile
   for t in 32,128,8,2 32,64,8,2; do
     step env HF_HILBERT_DKDV_BLOCKS=$t python $KT --no-check --seq 65536
   done

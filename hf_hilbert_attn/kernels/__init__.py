@@ -15,6 +15,7 @@ import triton
 
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
+from ._common import LOG2E as _LOG2E
 from ._fwd import _fwd_kernel
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions,
                     union_keys)
@@ -28,27 +29,19 @@ __all__ = [
     "BLOCK_OVERRIDE",
 ]
 
-LOG2E = 1.4426950408889634
+LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
 # Tests set this to (BM, BN) to force small tiles (many tiles, every boundary case) on tiny shapes.
 BLOCK_OVERRIDE: Optional[tuple] = None
 # Largest float32 merge buffer of the forward (bytes); heads are processed in chunks beyond it.
 ACC_BYTES = 4 << 30
 
 
-def _mixsplit() -> bool:
-    """Kernel variant (A/B, not yet timed on a GPU; ``HF_HILBERT_MIXSPLIT=1``): in a program
-    that needs the per-pair union mask, apply it only to the tiles that meet the segment of the
-    earlier config that needs it (the ``[ma, mb)`` of ``_common._covered``), not to all of them. Forward, dq and
-    dk/dv alike."""
-    return os.environ.get("HF_HILBERT_MIXSPLIT", "0") == "1"
-
-
 def _earlier(npri: int) -> bool:
     """Compile-time flag of a launch: does any config come before it in priority order? The
     first one (rate 1 in longnet_lm, most of the work) then compiles without the union code:
-    no spills in its forward and dq kernels on sm_90 (``kernel_resources.py``).
-    ``HF_HILBERT_LEAN_FIRST=0`` compiles every launch with it (A/B timing)."""
-    return npri > 0 or os.environ.get("HF_HILBERT_LEAN_FIRST", "1") == "0"
+    no spills in its forward and dq kernels on sm_90 (``kernel_resources.py``), and 18 % less
+    forward+backward time on the default pattern (docs/decisions.md)."""
+    return npri > 0
 
 
 def _interpret() -> bool:
@@ -165,10 +158,10 @@ def _pos_args(plan: PositionPlan, device):
 
 def _union_args(prio, plan, device):
     """(KEYS table, its row length, UTAB): the table path of the union test serves up to four
-    earlier configs; longer patterns use the in-kernel loop (UTAB = 0). ``HF_HILBERT_UNION=loop``
-    forces the loop (A/B timing)."""
+    earlier configs (41 % faster forward+backward than the loop on longnet_lm, docs/decisions.md);
+    longer patterns use the in-kernel loop (UTAB = 0)."""
     n_earlier = len(prio) - 1
-    if n_earlier == 0 or n_earlier > 4 or os.environ.get("HF_HILBERT_UNION") == "loop":
+    if n_earlier == 0 or n_earlier > 4:
         return _dummy(device), 1, 0
     size = -(-plan.size // (1 << 16)) << 16  # rounded up: one cached table serves many calls
     return union_keys(prio, size, device), size, n_earlier
@@ -213,8 +206,6 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     # kernel registers (64K longnet_lm on H200: 9.3 vs 13.4 ms, docs/decisions.md); the
     # backward kernels use the tables.
     keys, psz, utab = _dummy(dev), 1, 0
-    # sliding windows mask the union pair by pair only at the windows' edges (MIXSPLIT's hull)
-    mixsplit = _mixsplit() or pattern.sliding
     # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so long
     # forward-only runs are not bounded by a buffer twice the size of the output.
     hch = HQ
@@ -239,7 +230,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 ln.npri, li, int(li == 0), int(li == len(launch) - 1),
                 BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                 HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                UMAX=0, UTAB=utab, MIXSPLIT=mixsplit, EARLIER=_earlier(ln.npri),
+                UMAX=0, UTAB=utab, EARLIER=_earlier(ln.npri),
                 SLIDING=pattern.sliding, SINKT=bool(sinks) and li == len(launch) - 1,
                 num_warps=warps, num_stages=stages,
             )
@@ -296,7 +287,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     keys, psz, utab = _union_args(prio, plan, dev) if not pattern.sliding else (_dummy(dev), 1, 0)
     common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                   HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                  MIXSPLIT=_mixsplit() or pattern.sliding, SLIDING=pattern.sliding)
+                  SLIDING=pattern.sliding)
     # union test: the key tables hold the configs but the last. The sink launch (after all of
     # them in priority) and sliding windows (no tables) test the configs in a runtime loop: the
     # unrolled one spilled several KB per thread in dq and dk/dv (sm_90, kernel_resources.py)

@@ -14,8 +14,8 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import (_NO_SPEC, _band_split, _band_tail, _covered, _n_range, _participates,
-                      _prog_key, _sink_geometry, _split_at, _union_keep, _union_tab)
+from ._common import (LOG2E, _NO_SPEC, _band_split, _band_tail, _covered, _n_range,
+                      _participates, _prog_key, _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -150,7 +150,7 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
         q64 = qidx.to(tl.int64)
         q = tl.load(q_base + q64[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         do = tl.load(do_base + q64[:, None] * sds + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        lse2 = tl.load(LSE + lrow + q64, mask=row_ok, other=0.0) * 1.4426950408889634
+        lse2 = tl.load(LSE + lrow + q64, mask=row_ok, other=0.0) * LOG2E
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         delta = tl.load(DELTA + lrow + q64, mask=row_ok, other=0.0)
         if IEEE:
@@ -192,14 +192,13 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
 def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D: tl.constexpr,
              UNION: tl.constexpr, CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr,
              MAPPED: tl.constexpr, HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
-             UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-             SLIDING: tl.constexpr):
+             UMAX: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr):
     """dq over key tiles ``[lo, b1)`` masked (sliding), ``[b1, mid)`` whole, then ``[mid, end)``
     masked (as ``_fwd._fwd_span``)."""
     if SLIDING:
         dq = _dq_tiles(dq, rows, keys, uni, lo, b1, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
                        MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
-    if UNION and MIXSPLIT:
+    if UNION:
         x1, x2 = _split_at(b1, mid, ma, mb, BN)
         dq = _dq_tiles(dq, rows, keys, uni, b1, x1, end, BN, D, False, False, CAUSAL, PER_HEAD,
                        MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
@@ -220,7 +219,7 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
               BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-              MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
+              SLIDING: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
         sgk, sgv, scale = rows
@@ -245,17 +244,17 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
     if SLIDING and CAUSAL:  # one range (as in _fwd._fwd_union)
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, True, SLIDING)
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     elif mixed:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     else:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, False,
-                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, False,
-                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     return dq
 
 
@@ -270,8 +269,8 @@ def _dq_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr, SLIDING: tl.constexpr, SINKT: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -307,7 +306,7 @@ def _dq_kernel(
                 mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b64 * sdb + h64 * sdh + row64[:, None] * sds + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
-    lse2 = tl.load(LSE + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0) * LOG2E
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # empty rows: P = 0
     delta = tl.load(DELTA + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0)
     if HAS_DOC:
@@ -353,10 +352,10 @@ def _dq_kernel(
         a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN)
         dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_b1, a_mid,
                       kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE,
-                      UMAX, 0, MIXSPLIT, SLIDING)
+                      UMAX, 0, SLIDING)
     else:
         dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN,
-                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     if SINKT:
         # the sink keys (last in priority, as in the forward); their dk/dv summed atomically
         s_hi = tl.minimum(SINKS, KHI + 1)
@@ -386,14 +385,14 @@ def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.cons
                D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
                IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-               MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
+               SLIDING: tl.constexpr):
     """dk, dv over query tiles ``[lo, mid)`` masked (the diagonal), then ``[mid, tail)`` whole,
     then (sliding) ``[tail, end)`` masked: queries past some key's window.
-    ``UNION``: with the per-pair union mask — on every tile, or with ``MIXSPLIT`` only on the
-    whole tiles that meet ``[ma, mb)`` (and the masked ones)."""
+    ``UNION``: with the per-pair union mask on the masked tiles and on the whole tiles that
+    meet ``[ma, mb)`` only."""
     dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM, D, True, UNION, CAUSAL,
                          PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
-    if UNION and MIXSPLIT:
+    if UNION:
         x1, x2 = _split_at(mid, tail, ma, mb, BM)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM, D, False, False, CAUSAL,
                              PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
@@ -415,7 +414,7 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
                 PSZ, BM: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                 PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
                 IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-                MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
+                SLIDING: tl.constexpr):
     """dk, dv of one query head over the query tiles of a config with earlier configs: queries
     ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
     with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
@@ -445,22 +444,17 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     if SLIDING and CAUSAL:
         # covered queries start at 0 (``_covered``): the range above them only
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
-                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, True,
-                            SLIDING)
+                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     elif mixed:
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM, D,
-                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
-                            SLIDING)
+                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
-                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
-                            SLIDING)
+                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     else:
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM, D,
-                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
-                            SLIDING)
+                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
-                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT,
-                            SLIDING)
+                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     return dk, dv
 
 
@@ -475,8 +469,8 @@ def _dkdv_kernel(
     SEG0, NBLK, BLK0, W, R, LB, SINKS, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr, SLIDING: tl.constexpr, SINKADD: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    SLIDING: tl.constexpr, SINKADD: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
@@ -555,12 +549,11 @@ def _dkdv_kernel(
                 a_tail = _band_tail(a_mid, qn_hi, band_hi, BM)
                 dk, dv = _dkdv_span(dk, dv, cols, qside, (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk),
                                     qn_lo, a_mid, a_tail, qn_hi, qn_lo, qn_lo, BM, D, False,
-                                    CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT,
-                                    SLIDING)
+                                    CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, SLIDING)
             else:
                 dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi,
                                      CFG, NPRI, KEYS, PSZ, BM, D, CAUSAL, PER_HEAD, MAPPED,
-                                     HAS_DOC, IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+                                     HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]

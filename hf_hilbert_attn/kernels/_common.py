@@ -20,6 +20,10 @@ while the interpreter floors, and the two only agree there.
 import triton
 import triton.language as tl
 
+# exp(x) = exp2(x * LOG2E) and ln(y) = log2(y) * LN2: the kernels keep the softmax in base 2.
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
 # Scalar arguments that change with the pattern, the config or the positions: not specialised
 # (Triton would otherwise compile a variant per value == 1 / divisible by 16).
 _NO_SPEC = ["HQ", "HOFF", "HCH", "HKV", "GROUP", "SQ", "QOFF", "KOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
@@ -155,7 +159,7 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
     ``[ma, mb)`` the hull of the other side's class indices where such a config could cover a
     pair: the config's own segment when it holds ``[p0, p1]`` (a rate not dividing ``R``
     covers pairs only inside it), else everything (``[0, empty_at)``). The union mask is needed
-    nowhere else (``HF_HILBERT_MIXSPLIT``).
+    nowhere else, and the kernels apply it only there.
 
     Sliding windows (``SLIDING``): a config whose rate divides ``R`` (this head's class) covers
     for the whole tile the other side's positions within its window of every position of

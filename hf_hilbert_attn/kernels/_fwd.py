@@ -11,8 +11,8 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import (_NO_SPEC, _band_split, _covered, _n_range, _participates, _prog_key,
-                      _sink_geometry, _split_at, _union_keep, _union_tab)
+from ._common import (LN2, LOG2E, _NO_SPEC, _band_split, _covered, _n_range, _participates,
+                      _prog_key, _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -95,16 +95,15 @@ def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
               BN: tl.constexpr, D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-              MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
+              SLIDING: tl.constexpr):
     """Key tiles ``[lo, b1)`` masked (sliding: the window's lower edge), ``[b1, mid)`` whole and
     unmasked, then ``[mid, end)`` masked (diagonal, range end). ``UNION``: with the per-pair
-    union mask — on every tile, or with ``MIXSPLIT`` only on the whole tiles that meet
-    ``[ma, mb)`` (and the masked ones)."""
+    union mask on the masked tiles and on the whole tiles that meet ``[ma, mb)`` only."""
     if SLIDING:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, b1, end, BN, D, True,
                                    UNION, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
                                    SLIDING)
-    if UNION and MIXSPLIT:
+    if UNION:
         x1, x2 = _split_at(b1, mid, ma, mb, BN)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, x1, end, BN, D, False,
                                    False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
@@ -129,7 +128,7 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
                BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
                IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
-               MIXSPLIT: tl.constexpr, SLIDING: tl.constexpr):
+               SLIDING: tl.constexpr):
     """Key tiles of a config with earlier configs: keys ``[ca, cb)`` covered by them for the
     whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
     then masked tiles (diagonal, range end; sliding: a masked window edge first); the per-pair
@@ -156,24 +155,24 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
     if SLIDING and CAUSAL:
         # the covered keys run to the diagonal: one range, the union mask at the window edges
-        # only (MIXSPLIT); one copy of the loops keeps registers down
+        # only; one copy of the loops keeps registers down
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
                                   mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, True, SLIDING)
+                                  UTAB, SLIDING)
     elif mixed:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
                                   mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, MIXSPLIT, SLIDING)
+                                  UTAB, SLIDING)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma,
                                   mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, MIXSPLIT, SLIDING)
+                                  UTAB, SLIDING)
     else:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
                                   mb, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, MIXSPLIT, SLIDING)
+                                  UTAB, SLIDING)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma,
                                   mb, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, MIXSPLIT, SLIDING)
+                                  UTAB, SLIDING)
     return acc, l_i, m_i
 
 
@@ -187,8 +186,8 @@ def _fwd_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, MIXSPLIT: tl.constexpr,
-    EARLIER: tl.constexpr, SLIDING: tl.constexpr, SINKT: tl.constexpr,
+    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -266,11 +265,11 @@ def _fwd_kernel(
         a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq),
                                   kn_lo, a_b1, a_mid, kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL,
-                                  PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, MIXSPLIT, SLIDING)
+                                  PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, SLIDING)
     else:
         acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
                                    NPRI, KEYS, PSZ, BN, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
-                                   IEEE, UMAX, UTAB, MIXSPLIT, SLIDING)
+                                   IEEE, UMAX, UTAB, SLIDING)
 
     if SINKT:
         # ---- the sink keys (positions < SINKS), last in priority: the pairs no config allows
@@ -296,7 +295,7 @@ def _fwd_kernel(
     acc_ptrs = ACC + b64 * sab + hl.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
     if FIRST == 0:
         prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD, SLIDING)
-        prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * 1.4426950408889634
+        prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * LOG2E
         prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
         new2 = tl.maximum(prev_lse2, lse2)
         new_safe = tl.where(new2 == float("-inf"), 0.0, new2)
@@ -306,7 +305,7 @@ def _fwd_kernel(
         lse2 = tl.where(tot > 0, new_safe + tl.math.log2(tl.where(tot > 0, tot, 1.0)), float("-inf"))
         inv = 1.0 / tl.where(tot > 0, tot, 1.0)
         out = prev_out * (wa * inv)[:, None] + out * (wb * inv)[:, None]
-    tl.store(lse_ptrs, lse2 * 0.6931471805599453, mask=row_ok)
+    tl.store(lse_ptrs, lse2 * LN2, mask=row_ok)
     if LAST != 0:
         o_ptrs = O + b64 * sob + h.to(tl.int64) * soh + row64[:, None] * sos + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])

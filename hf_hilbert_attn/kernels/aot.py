@@ -28,7 +28,7 @@ import torch
 KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel")
 # constexpr arguments shown in a report's variant column (the others follow from the shape)
 SHOWN = ("BM", "BN", "D", "CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UMAX", "UTAB",
-         "MIXSPLIT", "EARLIER", "SLIDING", "SINKT", "SINKADD")
+         "EARLIER", "SLIDING", "SINKT", "SINKADD")
 
 
 class _Recorder:

@@ -149,14 +149,33 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------------------------- data
-class ByteTokenizer:
-    """UTF-8 bytes as tokens, EOS = 256 (for the tiny default model; no download needed)."""
+def _byte_chars():
+    """Byte value -> a printable character standing for it (the byte-level alphabet of GPT-2
+    style tokenizers: printable Latin-1 bytes stand for themselves, the others are shifted
+    above 255), so every byte is one token whose id is the byte value."""
+    keep = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+    shifted = [b for b in range(256) if b not in keep]
+    chars = {b: chr(b) for b in keep}
+    chars.update({b: chr(256 + i) for i, b in enumerate(shifted)})
+    return chars
 
-    vocab_size = 257
-    eos_token_id = 256
 
-    def __call__(self, texts):
-        return {"input_ids": [list(t.encode("utf-8")) for t in texts]}
+def ByteTokenizer():
+    """UTF-8 bytes as tokens (id = byte value), EOS = 256: the tokenizer of the tiny default
+    model, nothing to download. A ``PreTrainedTokenizerFast``, so ``final/`` keeps it and
+    loads with ``AutoTokenizer`` (``hf-hilbert-attn eval OUTPUT_DIR/final`` works)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: b for b, c in _byte_chars().items()}
+    vocab["<eos>"] = 256
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")])  # one token per byte
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>",
+                                   model_max_length=1 << 30)
 
 
 def generated_corpus(n_docs: int = 400, seed: int = 0) -> list:
@@ -465,10 +484,7 @@ def _main(argv=None):
         final = out / "final"
         lm = accelerator.unwrap_model(model).lm
         lm.save_pretrained(final)
-        if hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(final)  # so final/ loads like the model it came from
-        else:
-            logger.info("the byte tokenizer is built in: final/ has no tokenizer files")
+        tokenizer.save_pretrained(final)  # so final/ loads (and evaluates) like any model
         logger.info("saved %s (config.hilbert_attn = %s)", final,
                     getattr(lm.config, "hilbert_attn", None))
         if steps_run > 0:

@@ -397,7 +397,8 @@ def test_eval_writes_each_cell_and_resumes(tmp_path, monkeypatch):
     calls.clear()
     run_eval(_cfg(tmp_path / "part", lengths=(64, 128, 256)))
     assert calls == [256, 256]  # a longer length: only its cells
-    with pytest.raises(ValueError, match=r"holds results of other settings \(ppl_tokens differ\)"):
+    with pytest.raises(ValueError, match=r"holds results of other settings \(ppl_tokens: 300 -> "
+                                         r"600\): use --fresh"):
         run_eval(_cfg(tmp_path / "part", ppl_tokens=600))
     calls.clear()
     run_eval(_cfg(tmp_path / "part", fresh=True))

@@ -191,6 +191,17 @@ def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path):
     assert sorted(p.name for p in (part / "checkpoints").iterdir()) == ["step_2", "step_4"]
     cfg = json.loads((part / "final" / "config.json").read_text())
     assert cfg["hilbert_attn"]["segment_lengths"] == [16, 64, 128], cfg.get("hilbert_attn")
+    # the built-in byte tokenizer is saved too: final/ evaluates as it is
+    from transformers import AutoTokenizer
+
+    from hf_hilbert_attn.evaluation import EvalConfig, run_eval
+
+    tok = AutoTokenizer.from_pretrained(part / "final")
+    assert tok("héllo\n")["input_ids"] == list("héllo\n".encode()) and tok.eos_token_id == 256
+    rows = run_eval(EvalConfig(model=str(part / "final"), patterns=("dense",), lengths=(64,),
+                               tasks=("perplexity",), ppl_tokens=64, out_dir=str(tmp_path / "ev"),
+                               plots=False, progress=False))["rows"]
+    assert rows[0]["value"] == pytest.approx(rows[1]["value"], rel=1e-4)  # sdpa = dense pattern
 
 
 def test_finetune_chunked_loss_matches_model_loss(tmp_path):

@@ -428,12 +428,13 @@ class _Results:
             raise InputError(f"{self.out} has a results.csv but no eval_settings.json (an "
                              f"older run?): use --fresh to start over, or another --out-dir")
         old = json.loads(self.settings_path.read_text())
-        diff = [k for k in _VALUE_SETTINGS if old.get(k) != self.settings[k]]
-        diff += [f"pattern of {label}" for label, pat in self.settings["methods"].items()
+        diff = [f"{k}: {old.get(k)!r} -> {self.settings[k]!r}" for k in _VALUE_SETTINGS
+                if old.get(k) != self.settings[k]]
+        diff += [f"the pattern of {label}" for label, pat in self.settings["methods"].items()
                  if label in old.get("methods", {}) and old["methods"][label] != pat]
         if diff:
-            raise InputError(f"{self.out} holds results of other settings ({', '.join(diff)} "
-                             f"differ): use --fresh to start over, or another --out-dir")
+            raise InputError(f"{self.out} holds results of other settings ({'; '.join(diff)}): "
+                             f"use --fresh to start over, or another --out-dir")
         return report.read_eval_csv(self.csv)
 
     def add(self, rows: List[Dict]) -> None:

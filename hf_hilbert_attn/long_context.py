@@ -1,0 +1,329 @@
+"""Activation memory of long-sequence training outside attention, for HF causal LMs whose
+decoder layers are Transformers' ``GradientCheckpointingLayer`` (Llama, Qwen2, Mistral, ...).
+
+With gradient checkpointing, what a step keeps grows with the sequence ``S`` in three places
+(docs/long_context.md has the arithmetic):
+
+* every layer's checkpointed input, ``[S, hidden]`` per layer, for the whole backward —
+  :func:`offload_checkpoints` keeps them in (pinned) host memory instead;
+* the MLP of the layer being recomputed, about four ``[S, intermediate]`` tensors —
+  :func:`tile_mlp` runs the MLP and its backward ``chunk_tokens`` rows at a time;
+* the logits, ``[S, vocab]`` — :func:`lm_loss`: Liger-Kernel's fused linear cross-entropy on
+  CUDA where it is installed, else :func:`hf_hilbert_attn.training.chunked_lm_loss`.
+
+Each option changes where and when values are computed, never what: loss and gradients equal
+the plain model's to float rounding (tests/test_long_context.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .training import chunked_lm_loss
+
+__all__ = ["tile_mlp", "offload_checkpoints", "OffloadStats", "offload_stats", "lm_loss",
+           "liger_available", "LOSS_BACKENDS"]
+
+LOSS_BACKENDS = ("auto", "liger", "chunked")
+
+
+def _decoder_layers(model, what: str):
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"{what}: {type(model).__name__} has no decoder layers derived from "
+                         "transformers' GradientCheckpointingLayer")
+    return layers
+
+
+def _patch_forward(module, attr: str, new_forward) -> None:
+    """Put ``new_forward`` in front of ``module.forward`` (an instance attribute, so the
+    state dict, the class and other instances are untouched); the previous ``forward`` — the
+    class's, or an instance one such as accelerate's hooks — is kept for :func:`_unpatch`."""
+    if getattr(module, attr, None) is None:
+        setattr(module, attr, (module.forward, "forward" in module.__dict__))
+    inner = getattr(module, attr)[0]
+    module.forward = lambda *args, **kwargs: new_forward(inner, *args, **kwargs)
+
+
+def _unpatch(module, attr: str) -> None:
+    saved = module.__dict__.pop(attr, None)
+    if saved is None:
+        return
+    inner, was_instance = saved
+    if was_instance:
+        module.forward = inner
+    else:
+        del module.forward
+
+
+# ------------------------------------------------------------------------------ tiled MLP
+def _autocast_state(device_type: str):
+    if not torch.amp.is_autocast_available(device_type):
+        return None
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
+
+class _TiledMLPFunction(torch.autograd.Function):
+    """``y = forward(x)`` for a token-wise ``forward``, ``chunk`` rows of ``x.reshape(-1, H)``
+    at a time. Saves only ``x``; backward recomputes each chunk under autograd and takes its
+    gradients at once, so one chunk's ``[chunk, intermediate]`` tensors exist at a time.
+    ``params`` are inputs so their gradients flow through this node (one AccumulateGrad per
+    parameter per step, as DDP expects)."""
+
+    @staticmethod
+    def forward(ctx, forward, chunk: int, x: torch.Tensor, *params):
+        ctx.forward, ctx.chunk, ctx.params = forward, chunk, params
+        ctx.autocast = (x.device.type, _autocast_state(x.device.type))
+        ctx.save_for_backward(x)
+        rows = x.reshape(-1, x.shape[-1])
+        out = None
+        for i in range(0, rows.shape[0], chunk):
+            y = forward(rows[i:i + chunk])
+            if not isinstance(y, torch.Tensor) or y.shape[0] != rows[i:i + chunk].shape[0]:
+                raise TypeError("tile_mlp: the MLP must map [tokens, hidden] to one tensor "
+                                f"[tokens, out], got {type(y).__name__}")
+            if out is None:
+                out = y.new_empty((rows.shape[0], *y.shape[1:]))
+            out[i:i + chunk] = y
+        return out.view(*x.shape[:-1], *out.shape[1:])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        params, chunk = ctx.params, ctx.chunk
+        rows = x.reshape(-1, x.shape[-1])
+        g_rows = grad_out.reshape(rows.shape[0], -1)
+        want_x = ctx.needs_input_grad[2]
+        want_p = [j for j, p in enumerate(params) if ctx.needs_input_grad[3 + j]]
+        dx = torch.empty_like(rows) if want_x else None
+        # Parameter gradients summed over chunks in float32 at least: one GEMM over all rows
+        # would accumulate in float32 too, then round once.
+        acc = [None] * len(params)
+        device_type, state = ctx.autocast
+        autocast = (torch.autocast(device_type, dtype=state[1], enabled=state[0])
+                    if state is not None else contextlib.nullcontext())
+        with torch.enable_grad(), autocast:
+            for i in range(0, rows.shape[0], chunk):
+                xc = rows[i:i + chunk].detach().requires_grad_(want_x)
+                y = ctx.forward(xc)
+                inputs = ([xc] if want_x else []) + [params[j] for j in want_p]
+                if not inputs:
+                    break
+                grads = list(torch.autograd.grad(y, inputs, g_rows[i:i + chunk],
+                                                 allow_unused=True))
+                if want_x:
+                    g = grads.pop(0)
+                    dx[i:i + chunk] = 0 if g is None else g
+                for j, g in zip(want_p, grads):
+                    if g is None:
+                        continue
+                    if acc[j] is None:
+                        acc[j] = g.to(torch.promote_types(g.dtype, torch.float32))
+                    else:
+                        acc[j] += g
+        pgrads = [None if a is None else a.to(p.dtype) for a, p in zip(acc, params)]
+        return (None, None, dx.view_as(x) if want_x else None, *pgrads)
+
+
+def _tiled_mlp_forward(mlp, inner, x, *args, **kwargs):
+    chunk = mlp._hf_tile_chunk
+    if args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2 \
+            or x.numel() // x.shape[-1] <= chunk:
+        return inner(x, *args, **kwargs)
+    return _TiledMLPFunction.apply(inner, chunk, x, *mlp.parameters())
+
+
+def tile_mlp(model, chunk_tokens: int = 8192):
+    """Run every decoder layer's ``mlp`` over ``chunk_tokens`` tokens at a time (batch and
+    sequence flattened), forward and backward; ``chunk_tokens=0`` restores the plain MLP.
+
+    The forward keeps only the MLP input; the backward recomputes each chunk and takes its
+    gradients before the next, so one chunk's intermediate activations (``[chunk,
+    intermediate]``, about four of them for a gated MLP) exist at a time instead of ``[S,
+    intermediate]``. Exact for token-wise MLPs (Llama, Qwen2, Mistral, GPT-2); the cost is one
+    more MLP forward per step. Calling again changes the chunk (idempotent); the state dict is
+    unchanged. Inputs of at most ``chunk_tokens`` tokens run the plain MLP.
+
+    Args:
+        model: a Transformers model (or a module containing one).
+        chunk_tokens: tokens per chunk (> 0), or 0 to undo.
+
+    Returns:
+        ``model``, changed in place.
+
+    Raises:
+        ValueError: a negative ``chunk_tokens``, no decoder layer with an ``mlp``, or an MLP
+            with active dropout (the recompute would draw different masks).
+    """
+    chunk = int(chunk_tokens)
+    if chunk < 0:
+        raise ValueError(f"tile_mlp: chunk_tokens must be >= 0 (0 = off), got {chunk_tokens}")
+    mlps = [layer.mlp for layer in _decoder_layers(model, "tile_mlp")
+            if isinstance(getattr(layer, "mlp", None), torch.nn.Module)]
+    if not mlps:
+        raise ValueError(f"tile_mlp: no decoder layer of {type(model).__name__} has an `mlp`")
+    for mlp in mlps:
+        if chunk == 0:
+            _unpatch(mlp, "_hf_tile_saved")
+            mlp.__dict__.pop("_hf_tile_chunk", None)
+            continue
+        drop = [m for m in mlp.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+        if drop:
+            raise ValueError(f"tile_mlp: {type(mlp).__name__} has dropout p={drop[0].p}; the "
+                             "recompute in backward would draw other masks")
+        mlp._hf_tile_chunk = chunk
+        if "_hf_tile_saved" not in mlp.__dict__:
+            _patch_forward(mlp, "_hf_tile_saved",
+                           lambda inner, *a, _m=mlp, **k: _tiled_mlp_forward(_m, inner, *a, **k))
+    return model
+
+
+# ------------------------------------------------------------------ offloaded checkpoints
+@dataclass
+class OffloadStats:
+    """Counters of one model's offload hooks (all layers): tensors and bytes moved to host
+    memory in forwards (``packed``, ``packed_bytes``; a CPU tensor is counted but stays where
+    it is) and tensors brought back in backwards (``unpacked``)."""
+    packed: int = 0
+    packed_bytes: int = 0
+    unpacked: int = 0
+
+
+class _Offloader:
+    """``saved_tensors_hooks`` pair. Under non-reentrant checkpointing the only tensors saved
+    outside the checkpoint's own hooks are the layer's positional inputs (the hidden states),
+    so these hooks see exactly the checkpointed inputs. On CUDA the device-to-host copy runs on
+    a side stream (overlapping the next layer's forward) into pinned memory."""
+
+    def __init__(self, stats: OffloadStats, pin_memory: bool):
+        self.stats, self.pin_memory = stats, pin_memory
+        self.streams = {}
+
+    def pack(self, t: torch.Tensor):
+        self.stats.packed += 1
+        self.stats.packed_bytes += t.numel() * t.element_size()
+        if t.device.type == "cpu":
+            return None, t
+        if t.device.type != "cuda":
+            return t.device, t.to("cpu")
+        stream = self.streams.get(t.device)
+        if stream is None:
+            stream = self.streams[t.device] = torch.cuda.Stream(t.device)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin_memory)
+        stream.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(stream):
+            host.copy_(t, non_blocking=True)
+        t.record_stream(stream)  # t's memory is not reused before the copy is done
+        return t.device, host
+
+    def unpack(self, packed):
+        self.stats.unpacked += 1
+        device, host = packed
+        if device is None:
+            return host
+        if device.type == "cuda" and device in self.streams:
+            torch.cuda.current_stream(device).wait_stream(self.streams[device])
+        return host.to(device, non_blocking=True)
+
+
+def _offloaded_layer_forward(layer, offloader, inner, *args, **kwargs):
+    if not (layer.gradient_checkpointing and layer.training and torch.is_grad_enabled()):
+        return inner(*args, **kwargs)  # nothing is checkpointed: leave the activations alone
+    with torch.autograd.graph.saved_tensors_hooks(offloader.pack, offloader.unpack):
+        return inner(*args, **kwargs)
+
+
+def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool] = None):
+    """Keep each decoder layer's checkpointed input (``[B, S, hidden]``) in host memory from
+    its forward until its backward recompute, instead of on the accelerator.
+
+    Needs non-reentrant gradient checkpointing
+    (:func:`hf_hilbert_attn.training.enable_checkpointing`) when the model runs; a layer that
+    is not checkpointed (or runs without gradients) is left alone. Exact: the values are copied,
+    not changed. ``enable=False`` undoes; calling twice is the same as once.
+
+    Args:
+        model: a Transformers model (or a module containing one).
+        enable: install (True) or remove (False) the hooks.
+        pin_memory: page-locked host buffers (asynchronous copies); default: when CUDA is
+            available.
+
+    Returns:
+        ``model``, changed in place. :func:`offload_stats` reads its counters.
+    """
+    layers = _decoder_layers(model, "offload_checkpoints")
+    if not enable:
+        for layer in layers:
+            _unpatch(layer, "_hf_offload_saved")
+            layer.__dict__.pop("_hf_offloader", None)
+        return model
+    stats = offload_stats(model) or OffloadStats()
+    pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+    offloader = _Offloader(stats, pin)
+    for layer in layers:
+        layer._hf_offloader = offloader
+        if "_hf_offload_saved" not in layer.__dict__:
+            _patch_forward(layer, "_hf_offload_saved",
+                           lambda inner, *a, _l=layer, **k:
+                           _offloaded_layer_forward(_l, _l._hf_offloader, inner, *a, **k))
+    return model
+
+
+def offload_stats(model) -> Optional[OffloadStats]:
+    """The :class:`OffloadStats` of ``model``'s offload hooks, or None when none are installed."""
+    for m in model.modules():
+        off = m.__dict__.get("_hf_offloader")
+        if off is not None:
+            return off.stats
+    return None
+
+
+# ------------------------------------------------------------------------------------ loss
+def liger_available() -> bool:
+    """Liger-Kernel (``pip install liger-kernel``) is importable."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def _liger_loss(hidden, weight, labels, num_items=None):
+    from liger_kernel.transformers.fused_linear_cross_entropy import (
+        LigerFusedLinearCrossEntropyLoss,
+    )
+
+    h = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    y = labels.reshape(-1)
+    n = (y != -100).sum().clamp(min=1) if num_items is None else num_items
+    # Sum, then divide, so a sequence-parallel shard can divide by the global count; the
+    # weight gradient accumulated in float32 as chunked_lm_loss's GEMMs do.
+    total = LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="sum",
+                                             accum_dtype=torch.float32)(weight, h, y)
+    return total.to(torch.promote_types(total.dtype, torch.float32)) / n
+
+
+def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 2048,
+            num_items=None, backend: str = "auto") -> torch.Tensor:
+    """Mean next-token cross-entropy from the final hidden states, never the whole logits.
+
+    ``backend``: ``"liger"`` — Liger-Kernel's fused linear cross-entropy (CUDA only; computes
+    the gradients chunk by chunk during the forward); ``"chunked"`` —
+    :func:`~hf_hilbert_attn.training.chunked_lm_loss` with ``chunk`` positions at a time;
+    ``"auto"`` — Liger where installed and ``hidden`` is on CUDA, else chunked. Arguments and
+    result as :func:`~hf_hilbert_attn.training.chunked_lm_loss` (a float32 scalar).
+    """
+    if backend not in LOSS_BACKENDS:
+        raise ValueError(f"loss backend must be one of {', '.join(LOSS_BACKENDS)}, got {backend!r}")
+    if backend == "liger":
+        if hidden.device.type != "cuda":
+            raise ValueError(f"loss backend 'liger' needs a CUDA device, got {hidden.device.type}")
+        if not liger_available():
+            raise ImportError("loss backend 'liger' needs Liger-Kernel: pip install liger-kernel")
+    if backend == "liger" or (backend == "auto" and hidden.device.type == "cuda"
+                              and liger_available()):
+        return _liger_loss(hidden, weight, labels, num_items)
+    return chunked_lm_loss(hidden, weight, labels, chunk, num_items=num_items)

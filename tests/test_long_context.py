@@ -1,0 +1,278 @@
+"""hf_hilbert_attn.long_context: tiled MLP, offloaded checkpoints, the loss backends.
+
+Every option is compared with the plain model on a tiny random Llama (float64, 2 layers):
+the loss and every parameter gradient must agree to float rounding, with and without gradient
+checkpointing, under "sdpa" and "hilbert_dilated". Sequence lengths and chunk sizes are chosen
+so that no chunk size divides the number of tokens.
+"""
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_hilbert_attn import DilatedPattern, configure
+from hf_hilbert_attn.long_context import (
+    lm_loss,
+    offload_checkpoints,
+    offload_stats,
+    tile_mlp,
+)
+from hf_hilbert_attn.long_context import _liger_loss
+from hf_hilbert_attn.training import chunked_lm_loss, enable_checkpointing
+
+from helpers import assert_close
+
+HIDDEN, INTER, VOCAB, LAYERS = 32, 96, 64, 2
+PATTERN = DilatedPattern([16, 32, 64], [1, 2, 4])  # segments shorter than the sequences
+TOL = 1e-10  # float64
+
+
+def tiny_llama(attn="sdpa"):
+    cfg = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                      max_position_embeddings=512, attention_dropout=0.0, use_cache=False)
+    model = LlamaForCausalLM(cfg).to(torch.float64)
+    if attn == "hilbert_dilated":
+        configure(model, PATTERN)
+    return model.train()
+
+
+def loss_and_grads(model, ids, loss="hf", chunk=37):
+    model.zero_grad(set_to_none=True)
+    if loss == "hf":  # Transformers' loss (it upcasts the logits to float32)
+        out = model(input_ids=ids, labels=ids).loss
+    else:
+        hidden = model.model(input_ids=ids).last_hidden_state
+        labels = torch.full_like(ids, -100)
+        labels[:, :-1] = ids[:, 1:]
+        if loss == "full":  # the whole logits, in the model's dtype
+            out = F.cross_entropy(model.lm_head(hidden).flatten(0, 1), labels.flatten())
+        else:
+            out = lm_loss(hidden, model.lm_head.weight, labels, chunk, backend=loss)
+    out.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    assert all(g is not None for g in grads.values())
+    return out.detach(), grads
+
+
+def assert_same(got, want, what):
+    assert_close("loss", got[0], want[0], TOL, what)
+    assert got[1].keys() == want[1].keys()
+    for name in want[1]:
+        assert_close(name, got[1][name], want[1][name], TOL, what)
+
+
+# ------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("attn", ["sdpa", "hilbert_dilated"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_each_option_and_all_together_are_exact(attn, checkpointing):
+    model = tiny_llama(attn)
+    if checkpointing:
+        enable_checkpointing(model)
+    ids = torch.randint(0, VOCAB, (2, 150))  # 300 tokens
+    want = loss_and_grads(model, ids)
+
+    tile_mlp(model, chunk_tokens=70)  # 300 = 4 * 70 + 20
+    assert_same(loss_and_grads(model, ids), want, f"{attn} tiled")
+    tile_mlp(model, 0)
+
+    offload_checkpoints(model)
+    assert_same(loss_and_grads(model, ids), want, f"{attn} offload")
+    stats = offload_stats(model)
+    assert stats.packed == (LAYERS if checkpointing else 0)
+    offload_checkpoints(model, False)
+
+    full = loss_and_grads(model, ids, loss="full")
+    assert_same(loss_and_grads(model, ids, loss="chunked"), full, f"{attn} chunked loss")
+    assert_same(loss_and_grads(model, ids, loss="auto"), full, f"{attn} auto loss (cpu)")
+
+    tile_mlp(model, 70)
+    offload_checkpoints(model)
+    assert_same(loss_and_grads(model, ids), want, f"{attn} all options, HF loss")
+    assert_same(loss_and_grads(model, ids, loss="auto"), full, f"{attn} all options")
+
+
+def test_tiled_mlp_float32_batch_and_no_grad():
+    model = tiny_llama().float()
+    enable_checkpointing(model)
+    ids = torch.randint(0, VOCAB, (3, 97))  # 291 tokens, chunk 64 -> 4 * 64 + 35
+    want = loss_and_grads(model, ids)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    tile_mlp(model, 64)
+    got = loss_and_grads(model, ids)
+    assert_close("loss", got[0], want[0], 1e-5)
+    for name in want[1]:
+        assert_close(name, got[1][name], want[1][name], 1e-5)
+    with torch.no_grad():
+        assert_close("logits", model(input_ids=ids).logits, logits, 1e-5)
+
+
+def test_tiled_mlp_frozen_parameters_and_input_without_grad():
+    model = tiny_llama()
+    for p in model.model.layers[0].mlp.parameters():
+        p.requires_grad_(False)
+    model.model.embed_tokens.weight.requires_grad_(False)
+    ids = torch.randint(0, VOCAB, (1, 200))
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    tile_mlp(model, 33)
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    for n, p in model.named_parameters():
+        assert (p.grad is None) == (not p.requires_grad), n
+        if p.requires_grad:
+            assert_close(n, p.grad, want[n], TOL)
+
+
+# ------------------------------------------------------------------------------ memory
+class _LargestIntermediate(TorchDispatchMode):
+    """Largest number of token rows of any tensor an op creates whose last dim is INTER."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == INTER:
+                self.rows = max(self.rows, t.numel() // INTER)
+        return out
+
+
+def _saved_bytes(model, ids):
+    """Bytes autograd saves during one forward (every saved tensor counted once)."""
+    seen = {}
+
+    def pack(t):
+        seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return sum(seen.values())
+
+
+def test_tiled_mlp_bounds_intermediate_activations():
+    model = tiny_llama()
+    ids = torch.randint(0, VOCAB, (2, 250))  # 500 tokens
+    plain_saved = _saved_bytes(model, ids)
+    with _LargestIntermediate() as plain:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert plain.rows == 500
+
+    tile_mlp(model, 96)  # 500 = 5 * 96 + 20
+    tiled_saved = _saved_bytes(model, ids)
+    with _LargestIntermediate() as tiled:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert tiled.rows == 96  # forward and backward: one chunk's [chunk, intermediate] at a time
+    # the gated MLP saved 4 [tokens, INTER] tensors (+ x) per layer; tiled, only x
+    assert plain_saved - tiled_saved >= LAYERS * 4 * 500 * INTER * 8 - LAYERS * 500 * HIDDEN * 8
+
+
+def test_offload_packs_exactly_the_checkpointed_layer_inputs():
+    model = tiny_llama()
+    enable_checkpointing(model)
+    offload_checkpoints(model)
+    offload_checkpoints(model)  # idempotent
+    ids = torch.randint(0, VOCAB, (2, 77))
+    loss = model(input_ids=ids, labels=ids).loss
+    stats = offload_stats(model)
+    assert (stats.packed, stats.unpacked) == (LAYERS, 0)
+    assert stats.packed_bytes == LAYERS * 2 * 77 * HIDDEN * 8  # one [B, S, hidden] per layer
+    loss.backward()
+    assert stats.unpacked == LAYERS
+    with torch.no_grad():  # no backward, nothing saved
+        model(input_ids=ids)
+    assert stats.packed == LAYERS
+    offload_checkpoints(model, enable=False)
+    assert offload_stats(model) is None
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert "forward" not in model.model.layers[0].__dict__
+
+
+def test_undo_restores_the_plain_modules():
+    model = tiny_llama()
+    sd = set(model.state_dict())
+    tile_mlp(model, 10)
+    tile_mlp(model, 20)  # changes the chunk, one patch
+    assert model.model.layers[0].mlp._hf_tile_chunk == 20
+    assert set(model.state_dict()) == sd
+    tile_mlp(model, 0)
+    assert "forward" not in model.model.layers[0].mlp.__dict__
+    assert not hasattr(model.model.layers[0].mlp, "_hf_tile_chunk")
+
+
+def test_bad_input_errors():
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 0"):
+        tile_mlp(model, -1)
+    with pytest.raises(ValueError, match="no decoder layers"):
+        tile_mlp(torch.nn.Linear(2, 2), 8)
+    with pytest.raises(ValueError, match="no decoder layers"):
+        offload_checkpoints(torch.nn.Linear(2, 2))
+    model.model.layers[0].mlp.drop = torch.nn.Dropout(0.1)
+    with pytest.raises(ValueError, match="dropout"):
+        tile_mlp(model, 8)
+    h, w, y = torch.randn(1, 4, HIDDEN), torch.randn(VOCAB, HIDDEN), torch.zeros(1, 4).long()
+    with pytest.raises(ValueError, match="one of auto, liger, chunked"):
+        lm_loss(h, w, y, backend="fused")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        lm_loss(h, w, y, backend="liger")
+
+
+# -------------------------------------------------------------------------------- liger
+@pytest.fixture
+def fake_liger(monkeypatch):
+    """A stand-in Liger-Kernel module computing the same loss with PyTorch, to test our glue
+    (argument order, reduction, ignore index, num_items) where Liger cannot run (no CUDA)."""
+    calls = []
+
+    class FakeLoss(torch.nn.Module):
+        def __init__(self, ignore_index=-100, reduction="mean", accum_dtype=None, **kw):
+            super().__init__()
+            self.ignore_index, self.reduction = ignore_index, reduction
+
+        def forward(self, lin_weight, _input, target, bias=None):
+            calls.append((tuple(lin_weight.shape), tuple(_input.shape), tuple(target.shape)))
+            return F.cross_entropy(_input @ lin_weight.t(), target,
+                                   ignore_index=self.ignore_index, reduction=self.reduction)
+
+    names = ["liger_kernel", "liger_kernel.transformers",
+             "liger_kernel.transformers.fused_linear_cross_entropy"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules[names[-1]].LigerFusedLinearCrossEntropyLoss = FakeLoss
+    return calls
+
+
+def test_liger_glue_matches_chunked_loss(fake_liger):
+    h = torch.randn(2, 45, HIDDEN, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(VOCAB, HIDDEN, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, VOCAB, (2, 45))
+    y[0, :7] = -100
+    for num_items in (None, 123):
+        want = chunked_lm_loss(h, w, y, 16, num_items=num_items)
+        gw = torch.autograd.grad(want, (h, w))
+        got = _liger_loss(h, w, y, num_items=num_items)
+        gg = torch.autograd.grad(got, (h, w))
+        assert got.dtype == want.dtype
+        assert_close("loss", got.detach(), want.detach(), TOL)
+        for a, b, n in zip(gg, gw, ("d hidden", "d weight")):
+            assert_close(n, a, b, TOL)
+    assert fake_liger[0] == ((VOCAB, HIDDEN), (90, HIDDEN), (90,))
+
+
+def test_auto_loss_falls_back_on_cpu_even_with_liger_installed(fake_liger):
+    h, w = torch.randn(1, 30, HIDDEN), torch.randn(VOCAB, HIDDEN)
+    y = torch.randint(0, VOCAB, (1, 30))
+    assert_close("loss", lm_loss(h, w, y, 7), chunked_lm_loss(h, w, y, 7), 1e-6)
+    assert fake_liger == []  # Liger runs only on CUDA

@@ -74,10 +74,10 @@ def test_each_option_and_all_together_are_exact(attn, checkpointing):
     model = tiny_llama(attn)
     if checkpointing:
         enable_checkpointing(model)
-    ids = torch.randint(0, VOCAB, (2, 150))  # 300 tokens
+    ids = torch.randint(0, VOCAB, (2, 120))  # 240 tokens
     want = loss_and_grads(model, ids)
 
-    tile_mlp(model, chunk_tokens=70)  # 300 = 4 * 70 + 20
+    tile_mlp(model, chunk_tokens=70)  # 240 = 3 * 70 + 30
     assert_same(loss_and_grads(model, ids), want, f"{attn} tiled")
     tile_mlp(model, 0)
 
@@ -87,14 +87,17 @@ def test_each_option_and_all_together_are_exact(attn, checkpointing):
     assert stats.packed == (LAYERS if checkpointing else 0)
     offload_checkpoints(model, False)
 
-    full = loss_and_grads(model, ids, loss="full")
-    assert_same(loss_and_grads(model, ids, loss="chunked"), full, f"{attn} chunked loss")
-    assert_same(loss_and_grads(model, ids, loss="auto"), full, f"{attn} auto loss (cpu)")
-
     tile_mlp(model, 70)
     offload_checkpoints(model)
-    assert_same(loss_and_grads(model, ids), want, f"{attn} all options, HF loss")
-    assert_same(loss_and_grads(model, ids, loss="auto"), full, f"{attn} all options")
+    assert_same(loss_and_grads(model, ids), want, f"{attn} tiled + offload")
+    if attn == "sdpa":  # the loss does not see the attention; once is enough
+        tile_mlp(model, 0)
+        offload_checkpoints(model, False)
+        full = loss_and_grads(model, ids, loss="full")
+        assert_same(loss_and_grads(model, ids, loss="chunked"), full, "chunked loss")
+        tile_mlp(model, 70)
+        offload_checkpoints(model)
+        assert_same(loss_and_grads(model, ids, loss="auto"), full, "all options, auto loss")
 
 
 def test_tiled_mlp_float32_batch_and_no_grad():

@@ -111,6 +111,6 @@ def test_merge_rows_replaces_only_same_key():
     new = [{"world_size": 2, "layout": "zigzag", "ms": 3.0}]
     got = b.merge_rows(old, new, ("world_size", "layout"))
     assert [(r["world_size"], r["ms"]) for r in got] == [(1, 1.0), (2, 3.0)]
-    with pytest.raises(SystemExit, match="not found"):
+    with pytest.raises(ValueError, match="unknown pattern 'no_such_pattern'"):
         b.C.load_pattern("no_such_pattern")
     assert torch.is_tensor(torch.zeros(1))  # the module import left torch usable

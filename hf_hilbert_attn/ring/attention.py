@@ -1,0 +1,320 @@
+"""Ring dilated attention: the forward and backward over the plan's steps and pieces.
+
+Each step's pieces (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) are ordinary calls of
+``dilated_attention`` with the block's true key positions; unsent entries of a received block
+are zero and never attended (the send plan is a superset of the allowed pairs).
+
+* **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed, so
+  communication overlaps compute. A query run written by one piece takes it as it is; runs
+  written by several merge their ``(out_b, lse_b)``
+  (:func:`~hf_hilbert_attn.numerics.merge_partials`) in float32, float64 for float64 inputs.
+  Each key lives on exactly one rank, so the union rule (a key counts once) holds across steps.
+* **Backward** (custom autograd Function). K/V are re-sent with the same plan and each piece's
+  gradient comes from the *merged* ``(out, lse)``
+  (:func:`~hf_hilbert_attn.ops.dilated_attention_backward`: FlashAttention's
+  ``dS = P ∘ (dP - delta)`` with the final probabilities, no forward recomputation on the
+  Triton path); each received block's dK/dV (float32, float64 for float64 inputs) go back to
+  the rank owning those keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..inputs import AttnInputs, check_inputs
+from ..numerics import accum_dtype, call_under_autocast, merge_partials
+from ..ops import (attention_forward_into, dilated_attention, dilated_attention_backward,
+                   position_plan, with_documents)
+from ..pattern import DilatedPattern
+from .comm import GradExchange, KVExchange, agree, all_gather
+from .plan import Piece, Pieces, PlanCache, RingPlan, plan_pieces, plan_ring
+
+__all__ = ["ring_attention", "local_attention", "cached_plan"]
+
+
+@dataclass
+class _Ctx:
+    pattern: DilatedPattern
+    causal: bool
+    scale: float
+    group: object
+    plan: RingPlan
+    q_pos: torch.Tensor  # [B, Sq] int64
+    k_pos: torch.Tensor  # [B, Sk] int64
+    q_doc: Optional[torch.Tensor]
+    k_doc: Optional[torch.Tensor]
+    backend: str
+    pieces: Pieces
+
+
+def _block_inputs(ctx: _Ctx, xchg: KVExchange, j: int, k, v):
+    """(k_blk, v_blk, k_positions, k_doc_ids) of step ``j``, or None when the step is empty."""
+    if j == 0:
+        return k, v, ctx.k_pos, ctx.k_doc
+    blk = xchg.block(j)
+    if blk is None:
+        return None
+    st = ctx.plan.steps[j - 1]
+    return blk[0], blk[1], st.recv_kpos, st.recv_kdoc
+
+
+def _kernel_plan(ctx: _Ctx, pc: Piece, q, k, v, qp, kp):
+    """The ``plan=`` argument of the piece's op call: its kept kernel position plan (``False``:
+    the kernels cannot take these positions), made on the first call that goes to the kernels;
+    None while no call has (``position_plan`` decides per call)."""
+    if not pc.kernel_planned:
+        made = position_plan(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp,
+                             backend=ctx.backend)
+        if made is None:  # this call does not go to the kernels: nothing to keep
+            return None
+        pc.kernel_planned = True
+        pc.kernel_plan = None if made is False else made
+    return False if pc.kernel_plan is None else pc.kernel_plan
+
+
+def _piece_args(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
+    rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+    qp, kp = ctx.q_pos[:, rq], kpos[:, rk]
+    qd = None if kdoc is None else ctx.q_doc[:, rq]
+    kd = None if kdoc is None else kdoc[:, rk]
+    return dict(pattern=ctx.pattern, causal=ctx.causal, scale=ctx.scale, q_positions=qp,
+                k_positions=kp, q_doc_ids=qd, k_doc_ids=kd, backend=ctx.backend,
+                plan=with_documents(_kernel_plan(ctx, pc, q, k, v, qp, kp), qd, kd))
+
+
+def _ring_forward(ctx: _Ctx, q, k, v):
+    """Merged ``(out [B, Hq, Sq, Dv] in q.dtype, lse [B, Hq, Sq])``, lse in float32 (float64
+    for float64 inputs). Rows no piece reaches keep ``out = 0, lse = -inf``."""
+    acc = accum_dtype(q.dtype)
+    out = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
+    merged = {}  # query run -> (out, lse) in acc of its rows (runs with several pieces)
+    xchg = KVExchange(k, v, ctx.plan, ctx.group)
+    xchg.post(1)
+    for j in range(ctx.plan.world):
+        xchg.post(j + 1)  # next step's transfer runs while this step computes
+        blk = _block_inputs(ctx, xchg, j, k, v)
+        if blk is None:
+            continue
+        kb, vb, kpos, kdoc = blk
+        for pc in ctx.pieces.steps[j]:
+            rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+            qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
+            args = _piece_args(ctx, pc, kpos, kdoc, qb, kb_, vb_)
+            if ctx.pieces.writes[pc.run] == 1:  # the run's only piece: straight into the result
+                attention_forward_into(qb, kb_, vb_, out=out[:, :, rq], lse=lse[:, :, rq],
+                                       **args)
+                continue
+            o_b, l_b = attention_forward_into(
+                qb, kb_, vb_, out=qb.new_empty(qb.shape[:3] + (vb_.shape[-1],)),
+                lse=qb.new_empty(qb.shape[:3], dtype=acc), **args)
+            o_b = o_b.to(acc)
+            merged[pc.run] = (o_b, l_b) if pc.run not in merged else merge_partials(
+                *merged[pc.run], o_b, l_b)
+    for run, (o, m) in merged.items():
+        lo, hi, _ = ctx.pieces.qruns[run]
+        out[:, :, lo:hi] = o.to(q.dtype)
+        lse[:, :, lo:hi] = m
+    return out, lse
+
+
+def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
+    """``(dq, dk, dv)`` of the ring forward: each piece's gradient from the merged
+    ``(out, lse)`` (:func:`~hf_hilbert_attn.ops.dilated_attention_backward`), summed."""
+    acc = accum_dtype(q.dtype)
+    pieces = ctx.pieces
+    dq = torch.zeros_like(q)
+    dq_acc = {}  # run -> dq of its rows in acc (runs with several pieces)
+    remote_grads = any(st.n_send for st in ctx.plan.steps)
+    local_cover = torch.zeros(k.shape[2], dtype=torch.int32)
+    for pc in pieces.steps[0]:
+        local_cover[pc.ks:pc.ke] += 1
+    # dK/dV straight in the input dtype when every key row gets at most one local piece and
+    # nothing comes back from other ranks; else accumulators in acc
+    direct_kv = not remote_grads and (local_cover.numel() == 0 or int(local_cover.max()) <= 1)
+    kv_dtype = k.dtype if direct_kv else acc
+    dk = torch.zeros(k.shape, dtype=kv_dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=kv_dtype, device=v.device)
+    xchg = KVExchange(k, v, ctx.plan, ctx.group)
+    xchg.post(1)
+    grads = GradExchange(dk, dv, ctx.plan, ctx.group, acc)
+    for j in range(ctx.plan.world):
+        xchg.post(j + 1)
+        blk = _block_inputs(ctx, xchg, j, k, v)
+        gk_blk = gv_blk = None
+        if blk is not None:
+            kb, vb, kpos, kdoc = blk
+            if j > 0:  # the received block's gradient (0 for keys no piece reaches)
+                gk_blk = torch.zeros(kb.shape, dtype=acc, device=kb.device)
+                gv_blk = torch.zeros(vb.shape, dtype=acc, device=vb.device)
+            for pc in pieces.steps[j]:
+                rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+                # a run's only piece writes its dq rows in place; local keys whose only
+                # gradient is this piece's likewise
+                direct_q = pieces.writes[pc.run] == 1
+                direct_k = j == 0 and direct_kv
+                qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
+                gq, gk, gv = dilated_attention_backward(
+                    dout[:, :, rq], qb, kb_, vb_, out[:, :, rq], lse[:, :, rq],
+                    dlse=None if dlse is None else dlse[:, :, rq],
+                    dq=dq[:, :, rq] if direct_q else None,
+                    dk=dk[:, :, rk] if direct_k else None,
+                    dv=dv[:, :, rk] if direct_k else None,
+                    **_piece_args(ctx, pc, kpos, kdoc, qb, kb_, vb_))
+                if not direct_q and pc.run in dq_acc:
+                    dq_acc[pc.run] += gq.to(acc)
+                elif not direct_q:
+                    dq_acc[pc.run] = gq.to(acc)
+                if j > 0:
+                    gk_blk[:, :, rk] += gk.to(acc)
+                    gv_blk[:, :, rk] += gv.to(acc)
+                elif not direct_kv:
+                    dk[:, :, rk] += gk.to(acc)
+                    dv[:, :, rk] += gv.to(acc)
+        if j > 0:
+            # every rank posts step j's gradient exchange in the same step (order matters)
+            grads.step(j, gk_blk, gv_blk)
+    grads.finish()
+    for run, g in dq_acc.items():
+        lo, hi, _ = pieces.qruns[run]
+        dq[:, :, lo:hi] = g.to(q.dtype)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx, q, k, v, ctx):
+        out, lse = _ring_forward(ctx, q, k, v)
+        fctx.save_for_backward(q, k, v, out, lse)
+        fctx.ring = ctx
+        fctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(fctx, dout, dlse):
+        q, k, v, out, lse = fctx.saved_tensors  # unpacked once (checkpointing allows no more)
+        with torch.autocast(q.device.type, enabled=False):
+            if dout is None:
+                dout = torch.zeros_like(out)
+            dq, dk, dv = _ring_backward(fctx.ring, q, k, v, out, lse, dout, dlse)
+        return dq, dk, dv, None
+
+
+def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
+                  k_doc_ids) -> AttnInputs:
+    """``check_inputs`` of a shard's call, with the ring's own rules: positions are required
+    and >= 0 (true positions), and positions and document ids are expanded to the batch (one
+    batch convention on every rank)."""
+    for name, t in (("q_positions", q_positions), ("k_positions", k_positions)):
+        if t is None:
+            raise ValueError(f"ring_attention needs {name} (the true positions of this rank's "
+                             "shard), got None")
+    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+    for name, t in (("q_positions", a.q_positions), ("k_positions", a.k_positions)):
+        if t.numel() and int(t.min()) < 0:
+            raise ValueError(f"{name} must be >= 0 (true positions), got min {int(t.min())}")
+
+    def batch(t):
+        return None if t is None else t.expand(a.batch, -1).contiguous()
+
+    return dataclasses.replace(a, q_positions=batch(a.q_positions),
+                               k_positions=batch(a.k_positions), q_doc_ids=batch(a.q_doc_ids),
+                               k_doc_ids=batch(a.k_doc_ids))
+
+
+def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, scale=None,
+                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
+    """A shard's attention to its own keys only, computed as ring attention computes its local
+    step: per run of consecutive positions (no position tables for contiguous or zigzag
+    shards). Equals :func:`~hf_hilbert_attn.dilated_attention` with the same positions; what a
+    ring rank would cost with nothing to exchange (``bench_ring.py``'s shard-alone ideal).
+    Arguments and result as in :func:`ring_attention` without ``group``."""
+    kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+    done = call_under_autocast(local_attention, q, k, v, pattern, **kw)
+    if done is not None:
+        return done
+    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
+    plan = RingPlan(0, 1, a.hkv)
+    ctx = _Ctx(pattern, causal, a.scale, None, plan, a.q_positions, a.k_positions, a.q_doc_ids,
+               a.k_doc_ids, backend, plan_pieces(pattern, causal, plan, a.q_positions,
+                                                 a.k_positions))
+    out, lse = _RingAttention.apply(q, k, v, ctx)
+    return (out, lse.float()) if return_lse else out
+
+
+_PLANS = PlanCache()
+
+
+def cached_plan(group) -> Optional[RingPlan]:
+    """The send plan ring attention last made for ``group`` and keeps reusing while every rank's
+    positions are unchanged, or None."""
+    entry = _PLANS.get(group)
+    return None if entry is None else entry.plan
+
+
+def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
+                   q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
+    """Dilated attention over a sequence sharded across the ranks of ``group``.
+
+    Every rank calls this with its shard; all ranks must agree on shapes, pattern and options.
+
+    Args:
+        q: ``[B, Hq, Sq, D]`` queries of this rank's tokens.
+        k, v: ``[B, Hkv, Sk, D]`` keys/values of this rank's tokens (``Hq % Hkv == 0``).
+        pattern: the :class:`~hf_hilbert_attn.DilatedPattern`.
+        group: the sequence-parallel process group (None or size 1: plain
+            :func:`~hf_hilbert_attn.dilated_attention`).
+        q_positions, k_positions: true positions ``[S]`` or ``[B, S]`` (int, >= 0) of this
+            rank's queries and keys in the full sequence. Required.
+        causal, scale: as in :func:`~hf_hilbert_attn.dilated_attention`.
+        q_doc_ids, k_doc_ids: document ids of this rank's tokens, ``[S]`` or ``[B, S]``; a
+            negative key id is padding.
+        return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (as
+            ``dilated_attention``; float64 inputs merge in float64 inside).
+        backend: forwarded to ``dilated_attention`` for every block.
+
+    Returns:
+        ``out`` ``[B, Hq, Sq, D]`` (rows of the full-sequence attention for this rank's queries),
+        and ``lse`` if ``return_lse``.
+
+    Raises:
+        ValueError: bad shapes / positions, or (on every rank) ranks that disagree on shapes,
+            pattern, dtype or options.
+    """
+    import torch.distributed as dist
+
+    if group is None or dist.get_world_size(group) == 1:
+        return dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
+                                 q_positions=q_positions, k_positions=k_positions,
+                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                                 return_lse=return_lse, backend=backend)
+    kw = dict(group=group, q_positions=q_positions, k_positions=k_positions, causal=causal,
+              scale=scale, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
+              backend=backend)
+    done = call_under_autocast(ring_attention, q, k, v, pattern, **kw)
+    if done is not None:
+        return done
+    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
+    qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
+    # Every layer of a model calls this with the same positions: reuse the plan when every rank
+    # still has the inputs it was made from (compared by value; one flag per rank in agree).
+    key = (pattern, a.hq, a.hkv, bool(causal), q.device)
+    entry = _PLANS.lookup(group, key, (qp, kp, kd))
+    if not agree(q, k, v, pattern, causal, a.scale, qp, kp, kd, group,
+                 cached=entry is not None):
+        all_qp, all_kp = all_gather(qp, group), all_gather(kp, group)
+        all_kd = None if kd is None else all_gather(kd, group)
+        plan = plan_ring(pattern, a.hq, a.hkv, causal, dist.get_rank(group), all_qp, all_kp,
+                         all_kd)
+        entry = _PLANS.store(group, key, (qp, kp, kd), plan,
+                             plan_pieces(pattern, causal, plan, qp, kp))
+    ctx = _Ctx(pattern, causal, a.scale, group, entry.plan, qp, kp, a.q_doc_ids, kd, backend,
+               entry.pieces)
+    out, lse = _RingAttention.apply(q, k, v, ctx)
+    return (out, lse.float()) if return_lse else out

@@ -1,0 +1,234 @@
+"""The ring's communication: the active group, the agreement, the point-to-point exchanges.
+
+* :func:`sequence_parallel` / :func:`get_sequence_parallel_group` — the group the registered
+  attention runs its ring over.
+* :func:`agree` — one small ``all_gather`` of shapes / pattern / dtype, so ranks that disagree
+  raise a ``ValueError`` on *every* rank instead of hanging in a mismatched send/recv.
+* :class:`KVExchange` — step ``j``'s needed K and V entries to ``rank + j``, from ``rank - j``
+  (``batch_isend_irecv``), double-buffered; :class:`GradExchange` — a received block's dK/dV
+  back to the rank owning those keys.
+
+Tags: step ``j`` sends K as ``4j``, V as ``4j + 1``, dK as ``4j + 2``, dV as ``4j + 3``. NCCL
+matches point-to-point operations by order, not by tag, so every pair of ranks posts them in
+the same order (one step at a time, forward and backward alike).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+import zlib
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from ..pattern import DilatedPattern
+from .plan import RingPlan, Step
+
+__all__ = ["sequence_parallel", "get_sequence_parallel_group", "agree", "all_gather",
+           "KVExchange", "GradExchange"]
+
+_ACTIVE_GROUP = []
+
+
+@contextlib.contextmanager
+def sequence_parallel(group):
+    """Inside this context the registered ``hilbert_dilated`` attention runs as ring attention.
+
+    Args:
+        group: a ``torch.distributed`` process group whose ranks each hold one shard of the
+            sequence (see :func:`hf_hilbert_attn.sharding.shard_batch`), or None (no ring).
+
+    Example::
+
+        with hf_hilbert_attn.sequence_parallel(group):
+            loss = model(**shard_batch(batch, group)).loss
+    """
+    _ACTIVE_GROUP.append(group)
+    try:
+        yield group
+    finally:
+        _ACTIVE_GROUP.pop()
+
+
+def get_sequence_parallel_group():
+    """The active sequence-parallel group, or None (no context, or a group of size 1)."""
+    if not _ACTIVE_GROUP or _ACTIVE_GROUP[-1] is None:
+        return None
+    g = _ACTIVE_GROUP[-1]
+    return None if dist.get_world_size(g) == 1 else g
+
+
+# ---------------------------------------------------------------------------------- agreement
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_META_FIELDS = ("batch size", "query heads", "key/value heads", "query shard length",
+                "key shard length", "head_dim", "value head_dim", "causal", "pattern (crc32)",
+                "scale (float64 bits)", "dtype", "q_positions batch", "k_positions batch",
+                "document ids given", "document ids batch", "device type (1 = cuda)")
+
+
+def _pattern_crc(pattern: DilatedPattern) -> int:
+    """crc32 of the fields that define the function (the storage ordering does not)."""
+    d = {k: pattern.to_dict()[k] for k in ("segment_lengths", "dilation_rates", "query_dilation",
+                                           "sink_tokens", "window")}
+    return zlib.crc32(json.dumps(d, sort_keys=True).encode())
+
+
+def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = False) -> bool:
+    """All-gather a small descriptor; raise the same ``ValueError`` on every rank on mismatch.
+
+    Also gathers each rank's ``cached`` flag (its inputs equal those of its cached plan) and
+    returns True only if every rank has it, so all ranks take the same branch.
+    """
+    meta = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
+            int(causal), _pattern_crc(pattern),
+            struct.unpack("<q", struct.pack("<d", float(scale)))[0],
+            _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1, qp.shape[0], kp.shape[0],
+            int(kd is not None), -1 if kd is None else kd.shape[0], int(q.is_cuda)]
+    t = torch.tensor(meta + [int(cached)], dtype=torch.int64, device=q.device)
+    table = torch.stack(all_gather(t, group)).cpu()
+    all_cached = bool(table[:, -1].all())
+    table = table[:, :-1]
+    bad = [i for i in range(len(meta)) if not bool((table[:, i] == table[0, i]).all())]
+    if bad:
+        lines = []
+        for i in bad:
+            vals = ", ".join(f"rank {r}: {int(table[r, i])}" for r in range(table.shape[0]))
+            lines.append(f"{_META_FIELDS[i]} ({vals})")
+        raise ValueError(
+            "ring_attention: the ranks of the sequence-parallel group disagree on "
+            + "; ".join(lines) + f". Every rank must call it with equal shard shapes, pattern, "
+            f"dtype and options (this rank: q {tuple(q.shape)}, k {tuple(k.shape)}, {pattern}); "
+            "pad the sequence with shard_batch(...) so it divides the group.")
+    return all_cached
+
+
+def all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
+    """``t`` of every rank of ``group`` (equal shapes), in group rank order."""
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
+# ---------------------------------------------------------------------------------- exchanges
+def _post(sends, recvs, group):
+    """Post point-to-point ops ``(tensor, group_peer, tag)``; returns the Work handles."""
+    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group, tag)
+           for t, p, tag in sends]
+    ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group, tag)
+            for t, p, tag in recvs]
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def _gather_entries(x: torch.Tensor, step: Step) -> torch.Tensor:
+    """Entries of local ``x`` ``[B, H, S, D]`` to send: flat ``[B, Ns, D]`` contiguous."""
+    if step.send_dense:
+        return x.index_select(2, step.send_rows).flatten(1, 2).contiguous()
+    return x[:, step.send_head, step.send_row].contiguous()
+
+
+def _scatter_block(flat: torch.Tensor, step: Step, hkv: int) -> torch.Tensor:
+    """Received flat entries ``[B, Nr, D]`` -> block ``[B, Hkv, Ur, D]`` (zeros where unsent)."""
+    b, _, d = flat.shape
+    ur = step.recv_rows.numel()
+    if step.recv_dense:
+        return flat.view(b, hkv, ur, d)
+    block = flat.new_zeros(b, hkv, ur, d)
+    block[:, step.recv_head, step.recv_slot] = flat
+    return block
+
+
+def _entries_of_block(block: torch.Tensor, step: Step) -> torch.Tensor:
+    """Inverse of :func:`_scatter_block` (for sending a block's gradient back)."""
+    if step.recv_dense:
+        return block.flatten(1, 2).contiguous()
+    return block[:, step.recv_head, step.recv_slot].contiguous()
+
+
+class KVExchange:
+    """Double-buffered K/V exchange: ``post(j)`` starts step ``j``, ``block(j)`` waits for it."""
+
+    def __init__(self, k, v, plan: RingPlan, group):
+        self.k, self.v, self.plan, self.group = k, v, plan, group
+        self.pending = {}
+
+    def post(self, j: int):
+        if j >= self.plan.world or j in self.pending:
+            return
+        st = self.plan.steps[j - 1]
+        b, _, _, d = self.k.shape
+        sends, recvs, keep = [], [], []
+        if st.n_send:
+            ks, vs = _gather_entries(self.k, st), _gather_entries(self.v, st)
+            sends = [(ks, st.dst, 4 * j), (vs, st.dst, 4 * j + 1)]
+            keep = [ks, vs]
+        kr = vr = None
+        if st.n_recv:
+            kr = self.k.new_empty(b, st.n_recv, d)
+            vr = self.v.new_empty(b, st.n_recv, self.v.shape[-1])
+            recvs = [(kr, st.src, 4 * j), (vr, st.src, 4 * j + 1)]
+        self.pending[j] = (_post(sends, recvs, self.group), kr, vr, keep)
+
+    def block(self, j: int):
+        """``(k_blk, v_blk)`` of step ``j`` (``[B, Hkv, Ur, D]``), or None if nothing comes."""
+        works, kr, vr, _ = self.pending.pop(j)
+        for w in works:
+            w.wait()
+        if kr is None:
+            return None
+        st = self.plan.steps[j - 1]
+        return _scatter_block(kr, st, self.plan.hkv), _scatter_block(vr, st, self.plan.hkv)
+
+
+class GradExchange:
+    """The backward's dK/dV exchange: at step ``j`` a rank sends the gradient of the block it
+    received to that block's owner (``src``) and receives the gradient of the keys it sent
+    (from ``dst``), both in ``dtype``; at most two steps of buffers stay alive."""
+
+    def __init__(self, dk: torch.Tensor, dv: torch.Tensor, plan: RingPlan, group, dtype):
+        self.dk, self.dv, self.plan, self.group, self.dtype = dk, dv, plan, group, dtype
+        self.pending = []  # (works, dk_in, dv_in, step, keep-alive)
+
+    def step(self, j: int, gk_blk, gv_blk):
+        """Post step ``j``: send ``(gk_blk, gv_blk)`` (the received block's gradient, or None
+        when nothing was received) and receive ours; adds the oldest step that completed."""
+        st = self.plan.steps[j - 1]
+        sends = []
+        if gk_blk is not None:
+            sends = [(_entries_of_block(gk_blk, st), st.src, 4 * j + 2),
+                     (_entries_of_block(gv_blk, st), st.src, 4 * j + 3)]
+        gk_in = gv_in = None
+        recvs = []
+        if st.n_send:
+            b = self.dk.shape[0]
+            gk_in = self.dk.new_empty(b, st.n_send, self.dk.shape[-1], dtype=self.dtype)
+            gv_in = self.dv.new_empty(b, st.n_send, self.dv.shape[-1], dtype=self.dtype)
+            recvs = [(gk_in, st.dst, 4 * j + 2), (gv_in, st.dst, 4 * j + 3)]
+        self.pending.append((_post(sends, recvs, self.group), gk_in, gv_in, st, sends))
+        if len(self.pending) > 1:  # keep at most two steps of gradient buffers alive
+            self._add(self.pending.pop(0))
+
+    def finish(self):
+        """Wait for every posted step and add what came back into dK/dV."""
+        while self.pending:
+            self._add(self.pending.pop(0))
+
+    def _add(self, entry):
+        works, gk_in, gv_in, st, _ = entry
+        for w in works:
+            w.wait()
+        if gk_in is None:
+            return
+        dk, dv = self.dk, self.dv
+        if st.send_dense:
+            b, _, d = gk_in.shape
+            n = st.send_rows.numel()
+            dk.index_add_(2, st.send_rows, gk_in.view(b, -1, n, d))
+            dv.index_add_(2, st.send_rows, gv_in.view(b, -1, n, gv_in.shape[-1]))
+        else:
+            # [B, Hkv, S, D] viewed as [Hkv, S, B, D] so the (head, row) pairs index dims 0, 1
+            idx = (st.send_head, st.send_row)
+            dk.permute(1, 2, 0, 3).index_put_(idx, gk_in.transpose(0, 1), accumulate=True)
+            dv.permute(1, 2, 0, 3).index_put_(idx, gv_in.transpose(0, 1), accumulate=True)

@@ -1,0 +1,359 @@
+"""The ring's send plan and pieces: pure functions of the ranks' positions (no process group).
+
+* :func:`key_need` — which ``(kv head, key row)`` entries some query can attend (a superset of
+  the allowed pairs: documents are ignored). The pattern's rule evaluated per (segment, class)
+  bucket, per class and window for sliding windows, plus the sink tokens; O(S), no S².
+* :func:`plan_ring` — per ring step, what one rank sends and receives. Sender and receiver
+  compute the same plan from the same all-gathered positions, so no sizes are exchanged.
+* :func:`plan_pieces` — each step as a few ``dilated_attention`` calls over runs of
+  consecutive positions (no position tables for contiguous or zigzag shards).
+* :class:`PlanCache` — the last plan per process group, reused while positions are unchanged
+  (the next layers of the same forward).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+import torch
+
+from ..pattern import DilatedPattern
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..kernels._plan import PositionPlan
+
+__all__ = ["key_need", "Step", "RingPlan", "plan_ring", "MAX_RUNS", "run_ranges", "interacts",
+           "Piece", "Pieces", "plan_pieces", "CachedPlan", "PlanCache"]
+
+
+# ---------------------------------------------------------------------------------- send plan
+def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
+             q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``.
+
+    ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key row is needed for a
+    batch entry if, for some config, some query of that entry is in the key's (segment, class)
+    bucket (sliding windows: has the key's class and lies less than ``w`` positions from it)
+    and is not before it (causal), and — per_head — some query head of the kv head uses that
+    class; or if the key is a sink (position ``< sink_tokens``) and some query is not before it.
+    Documents are ignored: the result is a superset of the allowed pairs, which is all a send
+    plan needs. Exactly the pairs of ``pattern.build_mask`` otherwise (tested against it).
+    O((Sq + Sk) · log · configs + S/w·r), no S².
+    """
+    dev = k_pos.device
+    b = max(q_pos.shape[0], k_pos.shape[0])
+    qp = q_pos.expand(b, -1)
+    kp = k_pos.expand(b, -1)
+    sk = kp.shape[1]
+    need = torch.zeros(hkv, sk, dtype=torch.bool, device=dev)
+    if qp.numel() == 0 or sk == 0:
+        return need
+    hi = int(torch.maximum(qp.max(), kp.max())) + 1
+    per_head = pattern.query_dilation == "per_head"
+    heads_of_kv = torch.arange(hq, device=dev).view(hkv, hq // hkv)  # [Hkv, G] query heads
+    for w, r in pattern.configs:
+        if pattern.sliding:
+            kcls = torch.remainder(kp, r)
+            ok = _window_reach(qp, kp, w, r, causal, hi)  # [B, Sk]
+        else:
+            nb = (hi // w + 1) * r  # (segment, class) buckets per batch entry
+            off = (torch.arange(b, device=dev) * nb).unsqueeze(1)
+            qcls = torch.remainder(qp, w) % r
+            kcls = torch.remainder(kp, w) % r
+            qb = (qp // w * r + qcls + off).flatten()
+            kb = kp // w * r + kcls + off  # [B, Sk]
+            if causal:
+                # latest query position per bucket; a key is reachable iff it is not after it
+                latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
+                latest.scatter_reduce_(0, qb, qp.flatten(), reduce="amax")
+                ok = latest[kb] >= kp  # [B, Sk]
+            else:
+                hit = torch.zeros(b * nb, dtype=torch.bool, device=dev)
+                hit[qb] = True
+                ok = hit[kb]
+        if per_head and r > 1:
+            # kv head g serves class c iff one of its query heads h has h % r == c
+            serves = torch.zeros(hkv, r, dtype=torch.bool, device=dev)
+            serves.scatter_(1, heads_of_kv % r, True)
+            need |= (serves[:, kcls] & ok.unsqueeze(0)).any(1)  # [Hkv, B, Sk] -> [Hkv, Sk]
+        else:
+            need |= ok.any(0).unsqueeze(0)
+    if pattern.sink_tokens:  # every head, every query not before the sink
+        ok = kp < pattern.sink_tokens
+        if causal:
+            ok &= kp <= qp.amax(1, keepdim=True)
+        need |= ok.any(0).unsqueeze(0)
+    return need
+
+
+def _window_reach(qp: torch.Tensor, kp: torch.Tensor, w: int, r: int, causal: bool,
+                  hi: int) -> torch.Tensor:
+    """bool ``[B, Sk]``: some query of the key's batch entry and class ``p ≡ s (mod r)`` lies
+    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``.
+
+    Queries sorted by (batch entry, class, position) as one int64 key; per key, one search for
+    the first query at or after the window's start, which is in the window iff it is not past
+    its end.
+    """
+    b = qp.shape[0]
+    dev = qp.device
+    lo_off = 0 if causal else w - 1
+    span = hi + 2 * w  # s - lo_off + w >= 1 and s + (w - 1) + w < span: buckets never touch
+    if b * r * span >= 2**62:  # positions too large for one key: one search per bucket
+        out = torch.zeros(kp.shape, dtype=torch.bool, device=dev)
+        for e in range(b):
+            qc, kc = torch.remainder(qp[e], r), torch.remainder(kp[e], r)
+            for c in torch.unique(kc).tolist():
+                qs = torch.sort(qp[e][qc == c]).values
+                sel = (kc == c).nonzero().flatten()
+                if qs.numel() == 0:
+                    continue
+                s = kp[e].index_select(0, sel)
+                idx = torch.searchsorted(qs, s - lo_off)
+                first = qs[idx.clamp(max=qs.numel() - 1)]
+                out[e, sel] = (idx < qs.numel()) & (first <= s + (w - 1))
+        return out
+    entry = torch.arange(b, device=dev).unsqueeze(1) * r
+    q_key = torch.sort(((entry + torch.remainder(qp, r)) * span + qp + w).flatten()).values
+    k_base = (entry + torch.remainder(kp, r)) * span + kp + w  # [B, Sk]
+    idx = torch.searchsorted(q_key, k_base - lo_off)
+    first = q_key[idx.clamp(max=q_key.numel() - 1)]
+    return (idx < q_key.numel()) & (first <= k_base + (w - 1))
+
+
+@dataclass
+class Step:
+    """Ring step ``j`` seen from one rank: what it sends to ``dst``, receives from ``src``."""
+
+    j: int
+    dst: int  # group rank we send our keys to
+    src: int  # group rank whose keys we receive
+    send_head: torch.Tensor  # [Ns] kv head of each sent entry
+    send_row: torch.Tensor  # [Ns] local key row of each sent entry
+    send_dense: bool  # the entries are all heads x send_rows (a plain k[:, :, rows] slice)
+    send_rows: torch.Tensor  # [Us] distinct rows sent
+    recv_head: torch.Tensor  # [Nr]
+    recv_slot: torch.Tensor  # [Nr] index into the received block's rows
+    recv_dense: bool
+    recv_rows: torch.Tensor  # [Ur] src's key rows that make up the received block
+    recv_kpos: torch.Tensor  # [Bp, Ur] true positions of the received block
+    recv_kdoc: Optional[torch.Tensor]  # [Bd, Ur] or None
+
+    @property
+    def n_send(self) -> int:
+        return int(self.send_head.numel())
+
+    @property
+    def n_recv(self) -> int:
+        return int(self.recv_head.numel())
+
+
+@dataclass
+class RingPlan:
+    """The send/receive plan of one rank (see :func:`plan_ring`)."""
+
+    rank: int
+    world: int
+    hkv: int
+    steps: List[Step] = field(default_factory=list)  # steps 1..world-1
+
+    def entries_sent(self) -> int:
+        """(kv head, row) entries this rank sends per tensor (K or V) in one forward."""
+        return sum(s.n_send for s in self.steps)
+
+
+def _entries(need: torch.Tensor):
+    """(heads, rows, distinct rows, dense?) of a need mask ``[Hkv, S]``."""
+    rows = need.any(0).nonzero().flatten()
+    head, row = need.nonzero(as_tuple=True)
+    dense = head.numel() == need.shape[0] * rows.numel()
+    return head, row, rows, dense
+
+
+def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: int,
+              q_positions: List[torch.Tensor], k_positions: List[torch.Tensor],
+              k_doc_ids: Optional[List[torch.Tensor]] = None) -> RingPlan:
+    """The ring plan of ``rank`` given every rank's positions.
+
+    Args:
+        pattern, hq, hkv, causal: the attention being computed.
+        rank: the group rank to plan for.
+        q_positions, k_positions: per group rank, ``[Bp, S]`` int64 true positions.
+        k_doc_ids: per group rank ``[Bd, S]`` or None.
+
+    Returns:
+        A :class:`RingPlan`. A pure function of its arguments, so sender and receiver compute
+        matching halves of each exchange without telling each other sizes.
+    """
+    world = len(k_positions)
+    plan = RingPlan(rank, world, hkv)
+    for j in range(1, world):
+        dst, src = (rank + j) % world, (rank - j) % world
+        sh, sr, srows, sdense = _entries(
+            key_need(pattern, hq, hkv, causal, q_positions[dst], k_positions[rank]))
+        need_in = key_need(pattern, hq, hkv, causal, q_positions[rank], k_positions[src])
+        rh, rr, rrows, rdense = _entries(need_in)
+        slot_of_row = torch.cumsum(need_in.any(0), 0) - 1
+        plan.steps.append(Step(
+            j, dst, src, sh, sr, sdense, srows, rh, slot_of_row[rr], rdense, rrows,
+            k_positions[src].index_select(1, rrows),
+            None if k_doc_ids is None else k_doc_ids[src].index_select(1, rrows)))
+    return plan
+
+
+# ---------------------------------------------------------------------------------- pieces
+MAX_RUNS = 16  # more runs of consecutive positions than this: one mapped call per block
+
+
+def _runs(pos: torch.Tensor):
+    """Maximal storage ranges of consecutive positions ``[(lo, hi, first position)]`` when every
+    batch row has the same positions and there are at most ``MAX_RUNS``; else None."""
+    if pos.shape[1] == 0:
+        return []
+    if pos.shape[0] > 1 and not bool((pos == pos[:1]).all()):
+        return None
+    p = pos[0]
+    cuts = (torch.nonzero(p[1:] != p[:-1] + 1).flatten() + 1).tolist()
+    if len(cuts) + 1 > MAX_RUNS:
+        return None
+    bounds = [0] + cuts + [p.numel()]
+    first = p[torch.tensor(bounds[:-1], device=p.device)].tolist()
+    return [(lo, hi, f) for lo, hi, f in zip(bounds[:-1], bounds[1:], first)]
+
+
+def run_ranges(pos: torch.Tensor) -> List[Tuple[int, int, Tuple[int, int]]]:
+    """``[(lo, hi, (first, last position))]``: the storage ranges ``[lo, hi)`` of ``pos``
+    ``[Bp, S]`` that hold consecutive positions, or the whole shard as one range when it has more
+    than :data:`MAX_RUNS` runs or its batch rows differ (then ``(first, last)`` are its min and
+    max)."""
+    runs = _runs(pos)
+    if runs is None:
+        runs = [(0, pos.shape[1], None)]
+    return [(lo, hi, (f, f + hi - lo - 1) if f is not None
+             else (int(pos[:, lo:hi].min()), int(pos[:, lo:hi].max()))) for lo, hi, f in runs]
+
+
+def interacts(pattern: DilatedPattern, causal: bool, q_rng: Tuple[int, int],
+              k_rng: Tuple[int, int]) -> bool:
+    """Whether the query and key position ranges ``[lo, hi]`` can hold an allowed pair: some
+    config's segment holds positions of both (sliding windows: the ranges come within ``w``),
+    or the key range holds a sink; and, causal, some key is not after some query. A superset
+    test (classes and documents are ignored), so no allowed pair is dropped."""
+    (qa, qb), (ka, kb) = q_rng, k_rng
+    if causal and ka > qb:
+        return False
+    if ka < pattern.sink_tokens:  # its first key is a sink (ka is a key's position)
+        return True
+    if pattern.sliding:  # the closest pair of the two ranges is within the longest window
+        gap = max(qa - kb, 0) if causal else max(qa - kb, ka - qb, 0)
+        return gap < pattern.max_segment
+    return any(max(qa // w, ka // w) <= min(qb // w, kb // w) for w in pattern.segment_lengths)
+
+
+@dataclass(eq=False)
+class Piece:
+    """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` against key rows
+    ``[ks, ke)`` of the step's block.
+
+    The kernels' position plan of the piece is made on its first call that goes to the kernels
+    and kept here, with the cached ring plan, so later layers and the backward plan nothing
+    again (no host syncs): ``kernel_planned`` says it was made, and ``kernel_plan`` is then the
+    plan, or None when the kernels cannot take these positions (the PyTorch path runs).
+    """
+
+    qs: int
+    qe: int
+    ks: int
+    ke: int
+    run: int  # index of the query run (accumulator slot)
+    kernel_plan: Optional["PositionPlan"] = field(default=None, repr=False)
+    kernel_planned: bool = False
+
+
+@dataclass
+class Pieces:
+    """The pieces of every ring step of one rank (see :func:`plan_pieces`)."""
+
+    steps: List[List[Piece]]  # per step j (0 = the local keys): its pieces
+    qruns: List[Tuple[int, int, Tuple[int, int]]]  # the query runs: (lo, hi, (first, last))
+    writes: List[int]  # pieces per query run (1: written in place, no merge buffer)
+
+
+def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: torch.Tensor,
+                k_pos: torch.Tensor) -> Pieces:
+    """Pieces of every step, the query runs, and how many pieces write each query run.
+
+    Query rows are split into runs of consecutive positions; the local block (step 0) is split
+    into key runs too, so a contiguous or zigzag shard runs the kernels on consecutive
+    positions (no position table, no masks beyond the pattern's) and skips run pairs that no
+    segment joins. A received block (rows chosen by the send plan) stays one call per query
+    run whose positions its key range can reach.
+    """
+    qruns = run_ranges(q_pos)
+
+    def reach(ks, ke, krng):
+        return [Piece(qs, qe, ks, ke, i) for i, (qs, qe, qrng) in enumerate(qruns)
+                if interacts(pattern, causal, qrng, krng)]
+
+    steps = [[pc for ks, ke, krng in run_ranges(k_pos) for pc in reach(ks, ke, krng)]]
+    for st in plan.steps:
+        kp = st.recv_kpos
+        steps.append(reach(0, kp.shape[1], (int(kp.min()), int(kp.max()))) if st.n_recv else [])
+    writes = [0] * len(qruns)
+    for step in steps:
+        for pc in step:
+            writes[pc.run] += 1
+    return Pieces(steps, qruns, writes)
+
+
+# ---------------------------------------------------------------------------------- cache
+@dataclass
+class CachedPlan:
+    """A plan with what it was made from: ``key`` (pattern, heads, causal, device, ...) and
+    the positions and key document ids ``(q_pos, k_pos, k_doc)`` it was planned for."""
+
+    key: tuple
+    inputs: Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+    plan: RingPlan
+    pieces: Pieces
+
+    def matches(self, key: tuple, inputs) -> bool:
+        """Same key and the same inputs, compared by value."""
+        return self.key == key and all(
+            (a is None and b is None) or (a is not None and b is not None
+                                          and a.shape == b.shape and bool(torch.equal(a, b)))
+            for a, b in zip(inputs, self.inputs))
+
+
+class PlanCache:
+    """The last plan per process group (held weakly: a destroyed group's plan goes with it).
+
+    Every layer of a model calls ring attention with the same positions, so the plan made for
+    the first layer serves the others; a rank uses it only if every rank of the group still has
+    the inputs it was made from (the ring's agreement gathers one flag per rank), so all ranks
+    take the same branch.
+    """
+
+    def __init__(self):
+        self._by_group = weakref.WeakKeyDictionary()
+
+    def lookup(self, group, key: tuple, inputs) -> Optional[CachedPlan]:
+        """The group's cached plan if it was made for ``key`` and equal ``inputs``, else None."""
+        entry = self._by_group.get(group)
+        return entry if entry is not None and entry.matches(key, inputs) else None
+
+    def store(self, group, key: tuple, inputs, plan: RingPlan, pieces: Pieces) -> CachedPlan:
+        """Keep ``plan`` as the group's plan (copies of ``inputs``: callers may change theirs)."""
+        kept = tuple(None if t is None else t.clone() for t in inputs)
+        entry = self._by_group[group] = CachedPlan(key, kept, plan, pieces)
+        return entry
+
+    def get(self, group) -> Optional[CachedPlan]:
+        """The group's last plan, whatever it was made for (None if none)."""
+        return self._by_group.get(group)
+
+    def __len__(self) -> int:
+        """Groups with a plan."""
+        return len(self._by_group)

@@ -11,7 +11,6 @@ from .chunked import chunked_attention
 from .hilbert import in_storage_order, storage_ordering
 from .inputs import KERNEL_HEAD_DIMS, check_inputs
 from .numerics import accum_dtype, call_under_autocast, finite_or_zero
-from .numerics import autocast_dtype, cast_for_autocast  # noqa: F401  (ring.py's imports, until it reads numerics)
 from .pattern import DilatedPattern
 
 BACKENDS = ("auto", "torch", "triton")

@@ -116,6 +116,29 @@ def test_tiled_mlp_float32_batch_and_no_grad():
         assert_close("logits", model(input_ids=ids).logits, logits, 1e-5)
 
 
+class _MatmulDtypes(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            self.dtypes.add(out.dtype)
+        return out
+
+
+def test_tiled_mlp_recomputes_under_the_forward_autocast():
+    model = tiny_llama().float()
+    tile_mlp(model, 45)
+    ids = torch.randint(0, VOCAB, (2, 100))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    with _MatmulDtypes() as seen:  # backward outside autocast, as training loops do
+        loss.backward()
+    assert seen.dtypes == {torch.bfloat16}  # a float32 recompute would show float32 matmuls
+
+
 def test_tiled_mlp_frozen_parameters_and_input_without_grad():
     model = tiny_llama()
     for p in model.model.layers[0].mlp.parameters():

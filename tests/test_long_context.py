@@ -17,12 +17,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_hilbert_attn import DilatedPattern, configure
 from hf_hilbert_attn.long_context import (
+    _liger_loss,
     lm_loss,
     offload_checkpoints,
     offload_stats,
     tile_mlp,
 )
-from hf_hilbert_attn.long_context import _liger_loss
 from hf_hilbert_attn.training import chunked_lm_loss, enable_checkpointing
 
 from helpers import assert_close

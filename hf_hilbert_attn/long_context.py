@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -188,49 +189,93 @@ def tile_mlp(model, chunk_tokens: int = 8192):
 # ------------------------------------------------------------------ offloaded checkpoints
 @dataclass
 class OffloadStats:
-    """Counters of one model's offload hooks (all layers): tensors and bytes moved to host
-    memory in forwards (``packed``, ``packed_bytes``; a CPU tensor is counted but stays where
-    it is) and tensors brought back in backwards (``unpacked``)."""
+    """Counters of one model's offload hooks (all layers): tensors and bytes packed in
+    forwards (``packed``, ``packed_bytes``; a CPU tensor is counted but stays where it is),
+    tensors given back in backwards (``unpacked``) and how many of those had been copied back
+    ahead of time (``prefetched``)."""
     packed: int = 0
     packed_bytes: int = 0
     unpacked: int = 0
+    prefetched: int = 0
+
+
+class _Packed:
+    """One offloaded tensor: its device, its host copy, and the device copy once prefetched."""
+    __slots__ = ("device", "host", "ready", "__weakref__")
+
+    def __init__(self, device, host):
+        self.device, self.host, self.ready = device, host, None
 
 
 class _Offloader:
     """``saved_tensors_hooks`` pair. Under non-reentrant checkpointing the only tensors saved
     outside the checkpoint's own hooks are the layer's positional inputs (the hidden states),
-    so these hooks see exactly the checkpointed inputs. On CUDA the device-to-host copy runs on
-    a side stream (overlapping the next layer's forward) into pinned memory."""
+    so these hooks see exactly the checkpointed inputs.
 
-    def __init__(self, stats: OffloadStats, pin_memory: bool):
-        self.stats, self.pin_memory = stats, pin_memory
+    On CUDA both copies run on a side stream: device to pinned host memory as the layer starts
+    (overlapping its forward), and back when the backward reaches the layer. With ``prefetch``,
+    giving back layer ``i``'s input also starts copying back layer ``i - 1``'s (the one packed
+    before it), which the backward needs next: the copy overlaps layer ``i``'s recompute and
+    backward at the price of one more ``[B, S, hidden]`` on the device. ``copy_cpu`` (tests)
+    makes CPU tensors take the same path, with ``clone`` for the copies."""
+
+    def __init__(self, stats: OffloadStats, pin_memory: bool, prefetch: bool = True):
+        self.stats, self.pin_memory, self.prefetch = stats, pin_memory, prefetch
+        self.copy_cpu = False
         self.streams = {}
+        self.order = []  # weak references to the live _Packed, in pack order
+
+    def _stream(self, device):
+        if device not in self.streams:
+            self.streams[device] = torch.cuda.Stream(device)
+        return self.streams[device]
 
     def pack(self, t: torch.Tensor):
         self.stats.packed += 1
         self.stats.packed_bytes += t.numel() * t.element_size()
-        if t.device.type == "cpu":
-            return None, t
-        if t.device.type != "cuda":
-            return t.device, t.to("cpu")
-        stream = self.streams.get(t.device)
-        if stream is None:
-            stream = self.streams[t.device] = torch.cuda.Stream(t.device)
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin_memory)
-        stream.wait_stream(torch.cuda.current_stream(t.device))
-        with torch.cuda.stream(stream):
-            host.copy_(t, non_blocking=True)
-        t.record_stream(stream)  # t's memory is not reused before the copy is done
-        return t.device, host
+        if t.device.type == "cpu" and not self.copy_cpu:
+            return t
+        if t.device.type == "cuda":
+            stream = self._stream(t.device)
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin_memory)
+            stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(stream):
+                host.copy_(t, non_blocking=True)
+            t.record_stream(stream)  # t's memory is not reused before the copy is done
+        else:
+            host = t.to("cpu", copy=True)
+        packed = _Packed(t.device, host)
+        self.order = [r for r in self.order if r() is not None]
+        self.order.append(weakref.ref(packed))
+        return packed
+
+    def _fetch(self, packed: _Packed) -> torch.Tensor:
+        if packed.device.type == "cuda":
+            with torch.cuda.stream(self._stream(packed.device)):
+                return packed.host.to(packed.device, non_blocking=True)
+        return packed.host.to(packed.device, copy=True)
 
     def unpack(self, packed):
         self.stats.unpacked += 1
-        device, host = packed
-        if device is None:
-            return host
-        if device.type == "cuda" and device in self.streams:
-            torch.cuda.current_stream(device).wait_stream(self.streams[device])
-        return host.to(device, non_blocking=True)
+        if isinstance(packed, torch.Tensor):
+            return packed
+        t, packed.ready = packed.ready, None
+        if t is None:
+            t = self._fetch(packed)
+        else:
+            self.stats.prefetched += 1
+        if packed.device.type == "cuda":  # fetched on the side stream, used on this one
+            current = torch.cuda.current_stream(packed.device)
+            current.wait_stream(self._stream(packed.device))
+            t.record_stream(current)
+        where = next((i for i, r in enumerate(self.order) if r() is packed), None)
+        if where is not None:
+            self.order.pop(where)
+            if self.prefetch and where > 0:
+                previous = self.order[where - 1]()
+                if previous is not None and previous.ready is None:
+                    previous.ready = self._fetch(previous)
+        return t
 
 
 def _offloaded_layer_forward(layer, offloader, inner, *args, **kwargs):
@@ -240,7 +285,8 @@ def _offloaded_layer_forward(layer, offloader, inner, *args, **kwargs):
         return inner(*args, **kwargs)
 
 
-def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool] = None):
+def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool] = None,
+                        prefetch: bool = True):
     """Keep each decoder layer's checkpointed input (``[B, S, hidden]``) in host memory from
     its forward until its backward recompute, instead of on the accelerator.
 
@@ -254,6 +300,8 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
         enable: install (True) or remove (False) the hooks.
         pin_memory: page-locked host buffers (asynchronous copies); default: when CUDA is
             available.
+        prefetch: start copying the next-needed layer input back while the backward of the
+            current layer runs (one more ``[B, S, hidden]`` on the device).
 
     Returns:
         ``model``, changed in place. :func:`offload_stats` reads its counters.
@@ -266,7 +314,7 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
         return model
     stats = offload_stats(model) or OffloadStats()
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
-    offloader = _Offloader(stats, pin)
+    offloader = _Offloader(stats, pin, prefetch)
     for layer in layers:
         layer._hf_offloader = offloader
         if "_hf_offload_saved" not in layer.__dict__:

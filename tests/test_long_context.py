@@ -225,6 +225,34 @@ def test_offload_packs_exactly_the_checkpointed_layer_inputs():
     assert "forward" not in model.model.layers[0].__dict__
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_offload_copy_path_and_prefetch(prefetch):
+    # copy_cpu sends CPU tensors down the device path (copied out on pack, back on unpack), so
+    # the copies, their order and the prefetch of the next-needed input are exercised here.
+    model = tiny_llama()
+    enable_checkpointing(model)
+    ids = torch.randint(0, VOCAB, (2, 90))
+    want = loss_and_grads(model, ids)
+    offload_checkpoints(model, prefetch=prefetch)
+    off = model.model.layers[0]._hf_offloader
+    off.copy_cpu = True
+    hidden_ptrs, packed = set(), []
+    pack = off.pack
+
+    def spy(t):
+        hidden_ptrs.add(t.data_ptr())
+        packed.append(pack(t))
+        return packed[-1]
+
+    off.pack = spy
+    assert_same(loss_and_grads(model, ids), want, "offloaded copies")
+    assert all(p.host.data_ptr() not in hidden_ptrs for p in packed)  # copies, not aliases
+    stats = offload_stats(model)
+    assert (stats.packed, stats.unpacked) == (LAYERS, LAYERS)
+    assert stats.prefetched == (LAYERS - 1 if prefetch else 0)  # all but the last layer's
+    assert off.order == [] and all(p.ready is None for p in packed)  # nothing left behind
+
+
 def test_undo_restores_the_plain_modules():
     model = tiny_llama()
     sd = set(model.state_dict())

@@ -76,16 +76,20 @@ class _TiledMLPFunction(torch.autograd.Function):
     at a time. Saves only ``x``; backward recomputes each chunk under autograd and takes its
     gradients at once, so one chunk's ``[chunk, intermediate]`` tensors exist at a time.
     ``params`` are inputs so their gradients flow through this node (one AccumulateGrad per
-    parameter per step, as DDP expects)."""
+    parameter per step, as DDP expects). With ``rng`` (an MLP with dropout) each chunk's RNG
+    state is kept and restored for its recompute, so it draws the same masks."""
 
     @staticmethod
-    def forward(ctx, forward, chunk: int, x: torch.Tensor, *params):
+    def forward(ctx, forward, chunk: int, rng: bool, x: torch.Tensor, *params):
         ctx.forward, ctx.chunk, ctx.params = forward, chunk, params
         ctx.autocast = (x.device.type, _autocast_state(x.device.type))
+        ctx.rng = [] if rng else None
         ctx.save_for_backward(x)
         rows = x.reshape(-1, x.shape[-1])
         out = None
         for i in range(0, rows.shape[0], chunk):
+            if rng:
+                ctx.rng.append(_rng_state(x.device))
             y = forward(rows[i:i + chunk])
             if not isinstance(y, torch.Tensor) or y.shape[0] != rows[i:i + chunk].shape[0]:
                 raise TypeError("tile_mlp: the MLP must map [tokens, hidden] to one tensor "
@@ -101,8 +105,10 @@ class _TiledMLPFunction(torch.autograd.Function):
         params, chunk = ctx.params, ctx.chunk
         rows = x.reshape(-1, x.shape[-1])
         g_rows = grad_out.reshape(rows.shape[0], -1)
-        want_x = ctx.needs_input_grad[2]
-        want_p = [j for j, p in enumerate(params) if ctx.needs_input_grad[3 + j]]
+        want_x = ctx.needs_input_grad[3]
+        want_p = [j for j, p in enumerate(params) if ctx.needs_input_grad[4 + j]]
+        if not (want_x or want_p):
+            return (None,) * (4 + len(params))
         dx = torch.empty_like(rows) if want_x else None
         # Parameter gradients summed over chunks in float32 at least: one GEMM over all rows
         # would accumulate in float32 too, then round once.
@@ -110,13 +116,15 @@ class _TiledMLPFunction(torch.autograd.Function):
         device_type, state = ctx.autocast
         autocast = (torch.autocast(device_type, dtype=state[1], enabled=state[0])
                     if state is not None else contextlib.nullcontext())
-        with torch.enable_grad(), autocast:
-            for i in range(0, rows.shape[0], chunk):
+        cuda = [x.device] if x.device.type == "cuda" else []
+        with torch.enable_grad(), autocast, \
+                torch.random.fork_rng(devices=cuda, enabled=ctx.rng is not None):
+            for k, i in enumerate(range(0, rows.shape[0], chunk)):
+                if ctx.rng is not None:
+                    _set_rng_state(x.device, ctx.rng[k])
                 xc = rows[i:i + chunk].detach().requires_grad_(want_x)
                 y = ctx.forward(xc)
                 inputs = ([xc] if want_x else []) + [params[j] for j in want_p]
-                if not inputs:
-                    break
                 grads = list(torch.autograd.grad(y, inputs, g_rows[i:i + chunk],
                                                  allow_unused=True))
                 if want_x:
@@ -130,7 +138,18 @@ class _TiledMLPFunction(torch.autograd.Function):
                     else:
                         acc[j] += g
         pgrads = [None if a is None else a.to(p.dtype) for a, p in zip(acc, params)]
-        return (None, None, dx.view_as(x) if want_x else None, *pgrads)
+        return (None, None, None, dx.view_as(x) if want_x else None, *pgrads)
+
+
+def _rng_state(device):
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(device, state):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 def _tiled_mlp_forward(mlp, inner, x, *args, **kwargs):
@@ -138,7 +157,8 @@ def _tiled_mlp_forward(mlp, inner, x, *args, **kwargs):
     if args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2 \
             or x.numel() // x.shape[-1] <= chunk:
         return inner(x, *args, **kwargs)
-    return _TiledMLPFunction.apply(inner, chunk, x, *mlp.parameters())
+    rng = mlp.training and any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in mlp.modules())
+    return _TiledMLPFunction.apply(inner, chunk, rng, x, *mlp.parameters())
 
 
 def tile_mlp(model, chunk_tokens: int = 8192):
@@ -149,7 +169,9 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     gradients before the next, so one chunk's intermediate activations (``[chunk,
     intermediate]``, about four of them for a gated MLP) exist at a time instead of ``[S,
     intermediate]``. Exact for token-wise MLPs (Llama, Qwen2, Mistral, GPT-2); the cost is one
-    more MLP forward per step. Calling again changes the chunk (idempotent); the state dict is
+    more MLP forward per step. Dropout inside the MLP (a LoRA adapter's, say) draws its masks
+    chunk by chunk, and each chunk's recompute restores its RNG state, so the backward sees the
+    forward's masks. Calling again changes the chunk (idempotent); the state dict is
     unchanged. Inputs of at most ``chunk_tokens`` tokens run the plain MLP.
 
     Args:
@@ -160,8 +182,7 @@ def tile_mlp(model, chunk_tokens: int = 8192):
         ``model``, changed in place.
 
     Raises:
-        ValueError: a negative ``chunk_tokens``, no decoder layer with an ``mlp``, or an MLP
-            with active dropout (the recompute would draw different masks).
+        ValueError: a negative ``chunk_tokens`` or no decoder layer with an ``mlp``.
     """
     chunk = int(chunk_tokens)
     if chunk < 0:
@@ -175,10 +196,6 @@ def tile_mlp(model, chunk_tokens: int = 8192):
             _unpatch(mlp, "_hf_tile_saved")
             mlp.__dict__.pop("_hf_tile_chunk", None)
             continue
-        drop = [m for m in mlp.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
-        if drop:
-            raise ValueError(f"tile_mlp: {type(mlp).__name__} has dropout p={drop[0].p}; the "
-                             "recompute in backward would draw other masks")
         mlp._hf_tile_chunk = chunk
         if "_hf_tile_saved" not in mlp.__dict__:
             _patch_forward(mlp, "_hf_tile_saved",

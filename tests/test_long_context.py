@@ -157,6 +157,26 @@ def test_tiled_mlp_frozen_parameters_and_input_without_grad():
             assert_close(n, p.grad, want[n], TOL)
 
 
+def test_tiled_mlp_with_dropout_recomputes_the_same_masks():
+    model = tiny_llama()
+    mlp = model.model.layers[0].mlp
+    mlp.down_proj = torch.nn.Sequential(torch.nn.Dropout(0.3), mlp.down_proj)
+    x = torch.randn(2, 50, HIDDEN, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 50, HIDDEN, dtype=torch.float64)
+    wrt = [x, *mlp.parameters()]
+    # reference: the plain MLP on the same chunks from the same seed (the same masks)
+    torch.manual_seed(1234)
+    want = torch.cat([mlp(c) for c in x.reshape(-1, HIDDEN).split(30)]).view_as(x)
+    want_grads = torch.autograd.grad(want, wrt, g)
+    tile_mlp(model, 30)  # 100 = 3 * 30 + 10
+    torch.manual_seed(1234)
+    got = mlp(x)
+    assert_close("output", got.detach(), want.detach(), TOL)
+    torch.manual_seed(99)  # the backward must not depend on the RNG when it runs
+    for a, b, n in zip(torch.autograd.grad(got, wrt, g), want_grads, ["x", "gate", "up", "down"]):
+        assert_close(n, a, b, TOL)
+
+
 # ------------------------------------------------------------------------------ memory
 class _LargestIntermediate(TorchDispatchMode):
     """Largest number of token rows of any tensor an op creates whose last dim is INTER."""
@@ -273,9 +293,6 @@ def test_bad_input_errors():
         tile_mlp(torch.nn.Linear(2, 2), 8)
     with pytest.raises(ValueError, match="no decoder layers"):
         offload_checkpoints(torch.nn.Linear(2, 2))
-    model.model.layers[0].mlp.drop = torch.nn.Dropout(0.1)
-    with pytest.raises(ValueError, match="dropout"):
-        tile_mlp(model, 8)
     h, w, y = torch.randn(1, 4, HIDDEN), torch.randn(VOCAB, HIDDEN), torch.zeros(1, 4).long()
     with pytest.raises(ValueError, match="one of auto, liger, chunked"):
         lm_loss(h, w, y, backend="fused")

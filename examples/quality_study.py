@@ -2,7 +2,7 @@
 short fine-tune: perplexity by context length, teacher-forced passkey, density, step time.
 
     python examples/quality_study.py --model smollm2 --corpus shakespeare \
-        --methods configs/quality_study.yaml --finetune-steps 150 --out quality_results
+        --finetune-steps 150 --out quality_results
 
 Same as ``hf-hilbert-attn quality``; the logic lives in ``hf_hilbert_attn.evaluation.quality``.
 """

@@ -49,11 +49,7 @@ from pathlib import Path
 
 import torch
 
-try:
-    import hf_hilbert_attn
-except ModuleNotFoundError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import hf_hilbert_attn
+import hf_hilbert_attn
 from hf_hilbert_attn import DilatedPattern, patterns
 from hf_hilbert_attn.evaluation._args import InputError, InputNotFound
 from hf_hilbert_attn.evaluation.runner import resolve_pattern

@@ -2,10 +2,10 @@
 ``sdpa`` on the same held-out text, before and after the same short fine-tune.
 
     hf-hilbert-attn quality --model smollm2 --corpus shakespeare \\
-        --methods configs/quality_study.yaml --finetune-steps 150 --out quality_results
+        --finetune-steps 150 --out quality_results
 
 For every method of the methods file (``sdpa``, or ``hilbert_dilated`` with a pattern) and every
-stage (``base``: the model as given; ``finetuned``: after ``examples/finetune.py`` ran on
+stage (``base``: the model as given; ``finetuned``: after ``hf_hilbert_attn.finetune`` (``examples/finetune.py``) ran on
 ``CORPUS/train`` with the same data order, steps, learning rate and seed for every method, the
 dense ``sdpa`` control included), it measures
 
@@ -65,9 +65,8 @@ __all__ = ["QualityMethod", "QualityConfig", "load_methods", "read_documents", "
            "perplexity_batched", "run_quality_study", "write_quality_report",
            "add_quality_arguments", "main"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FINETUNE_SCRIPT = REPO_ROOT / "examples" / "finetune.py"
-DEFAULT_METHODS = REPO_ROOT / "configs" / "quality_study.yaml"
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the fine-tune subprocess imports from here
+DEFAULT_METHODS = Path(__file__).with_name("quality_study.yaml")  # installed with the package
 STAGES = ("base", "finetuned")
 TASKS = ("perplexity", "passkey")
 IMPLEMENTATIONS = ("sdpa", "hilbert_dilated")
@@ -297,7 +296,7 @@ class QualityConfig:
     finetune_lr: float = 1e-4
     finetune_warmup: int = 10
     finetune_seq_len: int = 8192
-    finetune_args: str = ""  # more arguments for examples/finetune.py, e.g. "--loss-chunk 4096"
+    finetune_args: str = ""  # more arguments for hf_hilbert_attn.finetune, e.g. "--loss-chunk 4096"
     batch_tokens: int = 65536
     dtype: str = "auto"
     device: str = "auto"
@@ -350,9 +349,6 @@ def _validate(cfg: QualityConfig) -> None:
             raise StudyError("the finetuned stage needs --finetune-steps >= 1")
         if not (corpus / "train").is_dir():
             raise StudyError(f"{corpus} has no train/ directory of .txt files (fine-tuning data)")
-        if not FINETUNE_SCRIPT.is_file():
-            raise StudyError(f"fine-tuning runs {FINETUNE_SCRIPT}, which ships with a source "
-                             f"checkout only")
         if cfg.finetune_seq_len < 2:
             raise StudyError(f"--finetune-seq-len must be >= 2, got {cfg.finetune_seq_len}")
     check_eval_grid(cfg.tasks, TASKS, cfg.lengths, cfg.passkey_lengths, cfg.depths, cfg.trials,
@@ -558,7 +554,7 @@ def _evaluate(model_path, method: QualityMethod, stage: str, cells, tokens, toke
 
 
 def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
-    """Fine-tune ``method`` from the base weights with ``examples/finetune.py`` (one process);
+    """Fine-tune ``method`` from the base weights with ``hf_hilbert_attn.finetune`` (one process);
     returns ``OUT/finetune/<label>/final`` and records the step time and tokens/s."""
     cfg = study.cfg
     ft = study.out / "finetune" / method.label
@@ -571,7 +567,7 @@ def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
     if ft.exists():  # an interrupted fine-tune starts over
         shutil.rmtree(ft)
     ft.mkdir(parents=True)
-    cmd = [sys.executable, str(FINETUNE_SCRIPT), "--model", str(Path(cfg.model).resolve()),
+    cmd = [sys.executable, "-m", "hf_hilbert_attn.finetune", "--model", str(Path(cfg.model).resolve()),
            "--data", str((Path(cfg.corpus) / "train").resolve()),
            "--attn-implementation", method.attn_implementation,
            "--seq-len", str(cfg.finetune_seq_len), "--max-steps", str(cfg.finetune_steps),
@@ -583,7 +579,7 @@ def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
         cmd += ["--pattern", str((ft / "pattern.yaml").resolve())]
     cmd += shlex.split(cfg.finetune_args)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT),
                                                         os.environ.get("PYTHONPATH")])))
     if study.device.type == "cuda" and study.device.index is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(study.device.index)
@@ -815,7 +811,7 @@ def quality_markdown(rows: Sequence[Dict], settings: Optional[Dict] = None,
     ft = [r for r in rows if r["task"] == "finetune"]
     if ft:
         ref_step = next((r["value"] for r in ft if r["method"] == ref), None)
-        parts.append("\n## Fine-tune (examples/finetune.py, one process; s/step and tokens/s "
+        parts.append("\n## Fine-tune (hf_hilbert_attn.finetune, one process; s/step and tokens/s "
                      "exclude the first step)\n")
         body = [[r["method"], r["n"], r["length"], r["value"], r["tokens_per_s"],
                  f"{r['value'] / ref_step:.3f}" if ref_step else "", r["final_loss"],
@@ -1008,7 +1004,7 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--methods", default=str(DEFAULT_METHODS),
                    help="YAML list of methods: label, attn_implementation (sdpa | "
                         "hilbert_dilated), pattern (configs/ name, YAML path or inline dict); "
-                        "default configs/quality_study.yaml")
+                        "default: the packaged quality_study.yaml")
     p.add_argument("--methods-filter", nargs="+", default=[], metavar="LABEL",
                    help="run only these labels (shell globs, e.g. 'seg*' sdpa)")
     p.add_argument("--out", default="quality_results", help="output directory")
@@ -1029,7 +1025,7 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--finetune-warmup", type=nonneg_int, default=10, help="linear warm-up steps")
     p.add_argument("--finetune-seq-len", type=_len, default=8192)
     p.add_argument("--finetune-args", default="",
-                   help="more arguments for examples/finetune.py, one string "
+                   help="more arguments for hf_hilbert_attn.finetune, one string "
                         "(e.g. '--gradient-checkpointing --loss-chunk 4096')")
     p.add_argument("--batch-tokens", type=positive_int, default=65536,
                    help="tokens per eval forward (windows / passkey prompts batched up to it)")

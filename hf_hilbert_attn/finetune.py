@@ -55,6 +55,7 @@ from hf_hilbert_attn.evaluation._args import InputError, InputNotFound
 from hf_hilbert_attn.evaluation.runner import resolve_pattern
 from hf_hilbert_attn.integrations.accelerate import (
     reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
+from hf_hilbert_attn.long_context import LOSS_BACKENDS, offload_checkpoints, tile_mlp
 from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
 from hf_hilbert_attn.training import MODEL_SHAPES, CausalLMWithLoss, enable_checkpointing
 
@@ -116,9 +117,21 @@ def parse_args(argv=None):
     p.add_argument("--resume", default=None, help="'latest' or a checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--tiled-mlp", type=int, default=0, metavar="CHUNK",
+                   help="run each layer's MLP and its backward CHUNK tokens at a time (0: off)")
+    p.add_argument("--offload-checkpoints", action="store_true",
+                   help="keep the checkpointed layer inputs in host memory (needs "
+                   "--gradient-checkpointing)")
+    p.add_argument("--loss-backend", choices=LOSS_BACKENDS, default="auto",
+                   help="with --loss-chunk > 0: liger (Liger-Kernel's fused linear cross-entropy, "
+                   "CUDA), chunked, or auto (liger where installed on CUDA)")
     args = p.parse_args(argv)
     if args.model and args.model_preset:
         p.error("--model and --model-preset exclude each other")
+    if args.tiled_mlp < 0:
+        p.error(f"--tiled-mlp must be >= 0 (0: off), got {args.tiled_mlp}")
+    if args.offload_checkpoints and not args.gradient_checkpointing:
+        p.error("--offload-checkpoints needs --gradient-checkpointing")
     if args.loss_chunk < 0:
         p.error(f"--loss-chunk must be >= 0, got {args.loss_chunk}")
     if args.seq_len < 2:
@@ -291,6 +304,9 @@ def build_model(args, tokenizer):
         hf_hilbert_attn.configure(model, pattern)
     if args.gradient_checkpointing:
         enable_checkpointing(model)
+    tile_mlp(model, args.tiled_mlp)
+    if args.offload_checkpoints:
+        offload_checkpoints(model)
     return model, pattern
 
 
@@ -376,7 +392,7 @@ def _main(argv=None):
     need = args.seq_len * args.batch_size * topo.dp_size
     blocks = pack(load_texts(args.data, args.text_field, need), tokenizer, args.seq_len)
     lm, pattern = build_model(args, tokenizer)
-    model = CausalLMWithLoss(lm, args.loss_chunk)
+    model = CausalLMWithLoss(lm, args.loss_chunk, loss_backend=args.loss_backend)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)) if args.warmup_steps else 1.0)

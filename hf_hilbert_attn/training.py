@@ -74,14 +74,17 @@ class CausalLMWithLoss(torch.nn.Module):
     ``loss_chunk > 0`` computes the cross-entropy from the final hidden states ``loss_chunk``
     positions at a time (:func:`chunked_lm_loss`): at long context the full ``[S, vocab]``
     float32 logits would otherwise dominate memory (128K tokens x 128K vocabulary = 64 GiB).
+    ``loss_backend`` picks :func:`hf_hilbert_attn.long_context.lm_loss`'s backend (``"liger"``:
+    Liger-Kernel's fused linear cross-entropy on CUDA; ``"auto"``: Liger where installed on CUDA).
     It assumes ``logits = lm_head(hidden)`` (Llama, Qwen2, Mistral, GPT-2); models that scale
     or soft-cap logits are refused.
     """
 
-    def __init__(self, lm, loss_chunk: int = 0):
+    def __init__(self, lm, loss_chunk: int = 0, loss_backend: str = "chunked"):
         super().__init__()
         self.lm = lm
         self.loss_chunk = int(loss_chunk)
+        self.loss_backend = loss_backend
         cfg = lm.config
         if self.loss_chunk and (getattr(cfg, "final_logit_softcapping", None)
                                 or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0)):
@@ -97,5 +100,7 @@ class CausalLMWithLoss(torch.nn.Module):
         base = getattr(self.lm, self.lm.base_model_prefix)
         hidden = base(use_cache=False, **inputs).last_hidden_state
         y = shift_labels if shift_labels is not None else shift(labels)
-        return chunked_lm_loss(hidden, self.lm.get_output_embeddings().weight, y,
-                               self.loss_chunk, num_items=num_items_in_batch)
+        from .long_context import lm_loss
+
+        return lm_loss(hidden, self.lm.get_output_embeddings().weight, y, self.loss_chunk,
+                       num_items=num_items_in_batch, backend=self.loss_backend)

@@ -339,3 +339,19 @@ def test_finetune_bad_sp_size_under_torchrun_is_one_line_from_rank_0(tmp_path):
     assert proc.stderr.count("finetune.py: error: --sp-size 3 must divide the number of "
                              "processes (2)") == 1, proc.stderr
     assert 'File "' + str(ROOT / "examples" / "finetune.py") not in proc.stderr
+
+
+def test_finetune_memory_options_keep_the_losses(tmp_path):
+    # --tiled-mlp / --offload-checkpoints (hf_hilbert_attn.long_context) change where
+    # activations live, not what is computed: the same per-step losses as the plain run
+    (tmp_path / "p.yaml").write_text("segment_lengths: [16, 32]\ndilation_rates: [1, 2]\n")
+    base = _args(tmp_path, tmp_path / "plain", 3, "--save-every", "0", "--gradient-checkpointing",
+                 "--loss-chunk", "40")
+    plain = _run([sys.executable, *base], tmp_path / "plain")
+    opts = _args(tmp_path, tmp_path / "opts", 3, "--save-every", "0", "--gradient-checkpointing",
+                 "--loss-chunk", "40", "--tiled-mlp", "30", "--offload-checkpoints")
+    tiled = _run([sys.executable, *opts], tmp_path / "opts")
+    assert len(plain) == 3 and tiled == pytest.approx(plain, rel=1e-5)
+    proc = subprocess.run([sys.executable, "examples/finetune.py", "--offload-checkpoints"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "needs --gradient-checkpointing" in proc.stderr, proc.stderr

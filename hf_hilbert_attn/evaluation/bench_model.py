@@ -29,7 +29,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..training import MODEL_SHAPES, chunked_lm_loss, enable_checkpointing
+from ..long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
+from ..training import MODEL_SHAPES, enable_checkpointing
 from ._args import InputError, check_device, length_type, positive_int, report_input_errors
 
 _length_arg = length_type("sequence length")
@@ -75,7 +76,8 @@ def compile_layers(model) -> int:
 
 
 def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype,
-                device: torch.device, pattern=None, seed: int = 0, compile: bool = False):
+                device: torch.device, pattern=None, seed: int = 0, compile: bool = False,
+                tiled_mlp: int = 0, offload: bool = False):
     """A random-initialised ``LlamaForCausalLM`` in train mode with gradient checkpointing
     (decoder layers compiled with ``compile``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -92,6 +94,9 @@ def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype
 
         hf_hilbert_attn.configure(model, pattern)
     enable_checkpointing(model)
+    tile_mlp(model, tiled_mlp)  # 0: plain MLP
+    if offload:
+        offload_checkpoints(model)
     if compile:
         compile_layers(model)
     model.train()
@@ -108,7 +113,8 @@ def train_step(model, input_ids: torch.Tensor, loss_mode: str = "chunked",
         hidden = base(input_ids=input_ids, use_cache=False).last_hidden_state
         labels = torch.full_like(input_ids, -100)
         labels[:, :-1] = input_ids[:, 1:]
-        loss = chunked_lm_loss(hidden, model.get_output_embeddings().weight, labels, loss_chunk)
+        loss = lm_loss(hidden, model.get_output_embeddings().weight, labels, loss_chunk,
+                       backend="liger" if loss_mode == "liger" else "chunked")
     loss.backward()
     return float(loss.detach())
 
@@ -258,6 +264,11 @@ def run_benchmark(args) -> Dict:
     device = torch.device(args.device if args.device != "auto"
                           else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or preset["dtype"])
+    if args.loss == "liger" and not (device.type == "cuda" and liger_available()):
+        raise InputError("--loss liger needs a CUDA device and Liger-Kernel "
+                         "(pip install liger-kernel)")
+    if args.tiled_mlp < 0:
+        raise InputError(f"--tiled-mlp must be >= 0 (0: off), got {args.tiled_mlp}")
     lengths = args.lengths or preset["lengths"]
     model_kwargs = dict(preset["model"])
     pattern_label, pattern = resolve_pattern(args.pattern or preset["pattern"])
@@ -275,7 +286,8 @@ def run_benchmark(args) -> Dict:
         label = impl if impl == "sdpa" else f"{impl}:{pattern_label}"
         model = build_model(model_kwargs, impl, dtype, device,
                             pattern if impl != "sdpa" else None, seed=args.seed,
-                            compile=args.compile)
+                            compile=args.compile, tiled_mlp=args.tiled_mlp,
+                            offload=args.offload_checkpoints)
         bar = tqdm(lengths, desc=f"bench {label}", disable=args.no_progress)
         for S in bar:
             r = measure(model, S, device, model_kwargs["vocab_size"], warmup=args.warmup
@@ -284,7 +296,8 @@ def run_benchmark(args) -> Dict:
                         loss_chunk=args.loss_chunk)
             rows.append(dict(gpu=gpu_name, preset=args.preset, method=label, seq_len=S,
                              dtype=str(dtype).replace("torch.", ""), loss_mode=args.loss,
-                             compiled=bool(args.compile), **r))
+                             compiled=bool(args.compile), tiled_mlp=args.tiled_mlp,
+                             offload_checkpoints=bool(args.offload_checkpoints), **r))
         if args.max_len:
             with tqdm(desc=f"max length {label}", disable=args.no_progress) as pbar:
                 m = find_max_length(
@@ -397,10 +410,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="pattern for hilbert_dilated (default longnet_lm for 1b, tiny for tiny)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None)
     p.add_argument("--device", default="auto")
-    p.add_argument("--loss", choices=("chunked", "full"), default="chunked",
+    p.add_argument("--loss", choices=("chunked", "full", "liger"), default="chunked",
                    help="chunked: CE over hidden-state chunks (logits never whole); full: the "
                         "model's own loss over [S, vocab] logits")
     p.add_argument("--loss-chunk", type=positive_int, default=2048)
+    p.add_argument("--tiled-mlp", type=int, default=0, metavar="CHUNK",
+                   help="run each layer's MLP and its backward CHUNK tokens at a time (0: off)")
+    p.add_argument("--offload-checkpoints", action="store_true",
+                   help="keep the checkpointed layer inputs in pinned host memory until backward")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every decoder layer (both implementations alike); the "
                    "warm-up steps absorb the compilation, one per length")

@@ -22,9 +22,9 @@ Modes (NCCL on CUDA, gloo with ``--device cpu``; see ``docs/multi_gpu.md``):
   project's "within bf16 rounding of what one GPU does" rule.
 * ``scaling``: fixed tokens per GPU ``T`` (total ``S = T·W``); fwd+bwd of one attention layer.
   ``ring ms``: median over ``--reps`` of the slowest rank's time (CUDA events, barrier before
-  every rep, warm-up first). ``ring.py`` reuses its send plan while positions are unchanged (the
-  layers after the first in one forward), so timed calls are such layers; planning happens in
-  the untimed first call.
+  every rep, warm-up first). ``ring_attention`` reuses its send plan while positions are unchanged
+  (the layers after the first in one forward), so timed calls are such layers; planning happens
+  in the untimed first call.
   Two ideals, both fwd+bwd of ``dilated_attention`` on one GPU:
   ``full/W`` — the full sequence of ``S`` tokens on rank 0 alone, divided by ``W``: the same
   function with perfect parallelism (the honest ideal);
@@ -35,7 +35,7 @@ Modes (NCCL on CUDA, gloo with ``--device cpu``; see ``docs/multi_gpu.md``):
   ``torch.distributed.batch_isend_irecv`` in one forward and one backward (the functions are
   wrapped for one extra, untimed call), next to a dense ring that sends every K and V block to
   every other rank: forward ``2·(W−1)/W·S·Hkv·D·elt`` bytes (K and V, ``elt`` = dtype size),
-  backward the same again plus dK/dV in float32 (as ``ring.py`` sends them).
+  backward the same again plus dK/dV in float32 (as ``ring/comm.py`` sends them).
 * ``max-len``: the largest total length ``S = T·W`` whose fwd+bwd runs on every rank: per-GPU
   ``T`` doubles from ``--max-len-start`` until a trial fails, then bisects down to
   ``--max-len-granularity``. Failures are agreed with an all_reduce before anything else runs, so
@@ -223,8 +223,8 @@ class CommCounter:
     """Counts bytes this rank sends while active, split by phase (``counter.phase = "bwd"``).
 
     Wraps ``torch.distributed.batch_isend_irecv`` (sends: ``P2POp`` whose op is ``isend``) and
-    ``all_gather`` (this rank's input, i.e. what it contributes; ring.py all-gathers positions
-    and a small descriptor per call). ``ring.py`` looks both up on the module at call time.
+    ``all_gather`` (this rank's input, i.e. what it contributes; the ring all-gathers positions
+    and a small descriptor per call). ``ring/comm.py`` looks both up on the module at call time.
     """
 
     def __init__(self):
@@ -259,7 +259,7 @@ def dense_ring_bytes(world: int, seq_len: int, batch: int, hkv: int, head_dim: i
     """Bytes one rank sends per layer in a dense ring (every K/V block to every other rank).
 
     Forward: K and V, ``2·(W−1)/W·S·Hkv·D·elt``. Backward: K and V again plus dK and dV in
-    ``grad_elt``-byte accumulators, the way ``ring.py`` does it (float32).
+    ``grad_elt``-byte accumulators, the way ``ring/comm.py`` sends them (float32).
     """
     kv = (world - 1) * (seq_len // world) * batch * hkv * head_dim
     return {"fwd": 2 * kv * elt, "bwd": 2 * kv * elt + 2 * kv * grad_elt}

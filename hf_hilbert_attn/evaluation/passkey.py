@@ -53,6 +53,15 @@ class PasskeyPrompt:
     needle_start: int  # token index of the needle in input_ids
 
 
+def check_prompt_fits(tokenizer, length: int, error=ValueError) -> None:
+    """Raise ``error`` (one line) when the shortest passkey prompt cannot be built at
+    ``length`` tokens: checked before any model runs."""
+    try:
+        make_passkey_prompt(tokenizer, length, 0.0, "12345")
+    except ValueError as e:
+        raise error(str(e)) from None
+
+
 def make_passkey_prompt(tokenizer, length: int, depth: float, key: str) -> PasskeyPrompt:
     """Build a prompt of exactly ``length`` tokens with the needle at fraction ``depth``.
 

@@ -55,9 +55,9 @@ from ._args import (InputError, check_device, check_eval_grid, depth, length_typ
                     positive_int)
 from .corpus import tokenize_corpus
 from .measure import Meter
-from .passkey import evaluate_passkey_teacher_forced, make_passkey_prompt
+from .passkey import check_prompt_fits, evaluate_passkey_teacher_forced
 from .perplexity import PerplexityResult, strided_windows
-from .report import markdown_table
+from .report import _plt, markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -671,10 +671,7 @@ def run_quality_study(cfg: QualityConfig) -> Dict:
     stages = cfg.resolved_stages()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     if "passkey" in cfg.tasks:  # fail before any model runs if the shortest prompt cannot fit
-        try:
-            make_passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, "12345")
-        except ValueError as e:
-            raise StudyError(str(e)) from None
+        check_prompt_fits(tokenizer, min(cfg.passkey_lengths), StudyError)
     tokens = None
     if "perplexity" in cfg.tasks:
         tokens = tokenize_corpus(tokenizer, read_documents(Path(cfg.corpus) / "heldout"),
@@ -835,15 +832,6 @@ def quality_markdown(rows: Sequence[Dict], settings: Optional[Dict] = None,
     if errors:
         parts.append("\n## Failed\n\n" + "\n".join(f"- {e}" for e in errors))
     return "\n".join(parts) + "\n"
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _colors(methods, ref):

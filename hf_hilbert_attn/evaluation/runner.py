@@ -21,7 +21,7 @@ from .corpus import build_char_tokenizer, build_default_model, load_corpus, toke
 from ._args import (InputError, InputNotFound, check_device, check_eval_grid, depth,
                     length_type, positive_int, report_input_errors)
 from .measure import Meter
-from .passkey import evaluate_passkey, hf_generate_fn, make_passkey_prompt
+from .passkey import check_prompt_fits, evaluate_passkey, hf_generate_fn
 from .perplexity import count_windows, evaluate_perplexity
 
 logger = logging.getLogger(__name__)
@@ -296,10 +296,7 @@ def run_eval(cfg: EvalConfig) -> Dict:
 
     tokenizer = load_tokenizer(cfg)
     if "passkey" in cfg.tasks:  # fail before any model runs if the shortest prompt cannot fit
-        try:
-            make_passkey_prompt(tokenizer, min(cfg.passkey_lengths), 0.0, "12345")
-        except ValueError as e:
-            raise InputError(str(e)) from None
+        check_prompt_fits(tokenizer, min(cfg.passkey_lengths), InputError)
     tokens = None
     if "perplexity" in cfg.tasks:
         try:

@@ -80,23 +80,14 @@ from hf_hilbert_attn import DilatedPattern, dilated_attention  # noqa: E402
 from hf_hilbert_attn.benchmarks import common as C  # noqa: E402
 from hf_hilbert_attn.ring import ring_attention  # noqa: E402
 
-try:  # the ring's local step alone (this version's shard-alone ideal)
-    from hf_hilbert_attn.ring import local_attention  # noqa: E402
-except ImportError:  # older versions: one op call over the shard's positions
-    local_attention = None
-from hf_hilbert_attn.sharding import LAYOUTS, shard_positions  # noqa: E402
+from hf_hilbert_attn.ring import local_attention  # noqa: E402  (the shard-alone ideal)
+from hf_hilbert_attn.sharding import LAYOUTS, resolve_layout, shard_positions  # noqa: E402
 
-try:  # "auto" (contiguous when shards are whole longest segments, else zigzag), if sharding has it
-    from hf_hilbert_attn.sharding import resolve_layout  # noqa: E402
-    LAYOUT_CHOICES = tuple(LAYOUTS) + ("auto",)
-except ImportError:  # pragma: no cover - older sharding.py
-    resolve_layout = None
-    LAYOUT_CHOICES = tuple(LAYOUTS)
+LAYOUT_CHOICES = tuple(LAYOUTS) + ("auto",)  # auto: contiguous when shards are whole segments
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MODES = ("correctness", "scaling", "max-len")
-_RING_TAKES_BACKEND = "backend" in inspect.signature(ring_attention).parameters
 
 
 # ============================================================================= distributed
@@ -268,7 +259,7 @@ def dense_ring_bytes(world: int, seq_len: int, batch: int, hkv: int, head_dim: i
 # ============================================================================= inputs / calls
 def layout_label(layout: str, seq_len: int, world: int, pattern) -> str:
     """``"auto"`` names what it resolves to for this length (``"auto→contiguous"``)."""
-    if layout == "auto" and resolve_layout is not None:
+    if layout == "auto":
         return f"auto→{resolve_layout(layout, seq_len, world, pattern)}"
     return layout
 
@@ -297,9 +288,8 @@ def local_inputs(args, d: Dist, tokens: int, seed: int):
 
 
 def ring_call(args, d: Dist, pattern, q, k, v, pos):
-    kw = {"backend": args.backend} if _RING_TAKES_BACKEND else {}
     return ring_attention(q, k, v, pattern, group=d.group, q_positions=pos, k_positions=pos,
-                          causal=not args.non_causal, **kw)
+                          causal=not args.non_causal, backend=args.backend)
 
 
 def local_call(args, pattern, q, k, v, pos, backend=None):
@@ -310,8 +300,6 @@ def local_call(args, pattern, q, k, v, pos, backend=None):
 def shard_call(args, pattern, q, k, v, pos):
     """The shard alone, computed as the ring computes its local step (per run of consecutive
     positions): the ring's per-GPU work without any remote key."""
-    if local_attention is None:
-        return local_call(args, pattern, q, k, v, pos)
     return local_attention(q, k, v, pattern, causal=not args.non_causal, q_positions=pos,
                            k_positions=pos, backend=args.backend)
 

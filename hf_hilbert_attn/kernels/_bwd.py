@@ -14,8 +14,9 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import (LOG2E, _NO_SPEC, _band_split, _band_tail, _covered, _n_range,
-                      _participates, _prog_key, _sink_geometry, _split_at, _union_keep, _union_tab)
+from ._common import (LOG2E, _NO_SPEC, _band_split, _band_tail, _covered, _key_range, _key_tile,
+                      _kv_bases, _n_range, _participates, _prog_key, _program_tile, _query_rows,
+                      _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -56,28 +57,12 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
     """
     q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo, sgk, \
         sgv, scale = rows
-    k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs = keys
+    KDOC, skdoc = keys[3], keys[5]
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        pk = sbase + R * offs_n
-        col_ok = offs_n < end
-        if MAPPED:
-            kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
-            col_ok = col_ok & (kidx >= 0)
-            kidx = tl.where(col_ok, kidx, 0)
-        elif EDGE:
-            kidx = tl.where(col_ok, pk, 0)
-        else:
-            kidx = pk
-        kidx64 = kidx.to(tl.int64)
-        if EDGE or MAPPED == 2:  # a partial map: absent positions
-            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :])
-            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :])
+        offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
+                                                   EDGE=EDGE, MAPPED=MAPPED)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
@@ -95,10 +80,10 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
                     keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
             if UNION:
                 if UTAB > 0:
-                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB)
+                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD, UMAX, SLIDING)
+                                              PER_HEAD=PER_HEAD, UMAX=UMAX, SLIDING=SLIDING)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -170,10 +155,10 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                     keep = keep & (offs_m[None, :] >= offs_n[:, None] - LB)
             if UNION:
                 if UTAB > 0:
-                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB)
+                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD, UMAX, SLIDING)
+                                              PER_HEAD=PER_HEAD, UMAX=UMAX, SLIDING=SLIDING)
             if HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
@@ -196,21 +181,27 @@ def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D:
     """dq over key tiles ``[lo, b1)`` masked (sliding), ``[b1, mid)`` whole, then ``[mid, end)``
     masked (as ``_fwd._fwd_span``)."""
     if SLIDING:
-        dq = _dq_tiles(dq, rows, keys, uni, lo, b1, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
+        dq = _dq_tiles(dq, rows, keys, uni, lo, b1, end, BN=BN, D=D, EDGE=True, UNION=UNION,
+                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
     if UNION:
-        x1, x2 = _split_at(b1, mid, ma, mb, BN)
-        dq = _dq_tiles(dq, rows, keys, uni, b1, x1, end, BN, D, False, False, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
-        dq = _dq_tiles(dq, rows, keys, uni, x1, x2, end, BN, D, False, True, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
-        dq = _dq_tiles(dq, rows, keys, uni, x2, mid, end, BN, D, False, False, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
+        x1, x2 = _split_at(b1, mid, ma, mb, BN=BN)
+        dq = _dq_tiles(dq, rows, keys, uni, b1, x1, end, BN=BN, D=D, EDGE=False, UNION=False,
+                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+        dq = _dq_tiles(dq, rows, keys, uni, x1, x2, end, BN=BN, D=D, EDGE=False, UNION=True,
+                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+        dq = _dq_tiles(dq, rows, keys, uni, x2, mid, end, BN=BN, D=D, EDGE=False, UNION=False,
+                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
     else:
-        dq = _dq_tiles(dq, rows, keys, uni, b1, mid, end, BN, D, False, UNION, CAUSAL, PER_HEAD,
-                       MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
-    dq = _dq_tiles(dq, rows, keys, uni, mid, end, end, BN, D, True, UNION, CAUSAL, PER_HEAD,
-                   MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING, False)
+        dq = _dq_tiles(dq, rows, keys, uni, b1, mid, end, BN=BN, D=D, EDGE=False, UNION=UNION,
+                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+    dq = _dq_tiles(dq, rows, keys, uni, mid, end, end, BN=BN, D=D, EDGE=True, UNION=UNION,
+                   CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                   UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
     return dq
 
 
@@ -223,38 +214,43 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
         sgk, sgv, scale = rows
-    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD, SLIDING,
-                                     CAUSAL, False)
+    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
+                                     SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
     kp3 = kp0
     if UTAB > 0:
-        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 1:
-        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 2:
-        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 3:
-        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
-    a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN)
-    b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
+    a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
+    b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
     if SLIDING and CAUSAL:  # one range (as in _fwd._fwd_union)
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
+                      CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                      UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     elif mixed:
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
-        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, True, CAUSAL,
-                      PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
+                      CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                      UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D, UNION=True,
+                      CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                      UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     else:
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN, D, False,
-                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
-        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN, D, False,
-                      CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D,
+                      UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
+                      IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D,
+                      UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
+                      IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     return dq
 
 
@@ -272,34 +268,13 @@ def _dq_kernel(
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
     SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // HCH
-    hl = bh % HCH  # head within this launch's chunk of heads (DQACC holds HCH heads)
-    h = HOFF + hl
-    hk = h // GROUP
-    blk = BLK0 + tile % NBLK
-    t2 = tile // NBLK
-    seg = SEG0 + t2 // NCLS
-    if PER_HEAD:
-        c = h % R
-    else:
-        c = t2 % NCLS
-    sbase = seg * W + c
-    ncl = (W - c + R - 1) // R
-
-    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
-    offs_m = blk * BM + tl.arange(0, BM)
-    pq = sbase + R * offs_m
-    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
-    b64 = b.to(tl.int64)
+    b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
+                                                  GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
+                                                  PER_HEAD=PER_HEAD)
+    b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi = _query_rows(b, blk, sbase, ncl, R, QLO, QHI,
+                                                              QOFF, QINV, sqinv, BM=BM,
+                                                              MAPPED=MAPPED)
     h64 = h.to(tl.int64)
-    if MAPPED:
-        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
-        row_ok = row_ok & (qidx >= 0)
-    else:
-        qidx = pq - QOFF
-    qidx = tl.where(row_ok, qidx, 0)
     row64 = qidx.to(tl.int64)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
@@ -314,33 +289,10 @@ def _dq_kernel(
     else:
         qd = qidx
 
-    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
-    m_first = tl.maximum(blk * BM, qn_lo)
-    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
-    band_lo = 0
-    if SLIDING:
-        kn_lo = tl.maximum(kn_lo, m_first - LB)
-        band_lo = blk * BM + BM - 1 - LB
-        if not CAUSAL:
-            kn_hi = tl.minimum(kn_hi, m_last + LB + 1)
-    if CAUSAL:
-        kn_hi = tl.minimum(kn_hi, m_last + 1)
-        full_hi = tl.minimum(kn_hi, blk * BM + 1)
-    else:
-        full_hi = kn_hi
-        if SLIDING:
-            full_hi = tl.minimum(kn_hi, blk * BM + LB + 1)
-    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)
-    pq0 = sbase + R * m_first
-    pq1 = sbase + R * tl.maximum(m_last, m_first)
-
-    k_base = K + b64 * skb + hk.to(tl.int64) * skh
-    v_base = V + b64 * svb + hk.to(tl.int64) * svh
-    KDOC_T = KDOC
-    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
-        k_base = k_base - KOFF.to(tl.int64) * sks
-        v_base = v_base - KOFF.to(tl.int64) * svs
-        KDOC_T = KDOC - KOFF
+    kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1 = _key_range(
+        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=CAUSAL, SLIDING=SLIDING)
+    k_base, v_base, KDOC_T = _kv_bases(K, V, KDOC, b64, hk, skb, skh, sks, svb, svh, svs, KOFF,
+                                       MAPPED=MAPPED)
     dq = tl.zeros([BM, D], tl.float32)
     # the sink keys' float32 dk / dv rows of this key/value head ([B, Hkv, 2, SINKS, D])
     sgk = SINKG + ((b64 * (HQ // GROUP) + hk) * 2) * SINKS * D
@@ -349,13 +301,15 @@ def _dq_kernel(
             band_lo, sgk, sgv, scale)
     keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
     if EARLIER == 0:  # first config in priority order: no union test, nothing skipped
-        a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN)
+        a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN=BN)
         dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_b1, a_mid,
-                      kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE,
-                      UMAX, 0, SLIDING)
+                      kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False, CAUSAL=CAUSAL,
+                      PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX,
+                      UTAB=0, SLIDING=SLIDING)
     else:
-        dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN,
-                       D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN=BN,
+                       D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
+                       IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     if SINKT:
         # the sink keys (last in priority, as in the forward); their dk/dv summed atomically
         s_hi = tl.minimum(SINKS, KHI + 1)
@@ -366,12 +320,13 @@ def _dq_kernel(
         s_rows = (q, do, lse2, delta, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64,
                   scale_log2, s_lb, s_band, sgk, sgv, scale)
         dq = _dq_tiles(dq, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
-                       16, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0, SLIDING,
-                       True)
+                       BN=16, D=D, EDGE=True, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                       MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=0, UTAB=0, SLIDING=SLIDING,
+                       KVGRAD=True)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD, SLIDING)
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=PER_HEAD, SLIDING=SLIDING)
         dq += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
     if LAST != 0:
         tl.store(DQ + b64 * sdqb + h64 * sdqh + row64[:, None] * sdqs + offs_d[None, :],
@@ -390,22 +345,28 @@ def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.cons
     then (sliding) ``[tail, end)`` masked: queries past some key's window.
     ``UNION``: with the per-pair union mask on the masked tiles and on the whole tiles that
     meet ``[ma, mb)`` only."""
-    dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM, D, True, UNION, CAUSAL,
-                         PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+    dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM=BM, D=D, EDGE=True, UNION=UNION,
+                         CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
+                         IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     if UNION:
-        x1, x2 = _split_at(mid, tail, ma, mb, BM)
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM, D, False, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x1, x2, end, BM, D, False, True, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, tail, end, BM, D, False, False, CAUSAL,
-                             PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        x1, x2 = _split_at(mid, tail, ma, mb, BN=BM)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM=BM, D=D, EDGE=False,
+                             UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x1, x2, end, BM=BM, D=D, EDGE=False,
+                             UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, tail, end, BM=BM, D=D, EDGE=False,
+                             UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     else:
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, tail, end, BM, D, False, UNION,
-                             CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, tail, end, BM=BM, D=D, EDGE=False,
+                             UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     if SLIDING:
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, tail, end, end, BM, D, True, UNION,
-                             CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, tail, end, end, BM=BM, D=D, EDGE=True,
+                             UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     return dk, dv
 
 
@@ -420,41 +381,46 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
     past the window); the union mask where mixed."""
     k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB = cols
-    ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD, SLIDING,
-                                     CAUSAL, True)
+    ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
+                                     SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=True)
     kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
     kp1 = kp0
     kp2 = kp0
     kp3 = kp0
     if UTAB > 0:
-        kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 1:
-        kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 2:
-        kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 3:
-        kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, qn_hi)
     b_lo = tl.maximum(cb, qn_lo)
     a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
     b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
-    a_tail = _band_tail(a_mid, a_hi, band_hi, BM)
-    b_tail = _band_tail(b_mid, qn_hi, band_hi, BM)
+    a_tail = _band_tail(a_mid, a_hi, band_hi, BM=BM)
+    b_tail = _band_tail(b_mid, qn_hi, band_hi, BM=BM)
     if SLIDING and CAUSAL:
         # covered queries start at 0 (``_covered``): the range above them only
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
-                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM=BM,
+                            D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     elif mixed:
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM, D,
-                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
-                            True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM=BM,
+                            D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM=BM,
+                            D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     else:
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM, D,
-                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM, D,
-                            False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM=BM,
+                            D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM=BM,
+                            D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     return dk, dv
 
 
@@ -546,14 +512,16 @@ def _dkdv_kernel(
                 # first config in priority order: no union test, nothing skipped; the diagonal
                 # tiles (masked), then whole unmasked tiles
                 a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, qn_hi)
-                a_tail = _band_tail(a_mid, qn_hi, band_hi, BM)
+                a_tail = _band_tail(a_mid, qn_hi, band_hi, BM=BM)
                 dk, dv = _dkdv_span(dk, dv, cols, qside, (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk),
-                                    qn_lo, a_mid, a_tail, qn_hi, qn_lo, qn_lo, BM, D, False,
-                                    CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, SLIDING)
+                                    qn_lo, a_mid, a_tail, qn_hi, qn_lo, qn_lo, BM=BM, D=D,
+                                    UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                                    HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=0, SLIDING=SLIDING)
             else:
                 dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi,
-                                     CFG, NPRI, KEYS, PSZ, BM, D, CAUSAL, PER_HEAD, MAPPED,
-                                     HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+                                     CFG, NPRI, KEYS, PSZ, BM=BM, D=D, CAUSAL=CAUSAL,
+                                     PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
+                                     UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]

@@ -41,6 +41,125 @@ def _n_range(sbase, ncl, LO, HI, R):
 
 
 @triton.jit
+def _program_tile(tile, bh, HOFF, HCH, GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
+                  PER_HEAD: tl.constexpr):
+    """Program ids of a query-side kernel (forward, dq) → its tile: batch ``b``, head ``h`` (``hl``
+    within the launch's chunk of heads, ``hk`` its key/value head), class-index block ``blk``,
+    and the position ``sbase`` of class index 0 of its segment and class, which holds ``ncl``
+    positions. Grid: ``(segments * classes * blocks, B * heads in the chunk)``; per_head mode
+    has one class per head (``h % R``)."""
+    b = bh // HCH
+    hl = bh % HCH  # head within this launch's chunk of heads (the float32 buffer holds HCH)
+    h = HOFF + hl
+    hk = h // GROUP
+    blk = BLK0 + tile % NBLK
+    t2 = tile // NBLK
+    seg = SEG0 + t2 // NCLS
+    if PER_HEAD:
+        c = h % R
+    else:
+        c = t2 % NCLS
+    sbase = seg * W + c  # position of class index n = 0
+    ncl = (W - c + R - 1) // R  # positions of class c in a (full) segment
+    return b, hl, h, hk, blk, sbase, ncl
+
+
+@triton.jit
+def _query_rows(b, blk, sbase, ncl, R, QLO, QHI, QOFF, QINV, sqinv, BM: tl.constexpr,
+                MAPPED: tl.constexpr):
+    """The tile's query rows: class indices ``offs_m`` (``[qn_lo, qn_hi)`` exist), positions
+    ``pq``, ``row_ok`` and storage rows ``qidx`` (0 where not ok; ``b64`` = ``b`` as int64)."""
+    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
+    offs_m = blk * BM + tl.arange(0, BM)
+    pq = sbase + R * offs_m  # [BM] positions
+    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
+    b64 = b.to(tl.int64)
+    if MAPPED:
+        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
+        row_ok = row_ok & (qidx >= 0)
+    else:
+        qidx = pq - QOFF
+    qidx = tl.where(row_ok, qidx, 0)
+    return b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi
+
+
+@triton.jit
+def _key_range(blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM: tl.constexpr,
+               CAUSAL: tl.constexpr, SLIDING: tl.constexpr):
+    """Key class indices ``[kn_lo, kn_hi)`` of a query tile: same segment and class (sliding:
+    the band of ``LB`` class steps before each query, after it too when not causal; causal: up
+    to the last query). Returns ``(kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1)``:
+    keys below ``full_hi`` need no diagonal mask, keys from ``band_lo`` on lie inside every
+    query's window (lower side), ``[m_first, m_last]`` are the tile's existing queries (none
+    when ``m_last < m_first``: an empty key range) at positions ``[pq0, pq1]``."""
+    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
+    m_first = tl.maximum(blk * BM, qn_lo)
+    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
+    band_lo = 0
+    if SLIDING:
+        kn_lo = tl.maximum(kn_lo, m_first - LB)
+        band_lo = blk * BM + BM - 1 - LB
+        if not CAUSAL:
+            kn_hi = tl.minimum(kn_hi, m_last + LB + 1)
+    if CAUSAL:
+        kn_hi = tl.minimum(kn_hi, m_last + 1)  # keys n <= the last query's n
+        full_hi = tl.minimum(kn_hi, blk * BM + 1)  # below: no diagonal inside the tile
+    else:
+        full_hi = kn_hi
+        if SLIDING:
+            full_hi = tl.minimum(kn_hi, blk * BM + LB + 1)  # below: inside every window
+    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)  # no query: empty loop
+    pq0 = sbase + R * m_first
+    pq1 = sbase + R * tl.maximum(m_last, m_first)
+    return kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1
+
+
+@triton.jit
+def _kv_bases(K, V, KDOC, b64, hk, skb, skh, sks, svb, svh, svs, KOFF, MAPPED: tl.constexpr):
+    """Base pointers of key/value head ``hk`` and the key document ids: natural keys (storage
+    index = position - ``KOFF``) have the offset folded in, so a key tile indexes by position."""
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    kdoc = KDOC
+    if MAPPED == 0:
+        k_base = k_base - KOFF.to(tl.int64) * sks
+        v_base = v_base - KOFF.to(tl.int64) * svs
+        kdoc = KDOC - KOFF
+    return k_base, v_base, kdoc
+
+
+@triton.jit
+def _key_tile(start_n, end, sbase, R, b64, keys, BN: tl.constexpr, D: tl.constexpr,
+              EDGE: tl.constexpr, MAPPED: tl.constexpr):
+    """Load the key tile at class indices ``start_n + [0, BN)`` (keys ``n < end`` exist) of a
+    query-side kernel: ``(offs_n, pk, col_ok, kidx, k, v)`` with positions ``pk`` and storage
+    rows ``kidx`` (0 where not ``col_ok``). ``keys``: ``(k_base, v_base, KINV, KDOC, skinv,
+    skdoc, sks, svs)``. Loads are masked only on ``EDGE`` tiles and partial maps
+    (``MAPPED == 2``: absent positions)."""
+    k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs = keys
+    offs_d = tl.arange(0, D)
+    offs_n = start_n + tl.arange(0, BN)
+    pk = sbase + R * offs_n
+    col_ok = offs_n < end
+    if MAPPED:
+        kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
+        col_ok = col_ok & (kidx >= 0)
+        kidx = tl.where(col_ok, kidx, 0)
+    elif EDGE:
+        kidx = tl.where(col_ok, pk, 0)
+    else:
+        kidx = pk
+    kidx64 = kidx.to(tl.int64)
+    if EDGE or MAPPED == 2:
+        k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :])
+        v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :])
+    return offs_n, pk, col_ok, kidx, k, v
+
+
+@triton.jit
 def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: tl.constexpr,
                 SLIDING: tl.constexpr):
     """Per-pair union mask: True where no earlier config allows the pair.

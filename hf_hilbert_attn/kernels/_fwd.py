@@ -11,8 +11,9 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import (LN2, LOG2E, _NO_SPEC, _band_split, _covered, _n_range, _participates,
-                      _prog_key, _sink_geometry, _split_at, _union_keep, _union_tab)
+from ._common import (LN2, LOG2E, _NO_SPEC, _band_split, _covered, _key_range, _key_tile,
+                      _kv_bases, _participates, _prog_key, _program_tile, _query_rows,
+                      _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -31,28 +32,11 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
     test ``(CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)``.
     """
     q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
-    k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs = keys
+    KDOC, skdoc = keys[3], keys[5]
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
-    offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        pk = sbase + R * offs_n
-        col_ok = offs_n < end
-        if MAPPED:
-            kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
-            col_ok = col_ok & (kidx >= 0)
-            kidx = tl.where(col_ok, kidx, 0)
-        elif EDGE:
-            kidx = tl.where(col_ok, pk, 0)
-        else:
-            kidx = pk
-        kidx64 = kidx.to(tl.int64)
-        if EDGE or MAPPED == 2:  # a partial map: absent positions
-            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :])
-            v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :])
+        offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
+                                                   EDGE=EDGE, MAPPED=MAPPED)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -68,10 +52,10 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
                     keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
             if UNION:
                 if UTAB > 0:
-                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB)
+                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD, UMAX, SLIDING)
+                                              PER_HEAD=PER_HEAD, UMAX=UMAX, SLIDING=SLIDING)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -100,26 +84,32 @@ def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
     unmasked, then ``[mid, end)`` masked (diagonal, range end). ``UNION``: with the per-pair
     union mask on the masked tiles and on the whole tiles that meet ``[ma, mb)`` only."""
     if SLIDING:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, b1, end, BN, D, True,
-                                   UNION, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                   SLIDING)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, b1, end, BN=BN, D=D,
+                                   EDGE=True, UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   SLIDING=SLIDING)
     if UNION:
-        x1, x2 = _split_at(b1, mid, ma, mb, BN)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, x1, end, BN, D, False,
-                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                   SLIDING)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x1, x2, end, BN, D, False,
-                                   True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                   SLIDING)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x2, mid, end, BN, D, False,
-                                   False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                   SLIDING)
+        x1, x2 = _split_at(b1, mid, ma, mb, BN=BN)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, x1, end, BN=BN, D=D,
+                                   EDGE=False, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   SLIDING=SLIDING)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x1, x2, end, BN=BN, D=D,
+                                   EDGE=False, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   SLIDING=SLIDING)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x2, mid, end, BN=BN, D=D,
+                                   EDGE=False, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   SLIDING=SLIDING)
     else:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, mid, end, BN, D, False,
-                                   UNION, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB,
-                                   SLIDING)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, mid, end, end, BN, D, True, UNION,
-                               CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, UTAB, SLIDING)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, mid, end, BN=BN, D=D,
+                                   EDGE=False, UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   SLIDING=SLIDING)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, mid, end, end, BN=BN, D=D, EDGE=True,
+                               UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                               HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
     return acc, l_i, m_i
 
 
@@ -134,45 +124,50 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     then masked tiles (diagonal, range end; sliding: a masked window edge first); the per-pair
     union mask where ``mixed``."""
     q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
-    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD, SLIDING,
-                                     CAUSAL, False)
+    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
+                                     SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
     kp3 = kp0
     if UTAB > 0:
-        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 1:
-        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 2:
-        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     if UTAB > 3:
-        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD)
+        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
-    a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN)
-    b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN)
+    a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
+    b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
     if SLIDING and CAUSAL:
         # the covered keys run to the diagonal: one range, the union mask at the window edges
         # only; one copy of the loops keeps registers down
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
-                                  mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, SLIDING)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
+                                  BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  SLIDING=SLIDING)
     elif mixed:
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
-                                  mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, SLIDING)
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma,
-                                  mb, BN, D, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, SLIDING)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
+                                  BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  SLIDING=SLIDING)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
+                                  BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  SLIDING=SLIDING)
     else:
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma,
-                                  mb, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, SLIDING)
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma,
-                                  mb, BN, D, False, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX,
-                                  UTAB, SLIDING)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
+                                  BN=BN, D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  SLIDING=SLIDING)
+        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
+                                  BN=BN, D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  SLIDING=SLIDING)
     return acc, l_i, m_i
 
 
@@ -189,34 +184,13 @@ def _fwd_kernel(
     IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
     SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // HCH
-    hl = bh % HCH  # head within this launch's chunk of heads (the ACC buffer holds HCH heads)
-    h = HOFF + hl
-    hk = h // GROUP
-    blk = BLK0 + tile % NBLK
-    t2 = tile // NBLK
-    seg = SEG0 + t2 // NCLS
-    if PER_HEAD:
-        c = h % R
-    else:
-        c = t2 % NCLS
-    sbase = seg * W + c  # position of class index n = 0
-    ncl = (W - c + R - 1) // R  # positions of class c in a (full) segment
-
+    b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
+                                                  GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
+                                                  PER_HEAD=PER_HEAD)
     # ---- query rows: class indices [blk*BM, blk*BM + BM) that exist
-    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
-    offs_m = blk * BM + tl.arange(0, BM)
-    pq = sbase + R * offs_m  # [BM] positions
-    row_ok = (offs_m >= qn_lo) & (offs_m < qn_hi)
-    b64 = b.to(tl.int64)
-    if MAPPED:
-        qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
-        row_ok = row_ok & (qidx >= 0)
-    else:
-        qidx = pq - QOFF
-    qidx = tl.where(row_ok, qidx, 0)
+    b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi = _query_rows(b, blk, sbase, ncl, R, QLO, QHI,
+                                                              QOFF, QINV, sqinv, BM=BM,
+                                                              MAPPED=MAPPED)
     offs_d = tl.arange(0, D)
     q_ptrs = Q + b64 * sqb + h.to(tl.int64) * sqh + qidx[:, None].to(tl.int64) * sqs + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
@@ -225,35 +199,11 @@ def _fwd_kernel(
     else:
         qd = qidx
 
-    # ---- key range of this tile: same segment and class (sliding: the band of LB class steps
-    # before each query, after it too when not causal)
-    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
-    m_first = tl.maximum(blk * BM, qn_lo)
-    m_last = tl.minimum(blk * BM + BM, qn_hi) - 1
-    band_lo = 0  # sliding: keys from here on lie inside every query's window (lower side)
-    if SLIDING:
-        kn_lo = tl.maximum(kn_lo, m_first - LB)
-        band_lo = blk * BM + BM - 1 - LB
-        if not CAUSAL:
-            kn_hi = tl.minimum(kn_hi, m_last + LB + 1)
-    if CAUSAL:
-        kn_hi = tl.minimum(kn_hi, m_last + 1)  # keys n <= the last query's n
-        full_hi = tl.minimum(kn_hi, blk * BM + 1)  # below: no diagonal inside the tile
-    else:
-        full_hi = kn_hi
-        if SLIDING:
-            full_hi = tl.minimum(kn_hi, blk * BM + LB + 1)  # below: inside every window
-    kn_hi = tl.where(m_last >= m_first, kn_hi, kn_lo)  # no query: empty loop
-    pq0 = sbase + R * m_first
-    pq1 = sbase + R * tl.maximum(m_last, m_first)
-
-    k_base = K + b64 * skb + hk.to(tl.int64) * skh
-    v_base = V + b64 * svb + hk.to(tl.int64) * svh
-    KDOC_T = KDOC
-    if MAPPED == 0:  # natural keys: storage index = position - KOFF, folded into the bases
-        k_base = k_base - KOFF.to(tl.int64) * sks
-        v_base = v_base - KOFF.to(tl.int64) * svs
-        KDOC_T = KDOC - KOFF
+    # ---- key range of this tile
+    kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1 = _key_range(
+        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=CAUSAL, SLIDING=SLIDING)
+    k_base, v_base, KDOC_T = _kv_bases(K, V, KDOC, b64, hk, skb, skh, sks, svb, svh, svs, KOFF,
+                                       MAPPED=MAPPED)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -262,14 +212,16 @@ def _fwd_kernel(
     if EARLIER == 0:
         # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
         # config's, so no union test and no skipped range; compiled without them (registers)
-        a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN)
+        a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN=BN)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq),
-                                  kn_lo, a_b1, a_mid, kn_hi, kn_lo, kn_lo, BN, D, False, CAUSAL,
-                                  PER_HEAD, MAPPED, HAS_DOC, IEEE, UMAX, 0, SLIDING)
+                                  kn_lo, a_b1, a_mid, kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False,
+                                  CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
+                                  IEEE=IEEE, UMAX=UMAX, UTAB=0, SLIDING=SLIDING)
     else:
         acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
-                                   NPRI, KEYS, PSZ, BN, D, CAUSAL, PER_HEAD, MAPPED, HAS_DOC,
-                                   IEEE, UMAX, UTAB, SLIDING)
+                                   NPRI, KEYS, PSZ, BN=BN, D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   SLIDING=SLIDING)
 
     if SINKT:
         # ---- the sink keys (positions < SINKS), last in priority: the pairs no config allows
@@ -281,10 +233,11 @@ def _fwd_kernel(
         s_rows = (q, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64, scale_log2, s_lb, s_band)
         # (16-key tiles: the per-pair union test against every config is the cost here, and
         # there are few sinks)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, s_rows,
-                                   keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
-                                   16, D, True, True, CAUSAL, PER_HEAD, MAPPED, HAS_DOC, IEEE, 0, 0,
-                                   SLIDING)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, s_rows, keys,
+                                   (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi, BN=16,
+                                   D=D, EDGE=True, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=0, UTAB=0,
+                                   SLIDING=SLIDING)
 
     # ---- finish this config's partial, merge with earlier launches, write
     has = l_i > 0
@@ -294,7 +247,7 @@ def _fwd_kernel(
     lse_ptrs = LSE + b64 * slb + h.to(tl.int64) * slh + row64
     acc_ptrs = ACC + b64 * sab + hl.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD, SLIDING)
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=PER_HEAD, SLIDING=SLIDING)
         prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * LOG2E
         prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
         new2 = tl.maximum(prev_lse2, lse2)

@@ -8,7 +8,7 @@ The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wrap
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import triton
@@ -30,8 +30,31 @@ __all__ = [
 ]
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
-# Tests set this to (BM, BN) to force small tiles (many tiles, every boundary case) on tiny shapes.
-BLOCK_OVERRIDE: Optional[tuple] = None
+_KINDS = ("fwd", "dq", "dkdv")
+
+
+def _env_blocks() -> Optional[dict]:
+    """``BLOCK_OVERRIDE`` from ``HF_HILBERT_{FWD,DQ,DKDV}_BLOCKS=BM,BN,warps,stages`` (tile
+    searches run one process per setting), or None when none is set."""
+    found = {}
+    for kind in _KINDS:
+        name = f"HF_HILBERT_{kind.upper()}_BLOCKS"
+        env = os.environ.get(name, "")
+        if env:
+            try:
+                found[kind] = tuple(int(x) for x in env.split(","))
+            except ValueError:
+                found[kind] = ()
+            if len(found[kind]) != 4:
+                raise ValueError(f"{name} must be BM,BN,warps,stages (four integers), got {env!r}")
+    return found or None
+
+
+# The one tile override: None (the tuned sizes of ``_plan``), ``(BM, BN)`` for every kernel
+# (tests: small tiles, so tiny shapes have many tiles and every boundary case), or a dict
+# ``{"fwd" | "dq" | "dkdv": (BM, BN) or (BM, BN, warps, stages)}``. Its initial value comes
+# from the environment variables above.
+BLOCK_OVERRIDE: Optional[Union[tuple, dict]] = _env_blocks()
 # Largest float32 merge buffer of the forward (bytes); heads are processed in chunks beyond it.
 ACC_BYTES = 4 << 30
 
@@ -52,11 +75,11 @@ def _blocks(kind, d, dtype):
     bm, bn, warps, stages = (fwd_blocks if kind == "fwd" else bwd_blocks)(d, dtype, _interpret())
     if kind == "dkdv" and not _interpret():
         bm, bn = bn, bm  # same default tile, roles swapped
-    env = os.environ.get(f"HF_HILBERT_{kind.upper()}_BLOCKS")  # tuning: "BM,BN,warps,stages"
-    if env:
-        bm, bn, warps, stages = (int(x) for x in env.split(","))
-    if BLOCK_OVERRIDE is not None:
-        bm, bn = BLOCK_OVERRIDE
+    over = BLOCK_OVERRIDE.get(kind) if isinstance(BLOCK_OVERRIDE, dict) else BLOCK_OVERRIDE
+    if over is not None:
+        bm, bn = over[:2]
+        if len(over) > 2:
+            warps, stages = over[2:]
     return bm, bn, warps, stages
 
 

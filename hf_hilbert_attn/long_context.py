@@ -295,11 +295,31 @@ class _Offloader:
         return t
 
 
-def _offloaded_layer_forward(layer, offloader, inner, *args, **kwargs):
-    if not (layer.gradient_checkpointing and layer.training and torch.is_grad_enabled()):
-        return inner(*args, **kwargs)  # nothing is checkpointed: leave the activations alone
-    with torch.autograd.graph.saved_tensors_hooks(offloader.pack, offloader.unpack):
-        return inner(*args, **kwargs)
+def _wrap_checkpoint_func(layer) -> None:
+    """Put the offload hooks around ``layer._gradient_checkpointing_func`` (the checkpoint
+    call itself), so they sit outside the checkpoint's own hooks whichever Transformers
+    version calls it: 5.2x checkpoints in the layer's ``forward``, 5.17 in ``__call__`` — a
+    hook pushed from an instance ``forward`` there would sit inside the checkpoint and take
+    every activation of the layer to the host."""
+    fn = layer.__dict__.get("_gradient_checkpointing_func")
+    if fn is None or hasattr(fn, "_hf_offload_inner"):
+        return
+
+    def offloaded(function, *args, **kwargs):
+        off = layer.__dict__.get("_hf_offloader")
+        if off is None or not torch.is_grad_enabled():
+            return fn(function, *args, **kwargs)
+        with torch.autograd.graph.saved_tensors_hooks(off.pack, off.unpack):
+            return fn(function, *args, **kwargs)
+
+    offloaded._hf_offload_inner = fn
+    layer._gradient_checkpointing_func = offloaded
+
+
+def _unwrap_checkpoint_func(layer) -> None:
+    fn = layer.__dict__.get("_gradient_checkpointing_func")
+    if fn is not None and hasattr(fn, "_hf_offload_inner"):
+        layer._gradient_checkpointing_func = fn._hf_offload_inner
 
 
 def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool] = None,
@@ -308,9 +328,10 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
     its forward until its backward recompute, instead of on the accelerator.
 
     Needs non-reentrant gradient checkpointing
-    (:func:`hf_hilbert_attn.training.enable_checkpointing`) when the model runs; a layer that
-    is not checkpointed (or runs without gradients) is left alone. Exact: the values are copied,
-    not changed. ``enable=False`` undoes; calling twice is the same as once.
+    (:func:`hf_hilbert_attn.training.enable_checkpointing`) when the model runs, enabled
+    before or after this call; a layer that is not checkpointed (or runs without gradients) is
+    left alone. Exact: the values are copied, not changed. ``enable=False`` undoes; calling
+    twice is the same as once.
 
     Args:
         model: a Transformers model (or a module containing one).
@@ -326,18 +347,26 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
     layers = _decoder_layers(model, "offload_checkpoints")
     if not enable:
         for layer in layers:
-            _unpatch(layer, "_hf_offload_saved")
+            _unwrap_checkpoint_func(layer)
             layer.__dict__.pop("_hf_offloader", None)
+        handle = model.__dict__.pop("_hf_offload_hook", None)
+        if handle is not None:
+            handle.remove()
         return model
     stats = offload_stats(model) or OffloadStats()
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
     offloader = _Offloader(stats, pin, prefetch)
     for layer in layers:
         layer._hf_offloader = offloader
-        if "_hf_offload_saved" not in layer.__dict__:
-            _patch_forward(layer, "_hf_offload_saved",
-                           lambda inner, *a, _l=layer, **k:
-                           _offloaded_layer_forward(_l, _l._hf_offloader, inner, *a, **k))
+        _wrap_checkpoint_func(layer)
+    if "_hf_offload_hook" not in model.__dict__:
+        # checkpointing enabled (again) after this call installs a fresh checkpoint function:
+        # wrap it before the layers run
+        def wrap_all(module, args):
+            for layer in layers:
+                _wrap_checkpoint_func(layer)
+
+        model._hf_offload_hook = model.register_forward_pre_hook(wrap_all)
     return model
 
 

@@ -8,6 +8,7 @@ from .pattern import DilatedPattern
 from .reference import reference_attention
 from .ring import ring_attention, sequence_parallel
 from .sharding import gather_sequence, shard_batch
+from .integrations.cache import PatternCache, prefill
 from .integrations.transformers import (
     ATTN_IMPLEMENTATION,
     DEFAULT_PATTERN,
@@ -24,9 +25,11 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "DEFAULT_PATTERN",
     "DilatedPattern",
+    "PatternCache",
     "configure",
     "dilated_attention",
     "get_pattern",
+    "prefill",
     "reference_attention",
     "register",
     "ring_attention",

@@ -245,6 +245,48 @@ class DilatedPattern:
         KV caches may drop older keys (plus the first ``sink_tokens``)."""
         return self.max_segment - 1
 
+    @property
+    def shift_period(self) -> int:
+        """Shifting every position by a multiple of this leaves the configs' rule unchanged (not
+        the sinks'): the lcm of the segment lengths (sliding: of the rates)."""
+        return math.lcm(*(self.dilation_rates if self.sliding else self.segment_lengths))
+
+    def first_needed_key(self, position: int, num_heads: Optional[int] = None) -> int:
+        """The oldest key that a causal query at ``position`` or later can still attend through
+        a config (the sink rule aside): no query at ``>= position`` attends a key in
+        ``[sink_tokens, first_needed_key(position))``, so a KV cache may drop those. Returns
+        ``position`` when no older key is needed. Exact: the returned key is attended by some
+        later query (of some head ``< num_heads``; per_head mode, None: every class has a head).
+        """
+        p = int(position)
+        first = p
+        for w, r in self.configs:
+            heads = r if num_heads is None or self.query_dilation == "all" else min(r, num_heads)
+            if self.sliding:  # the nearest later query of class c reaches back (w-1)//r steps
+                for c in range(heads):
+                    s = p + (c - p) % r - (w - 1) // r * r
+                    first = min(first, s if s >= 0 else c)
+            else:  # later queries of p's segment, offsets t(p)..w-1; keys of their classes
+                t = p % w
+                classes = range(heads) if w - t >= r else [x % r for x in range(t, w)
+                                                           if x % r < heads]
+                first = min(first, p - t + min(classes, default=t))
+        return min(first, p)
+
+    def cache_reach(self, num_heads: Optional[int] = None, align: int = 1) -> int:
+        """The most keys above the sinks that a cache keeping ``[a, p)`` holds before the query
+        at ``p``, over every ``p``, where ``a`` is :meth:`first_needed_key` rounded down to a
+        multiple of ``align``; at most ``max_segment - 1 + align - 1``, and exact (reached)
+        where one period of the pattern is short enough to scan."""
+        per = math.lcm(self.shift_period, align)
+        if not self.sliding and align == self.max_segment == per:
+            return self.max_segment - 1  # nested segments: a cache keeps its longest segment
+        if per > 1 << 14:
+            return self.max_segment - 1 + align - 1
+        base = -(-(2 * self.max_segment + align) // per) * per  # past every clamp at 0
+        return max(p - self.first_needed_key(p, num_heads) // align * align
+                   for p in range(base, base + per))
+
     def is_dense_for(self, length: int) -> bool:
         """True if the pattern allows every (causal) pair among positions ``< length``."""
         return length <= self.sink_tokens or any(w >= length and r == 1 for w, r in self.configs)

@@ -27,6 +27,7 @@ from ..inputs import model_positions
 from ..ops import dilated_attention
 from ..pattern import DilatedPattern
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
+from .cache import attend_pattern_cache, check_unpadded
 from .transformers_checks import check_call, check_config, check_mask_function
 
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedMaskInfo", "configure", "get_pattern",
@@ -112,19 +113,20 @@ class DilatedMaskInfo:
     """The compact "mask" every layer of one forward receives (instead of ``[B, 1, Sq, Sk]``):
     ``q_offset``, the cache slot of the first query (int, or a 0-d tensor for static caches);
     the query / key lengths; ``padding_mask`` ``[B, kv_length]`` bool (True = a real token) or
-    None when every key slot holds one."""
+    None when every key slot holds one; ``kv_offset``, the positions a ``PatternCache`` dropped
+    after the sink tokens (``integrations/cache.py``; then ``q_offset`` is a position)."""
 
     q_offset: Any
     q_length: int
     kv_length: int
     padding_mask: Optional[torch.Tensor] = None
+    kv_offset: int = 0
     _memo: dict = field(default_factory=dict, repr=False)  # positions, shared by the layers
 
     @property
     def ndim(self) -> int:
         # generate() builds masks ahead of the forward (static caches) and passes them back in as
-        # ``attention_mask``; masking_utils then reads ``.ndim`` and treats anything but a 2-D
-        # padding mask as prepared. We stand for the 4-D mask of other implementations.
+        # ``attention_mask``; masking_utils reads ``.ndim``: we stand for a prepared 4-D mask.
         return 4
 
 
@@ -140,6 +142,8 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     if isinstance(attention_mask, DilatedMaskInfo):
         return attention_mask  # prepared by generate() for this very step
     check_mask_function(mask_function, kwargs.get("local_size"))
+    if kv_offset:  # a PatternCache dropped keys after the sinks: rows must be unpadded
+        attention_mask = check_unpadded(attention_mask)
     padding = None
     if attention_mask is not None:
         if attention_mask.dim() != 2:
@@ -147,17 +151,15 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
                              f"{tuple(attention_mask.shape)}")
         padding = attention_mask.to(torch.bool)
         # The 2-D mask covers the tokens seen so far; a static cache has more (empty) slots:
-        # they are padding. kv_offset > 0 only for sliding caches, rejected above.
-        missing = kv_offset + kv_length - padding.shape[-1]
-        if missing > 0:
-            padding = torch.nn.functional.pad(padding, (0, missing), value=False)
-        padding = padding[:, kv_offset:kv_offset + kv_length]
+        # they are padding.
+        missing = max(0, kv_length - padding.shape[-1])  # kv_offset is 0 here
+        padding = torch.nn.functional.pad(padding, (0, missing), value=False)[:, :kv_length]
         if bool(padding.all()):  # one host sync per forward, as flash_attention_mask does
             padding = None
     if isinstance(q_offset, torch.Tensor):
         # A static cache's step counter, advanced in place by the first layer: keep this step's.
         q_offset = q_offset.clone()
-    return DilatedMaskInfo(q_offset, q_length, kv_length, padding)
+    return DilatedMaskInfo(q_offset, q_length, kv_length, padding, kv_offset)
 
 
 def _positions(info: Optional[DilatedMaskInfo], position_ids, doc_ids, b, sq, sk, device, ring):
@@ -175,8 +177,7 @@ def _positions(info: Optional[DilatedMaskInfo], position_ids, doc_ids, b, sq, sk
 
 def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor,
                                       key: torch.Tensor, value: torch.Tensor, attention_mask,
-                                      dropout: float = 0.0,
-                                      scaling: Optional[float] = None,
+                                      dropout: float = 0.0, scaling: Optional[float] = None,
                                       is_causal: Optional[bool] = None, **kwargs):
     """``AttentionInterface`` entry: dilated attention of one layer.
 
@@ -188,12 +189,14 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     Returns ``(out [B, Sq, Hq, D] contiguous, None)``; ``ValueError`` for what the op cannot do
     (``transformers_checks``).
     """
-    b, _, sq, _ = query.shape
-    sk = key.shape[2]
+    (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     check_call(module, dropout, causal, b, sq, sk, attention_mask, DilatedMaskInfo, kwargs)
     pattern = get_pattern(module.config)
     group = _ring.get_sequence_parallel_group()
+    if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
+        out = attend_pattern_cache(query, key, value, pattern, attention_mask, causal, scaling)
+        return out, None
     doc_ids = kwargs.get("hilbert_doc_ids")
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if doc_ids is None and cu_seqlens is not None:

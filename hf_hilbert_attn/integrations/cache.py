@@ -1,0 +1,283 @@
+"""A KV cache bounded by the pattern, and chunked prefill, for ``hilbert_dilated`` generation.
+
+A causal query at position ``p`` never attends a key older than
+:meth:`DilatedPattern.first_needed_key` of ``p`` unless it is a sink token, and that bound only
+moves forward. :class:`PatternCache` (Transformers' ``Cache`` API, like its sliding-window
+layers) therefore keeps, per layer, the sink keys ``[0, sink_tokens)`` and the keys from
+``first_needed_key(next position)`` (rounded down to a multiple of the pattern's shift period,
+so the attention runs on the kernels' natural-order path) to the newest: memory is bounded by
+the pattern (``sink_tokens + cache_reach()`` keys, about the longest segment or window), not by
+the sequence. Every step computes the same function as a full ``DynamicCache``.
+
+Layout. The cache stores ``[sinks | tail]``: slot ``j < sink_tokens`` holds position ``j``, slot
+``j >= sink_tokens`` position ``j + dropped``. ``get_mask_sizes`` reports ``dropped`` as the
+``kv_offset``, which :func:`~hf_hilbert_attn.integrations.transformers.hilbert_dilated_mask`
+passes on, and the attention layer computes the tail with the pattern (no sinks) and the sinks
+densely, merged by log-sum-exp (:func:`attend_with_dropped_keys`).
+
+Usage::
+
+    cache = PatternCache(model)                       # the model's pattern and shape
+    out = model.generate(ids, past_key_values=cache, prefill_chunk_size=16384,
+                         max_new_tokens=32)           # a 1M-token prompt fits on one GPU
+    cache = prefill(model, ids[:, :-1])               # or prefill explicitly, then continue
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache)
+
+Rows must not be padded (every row of the batch at the same positions); a padded batch raises a
+``ValueError`` once keys are dropped. Guide: ``docs/usage.md``, "Generation with a bounded cache".
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Iterator, Optional, Tuple
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from ..numerics import merge_partials
+from ..ops import dilated_attention
+from ..pattern import DilatedPattern
+from ..patterns import as_pattern
+
+__all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
+           "attend_with_dropped_keys", "attend_pattern_cache", "check_unpadded",
+           "DEFAULT_PREFILL_CHUNK", "uses_pattern_attention", "cache_kwarg"]
+
+DEFAULT_PREFILL_CHUNK = 16384  # tokens per forward of a chunked prefill
+
+
+class PatternCacheLayer(DynamicLayer):
+    """One layer of :class:`PatternCache`: a ``DynamicLayer`` that drops the keys no later query
+    can attend under ``pattern`` (see the module docstring for the layout)."""
+
+    is_sliding = False  # masks are built for it like for a full-attention layer
+    is_croppable = False  # dropped keys cannot come back (assisted decoding refuses it)
+
+    def __init__(self, pattern: DilatedPattern, num_heads: Optional[int] = None,
+                 align: Optional[int] = None, **kwargs):
+        super().__init__()
+        self.pattern, self.num_heads = pattern, num_heads
+        period = pattern.shift_period
+        self.align = align if align is not None else (period if period <= pattern.max_segment
+                                                      else 1)
+        self.cumulative_length = 0  # tokens seen: the next query's position
+        self.dropped = 0  # positions dropped after the sinks
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Append the new keys/values; return every stored one (what this step's queries may
+        attend); keep only those a later query can attend."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        self.cumulative_length += key_states.shape[-2]
+        sinks = self.pattern.sink_tokens
+        start = self.pattern.first_needed_key(self.cumulative_length, self.num_heads)
+        cut = max(0, start // self.align * self.align - sinks) - self.dropped
+        if cut > 0:  # slots [sinks, sinks + cut) hold the keys to drop
+            self.keys = torch.cat([keys[..., :sinks, :], keys[..., sinks + cut:, :]], dim=-2)
+            self.values = torch.cat([values[..., :sinks, :], values[..., sinks + cut:, :]], dim=-2)
+            self.dropped += cut
+        else:
+            self.keys, self.values = keys, values
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int, *args) -> Tuple[int, int]:
+        """``(keys this step attends, dropped positions)``: the second is the ``kv_offset`` the
+        mask function receives (slot ``j >= sink_tokens`` is position ``j + kv_offset``)."""
+        return self.stored_tokens + query_length, self.dropped
+
+    @property
+    def stored_tokens(self) -> int:
+        return 0 if not self.is_initialized or self.keys.numel() == 0 else self.keys.shape[-2]
+
+    def get_seq_length(self, *args) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1  # the sequence may grow without end; what is stored stays bounded
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.dropped:
+            raise ValueError("a PatternCache that has dropped keys cannot be cropped (assisted "
+                             "decoding, contrastive search): use a DynamicCache for those")
+        super().crop(tokens_to_remove)
+        self.cumulative_length = self.stored_tokens
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+        self.cumulative_length = self.dropped = 0
+
+
+class PatternCache(Cache):
+    """A KV cache whose memory is bounded by the dilated pattern, not by the sequence.
+
+    Args:
+        model: a model (or its config) that runs ``hilbert_dilated``: the pattern, the number of
+            layers and of query heads come from its config. Or give them:
+        pattern: a :class:`DilatedPattern` (or anything ``configure`` accepts); default the
+            model's.
+        num_layers: decoder layers (default: the config's; else layers are added as used).
+        num_heads: query heads, so that per_head classes no head uses are not kept (default:
+            the config's; None keeps every class).
+        align: keep from a multiple of this (default: the pattern's shift period where it is
+            at most the longest segment, so the attention stays on the kernels' fast path).
+
+    ``max_stored_tokens`` bounds the keys each layer stores between steps (a step adds its own
+    queries' keys while it runs). Works with ``generate(past_key_values=...)`` and
+    :func:`prefill`; rows must not be padded.
+    """
+
+    def __init__(self, model=None, *, pattern=None, num_layers: Optional[int] = None,
+                 num_heads: Optional[int] = None, align: Optional[int] = None):
+        config = getattr(model, "config", model)
+        if config is not None and hasattr(config, "get_text_config"):
+            config = config.get_text_config()
+        if pattern is None:
+            if config is None:
+                raise ValueError("PatternCache needs a model (or config) or a pattern")
+            from .transformers import get_pattern
+
+            pattern = get_pattern(config)
+        self.pattern = as_pattern(pattern)
+        num_layers = num_layers or getattr(config, "num_hidden_layers", None)
+        num_heads = num_heads or getattr(config, "num_attention_heads", None)
+        make = functools.partial(PatternCacheLayer, self.pattern, num_heads, align)
+        if num_layers:
+            super().__init__(layers=[make() for _ in range(num_layers)])
+        else:
+            super().__init__(layer_class_to_replicate=make)
+        probe = make()
+        self.align, self.num_heads = probe.align, num_heads
+        self.max_stored_tokens = self.pattern.sink_tokens + self.pattern.cache_reach(
+            num_heads, probe.align)
+
+    def stored_tokens(self, layer_idx: int = 0) -> int:
+        """Keys (per row and head) that layer ``layer_idx`` stores now."""
+        return self.layers[layer_idx].stored_tokens if layer_idx < len(self.layers) else 0
+
+
+# --------------------------------------------------------------------------------- attention
+@functools.lru_cache(maxsize=64)
+def _without_sinks(pattern: DilatedPattern) -> DilatedPattern:
+    return pattern.replace(sink_tokens=0)
+
+
+def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             pattern: DilatedPattern, *, q_start: int, dropped: int,
+                             causal: bool = True, scale: Optional[float] = None) -> torch.Tensor:
+    """Dilated attention over a :class:`PatternCache` layer that dropped ``dropped`` positions
+    after the sinks: ``key``/``value`` ``[B, Hkv, Sk, D]`` hold positions ``0..sinks-1`` then
+    ``sinks + dropped ..``, ending with the queries' own keys; the ``Sq`` queries sit at
+    ``q_start ..``. Returns ``[B, Hq, Sq, D]``.
+
+    The tail runs through :func:`~hf_hilbert_attn.dilated_attention` with the pattern minus its
+    sinks (in natural order, shifted, when its first position is a multiple of the pattern's
+    shift period; else with explicit positions); every query attends every sink key, so the
+    sinks are a dense softmax; the two merge by log-sum-exp (the key sets are disjoint).
+    """
+    if not causal:
+        raise ValueError("a PatternCache serves causal decoding only (got a non-causal layer)")
+    sinks, (b, hq, sq, d), sk = pattern.sink_tokens, query.shape, key.shape[2]
+    first = sinks + dropped  # the tail's first position
+    if first + sk - sinks != q_start + sq:
+        raise ValueError(f"PatternCache layout mismatch: {sk} keys (tail from {first}) for "
+                         f"queries at {q_start}..{q_start + sq - 1}")
+    body = _without_sinks(pattern)
+    tail_k, tail_v = key[:, :, sinks:], value[:, :, sinks:]
+    positions = {}
+    if first % pattern.shift_period:  # not a shift of the natural order: say where they are
+        dev = query.device
+        positions = dict(q_positions=torch.arange(q_start, q_start + sq, device=dev),
+                         k_positions=torch.arange(first, q_start + sq, device=dev))
+    out, lse = dilated_attention(query, tail_k, tail_v, body, causal=True, scale=scale,
+                                 return_lse=True, **positions)
+    if not sinks:
+        return out
+    hkv = key.shape[1]
+    scale = d ** -0.5 if scale is None else scale
+    q = query.reshape(b, hkv, (hq // hkv) * sq, d).float()  # head h reads kv head h // (hq/hkv)
+    scores = torch.matmul(q, key[:, :, :sinks].float().transpose(-1, -2)) * scale
+    sink_lse = torch.logsumexp(scores, dim=-1)
+    sink_out = torch.matmul(torch.exp(scores - sink_lse[..., None]), value[:, :, :sinks].float())
+    merged, _ = merge_partials(out.float(), lse.float(), sink_out.reshape(b, hq, sq, -1),
+                               sink_lse.reshape(b, hq, sq))
+    return merged.to(query.dtype)
+
+
+def attend_pattern_cache(query, key, value, pattern: DilatedPattern, info, causal: bool,
+                         scale: Optional[float]) -> torch.Tensor:
+    """The attention layer's call for a :class:`PatternCache` that dropped keys: ``info`` is the
+    layer's ``DilatedMaskInfo``; returns ``[B, Sq, Hq, D]`` contiguous."""
+    out = attend_with_dropped_keys(query, key, value, pattern, q_start=int(info.q_offset),
+                                   dropped=int(info.kv_offset), causal=causal, scale=scale)
+    return out.transpose(1, 2).contiguous()
+
+
+def check_unpadded(attention_mask: Optional[torch.Tensor]) -> None:
+    """A :class:`PatternCache` that dropped keys maps slots to positions without a padding mask:
+    refuse a 2-D mask with padding (one-line ``ValueError``); returns None (nothing to apply)."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("PatternCache does not support padded batches (every row must hold "
+                         "real tokens only): generate row by row, or use a DynamicCache")
+
+
+# --------------------------------------------------------------------------------- prefill
+def cache_kwarg(model) -> str:
+    """The name ``model``'s forward (and ``generate``) takes the cache by: ``"cache"`` from
+    transformers 5.2x on, ``"past_key_values"`` before (the old name still works, deprecated)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def uses_pattern_attention(model) -> bool:
+    """True if ``model`` runs ``hilbert_dilated`` attention (so a :class:`PatternCache` fits)."""
+    from .transformers import ATTN_IMPLEMENTATION
+
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+
+
+@torch.inference_mode()
+def prefill_chunks(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
+                   cache: Optional[Cache] = None, logits_from: Optional[int] = None
+                   ) -> Iterator[Tuple[int, int, Optional[torch.Tensor]]]:
+    """Feed ``input_ids`` ``[B, S]`` through ``model`` ``chunk_tokens`` at a time, extending
+    ``cache`` (default: a :class:`PatternCache` for ``hilbert_dilated`` models, else a
+    ``DynamicCache``; a non-empty cache continues where it stands).
+
+    Yields ``(begin, end, logits)`` per chunk (positions relative to ``input_ids``): the logits
+    ``[B, n, V]`` at positions ``max(begin, logits_from) .. end - 1``, or None when
+    ``logits_from`` is None or after ``end`` (only the last position's logits are computed).
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if cache is None:
+        cache = PatternCache(model) if uses_pattern_attention(model) else \
+            DynamicCache(config=model.config)
+    device = next(model.parameters()).device
+    for begin in range(0, input_ids.shape[1], chunk_tokens):
+        end = min(begin + chunk_tokens, input_ids.shape[1])
+        keep = 0 if logits_from is None else end - max(begin, logits_from)
+        out = model(input_ids=input_ids[:, begin:end].to(device), **{cache_kwarg(model): cache},
+                    use_cache=True, logits_to_keep=max(keep, 1))
+        yield begin, end, (out.logits[:, -keep:] if keep > 0 else None)
+
+
+def prefill(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAULT_PREFILL_CHUNK,
+            cache: Optional[Cache] = None) -> Cache:
+    """Run the prompt ``input_ids`` ``[B, S]`` through ``model`` in chunks of ``chunk_tokens``
+    and return the filled cache (see :func:`prefill_chunks`). Continue with
+    ``model.generate(ids_with_one_more_token, attention_mask=..., past_key_values=cache)``:
+    generate feeds only the tokens the cache has not seen."""
+    if cache is None:
+        cache = PatternCache(model) if uses_pattern_attention(model) else \
+            DynamicCache(config=model.config)
+    for _ in prefill_chunks(model, input_ids, chunk_tokens=chunk_tokens, cache=cache):
+        pass
+    return cache

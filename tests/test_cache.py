@@ -147,3 +147,77 @@ def test_shift_period_leaves_the_rule_unchanged():
         mask = pattern.build_mask(4, pos, pos)
         assert torch.equal(mask, pattern.build_mask(4, pos + per, pos + per))
         assert not torch.equal(mask, pattern.build_mask(4, pos + 1, pos + 1))
+
+
+# ----------------------------------------------------------------------------- eval
+def test_eval_chunked_prefill_is_the_same_perplexity_and_passkey_answer(monkeypatch):
+    from hf_hilbert_attn.evaluation import passkey, perplexity
+    from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer
+    from hf_hilbert_attn.integrations import cache as cache_mod
+
+    model = tiny("llama", DilatedPattern([8, 16], [1, 2], window="sliding", sink_tokens=1))
+    ids = torch.randint(3, VOCAB, (1, 61))
+    for scored in (1, 25, 60):
+        want = perplexity.window_nll(model, ids, scored, prefill_chunk=None)
+        for chunk in (7, 13, 61):
+            got = perplexity.window_nll(model, ids, scored, prefill_chunk=chunk)
+            assert got == pytest.approx(want, rel=1e-5), (scored, chunk)
+    # "auto": windows longer than DEFAULT_PREFILL_CHUNK run chunked, through a PatternCache
+    monkeypatch.setattr(perplexity, "DEFAULT_PREFILL_CHUNK", 16)
+    assert perplexity.resolve_prefill_chunk(model, 61) == 16
+    assert perplexity.resolve_prefill_chunk(model, 16) is None
+    sdpa = tiny("llama", DilatedPattern([8], [1]))
+    sdpa.set_attn_implementation("sdpa")
+    assert perplexity.resolve_prefill_chunk(sdpa, 10 ** 6) is None  # dense rows: full forward
+    with pytest.raises(ValueError, match="prefill_chunk must be"):
+        perplexity.resolve_prefill_chunk(model, 61, -3)
+    seen = []
+    real = cache_mod.PatternCache.__init__
+    monkeypatch.setattr(cache_mod.PatternCache, "__init__",
+                        lambda self, *a, **k: (seen.append(1), real(self, *a, **k))[1])
+    tokens = torch.randint(3, VOCAB, (150,))
+    res = perplexity.evaluate_perplexity(model, tokens, 60, 20)
+    ref = perplexity.evaluate_perplexity(model, tokens, 60, 20, prefill_chunk=None)
+    assert seen and res.nll_sum == pytest.approx(ref.nll_sum, rel=1e-5)
+    # passkey: generate through a PatternCache with chunked prefill, same text as without
+    tok = build_char_tokenizer()
+    model = tiny("llama", DilatedPattern([8, 16], [1, 2], sink_tokens=1))
+    model.resize_token_embeddings(len(tok))
+    prompt = torch.randint(3, VOCAB, (1, 70))
+    seen.clear()
+    text = passkey.hf_generate_fn(model, tok, 12, prefill_chunk=9)(prompt)
+    assert seen and text == passkey.hf_generate_fn(model, tok, 12, prefill_chunk=None)(prompt)
+
+
+# ----------------------------------------------------------------------------- benchmark
+def test_bench_generate_smoke(tmp_path, monkeypatch, capsys):
+    import csv
+
+    from hf_hilbert_attn.cli import main
+    from hf_hilbert_attn.evaluation import bench_generate
+    from hf_hilbert_attn.integrations import cache as cache_mod
+
+    argv = ["bench", "generate", "--preset", "tiny", "--contexts", "40", "70", "--new-tokens",
+            "2", "--prefill-chunk", "16", "--pattern", "8,16:1,2:sliding:sinks=1", "--no-warmup",
+            "--quiet", "--out-dir", str(tmp_path)]
+    assert main(argv) == 0
+    with open(tmp_path / "bench_generate_tiny_cpu.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["cache"], int(r["context"]), r["status"]) for r in rows] == [
+        ("pattern", 40, "ok"), ("pattern", 70, "ok"), ("dynamic", 40, "ok"), ("dynamic", 70, "ok")]
+    stored = {(r["cache"], int(r["context"])): int(r["stored_tokens"]) for r in rows}
+    assert stored[("pattern", 40)] == stored[("pattern", 70)] == 1 + 15  # sinks + window - 1
+    assert stored[("dynamic", 70)] == 70 + 2 - 1  # every key
+    assert "| pattern | 70 | ok |" in (tmp_path / "bench_generate_tiny_cpu.md").read_text()
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(cache_mod, "prefill", oom)
+    model = bench_generate.build_model("tiny", torch.float32, torch.device("cpu"),
+                                       DilatedPattern([8], [1]))
+    row = bench_generate.measure_generate(model, "dynamic", 30, 2, 16, torch.device("cpu"))
+    assert row["status"] == "OOM" and row["stored_tokens"] == ""
+    with pytest.raises(SystemExit):
+        main(["bench", "generate", "--preset", "tiny", "--contexts", "1m2"])
+    assert "expected a length like" in capsys.readouterr().err

@@ -9,7 +9,9 @@ with the needle's start at fraction ``depth`` of the filler. The model is asked 
 "The pass key is"; the answer is correct iff the first run of digits it generates is the key.
 :func:`evaluate_passkey` generates (one prompt at a time, any ``generate_fn``);
 :func:`passkey_teacher_forced` scores the same prompts with one ``[B, L + n]`` forward per batch
-(see its docstring for why the two agree).
+(see its docstring for why the two agree). With a ``hilbert_dilated`` model,
+:func:`hf_generate_fn` generates through a :class:`~hf_hilbert_attn.PatternCache` (memory
+bounded by the pattern) and prefills long prompts in chunks: a 1M-token prompt fits on one GPU.
 """
 
 from __future__ import annotations
@@ -113,14 +115,35 @@ def passkey_prompts(tokenizer, length: int, depths: Sequence[float], trials: int
             for di, depth in enumerate(depths) for t in range(trials)]
 
 
-def hf_generate_fn(model, tokenizer, max_new_tokens: int = 8) -> Callable[[torch.Tensor], str]:
+def hf_generate_fn(model, tokenizer, max_new_tokens: int = 8, *,
+                   prefill_chunk="auto") -> Callable[[torch.Tensor], str]:
     """A ``generate_fn`` for :func:`evaluate_passkey`: greedy ``model.generate`` on one prompt,
-    returning only the newly generated text."""
+    returning only the newly generated text.
+
+    ``prefill_chunk`` (see :func:`~hf_hilbert_attn.evaluation.perplexity.resolve_prefill_chunk`):
+    ``"auto"`` generates a ``hilbert_dilated`` model through a ``PatternCache`` (the same
+    tokens as the full cache; memory bounded by the pattern), prefilling prompts longer than
+    ``DEFAULT_PREFILL_CHUNK`` in chunks (``generate(prefill_chunk_size=...)``); other models
+    keep ``generate``'s own cache. An int chunks every prompt longer than it; None: no
+    chunking and no ``PatternCache``.
+    """
+    from ..integrations.cache import PatternCache, cache_kwarg, uses_pattern_attention
+    from .perplexity import resolve_prefill_chunk
+
     device = next(model.parameters()).device
+    bounded = prefill_chunk is not None and uses_pattern_attention(model)
 
     @torch.inference_mode()
     def generate(input_ids: torch.Tensor) -> str:
         ids = input_ids.to(device)
+        extra = {cache_kwarg(model): PatternCache(model)} if bounded else {}
+        step = resolve_prefill_chunk(model, ids.shape[1], prefill_chunk)
+        if step and step < ids.shape[1]:
+            if not bounded:  # chunking needs a cache object to fill
+                from transformers import DynamicCache
+
+                extra = {cache_kwarg(model): DynamicCache(config=model.config)}
+            extra["prefill_chunk_size"] = step
         out = model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
@@ -128,6 +151,7 @@ def hf_generate_fn(model, tokenizer, max_new_tokens: int = 8) -> Callable[[torch
             do_sample=False,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
             else tokenizer.eos_token_id,
+            **extra,
         )
         return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 

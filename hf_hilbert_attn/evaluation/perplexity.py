@@ -11,18 +11,45 @@ first window), so every token of the stream is scored exactly once, each with be
     window2              [x  x  x  x  S  S]
 
 Perplexity = exp(sum of scored negative log-likelihoods / number of scored tokens).
+
+Long windows of a ``hilbert_dilated`` model run as a chunked prefill through a
+:class:`~hf_hilbert_attn.PatternCache` (``prefill_chunk``, default ``"auto"``): the same function,
+with memory bounded by the pattern and the chunk instead of the window, so a 1M-token window
+fits on one GPU. ``sdpa`` models keep one full forward per window.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["strided_windows", "window_nll", "PerplexityResult", "evaluate_perplexity"]
+from ..integrations.cache import DEFAULT_PREFILL_CHUNK, prefill_chunks, uses_pattern_attention
+
+__all__ = ["strided_windows", "window_nll", "PerplexityResult", "evaluate_perplexity",
+           "resolve_prefill_chunk"]
+
+PrefillChunk = Union[str, int, None]
+
+
+def resolve_prefill_chunk(model, length: int,
+                          prefill_chunk: PrefillChunk = "auto") -> Optional[int]:
+    """Tokens per forward when a ``length``-token input runs as a chunked prefill, or None for
+    one forward. ``"auto"``: :data:`~hf_hilbert_attn.integrations.cache.DEFAULT_PREFILL_CHUNK`
+    for a ``hilbert_dilated`` model (through a ``PatternCache``: exact, memory bounded by the
+    pattern) whose input is longer, else None; None or 0: one forward; an int ``>= 1``: chunks
+    of that size (through a ``PatternCache``, or a ``DynamicCache`` for other attention)."""
+    if prefill_chunk == "auto":
+        pattern = uses_pattern_attention(model)
+        return DEFAULT_PREFILL_CHUNK if pattern and length > DEFAULT_PREFILL_CHUNK else None
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, type(None))) \
+            or (prefill_chunk or 0) < 0:
+        raise ValueError(f"prefill_chunk must be 'auto', None or an integer >= 0, got "
+                         f"{prefill_chunk!r}")
+    return prefill_chunk or None
 
 
 def strided_windows(num_tokens: int, length: int, stride: int) -> Iterator[Tuple[int, int, int]]:
@@ -53,7 +80,8 @@ def strided_windows(num_tokens: int, length: int, stride: int) -> Iterator[Tuple
 
 
 @torch.inference_mode()
-def window_nll(model, input_ids: torch.Tensor, num_scored: int, *, chunk: int = 4096) -> float:
+def window_nll(model, input_ids: torch.Tensor, num_scored: int, *, chunk: int = 4096,
+               prefill_chunk: PrefillChunk = "auto") -> float:
     """Sum of the negative log-likelihoods of the last ``num_scored`` tokens of ``input_ids``.
 
     Only the logits that predict scored tokens are materialised (``logits_to_keep``, where the
@@ -64,6 +92,8 @@ def window_nll(model, input_ids: torch.Tensor, num_scored: int, *, chunk: int = 
         model: a causal LM.
         input_ids: ``[1, L]``.
         num_scored: ``1 <= num_scored <= L - 1``.
+        prefill_chunk: run the window as a chunked prefill (:func:`resolve_prefill_chunk`);
+            each chunk keeps only its logits that predict scored tokens.
 
     Returns:
         The summed NLL (natural log) as a Python float.
@@ -72,17 +102,28 @@ def window_nll(model, input_ids: torch.Tensor, num_scored: int, *, chunk: int = 
     if not 1 <= num_scored <= L - 1:
         raise ValueError(f"num_scored must be in [1, {L - 1}], got {num_scored}")
     keep = num_scored + 1  # logits at positions L-keep .. L-2 predict tokens L-num_scored .. L-1
+    step = resolve_prefill_chunk(model, L, prefill_chunk)
+    if step:
+        total = 0.0
+        for begin, end, logits in prefill_chunks(model, input_ids, chunk_tokens=step,
+                                                 logits_from=L - keep):
+            if logits is not None:  # positions max(begin, L - keep) .. end - 1
+                lo, hi = max(begin, L - keep), min(end, L - 1)
+                total += _nll_sum(logits[0, :hi - lo], input_ids[0, lo + 1:hi + 1], chunk)
+        return total
     try:
         logits = model(input_ids=input_ids, logits_to_keep=keep, use_cache=False).logits
     except TypeError:  # a model without logits_to_keep
         logits = model(input_ids=input_ids, use_cache=False).logits
-    logits = logits[0, -keep:-1]  # [num_scored, V]
-    targets = input_ids[0, L - num_scored:]
+    return _nll_sum(logits[0, -keep:-1], input_ids[0, L - num_scored:], chunk)
+
+
+def _nll_sum(logits: torch.Tensor, targets: torch.Tensor, chunk: int) -> float:
+    # float32 cross-entropy, ``chunk`` positions at a time
     total = 0.0
-    for i in range(0, num_scored, chunk):
-        total += float(
-            F.cross_entropy(logits[i:i + chunk].float(), targets[i:i + chunk], reduction="sum")
-        )
+    for i in range(0, len(targets), chunk):
+        total += float(F.cross_entropy(logits[i:i + chunk].float(), targets[i:i + chunk],
+                                       reduction="sum"))
     return total
 
 
@@ -101,18 +142,19 @@ class PerplexityResult:
 
 
 def evaluate_perplexity(model, tokens: torch.Tensor, length: int, stride: int, *,
-                        progress=None) -> PerplexityResult:
+                        progress=None, prefill_chunk: PrefillChunk = "auto") -> PerplexityResult:
     """Perplexity of ``model`` over the token stream ``tokens`` ``[N]`` with ``length``-token
     windows every ``stride`` tokens (see the module docstring).
 
     Args:
         progress: an optional tqdm bar, advanced once per window.
+        prefill_chunk: long windows as a chunked prefill (:func:`resolve_prefill_chunk`).
     """
     device = next(model.parameters()).device
     nll, scored_total, processed, windows = 0.0, 0, 0, 0
     for begin, end, scored in strided_windows(int(tokens.numel()), length, stride):
         ids = tokens[begin:end].unsqueeze(0).to(device)
-        nll += window_nll(model, ids, scored)
+        nll += window_nll(model, ids, scored, prefill_chunk=prefill_chunk)
         scored_total += scored
         processed += end - begin
         windows += 1

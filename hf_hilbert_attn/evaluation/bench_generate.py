@@ -1,0 +1,231 @@
+"""Generation benchmark: peak memory and tokens/s of ``generate()`` after a long context, with
+the bounded :class:`~hf_hilbert_attn.PatternCache` vs Transformers' ``DynamicCache``.
+
+For each context length ``C`` and cache: the first ``C - 1`` tokens are prefilled in chunks of
+``--prefill-chunk`` tokens (:func:`~hf_hilbert_attn.prefill`, the same chunking for both caches),
+then ``generate()`` continues from the cache for ``--new-tokens`` greedy tokens. Reported: the
+prefill's tokens/s, the decode's tokens/s (new tokens / generate time), the peak memory of the
+whole run (``torch.cuda.max_memory_allocated``), the memory the cache holds at the end and the
+keys it stores per layer. A run out of memory is a row with status ``OOM``, not a crash.
+
+Preset ``1b``: a Llama-3.2-1B-shaped model (random init, bf16: 16 layers, hidden 2048, 32 heads,
+8 KV heads), ``hilbert_dilated`` with the default pattern, contexts 128K and 1M, 32 new tokens.
+Preset ``tiny``: a CPU smoke test. Entry point: ``hf-hilbert-attn bench generate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ._args import InputError, check_device, positive_int, report_input_errors
+from .bench_model import OOM_ERRORS, device_tag
+
+__all__ = ["PRESETS", "CACHES", "build_model", "measure_generate", "run_benchmark", "main"]
+
+PRESETS = {
+    "1b": dict(shape="1b", gpu=True, contexts=[131072, 1048576], new_tokens=32,
+               prefill_chunk=16384, dtype="bfloat16", pattern="default"),
+    "tiny": dict(shape="tiny", gpu=False, contexts=[96, 160], new_tokens=4, prefill_chunk=40,
+                 dtype="float32", pattern="32,64:1,2:sliding:sinks=1"),
+}
+CACHES = ("pattern", "dynamic")
+
+
+def parse_tokens(text: str) -> int:
+    """``"131072"``, ``"128k"`` (× 1024) or ``"1m"`` (× 1024²) → int."""
+    t = text.strip().lower()
+    mult = {"k": 1024, "m": 1024 ** 2}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a length like 4096, 128k or 1m, got {text!r}") \
+            from None
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"a context needs at least 2 tokens, got {text!r}")
+    return n
+
+
+def build_model(shape: str, dtype: torch.dtype, device: torch.device, pattern, seed: int = 0):
+    """A random-initialised ``LlamaForCausalLM`` of ``training.MODEL_SHAPES[shape]`` in eval mode,
+    running ``hilbert_dilated`` with ``pattern``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import hf_hilbert_attn
+    from ..training import MODEL_SHAPES
+
+    config = LlamaConfig(max_position_embeddings=1 << 22, **MODEL_SHAPES[shape])
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    model.to(dtype).eval()
+    return hf_hilbert_attn.configure(model, pattern)
+
+
+def _make_cache(kind: str, model):
+    from transformers import DynamicCache
+
+    from ..integrations.cache import PatternCache
+
+    return PatternCache(model) if kind == "pattern" else DynamicCache(config=model.config)
+
+
+def _cache_bytes(cache) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor))
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_generate(model, kind: str, context: int, new_tokens: int, prefill_chunk: int,
+                     device: torch.device, seed: int = 0) -> Dict:
+    """Prefill ``context - 1`` tokens into a ``kind`` cache, then ``generate`` ``new_tokens``;
+    a dict of timings and memory, status ``ok`` or ``OOM``."""
+    from ..integrations.cache import cache_kwarg, prefill
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size, (1, context), generator=gen).to(device)
+    row = dict(status="OOM", prefill_s=float("nan"), prefill_tokens_per_s=float("nan"),
+               decode_s=float("nan"), decode_tokens_per_s=float("nan"),
+               peak_mem_gib=float("nan"), cache_gib=float("nan"), stored_tokens="")
+    cache = out = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        cache = prefill(model, ids[:, :-1], chunk_tokens=prefill_chunk,
+                        cache=_make_cache(kind, model))
+        _sync(device)
+        t1 = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                             **{cache_kwarg(model): cache})
+        _sync(device)
+        t2 = time.perf_counter()
+    except OOM_ERRORS:
+        pass
+    if out is not None:
+        made = out.shape[1] - context
+        row.update(status="ok", prefill_s=t1 - t0, prefill_tokens_per_s=(context - 1) / (t1 - t0),
+                   decode_s=t2 - t1, decode_tokens_per_s=made / (t2 - t1),
+                   cache_gib=_cache_bytes(cache) / 2 ** 30,
+                   stored_tokens=max(layer.keys.shape[-2] for layer in cache.layers))
+        if device.type == "cuda":
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+    del cache, out, ids
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def run_benchmark(args) -> Dict:
+    """Run for parsed ``args`` (:func:`add_arguments`); writes ``bench_generate_<preset>_<gpu>``
+    ``.csv`` and ``.md`` into ``args.out_dir`` and returns ``rows``, ``markdown``, ``files``."""
+    from . import report
+    from .runner import resolve_pattern
+
+    preset = PRESETS[args.preset]
+    device = torch.device(args.device if args.device != "auto"
+                          else ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype or preset["dtype"])
+    contexts = args.contexts or preset["contexts"]
+    new_tokens = args.new_tokens or preset["new_tokens"]
+    chunk = args.prefill_chunk or preset["prefill_chunk"]
+    label, pattern = resolve_pattern(args.pattern or preset["pattern"])
+    model = build_model(preset["shape"], dtype, device, pattern, seed=args.seed)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    rows: List[Dict] = []
+    for kind in args.caches:
+        if args.warmup:  # kernels compiled, allocator warm: not measured
+            measure_generate(model, kind, min(contexts), 2, chunk, device, args.seed)
+        for context in contexts:
+            r = measure_generate(model, kind, context, new_tokens, chunk, device, args.seed)
+            rows.append(dict(gpu=gpu, preset=args.preset, pattern=label, cache=kind,
+                             context=context, new_tokens=new_tokens, prefill_chunk=chunk,
+                             dtype=str(dtype).replace("torch.", ""), **r))
+            if not args.quiet:
+                print(f"{kind:8s} context {context}: {r['status']}, decode "
+                      f"{r['decode_tokens_per_s']:.4g} tokens/s, peak {r['peak_mem_gib']:.4g} GiB",
+                      flush=True)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_generate_{args.preset}_{device_tag(device)}"
+    files = {"csv": report.write_csv(rows, out / f"{stem}.csv")}
+    md = _markdown(rows, args.preset, gpu, label, pattern)
+    files["markdown"] = out / f"{stem}.md"
+    files["markdown"].write_text(md)
+    return dict(rows=rows, markdown=md, files=files)
+
+
+def _markdown(rows, preset, gpu, label, pattern) -> str:
+    from .report import markdown_table
+
+    body = [[r["cache"], r["context"], r["status"], r["prefill_tokens_per_s"],
+             r["decode_tokens_per_s"], r["peak_mem_gib"], r["cache_gib"], r["stored_tokens"]]
+            for r in rows]
+    return (f"# bench_generate ({preset}) on {gpu}: generate() after a long context\n\n"
+            f"hilbert_dilated:{label} ({pattern}); prefill in chunks of {rows[0]['prefill_chunk']}"
+            f" tokens, then {rows[0]['new_tokens']} greedy tokens; `pattern` = PatternCache, "
+            f"`dynamic` = DynamicCache.\n\n"
+            + markdown_table(["cache", "context", "status", "prefill tokens/s", "decode tokens/s",
+                              "peak GiB", "cache GiB", "keys stored per layer"], body) + "\n")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="required: 1b (Llama-3.2-1B shape, GPU) or tiny (CPU smoke test)")
+    p.add_argument("--contexts", nargs="+", type=parse_tokens, default=None,
+                   help="context lengths (default 128k 1m for 1b)")
+    p.add_argument("--new-tokens", type=positive_int, default=None,
+                   help="tokens generated after each context (default 32 for 1b)")
+    p.add_argument("--prefill-chunk", type=parse_tokens, default=None,
+                   help="tokens per prefill forward (default 16k for 1b)")
+    p.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
+    p.add_argument("--pattern", default=None,
+                   help="hilbert_dilated pattern (default: the shipped default pattern)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the unmeasured warm-up run per cache")
+    p.add_argument("--out-dir", default="bench_results")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def run_from_args(args, parser) -> int:
+    if args.preset is None:
+        parser.error("choose --preset 1b (GPU: 128K and 1M contexts) or --preset tiny (CPU)")
+    try:
+        check_device(args.device)
+        from .runner import resolve_pattern
+
+        resolve_pattern(args.pattern or PRESETS[args.preset]["pattern"])
+    except InputError as e:
+        parser.error(str(e))
+    if PRESETS[args.preset]["gpu"] and args.device == "auto" and not torch.cuda.is_available():
+        raise InputError(f"--preset {args.preset} needs a CUDA GPU and torch sees none here; "
+                         f"on a CPU run --preset tiny (or force --device cpu)")
+    out = run_benchmark(args)
+    print(out["markdown"])
+    print(f"wrote {', '.join(str(v) for v in out['files'].values())}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(
+        prog=prog, description="generate() after a long context: PatternCache vs DynamicCache."))
+    args = parser.parse_args(argv)
+    return report_input_errors(lambda: run_from_args(args, parser), parser.prog)

@@ -57,7 +57,8 @@ from hf_hilbert_attn.integrations.accelerate import (
     reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
 from hf_hilbert_attn.long_context import LOSS_BACKENDS, offload_checkpoints, tile_mlp
 from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
-from hf_hilbert_attn.training import MODEL_SHAPES, CausalLMWithLoss, enable_checkpointing
+from hf_hilbert_attn.training import (MODEL_SHAPES, CausalLMWithLoss, compile_layers,
+                                      enable_checkpointing)
 
 logger = logging.getLogger("finetune")
 PROG = "finetune.py"
@@ -98,6 +99,13 @@ def parse_args(argv=None):
     p.add_argument("--mixed-precision", choices=("auto", "no", "bf16", "fp16"), default="auto",
                    help="autocast dtype; auto: the launcher's choice under `accelerate launch`, "
                    "else bf16 on CUDA and none on CPU")
+    p.add_argument("--weights-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="float32 (default): float32 weights, gradients and AdamW states under "
+                   "autocast, the quality setting; bfloat16: all three in bf16, half the memory "
+                   "(capacity runs at extreme lengths)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every decoder layer (regional compilation; the first "
+                   "step absorbs it): fused norms and activations, less memory per layer")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--sp-size", type=int, default=None,
                    help="ranks per sequence (default: all processes)")
@@ -267,7 +275,8 @@ def batch_for_step(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, 
 
 # ---------------------------------------------------------------------------------- model
 def build_model(args, tokenizer):
-    """The model (float32 weights: mixed precision is autocast) and its pattern (None for sdpa)."""
+    """The model (float32 weights, mixed precision by autocast, unless ``--weights-dtype
+    bfloat16``) and its pattern (None for sdpa)."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
     impl = args.attn_implementation
@@ -307,6 +316,10 @@ def build_model(args, tokenizer):
     tile_mlp(model, args.tiled_mlp)
     if args.offload_checkpoints:
         offload_checkpoints(model)
+    if args.weights_dtype == "bfloat16":
+        model.to(torch.bfloat16)
+    if args.compile:
+        compile_layers(model)
     return model, pattern
 
 

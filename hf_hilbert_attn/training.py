@@ -34,6 +34,20 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def compile_layers(model) -> int:
+    """``torch.compile`` each decoder layer in place (regional compilation: one graph per layer
+    type, compiled once and reused by every layer), for any attention implementation; the
+    attention op stays opaque inside the graph (a custom op for ``hilbert_dilated``). Returns
+    the number of layers compiled."""
+    base = getattr(model, model.base_model_prefix)
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    if layers is None:
+        raise ValueError(f"compile_layers: no decoder layers found on {type(base).__name__}")
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                     chunk: int = 2048, num_items=None) -> torch.Tensor:
     """Mean next-token cross-entropy from hidden states, ``chunk`` positions at a time.

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
-from ..training import MODEL_SHAPES, enable_checkpointing
+from ..training import MODEL_SHAPES, compile_layers, enable_checkpointing
 from ._args import InputError, check_device, length_type, positive_int, report_input_errors
 
 _length_arg = length_type("sequence length")
@@ -59,20 +59,6 @@ PRESETS = {
 
 OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
                     torch.cuda.OutOfMemoryError})
-
-
-def compile_layers(model) -> int:
-    """``torch.compile`` each decoder layer in place (regional compilation: one graph per layer
-    type, compiled once and reused by every layer), for any attention implementation; the
-    attention op stays opaque inside the graph (a custom op for ``hilbert_dilated``). Returns
-    the number of layers compiled."""
-    base = getattr(model, model.base_model_prefix)
-    layers = getattr(base, "layers", None) or getattr(base, "h", None)
-    if layers is None:
-        raise ValueError(f"--compile: no decoder layers found on {type(base).__name__}")
-    for layer in layers:
-        layer.compile()
-    return len(layers)
 
 
 def build_model(model_kwargs: Dict, attn_implementation: str, dtype: torch.dtype,

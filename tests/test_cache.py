@@ -221,3 +221,31 @@ def test_bench_generate_smoke(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "generate", "--preset", "tiny", "--contexts", "1m2"])
     assert "expected a length like" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_attention_over_dropped_keys_equals_the_reference(backend):
+    """attend_with_dropped_keys (sinks dense + the tail in shifted natural order or at explicit
+    positions, merged by lse) against reference_attention over the kept keys' true positions."""
+    from hf_hilbert_attn import reference_attention
+    from hf_hilbert_attn.integrations.cache import attend_with_dropped_keys
+
+    rng = random.Random(7)
+    cases = [DilatedPattern([8, 16], [1, 4], sink_tokens=2),  # tail in shifted natural order
+             DilatedPattern([6, 16], [1, 4], window="sliding", sink_tokens=3),
+             DilatedPattern([6, 10], [1, 3], sink_tokens=1)]  # tail at explicit positions
+    for pattern in cases:
+        for sq in (1, 5):
+            odd = pattern.shift_period == 30  # lcm(6, 10) > 10: no alignment, any first position
+            first = 16 * rng.randint(1, 3) + (rng.randint(1, 5) if odd else 0)
+            n_tail = pattern.max_segment + sq - 1
+            sinks = pattern.sink_tokens
+            q = torch.randn(2, 4, sq, 16)
+            k, v = torch.randn(2, 2, sinks + n_tail, 16), torch.randn(2, 2, sinks + n_tail, 16)
+            q_start = first + n_tail - sq
+            got = attend_with_dropped_keys(q, k, v, pattern, q_start=q_start,
+                                           dropped=first - sinks, backend=backend)
+            kpos = torch.cat([torch.arange(sinks), torch.arange(first, first + n_tail)])
+            want = reference_attention(q, k, v, pattern, k_positions=kpos,
+                                       q_positions=torch.arange(q_start, q_start + sq))
+            assert (got - want).abs().max() < 2e-5, (pattern, sq, first)

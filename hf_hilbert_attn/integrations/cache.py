@@ -48,6 +48,11 @@ __all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
 DEFAULT_PREFILL_CHUNK = 16384  # tokens per forward of a chunked prefill
 
 
+@functools.lru_cache(maxsize=8)  # every layer asks for the same position in turn
+def _keep_from(pattern: DilatedPattern, position: int, num_heads, align: int) -> int:
+    return pattern.first_needed_key(position, num_heads) // align * align
+
+
 class PatternCacheLayer(DynamicLayer):
     """One layer of :class:`PatternCache`: a ``DynamicLayer`` that drops the keys no later query
     can attend under ``pattern`` (see the module docstring for the layout)."""
@@ -75,8 +80,8 @@ class PatternCacheLayer(DynamicLayer):
         values = torch.cat([self.values, value_states], dim=-2)
         self.cumulative_length += key_states.shape[-2]
         sinks = self.pattern.sink_tokens
-        start = self.pattern.first_needed_key(self.cumulative_length, self.num_heads)
-        cut = max(0, start // self.align * self.align - sinks) - self.dropped
+        start = _keep_from(self.pattern, self.cumulative_length, self.num_heads, self.align)
+        cut = max(0, start - sinks) - self.dropped
         if cut > 0:  # slots [sinks, sinks + cut) hold the keys to drop
             self.keys = torch.cat([keys[..., :sinks, :], keys[..., sinks + cut:, :]], dim=-2)
             self.values = torch.cat([values[..., :sinks, :], values[..., sinks + cut:, :]], dim=-2)
@@ -169,7 +174,8 @@ def _without_sinks(pattern: DilatedPattern) -> DilatedPattern:
 
 def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              pattern: DilatedPattern, *, q_start: int, dropped: int,
-                             causal: bool = True, scale: Optional[float] = None) -> torch.Tensor:
+                             causal: bool = True, scale: Optional[float] = None,
+                             backend: str = "auto") -> torch.Tensor:
     """Dilated attention over a :class:`PatternCache` layer that dropped ``dropped`` positions
     after the sinks: ``key``/``value`` ``[B, Hkv, Sk, D]`` hold positions ``0..sinks-1`` then
     ``sinks + dropped ..``, ending with the queries' own keys; the ``Sq`` queries sit at
@@ -195,7 +201,7 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
         positions = dict(q_positions=torch.arange(q_start, q_start + sq, device=dev),
                          k_positions=torch.arange(first, q_start + sq, device=dev))
     out, lse = dilated_attention(query, tail_k, tail_v, body, causal=True, scale=scale,
-                                 return_lse=True, **positions)
+                                 return_lse=True, backend=backend, **positions)
     if not sinks:
         return out
     hkv = key.shape[1]

@@ -258,6 +258,9 @@ def cached_plan(group) -> Optional[RingPlan]:
     return None if entry is None else entry.plan
 
 
+# Collectives, a plan cache and direct kernel launches: torch.compile runs it as one opaque
+# call (a graph break) instead of tracing into the Triton launches.
+@torch.compiler.disable
 def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
     """Dilated attention over a sequence sharded across the ranks of ``group``.

@@ -158,7 +158,9 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
     * With a cache (decode, static-cache prefill): key ``j`` of row ``b`` sits at
       ``cumsum(padding_mask[b])[j] - 1`` (left padding shifts nothing), or at ``j`` without a
       padding mask; the queries are the cache slots ``q_offset ..`` they were written to.
-      Generate's ``position_ids`` are the same numbers, computed from the same mask.
+      Generate's ``position_ids`` are the same numbers, computed from the same mask. (A
+      ``PatternCache`` that dropped keys never comes here: its slots ``>= sink_tokens`` are
+      shifted positions, handled by ``integrations.cache.attend_with_dropped_keys``.)
 
     ``padding_mask`` ``[B, Sk]`` (True = a real token) or None; padded keys get document id -1
     and are never attended. Every returned ``[B', S]`` tensor has the same leading size.

@@ -115,6 +115,9 @@ def test_padded_batches_and_crop_are_refused():
     cache = prefill(model, ids)
     with pytest.raises(ValueError, match="cannot be cropped"):
         cache.crop(-2)
+    model.set_attn_implementation("sdpa")  # sdpa would read the dropped slots as positions
+    with pytest.raises(ValueError, match="PatternCache needs attn_implementation"):
+        PatternCache(model)
 
 
 @pytest.mark.parametrize("trial", range(4))

@@ -142,6 +142,11 @@ class PatternCache(Cache):
         config = getattr(model, "config", model)
         if config is not None and hasattr(config, "get_text_config"):
             config = config.get_text_config()
+        attn = getattr(config, "_attn_implementation", None)
+        if attn is not None and attn != "hilbert_dilated":
+            raise ValueError(f"PatternCache needs attn_implementation='hilbert_dilated' (this "
+                             f"model runs {attn!r}, which would read the dropped keys' slots as "
+                             f"positions): use a DynamicCache, or hf_hilbert_attn.configure(model)")
         if pattern is None:
             if config is None:
                 raise ValueError("PatternCache needs a model (or config) or a pattern")
@@ -206,13 +211,15 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
         return out
     hkv = key.shape[1]
     scale = d ** -0.5 if scale is None else scale
-    q = query.reshape(b, hkv, (hq // hkv) * sq, d).float()  # head h reads kv head h // (hq/hkv)
-    scores = torch.matmul(q, key[:, :, :sinks].float().transpose(-1, -2)) * scale
-    sink_lse = torch.logsumexp(scores, dim=-1)
-    sink_out = torch.matmul(torch.exp(scores - sink_lse[..., None]), value[:, :, :sinks].float())
-    merged, _ = merge_partials(out.float(), lse.float(), sink_out.reshape(b, hq, sq, -1),
-                               sink_lse.reshape(b, hq, sq))
-    return merged.to(query.dtype)
+    with torch.autocast(query.device.type, enabled=False):  # float32, as the op's lse
+        q = query.reshape(b, hkv, (hq // hkv) * sq, d).float()  # head h reads kv head h // (hq/hkv)
+        scores = torch.matmul(q, key[:, :, :sinks].float().transpose(-1, -2)) * scale
+        sink_lse = torch.logsumexp(scores, dim=-1)
+        sink_out = torch.matmul(torch.exp(scores - sink_lse[..., None]),
+                                value[:, :, :sinks].float())
+        merged, _ = merge_partials(out.float(), lse.float(), sink_out.reshape(b, hq, sq, -1),
+                                   sink_lse.reshape(b, hq, sq))
+    return merged.to(out.dtype)
 
 
 def attend_pattern_cache(query, key, value, pattern: DilatedPattern, info, causal: bool,

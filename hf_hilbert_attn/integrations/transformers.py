@@ -113,8 +113,7 @@ class DilatedMaskInfo:
     """The compact "mask" every layer of one forward receives (instead of ``[B, 1, Sq, Sk]``):
     ``q_offset``, the cache slot of the first query (int, or a 0-d tensor for static caches);
     the query / key lengths; ``padding_mask`` ``[B, kv_length]`` bool (True = a real token) or
-    None when every key slot holds one; ``kv_offset``, the positions a ``PatternCache`` dropped
-    after the sink tokens (``integrations/cache.py``; then ``q_offset`` is a position)."""
+    None when every key slot holds one; ``kv_offset``: keys a ``PatternCache`` dropped."""
 
     q_offset: Any
     q_length: int
@@ -125,8 +124,7 @@ class DilatedMaskInfo:
 
     @property
     def ndim(self) -> int:
-        # generate() builds masks ahead of the forward (static caches) and passes them back in as
-        # ``attention_mask``; masking_utils reads ``.ndim``: we stand for a prepared 4-D mask.
+        # generate() passes static-cache masks back in; masking_utils reads .ndim: a prepared 4-D
         return 4
 
 
@@ -142,8 +140,8 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     if isinstance(attention_mask, DilatedMaskInfo):
         return attention_mask  # prepared by generate() for this very step
     check_mask_function(mask_function, kwargs.get("local_size"))
-    if kv_offset:  # a PatternCache dropped keys after the sinks: rows must be unpadded
-        attention_mask = check_unpadded(attention_mask)
+    if kv_offset:  # a PatternCache dropped keys after the sinks (integrations/cache.py)
+        attention_mask = check_unpadded(attention_mask)  # None: rows must be unpadded
     padding = None
     if attention_mask is not None:
         if attention_mask.dim() != 2:
@@ -195,8 +193,8 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     pattern = get_pattern(module.config)
     group = _ring.get_sequence_parallel_group()
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
-        out = attend_pattern_cache(query, key, value, pattern, attention_mask, causal, scaling)
-        return out, None
+        return attend_pattern_cache(query, key, value, pattern, attention_mask, causal,
+                                    scaling), None
     doc_ids = kwargs.get("hilbert_doc_ids")
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if doc_ids is None and cu_seqlens is not None:
@@ -231,9 +229,8 @@ def _eager_dilated_attention(*args, **kwargs):
 
 
 def _sdpa_mask_noting_pattern(*args, config=None, **kwargs):
-    """Transformers' own ``sdpa_mask``, unchanged, plus a once-per-process note when the model's
-    config carries a ``hilbert_attn`` pattern that SDPA does not apply (a model saved with
-    hilbert_dilated and loaded without ``attn_implementation``)."""
+    """Transformers' ``sdpa_mask``, unchanged, plus a once-per-process note when the config carries
+    a ``hilbert_attn`` pattern SDPA does not apply (saved with hilbert_dilated, loaded without)."""
     if getattr(config, "hilbert_attn", None) is not None:
         _note_once("unused")
     return sdpa_mask(*args, config=config, **kwargs)

@@ -255,16 +255,22 @@ def test_attention_over_dropped_keys_equals_the_reference(backend):
 
 
 @pytest.mark.gpu
-def test_gpu_pattern_cache_generate_matches_dynamic_cache():
-    # The Triton kernels: the tail in shifted natural order, sinks dense; bf16 model.
+def test_gpu_pattern_cache_decode_matches_dynamic_cache():
+    # The Triton kernels: the tail in shifted natural order, sinks dense; bf16 model. Both
+    # caches decode the same tokens (greedy bf16 runs could part ways on a near tie).
     pattern = DilatedPattern([16, 64], [1, 4], window="sliding", sink_tokens=1)
     model = tiny("llama", pattern).cuda().to(torch.bfloat16)
-    ids = torch.randint(3, VOCAB, (2, 300), device="cuda")
-    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, output_logits=True,
-              return_dict_in_generate=True, pad_token_id=0)
-    cache = PatternCache(model)
-    got = model.generate(ids, **{cache_kwarg(model): cache}, prefill_chunk_size=96, **kw)
-    ref = model.generate(ids, **{cache_kwarg(model): DynamicCache(config=model.config)}, **kw)
-    for t, (a, b) in enumerate(zip(got.logits, ref.logits)):
-        assert (a.float() - b.float()).abs().max() <= 3e-2 * b.float().abs().max(), f"step {t}"
-    assert max(layer.keys.shape[-2] for layer in cache.layers) <= cache.max_stored_tokens < 300
+    ids = torch.randint(3, VOCAB, (2, 340), device="cuda")
+    logits = {}
+    for kind in ("pattern", "dynamic"):
+        cache = PatternCache(model) if kind == "pattern" else DynamicCache(config=model.config)
+        prefill(model, ids[:, :300], chunk_tokens=96, cache=cache)
+        with torch.inference_mode():
+            logits[kind] = torch.cat([model(input_ids=ids[:, t:t + 1], use_cache=True,
+                                            **{cache_kwarg(model): cache}).logits
+                                      for t in range(300, 340)], dim=1).float()
+        if kind == "pattern":
+            assert max(layer.keys.shape[-2] for layer in cache.layers) <= \
+                cache.max_stored_tokens < 300
+    err = (logits["pattern"] - logits["dynamic"]).abs().max()
+    assert err <= 3e-2 * logits["dynamic"].abs().max(), err

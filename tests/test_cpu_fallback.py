@@ -1,0 +1,161 @@
+"""The dense-tile CPU path of ``dilated_attention(backend="torch")`` (``chunked._FastAttention``:
+PyTorch's fused CPU attention over class-coordinate tiles) against ``reference_attention``:
+out and dq/dk/dv within 2x PyTorch's own error (SDPA with the pattern's mask, same dtype) of a
+float64 reference, on fresh random data; the calls it leaves to the blockwise path; and a smoke
+run of the CPU benchmark."""
+
+import csv
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
+from hf_hilbert_attn import chunked
+from hf_hilbert_attn.inputs import check_inputs
+from helpers import assert_close, random_pattern
+
+# Scaled-down shipped patterns (hf_hilbert_attn/patterns/*.yaml): longnet_lm's rates 6 and 12
+# divide neither each other's segments nor 4 (masked tiles), default's sliding windows.
+LONGNET = DilatedPattern([64, 128, 256, 512, 1024], [1, 2, 4, 6, 12])
+DEFAULT = DilatedPattern([64, 128, 256, 512, 1024], [1, 2, 4, 8, 16], sink_tokens=1,
+                         window="sliding")
+ODD = DilatedPattern([48, 100, 300], [1, 3, 5], sink_tokens=3)  # nothing divides anything
+ALL = DilatedPattern([40, 96, 200], [1, 2, 4], query_dilation="all", sink_tokens=2)
+ALL_SLIDING = DilatedPattern([33, 70, 150], [1, 2, 6], query_dilation="all", window="sliding")
+
+
+def fresh(b, hq, hkv, s, d, dtype):
+    return [torch.randn(b, h, s, d, dtype=dtype) for h in (hq, hkv, hkv)]
+
+
+def grads(fn, q, k, v, dout, dlse):
+    """out and the gradients of ``<out, dout> + <lse, dlse>`` (lse term when ``dlse``)."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    loss = (out.double() * dout).sum()
+    if dlse is not None:
+        loss = loss + (lse.double() * dlse).sum()
+    loss.backward()
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def sdpa_masked(pattern, causal):
+    def fn(q, k, v):
+        mask = pattern.build_mask(q.shape[1], torch.arange(q.shape[2]), torch.arange(k.shape[2]),
+                                  causal=causal)
+        g = q.shape[1] // k.shape[1]
+        out = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1),
+                                             v.repeat_interleave(g, 1), attn_mask=mask)
+        return out, None
+    return fn
+
+
+def check(pattern, b=2, hq=6, hkv=2, s=301, d=40, dtype=torch.float32, causal=True, fast=True,
+          lse_grad=False):
+    """Our out/dq/dk/dv error vs a float64 reference <= 2x SDPA's in ``dtype`` (plus a few
+    ulps); ``fast``: whether the dense-tile plan must apply."""
+    q, k, v = fresh(b, hq, hkv, s, d, dtype)
+    a = check_inputs(q, k, v, pattern)
+    assert (chunked._fast_plan(pattern, a, causal, q) is not None) == fast
+    dout = torch.randn(b, hq, s, d, dtype=torch.float64)
+    dlse = torch.randn(b, hq, s, dtype=torch.float64) if lse_grad else None
+
+    def ours(q, k, v):
+        return dilated_attention(q, k, v, pattern, causal=causal, backend="torch",
+                                 return_lse=True)
+
+    def ref(q, k, v):
+        return reference_attention(q.double(), k.double(), v.double(), pattern, causal=causal,
+                                   return_lse=True, dtype=torch.float64)
+
+    want = grads(ref, q, k, v, dout, dlse)
+    got = grads(ours, q, k, v, dout, dlse)
+    # PyTorch's own error; with an lse gradient the baseline has none, so its out-only error
+    base = grads(sdpa_masked(pattern, causal), q, k, v, dout, None)
+    if lse_grad:
+        want_o = grads(ref, q, k, v, dout, None)
+        base = [bb.double() - wo + w for bb, wo, w in zip(base, want_o, want)]
+    ulp = 16 * torch.finfo(dtype).eps
+    for name, g, w, bb in zip(("out", "dq", "dk", "dv"), got, want, base):
+        assert g.dtype == dtype
+        err = float((g.double() - w).abs().max())
+        err_pt = float((bb.double() - w).abs().max())
+        assert err <= 2 * err_pt + ulp * max(1.0, float(w.abs().max())), \
+            f"{name}: ours {err:.3g} vs PyTorch {err_pt:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("pattern", [LONGNET, DEFAULT, ODD, ALL, ALL_SLIDING],
+                         ids=["longnet", "default", "odd", "all", "all_sliding"])
+def test_fast_path_matches_reference(pattern, dtype):
+    check(pattern, s=700 if pattern is LONGNET else 301, dtype=dtype)
+
+
+@pytest.mark.parametrize("s", [1, 2, 63, 64, 65, 257])
+def test_odd_lengths_and_partial_segments(s):
+    check(LONGNET, b=1, hq=4, hkv=4, s=s, d=16)
+    check(DEFAULT, b=1, hq=5, hkv=1, s=s, d=24)
+
+
+def test_lse_gradient():
+    """lse used by the loss: its gradient goes through the extra feature column."""
+    check(ODD, b=1, s=150, lse_grad=True)
+    check(DEFAULT, b=1, s=150, lse_grad=True)
+
+
+def test_masked_tiles_in_several_query_blocks(monkeypatch):
+    monkeypatch.setattr(chunked, "FAST_QUERY_BLOCK", 16)
+    check(ODD, s=150, d=16)
+    check(LONGNET, b=1, s=400, hq=12, hkv=3, d=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision(dtype):
+    check(DEFAULT, s=200, d=32, dtype=dtype)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_patterns(seed):
+    rng = random.Random(1000 + seed)
+    s = rng.choice([50, 97, 160])
+    pattern = random_pattern(rng, s, window=None, sinks=None, nested=True)
+    a = check_inputs(*fresh(1, 4, 2, s, 8, torch.float32), pattern)
+    fast = chunked._fast_plan(pattern, a, True, torch.zeros(1)) is not None
+    check(pattern, b=1, hq=4, hkv=2, s=s, d=16, fast=fast)
+
+
+def test_left_to_the_blockwise_path():
+    """Non-causal calls, documents, other positions and sliding patterns whose earlier rates do
+    not divide later ones take the blockwise path (and stay exact)."""
+    check(LONGNET, b=1, s=120, causal=False, fast=False)
+    check(DilatedPattern([16, 40], [2, 1], window="sliding"), s=90, fast=False)
+    q, k, v = fresh(2, 4, 2, 90, 16, torch.float32)
+    docs = torch.tensor([0] * 40 + [1] * 50)
+    pos = torch.cat([torch.arange(40), torch.arange(50)])
+    for kw in ({"q_doc_ids": docs, "k_doc_ids": docs, "q_positions": pos, "k_positions": pos},
+               {"q_positions": torch.arange(90) + 7, "k_positions": torch.arange(90) + 7}):
+        assert chunked._fast_plan(DEFAULT, check_inputs(q, k, v, DEFAULT, **kw), True, q) is None
+        got = dilated_attention(q, k, v, DEFAULT, backend="torch", **kw)
+        want = reference_attention(q, k, v, DEFAULT, **kw)
+        assert_close("out", got, want, 2e-5)
+
+
+def test_plan_is_cached():
+    q, k, v = fresh(1, 4, 2, 77, 8, torch.float32)
+    a = check_inputs(q, k, v, DEFAULT)
+    assert chunked._fast_plan(DEFAULT, a, True, q) is chunked._fast_plan(DEFAULT, a, True, q)
+
+
+def test_cpu_benchmark_smoke(tmp_path):
+    from hf_hilbert_attn.benchmarks import cpu
+
+    rows = cpu.main(["--lengths", "64", "96", "--shapes", "4/2x16", "--patterns", "longnet_lm",
+                     "default", "--repeats", "1", "--backward", "--out", str(tmp_path)])
+    assert len(rows) == 4
+    with open(next(tmp_path.glob("*.csv"))) as f:
+        got = list(csv.DictReader(f))
+    assert [r["pattern"] for r in got] == ["longnet_lm", "longnet_lm", "default", "default"]
+    assert all(float(r["fwd_ratio"]) > 0 and float(r["fwdbwd_ratio"]) > 0 for r in got)
+    assert "| longnet_lm |" in next(tmp_path.glob("*.md")).read_text()

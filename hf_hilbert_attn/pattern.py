@@ -281,8 +281,8 @@ class DilatedPattern:
         per = math.lcm(self.shift_period, align)
         if not self.sliding and align == self.max_segment == per:
             return self.max_segment - 1  # nested segments: a cache keeps its longest segment
-        if per > 1 << 14:
-            return self.max_segment - 1 + align - 1
+        if per * (sum(self.dilation_rates) if self.sliding else self.num_configs) > 1 << 16:
+            return self.max_segment - 1 + align - 1  # too long to scan: the upper bound
         base = -(-(2 * self.max_segment + align) // per) * per  # past every clamp at 0
         return max(p - self.first_needed_key(p, num_heads) // align * align
                    for p in range(base, base + per))

@@ -644,7 +644,8 @@ _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
                      None)
 FAST_QUERY_BLOCK = 512  # masked tiles: queries per tile
 _PLAN_CACHE: dict = {}
-_PLAN_CACHE_SIZE = 8
+_PLAN_CACHE_SIZE = 64
+MAX_DOCUMENT_RUNS = 1024  # packed documents: beyond this many calls, the blockwise path
 
 
 class _Tiles:
@@ -808,21 +809,105 @@ def _sliding_tiles(pattern, i, s, hq, hkv, touched):
     return out
 
 
+def _fast_applies(pattern, a, causal, q) -> bool:
+    """Whether the dense-tile path can take this call, positions and documents aside."""
+    rates = pattern.dilation_rates
+    return (_FLASH_FWD is not None and _FLASH_BWD is not None and q.device.type == "cpu"
+            and causal and a.sq == a.sk and a.head_dim_v == a.head_dim
+            # sliding: an earlier class test that varied inside a class would need masks per pair
+            and not (pattern.sliding and any(rates[i] % rates[j] for i in range(len(rates))
+                                             for j in range(i))))
+
+
 def _fast_plan(pattern, a, causal, q):
     """The dense-tile plan for this call, or None when the fast path does not apply."""
-    if _FLASH_FWD is None or _FLASH_BWD is None or q.device.type != "cpu" or not causal \
-            or a.sq != a.sk or a.q_doc_ids is not None or a.head_dim_v != a.head_dim:
+    if not _fast_applies(pattern, a, causal, q) or a.q_doc_ids is not None:
         return None
-    s = a.sq
     if not a.natural_positions:
-        ar = torch.arange(s)
+        ar = torch.arange(a.sq)
         if not (torch.equal(a.q_positions.cpu(), ar.expand_as(a.q_positions))
                 and torch.equal(a.k_positions.cpu(), ar.expand_as(a.k_positions))):
             return None
-    key = (pattern, s, a.hq, a.hkv, FAST_QUERY_BLOCK)
+    return _natural_plan(pattern, a.sq, a.hq, a.hkv)
+
+
+def _natural_plan(pattern, s, hq, hkv):
+    """The dense-tile plan of causal self-attention at positions 0..s-1 (cached)."""
+    key = (pattern, s, hq, hkv, FAST_QUERY_BLOCK)
     plan = _PLAN_CACHE.get(key)
     if plan is not None:
         return plan
+    touched = torch.zeros(hq, s + 1, dtype=torch.bool)
+    make = _sliding_tiles if pattern.sliding else _segment_tiles
+    plan = _FastPlan()
+    plan.tiles = [t for i in range(pattern.num_configs)
+                  for t in make(pattern, i, s, hq, hkv, touched) if t is not None]
+    plan.init = any(t.mixed for t in plan.tiles)
+    plan.sink_mask = None
+    if pattern.sink_tokens:
+        h = torch.arange(hq).view(-1, 1, 1)
+        qp, kp = torch.arange(s).view(1, -1, 1), torch.arange(min(pattern.sink_tokens, s))
+        kp = kp.view(1, 1, -1)
+        mask = (kp <= qp).expand(hq, -1, -1).clone()
+        for j in range(pattern.num_configs):
+            mask &= ~pattern.config_allowed(j, h, qp, kp)
+        plan.sink_mask = mask if bool(mask.any()) else None
+    if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+        _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+    _PLAN_CACHE[key] = plan
+    return plan
+
+
+def _document_runs(pattern, a, causal, q):
+    """Packed or padded self-attention as ``[(row, lo, hi)]``: storage ranges each holding one
+    whole document at positions 0..hi-lo-1 (padding, doc id < 0, left out: those queries
+    attend nothing), each a call of the dense-tile path; None for any other layout."""
+    if a.q_doc_ids is None or not _fast_applies(pattern, a, causal, q):
+        return None
+    shape = (a.batch, a.sq)
+    pos, doc = a.q_positions.expand(shape), a.q_doc_ids.expand(shape)
+    if not (torch.equal(pos, a.k_positions.expand(shape))
+            and torch.equal(doc, a.k_doc_ids.expand(shape))):
+        return None
+    pos, doc = pos.cpu(), doc.cpu()
+    brk = (doc[:, 1:] != doc[:, :-1]) | (pos[:, 1:] != pos[:, :-1] + 1)
+    runs = []
+    for b in range(a.batch):
+        cuts = [0] + (brk[b].nonzero().flatten() + 1).tolist() + [a.sq]
+        seen = set()
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            d = int(doc[b, lo])
+            if d < 0:
+                continue
+            if d in seen or int(pos[b, lo]) != 0 or len(runs) >= MAX_DOCUMENT_RUNS:
+                return None  # a split document, a continuation, or too many calls
+            seen.add(d)
+            runs.append((b, lo, hi))
+    return runs
+
+
+def _fast_documents(q, k, v, pattern, a, runs):
+    """``(out, lse)`` of the document ``runs``, one dense-tile call each, assembled along the
+    sequence (zeros and -inf between them)."""
+    acc = accum_dtype(q.dtype)
+    rows = []
+    for b in range(a.batch):
+        outs, lses, at = [], [], 0
+        for _, lo, hi in (r for r in runs if r[0] == b):
+            if lo > at:
+                outs.append(q.new_zeros(1, a.hq, lo - at, v.shape[-1]))
+                lses.append(q.new_full((1, a.hq, lo - at), float("-inf"), dtype=acc))
+            sl = (slice(b, b + 1), slice(None), slice(lo, hi))
+            o, l = _FastAttention.apply(q[sl], k[sl], v[sl],
+                                        _natural_plan(pattern, hi - lo, a.hq, a.hkv), a.scale)
+            outs.append(o)
+            lses.append(l)
+            at = hi
+        if at < a.sq:
+            outs.append(q.new_zeros(1, a.hq, a.sq - at, v.shape[-1]))
+            lses.append(q.new_full((1, a.hq, a.sq - at), float("-inf"), dtype=acc))
+        rows.append((torch.cat(outs, 2), torch.cat(lses, 2)))
+    return torch.cat([o for o, _ in rows]), torch.cat([l for _, l in rows])
     rates = pattern.dilation_rates
     if pattern.sliding and any(rates[i] % rates[j] for i in range(len(rates)) for j in range(i)):
         return None  # an earlier class test that varies inside a class: masks per pair
@@ -1062,6 +1147,9 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     plan = _fast_plan(pattern, a, causal, q)
     if plan is not None:
         return _FastAttention.apply(q, k, v, plan, a.scale)
+    runs = _document_runs(pattern, a, causal, q)
+    if runs:
+        return _fast_documents(q, k, v, pattern, a, runs)
     passes = _plan(pattern, a, causal)
     out, lse = _ChunkedAttention.apply(q, k, v, pattern, passes, a.scale)
     return out, lse

@@ -127,19 +127,47 @@ def test_random_patterns(seed):
 
 
 def test_left_to_the_blockwise_path():
-    """Non-causal calls, documents, other positions and sliding patterns whose earlier rates do
-    not divide later ones take the blockwise path (and stay exact)."""
+    """Non-causal calls, positions other than 0..S-1 per document and sliding patterns whose
+    earlier rates do not divide later ones take the blockwise path (and stay exact)."""
     check(LONGNET, b=1, s=120, causal=False, fast=False)
     check(DilatedPattern([16, 40], [2, 1], window="sliding"), s=90, fast=False)
     q, k, v = fresh(2, 4, 2, 90, 16, torch.float32)
-    docs = torch.tensor([0] * 40 + [1] * 50)
-    pos = torch.cat([torch.arange(40), torch.arange(50)])
-    for kw in ({"q_doc_ids": docs, "k_doc_ids": docs, "q_positions": pos, "k_positions": pos},
-               {"q_positions": torch.arange(90) + 7, "k_positions": torch.arange(90) + 7}):
-        assert chunked._fast_plan(DEFAULT, check_inputs(q, k, v, DEFAULT, **kw), True, q) is None
+    for kw in ({"q_positions": torch.arange(90) + 7, "k_positions": torch.arange(90) + 7},
+               {"q_doc_ids": torch.zeros(90, dtype=torch.long),  # a continued document
+                "k_doc_ids": torch.zeros(90, dtype=torch.long),
+                "q_positions": torch.arange(90) + 3, "k_positions": torch.arange(90) + 3}):
+        a = check_inputs(q, k, v, DEFAULT, **kw)
+        assert chunked._fast_plan(DEFAULT, a, True, q) is None
+        assert not chunked._document_runs(DEFAULT, a, True, q)
         got = dilated_attention(q, k, v, DEFAULT, backend="torch", **kw)
-        want = reference_attention(q, k, v, DEFAULT, **kw)
-        assert_close("out", got, want, 2e-5)
+        assert_close("out", got, reference_attention(q, k, v, DEFAULT, **kw), 2e-5)
+
+
+@pytest.mark.parametrize("pattern", [LONGNET, DEFAULT], ids=["longnet", "default"])
+def test_documents_and_padding(pattern):
+    """Packed documents (positions restarting at 0) and padding (doc id -1) per batch row: one
+    dense-tile call per document; padded queries output 0 with lse -inf."""
+    lens = [[70, 3, 110, 17], [1, 150, 49]]  # row 1: one padding token first
+    docs = torch.tensor([sum(([d] * n for d, n in enumerate(row)), []) for row in
+                         ([70, 3, 110, 17], [1, 150, 49])])
+    docs[1, 0] = -1
+    pos = torch.tensor([sum((list(range(n)) for n in row), []) for row in lens])
+    q, k, v = fresh(2, 6, 2, 200, 24, torch.float64)
+    kw = dict(q_positions=pos, k_positions=pos, q_doc_ids=docs, k_doc_ids=docs)
+    runs = chunked._document_runs(pattern, check_inputs(q, k, v, pattern, **kw), True, q)
+    assert [(b, lo, hi) for b, lo, hi in runs] == [(0, 0, 70), (0, 70, 73), (0, 73, 183),
+                                                    (0, 183, 200), (1, 1, 151), (1, 151, 200)]
+    dout, dlse = torch.randn(2, 6, 200, 24, dtype=torch.float64), torch.randn(2, 6, 200,
+                                                                              dtype=torch.float64)
+    dlse[1, :, 0] = 0  # the padded query's lse is -inf
+    got = grads(lambda q, k, v: dilated_attention(q, k, v, pattern, backend="torch",
+                                                  return_lse=True, **kw), q, k, v, dout, dlse)
+    want = grads(lambda q, k, v: reference_attention(q, k, v, pattern, return_lse=True,
+                                                     dtype=torch.float64, **kw),
+                 q, k, v, dout, dlse)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert_close(name, g, w, 1e-6)  # lse comes back as float32 (its gradient too)
+    assert float(got[0][1, :, 0].abs().max()) == 0.0
 
 
 def test_plan_is_cached():

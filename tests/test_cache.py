@@ -189,6 +189,11 @@ def test_eval_chunked_prefill_is_the_same_perplexity_and_passkey_answer(monkeypa
     seen.clear()
     text = passkey.hf_generate_fn(model, tok, 4, prefill_chunk=9)(prompt)
     assert seen and text == passkey.hf_generate_fn(model, tok, 4, prefill_chunk=None)(prompt)
+    prompts = passkey.passkey_prompts(tok, 130, [0.0, 1.0], 1)  # teacher forced: same verdicts
+    seen.clear()
+    got = passkey.passkey_teacher_forced(model, tok, prompts, prefill_chunk=50)
+    assert len(seen) == 2 and got == passkey.passkey_teacher_forced(model, tok, prompts,
+                                                                    prefill_chunk=None)
 
 
 # ----------------------------------------------------------------------------- benchmark

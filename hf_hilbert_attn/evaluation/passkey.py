@@ -23,6 +23,9 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
+from ..integrations.cache import prefill_chunks
+from .perplexity import resolve_prefill_chunk
+
 __all__ = [
     "PasskeyPrompt",
     "make_passkey_prompt",
@@ -128,7 +131,6 @@ def hf_generate_fn(model, tokenizer, max_new_tokens: int = 8, *,
     chunking and no ``PatternCache``.
     """
     from ..integrations.cache import PatternCache, cache_kwarg, uses_pattern_attention
-    from .perplexity import resolve_prefill_chunk
 
     device = next(model.parameters()).device
     bounded = prefill_chunk is not None and uses_pattern_attention(model)
@@ -237,7 +239,8 @@ def teacher_forced_answer(tokenizer, key: str) -> Tuple[int, ...]:
 
 @torch.inference_mode()
 def passkey_teacher_forced(model, tokenizer, prompts: Sequence[PasskeyPrompt], *,
-                           max_batch_tokens: int = 65536, progress=None) -> List[Dict]:
+                           max_batch_tokens: int = 65536, progress=None,
+                           prefill_chunk="auto") -> List[Dict]:
     """Score passkey prompts with one teacher-forced forward per batch instead of ``generate()``.
 
     Each prompt (all of the same length ``L``, as :func:`make_passkey_prompt` builds them) is
@@ -274,6 +277,10 @@ def passkey_teacher_forced(model, tokenizer, prompts: Sequence[PasskeyPrompt], *
         prompts: :class:`PasskeyPrompt` s of one length.
         max_batch_tokens: at most this many tokens per forward (at least one prompt).
         progress: optional tqdm bar, advanced once per prompt.
+        prefill_chunk: prompts longer than the resolved chunk (``"auto"``: 16K tokens for a
+            ``hilbert_dilated`` model, see :func:`~.perplexity.resolve_prefill_chunk`) run one
+            at a time as a chunked prefill through a ``PatternCache`` (same logits; memory
+            bounded by the pattern and the chunk).
 
     Returns:
         One dict per prompt, in order: ``key``, ``depth``, ``length``, ``correct`` (bool),
@@ -294,7 +301,8 @@ def passkey_teacher_forced(model, tokenizer, prompts: Sequence[PasskeyPrompt], *
     answers = [teacher_forced_answer(tokenizer, p.key) for p in prompts]
     out = []
     longest = max(len(a) for a in answers)
-    per_batch = max(1, max_batch_tokens // (L + longest))
+    step = resolve_prefill_chunk(model, L + longest, prefill_chunk)
+    per_batch = 1 if step else max(1, max_batch_tokens // (L + longest))
     for start in range(0, len(prompts), per_batch):
         batch, ans = prompts[start:start + per_batch], answers[start:start + per_batch]
         n_max = max(len(a) for a in ans)
@@ -303,10 +311,15 @@ def passkey_teacher_forced(model, tokenizer, prompts: Sequence[PasskeyPrompt], *
             ids[i, :L] = p.input_ids[0]
             ids[i, L:L + len(a)] = torch.tensor(a, dtype=torch.long)
         keep = n_max + 1  # logits at positions L-1 .. L-1+n_max: predictions of a_1 .. a_n, t
-        try:
-            logits = model(input_ids=ids.to(device), logits_to_keep=keep, use_cache=False).logits
-        except TypeError:  # a model without logits_to_keep
-            logits = model(input_ids=ids.to(device), use_cache=False).logits
+        if step:  # one prompt: chunks, each keeping the logits from position L-1 on
+            logits = torch.cat([lg for _, _, lg in prefill_chunks(
+                model, ids.to(device), chunk_tokens=step, logits_from=L - 1) if lg is not None], 1)
+        else:
+            try:
+                logits = model(input_ids=ids.to(device), logits_to_keep=keep,
+                               use_cache=False).logits
+            except TypeError:  # a model without logits_to_keep
+                logits = model(input_ids=ids.to(device), use_cache=False).logits
         pred = logits[:, -keep:].argmax(-1).cpu()  # [B, keep]; index j predicts answer token j+1
         for i, (p, a) in enumerate(zip(batch, ans)):
             n = len(a)
@@ -327,13 +340,13 @@ def passkey_teacher_forced(model, tokenizer, prompts: Sequence[PasskeyPrompt], *
 
 def evaluate_passkey_teacher_forced(model, tokenizer, length: int, depths: Sequence[float],
                                     trials: int, *, seed: int = 0, max_batch_tokens: int = 65536,
-                                    progress=None) -> List[Dict]:
+                                    progress=None, prefill_chunk="auto") -> List[Dict]:
     """:func:`evaluate_passkey`'s rows (same prompts and keys) scored by
     :func:`passkey_teacher_forced`: one dict per depth with ``length``, ``depth``, ``correct``,
     ``trials``, ``accuracy``, ``prompt_tokens`` and ``answers``."""
     prompts = passkey_prompts(tokenizer, length, depths, trials, seed=seed)
     res = passkey_teacher_forced(model, tokenizer, prompts, max_batch_tokens=max_batch_tokens,
-                                 progress=progress)
+                                 progress=progress, prefill_chunk=prefill_chunk)
     rows = []
     for di, depth in enumerate(depths):
         cell = res[di * trials:(di + 1) * trials]

@@ -1003,6 +1003,14 @@ def _fast_forward(plan, q, k, v, scale):
     b, hq, s, d = q.shape
     hkv, dv = k.shape[1], v.shape[-1]
     acc = accum_dtype(q.dtype)
+    t = plan.tiles[0] if len(plan.tiles) == 1 else None
+    if t is not None and t.grouped and t.n == 1 and t.q_range == t.k_range == (0, s):
+        # one causal call over the whole sequence (dense up to the first window): as SDPA
+        out, lse = _FLASH_FWD(q, k, v, 0.0, True, scale=scale)
+        out, lse = out.to(acc), lse.to(acc)
+        if plan.sink_mask is not None:
+            _merge_sinks(plan, q, k, v, out, lse, scale, acc)
+        return out, lse
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     qf, kf, vf = q.view(b, hq * s, d), k.view(b, hkv * s, d), v.view(b, hkv * s, dv)
     if plan.init:
@@ -1021,12 +1029,18 @@ def _fast_forward(plan, q, k, v, scale):
         _write(t, out, lse, o.to(acc), l.to(acc), b)
     out, lse = out[:, :, :s], lse[:, :, :s]
     if plan.sink_mask is not None:
-        sc, _ = _sink_scores(q, k, plan.sink_mask, scale, acc)
-        ls = torch.logsumexp(sc, -1)
-        p = torch.exp(sc - finite_or_zero(ls)[..., None])
-        vs = v[:, :, :sc.shape[-1]].to(acc).repeat_interleave(hq // hkv, 1)
-        _merge_into(out, lse, torch.matmul(p, vs), ls)
+        _merge_sinks(plan, q, k, v, out, lse, scale, acc)
     return out, lse
+
+
+def _merge_sinks(plan, q, k, v, out, lse, scale, acc):
+    """Merge the sink keys' part (every query against keys 0..k-1, the union rule's mask) into
+    ``(out, lse)`` in place."""
+    sc, _ = _sink_scores(q, k, plan.sink_mask, scale, acc)
+    ls = torch.logsumexp(sc, -1)
+    p = torch.exp(sc - finite_or_zero(ls)[..., None])
+    vs = v[:, :, :sc.shape[-1]].to(acc).repeat_interleave(q.shape[1] // k.shape[1], 1)
+    _merge_into(out, lse, torch.matmul(p, vs), ls)
 
 
 def _add(t, acc, g, b, rows, length, rng):

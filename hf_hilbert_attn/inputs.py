@@ -58,6 +58,28 @@ def _positions(name, t, batch, length, device, default):
     return t.to(device=device, dtype=torch.int64)
 
 
+_ARANGE: dict = {}  # (start, stop, device) -> [1, stop - start] int64
+
+
+def _arange_row(start: int, stop: int, device) -> torch.Tensor:
+    """Positions ``start..stop-1`` as ``[1, n]`` int64: the default positions. Cached per
+    (start, stop, device) in eager mode (every layer of every step asks for the same ones; on a
+    GPU each was a kernel launch); made afresh while ``torch.compile`` traces or a CUDA graph
+    is captured. Shared between calls, so read-only: nothing here writes into positions."""
+    device = torch.device(device)
+    if torch.compiler.is_compiling() or (device.type == "cuda"
+                                         and torch.cuda.is_current_stream_capturing()):
+        return torch.arange(start, stop, device=device, dtype=torch.int64).unsqueeze(0)
+    key = (start, stop, device)
+    t = _ARANGE.get(key)
+    if t is None:
+        if len(_ARANGE) >= 64:
+            _ARANGE.clear()
+        t = _ARANGE[key] = torch.arange(start, stop, device=device,
+                                        dtype=torch.int64).unsqueeze(0)
+    return t
+
+
 def check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -100,7 +122,7 @@ def check_inputs(
     dev = q.device
     kp = _positions("k_positions", k_positions, b, sk, dev, None)
     if kp is None:
-        kp = torch.arange(sk, device=dev, dtype=torch.int64).unsqueeze(0)
+        kp = _arange_row(0, sk, dev)
     qp = _positions("q_positions", q_positions, b, sq, dev, None)
     if qp is None:
         if q_positions is None and k_positions is not None and sq == sk:
@@ -108,7 +130,7 @@ def check_inputs(
         elif sq > sk and k_positions is None:
             raise ValueError(f"without positions, Sq ({sq}) must be <= Sk ({sk})")
         elif k_positions is None:
-            qp = torch.arange(sk - sq, sk, device=dev, dtype=torch.int64).unsqueeze(0)
+            qp = _arange_row(sk - sq, sk, dev)
         else:
             raise ValueError("q_positions is required when k_positions is given and Sq != Sk")
     if (q_doc_ids is None) != (k_doc_ids is None):

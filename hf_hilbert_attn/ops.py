@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import List, Optional, Tuple
 
@@ -83,9 +84,12 @@ def dilated_attention(
         # (or falls back to the PyTorch path when the kernels cannot take them).
         qp = None if a.natural_positions else a.q_positions
         kp = None if a.natural_positions else a.k_positions
-        out, lse = torch.ops.hf_hilbert_attn.dilated_attention_fwd(
-            q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern), bool(causal),
-            float(a.scale))
+        if _eager():
+            out, lse = _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
+        else:
+            out, lse = torch.ops.hf_hilbert_attn.dilated_attention_fwd(
+                q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern),
+                bool(causal), float(a.scale))
     else:
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
         lse = lse.float()  # float32 for every input dtype
@@ -139,10 +143,18 @@ def _op_pattern_args(pattern: DilatedPattern) -> tuple:
             int(pattern.sink_tokens), pattern.window)
 
 
+@functools.lru_cache(maxsize=64)
+def _op_pattern(segment_lengths: tuple, dilation_rates: tuple, query_dilation: str,
+                sink_tokens: int, window: str) -> DilatedPattern:
+    """The pattern of a custom-op call, validated once per argument tuple."""
+    return DilatedPattern(segment_lengths, dilation_rates, query_dilation=query_dilation,
+                          sink_tokens=sink_tokens, window=window)
+
+
 def _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths,
                dilation_rates, query_dilation, sink_tokens, window, scale):
-    pattern = DilatedPattern(segment_lengths, dilation_rates, query_dilation=query_dilation,
-                             sink_tokens=sink_tokens, window=window)
+    pattern = _op_pattern(tuple(segment_lengths), tuple(dilation_rates), query_dilation,
+                          int(sink_tokens), window)
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     return pattern, a
@@ -156,11 +168,16 @@ def _fwd_op(
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
     sink_tokens: int, window: str, causal: bool, scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    from .kernels import dilated_fwd, plan_positions
-
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
                             window, scale)
+    return _kernel_forward(q, k, v, pattern, a, causal)
+
+
+def _kernel_forward(q, k, v, pattern, a, causal):
+    """(out, lse) of the kernel path for checked inputs ``a`` (the forward op's work)."""
+    from .kernels import dilated_fwd, plan_positions
+
     plan, why = plan_positions(a, pattern)
     if plan is not None:
         return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
@@ -213,11 +230,16 @@ def _bwd_op(
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
     sink_tokens: int, window: str, causal: bool, scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .kernels import dilated_bwd, plan_positions
-
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
                             window, scale)
+    return _kernel_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
+
+
+def _kernel_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
+    """(dq, dk, dv) of the kernel path for checked inputs ``a`` (the backward op's work)."""
+    from .kernels import dilated_bwd, plan_positions
+
     plan, _ = plan_positions(a, pattern)
     if plan is not None:
         return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
@@ -379,6 +401,8 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, *inputs[3:7])
     ctx.static = inputs[7:]
+    # an unused lse (the usual case) arrives as None, not as a zero tensor to fill and read
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
@@ -396,6 +420,39 @@ def _backward_impl(ctx, dout, dlse):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _eager() -> bool:
+    """Whether a call may skip the custom ops: not traced by ``torch.compile`` and under no
+    ``torch.func`` transform (those need the ops and their registered formulas)."""
+    return not torch.compiler.is_compiling() and \
+        not torch._C._are_functorch_transforms_active()
+
+
+class _EagerKernels(torch.autograd.Function):
+    """The custom ops' work for eager calls, without the dispatcher: the same
+    ``_kernel_forward`` / ``_kernel_backward``, on the inputs ``dilated_attention`` checked
+    once (the ops check them again and rebuild the pattern, and the op's autograd wrapper costs
+    as much again: together a third of the host time of a short call, see
+    ``examples/benchmarks/host_overhead.py``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pattern, a, causal):
+        out, lse = _kernel_forward(q, k, v, pattern, a, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.call = (pattern, a, causal)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        with torch.autocast(q.device.type, enabled=False):
+            if dout is None:
+                dout = torch.zeros_like(out)
+            dq, dk, dv = _kernel_backward(dout, dlse, q, k, v, out, lse, *ctx.call)
+        return dq, dk, dv, None, None, None
 
 
 # Packed documents (positions restarting per document) cannot share one position -> storage

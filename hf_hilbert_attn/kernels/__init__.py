@@ -17,8 +17,8 @@ from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import LOG2E as _LOG2E
 from ._fwd import _fwd_kernel
-from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, fwd_blocks, plan_positions,
-                    union_keys)
+from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
+                    plan_positions, union_keys)
 
 __all__ = [
     "dilated_fwd",
@@ -71,10 +71,28 @@ def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _blocks(kind, d, dtype):
-    bm, bn, warps, stages = (fwd_blocks if kind == "fwd" else bwd_blocks)(d, dtype, _interpret())
-    if kind == "dkdv" and not _interpret():
-        bm, bn = bn, bm  # same default tile, roles swapped
+# Shared memory per program the tiles are chosen for: None (the GPU's own, read once per
+# device), or bytes (``aot.launches`` records the launches of another GPU with it).
+SMEM_OVERRIDE: Optional[int] = None
+_SMEM: dict = {}
+
+
+def _smem(device) -> Optional[int]:
+    """Shared memory per program (opt-in maximum, bytes) of ``device``; None off CUDA."""
+    if SMEM_OVERRIDE is not None:
+        return SMEM_OVERRIDE
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMEM:
+        props = torch.cuda.get_device_properties(idx)
+        _SMEM[idx] = getattr(props, "shared_memory_per_block_optin", None)
+    return _SMEM[idx]
+
+
+def _blocks(kind, d, dtype, smem=None):
+    choose = {"fwd": fwd_blocks, "dq": bwd_blocks, "dkdv": dkdv_blocks}[kind]
+    bm, bn, warps, stages = choose(d, dtype, _interpret(), *(() if kind == "fwd" else (smem,)))
     over = BLOCK_OVERRIDE.get(kind) if isinstance(BLOCK_OVERRIDE, dict) else BLOCK_OVERRIDE
     if over is not None:
         bm, bn = over[:2]
@@ -200,6 +218,31 @@ def _check_target(name, t, shape, dtype):
                          f"{tuple(t.shape)} {t.dtype} strides {t.stride()}")
 
 
+_CALLS: dict = {}  # launch lists of dilated_fwd / dilated_bwd by _call_key
+
+
+def _call_key(kind, pattern, plan, q, k, causal, scale):
+    """What the launches of a call depend on besides its tensors and their strides: everything
+    else is planned once per key (layer after layer and step after step repeat one call)."""
+    return (kind, pattern, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo, plan.khi,
+            plan.base, plan.mapped_kind, plan.qdoc is not None, tuple(q.shape), k.shape[1],
+            k.shape[2], q.dtype, q.device, bool(causal), float(scale), _interpret(),
+            repr(BLOCK_OVERRIDE), SMEM_OVERRIDE, ACC_BYTES)
+
+
+def _planned(key, build):
+    hit = _CALLS.get(key)
+    if hit is None:
+        if len(_CALLS) >= 256:
+            _CALLS.clear()
+        hit = _CALLS[key] = build()
+    return hit
+
+
+def _strides(*ts, n=3):
+    return tuple(x for t in ts for x in t.stride()[:n])
+
+
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
                 lse=None):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log).
@@ -219,44 +262,46 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return out, lse
-    prio, launch, sinks = _launches(pattern, plan)
-    per_head = pattern.query_dilation == "per_head"
-    BM, BN, warps, stages = _blocks("fwd", D, q.dtype)
-    cfg_t = _cfg_tensor(prio, dev)
-    lcfg_t = _cfg_tensor([ln.entry for ln in launch], dev)
-    (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
+
+    def build():
+        prio, launch, sinks = _launches(pattern, plan)
+        per_head = pattern.query_dilation == "per_head"
+        BM, BN, warps, stages = _blocks("fwd", D, q.dtype, _smem(dev))
+        # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so
+        # long forward-only runs are not bounded by a buffer twice the size of the output.
+        hch = HQ
+        if len(launch) > 1:
+            hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
+        items = []
+        for h0 in range(0, HQ, hch):
+            nh = min(hch, HQ - h0)
+            for li, ln in enumerate(launch):
+                seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
+                ncls = 1 if per_head else ln.r
+                last = li == len(launch) - 1
+                tail = (scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
+                        plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb,
+                        max(sinks, 1), len(prio), ln.npri, li, int(li == 0), int(last))
+                kw = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head,
+                          MAPPED=plan.mapped_kind, HAS_DOC=plan.qdoc is not None,
+                          IEEE=q.dtype == torch.float32, UMAX=0, UTAB=0,
+                          EARLIER=_earlier(ln.npri), SLIDING=pattern.sliding,
+                          SINKT=bool(sinks) and last, num_warps=warps, num_stages=stages)
+                items.append(((nseg * ncls * nblk, B * nh), tail, kw))
+        return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev),
+                hch if len(launch) > 1 else 0, items)
+
+    cfg_t, lcfg_t, hch, items = _planned(_call_key("fwd", pattern, plan, q, k, causal, scale),
+                                         build)
+    acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if hch else out
+    (qinv, kinv, qdoc, kdoc), pos_strides = _pos_args(plan, dev)
     # The forward keeps the in-kernel union loop (UTAB=0): the key-table path costs the whole
     # kernel registers (64K longnet_lm on H200: 9.3 vs 13.4 ms, docs/decisions.md); the
     # backward kernels use the tables.
-    keys, psz, utab = _dummy(dev), 1, 0
-    # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so long
-    # forward-only runs are not bounded by a buffer twice the size of the output.
-    hch = HQ
-    if len(launch) > 1:
-        per_head_bytes = B * SQ * D * 4
-        hch = max(1, min(HQ, ACC_BYTES // max(per_head_bytes, 1)))
-    acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if len(launch) > 1 else out
-    for h0 in range(0, HQ, hch):
-        nh = min(hch, HQ - h0)
-        for li, ln in enumerate(launch):
-            seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
-            ncls = 1 if per_head else ln.r
-            grid = (nseg * ncls * nblk, B * nh)
-            _fwd_kernel[grid](
-                q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
-                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                acc.stride(0), acc.stride(1), acc.stride(2), lse.stride(0), lse.stride(1),
-                sqi, ski, sqd, skd,
-                scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
-                plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb, max(sinks, 1), len(prio),
-                ln.npri, li, int(li == 0), int(li == len(launch) - 1),
-                BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
-                HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                UMAX=0, UTAB=utab, EARLIER=_earlier(ln.npri),
-                SLIDING=pattern.sliding, SINKT=bool(sinks) and li == len(launch) - 1,
-                num_warps=warps, num_stages=stages,
-            )
+    head = (q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, _dummy(dev), 1,
+            *_strides(q, k, v, out, acc), *_strides(lse, n=2), *pos_strides)
+    for grid, tail, kw in items:
+        _fwd_kernel[grid](*head, *tail, **kw)
     return out, lse
 
 
@@ -285,72 +330,83 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     dblk = 64 if not _interpret() else 16
     _delta_kernel[(triton.cdiv(SQ, dblk), B * HQ)](
         out, do, dlse.contiguous() if dlse is not None else delta, delta, SQ,
-        out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2), HQ,
-        BM=dblk, D=D, HAS_DLSE=dlse is not None,
+        *_strides(out, do), HQ, BM=dblk, D=D, HAS_DLSE=dlse is not None,
     )
-    prio, launch, sinks = _launches(pattern, plan)
-    multi = len(launch) > 1
-    hch, kch = HQ, HKV  # heads per chunk of the float32 buffers (query / key-value heads)
-    if multi:
-        hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
-        kch = max(1, min(HKV, ACC_BYTES // max(2 * B * SK * D * 4, 1)))
-    dqacc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if multi else dq
-    dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dk
-    dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32) if multi else dv
+
+    def build():
+        prio, launch, sinks = _launches(pattern, plan)
+        hch, kch = HQ, HKV  # heads per chunk of the float32 buffers (query / key-value heads)
+        if len(launch) > 1:
+            hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
+            kch = max(1, min(HKV, ACC_BYTES // max(2 * B * SK * D * 4, 1)))
+        per_head = pattern.query_dilation == "per_head"
+        smem = _smem(dev)
+        BM, BN, warps, stages = _blocks("dq", D, q.dtype, smem)
+        kBM, kBN, kwarps, kstages = _blocks("dkdv", D, q.dtype, smem)
+        keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
+                           else (_dummy(dev), 1, 0))
+        common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
+                      HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
+                      SLIDING=pattern.sliding)
+        # union test: the key tables hold the configs but the last. The sink launch (after all
+        # of them in priority) and sliding windows (no tables) test the configs in a runtime
+        # loop: the unrolled one spilled several KB per thread in dq and dk/dv (sm_90,
+        # kernel_resources.py)
+        union = (dict(UMAX=0, UTAB=0) if pattern.sliding
+                 else dict(UMAX=max(1, len(prio) - 1), UTAB=utab))
+        # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
+        # the sink launch's dk/dv sums are needed by the dk/dv kernel)
+        dq_items = []
+        for h0 in range(0, HQ, hch):
+            nh = min(hch, HQ - h0)
+            for li, ln in enumerate(launch):
+                first, last = li == 0, li == len(launch) - 1
+                seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
+                ncls = 1 if per_head else ln.r
+                tail = (SQ, scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff,
+                        plan.qlo, plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w,
+                        ln.r, ln.lb, max(sinks, 1), len(prio), ln.npri, li, int(first),
+                        int(last))
+                kw = dict(BM=BM, BN=BN, EARLIER=_earlier(ln.npri), SINKT=bool(sinks) and last,
+                          num_warps=warps, num_stages=stages, **common, **union)
+                dq_items.append(((nseg * ncls * nblk, B * nh), tail, kw))
+        # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
+        kv_items = []
+        for g0 in range(0, HKV, kch):
+            ng = min(kch, HKV - g0)
+            for li, ln in enumerate(launch):
+                first, last = li == 0, li == len(launch) - 1
+                kseg0, knseg, kblk0, knblk = _key_tiles(plan, ln.w, ln.r, kBN)
+                tail = (SQ, scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff,
+                        plan.qlo, plan.qhi, plan.klo, plan.khi, kseg0, knblk, kblk0, ln.w, ln.r,
+                        ln.lb, max(sinks, 1), ln.npri, int(first), int(last))
+                kw = dict(BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), SINKADD=bool(sinks),
+                          num_warps=kwarps, num_stages=kstages, **common, **union)
+                kv_items.append(((knseg * ln.r * knblk, B * ng), tail, kw))
+        return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys,
+                psz, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items)
+
+    cfg_t, lcfg_t, keys, psz, sinks, chunks, dq_items, kv_items = _planned(
+        _call_key("bwd", pattern, plan, q, k, causal, scale), build)
+    if chunks is None:  # one launch per kernel writes the result in the input dtype
+        dqacc, dkacc, dvacc = dq, dk, dv
+    else:
+        hch, kch = chunks
+        dqacc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32)
+        dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32)
+        dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32)
     # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
     # tiles); the first dk/dv launch adds them in.
     sinkg = (torch.zeros((B, HKV, 2, sinks, D), device=dev, dtype=torch.float32) if sinks
              else _dummy(dev))
-    per_head = pattern.query_dilation == "per_head"
-    BM, BN, warps, stages = _blocks("dq", D, q.dtype)
-    kBM, kBN, kwarps, kstages = _blocks("dkdv", D, q.dtype)
-    cfg_t = _cfg_tensor(prio, dev)
-    lcfg_t = _cfg_tensor([ln.entry for ln in launch], dev)
-    (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd) = _pos_args(plan, dev)
-    keys, psz, utab = _union_args(prio, plan, dev) if not pattern.sliding else (_dummy(dev), 1, 0)
-    common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
-                  HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                  SLIDING=pattern.sliding)
-    # union test: the key tables hold the configs but the last. The sink launch (after all of
-    # them in priority) and sliding windows (no tables) test the configs in a runtime loop: the
-    # unrolled one spilled several KB per thread in dq and dk/dv (sm_90, kernel_resources.py)
-    union = dict(UMAX=0, UTAB=0) if pattern.sliding else dict(UMAX=max(1, len(prio) - 1), UTAB=utab)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    # dq: one program per query tile, as in the forward, a chunk of heads at a time (first: the
-    # sink launch's dk/dv sums are needed by the dk/dv kernel)
-    for h0 in range(0, HQ, hch):
-        nh = min(hch, HQ - h0)
-        for li, ln in enumerate(launch):
-            first, last = li == 0, li == len(launch) - 1
-            seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
-            ncls = 1 if per_head else ln.r
-            _dq_kernel[(nseg * ncls * nblk, B * nh)](
-                q, k, v, do, lse, delta, dq, dqacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
-                keys, psz, *strides, dqacc.stride(0), dqacc.stride(1), dqacc.stride(2),
-                dq.stride(0), dq.stride(1), dq.stride(2),
-                sqi, ski, sqd, skd, SQ,
-                scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
-                plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb,
-                max(sinks, 1), len(prio), ln.npri, li, int(first), int(last), BM=BM, BN=BN,
-                EARLIER=_earlier(ln.npri), SINKT=bool(sinks) and last, num_warps=warps,
-                num_stages=stages, **common, **union,
-            )
-    # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
-    for g0 in range(0, HKV, kch):
-        ng = min(kch, HKV - g0)
-        for li, ln in enumerate(launch):
-            first, last = li == 0, li == len(launch) - 1
-            kseg0, knseg, kblk0, knblk = _key_tiles(plan, ln.w, ln.r, kBN)
-            _dkdv_kernel[(knseg * ln.r * knblk, B * ng)](
-                q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, qinv, kinv, qdoc, kdoc,
-                cfg_t, keys, psz, *strides, dkacc.stride(0), dkacc.stride(1), dkacc.stride(2),
-                dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
-                dv.stride(2), sqi, ski, sqd, skd, SQ,
-                scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
-                plan.qhi, plan.klo, plan.khi, kseg0, knblk, kblk0, ln.w, ln.r, ln.lb,
-                max(sinks, 1), ln.npri, int(first), int(last),
-                BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), SINKADD=bool(sinks), num_warps=kwarps,
-                num_stages=kstages, **common, **union,
-            )
+    (qinv, kinv, qdoc, kdoc), pos_strides = _pos_args(plan, dev)
+    strides = _strides(q, k, v, do)
+    head = (q, k, v, do, lse, delta, dq, dqacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
+            keys, psz, *strides, *_strides(dqacc, dq), *pos_strides)
+    for grid, tail, kw in dq_items:
+        _dq_kernel[grid](*head, *tail, **kw)
+    head = (q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t,
+            keys, psz, *strides, *_strides(dkacc, dk, dv), *pos_strides)
+    for grid, tail, kw in kv_items:
+        _dkdv_kernel[grid](*head, *tail, **kw)
     return dq, dk, dv

@@ -183,12 +183,34 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool):
     return 64, 64, 4, 3
 
 
-def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool):
+# Shared memory per program on GPUs with less than Ampere-datacenter / Hopper (sm_86 / sm_89:
+# 99 KiB); the default dk/dv tile of head size 128 needs 129 KiB there (kernels/aot.py).
+SMALL_SMEM = 101376
+
+
+def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None):
     """(BM, BN, num_warps, num_stages) of the dq kernel: BM queries per program, BN keys per
     step. The dk/dv kernel uses the same numbers with the roles swapped (BN keys per program,
-    BM queries per step)."""
+    BM queries per step); :func:`dkdv_blocks` gives its own where it differs. ``smem``: shared
+    memory per program of the GPU (None: as much as an A100 or H100)."""
     if interpret:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 32, 32, 4, 2
     return 128, 64, 8, 2
+
+
+def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None):
+    """(BM, BN, num_warps, num_stages) of the dk/dv kernel: BN keys per program, BM queries per
+    step. On a GPU with at most ``SMALL_SMEM`` bytes of shared memory per program (RTX 3090,
+    RTX 4090, L4, L40) head size 128 in 16-bit takes a smaller key tile: the default one does
+    not fit there (compiled for sm_86, ``kernels/aot.py``)."""
+    bm, bn, warps, stages = bwd_blocks(d, dtype, interpret, smem)
+    if interpret:
+        return bm, bn, warps, stages
+    if smem is not None and smem <= SMALL_SMEM and d > 64 and dtype != torch.float32:
+        return DKDV_SMALL_SMEM
+    return bn, bm, warps, stages  # the dq tile, roles swapped
+
+
+DKDV_SMALL_SMEM = (64, 64, 4, 2)

@@ -1,0 +1,271 @@
+"""Host (CPU) time and launches per attention call: what a short sequence pays besides the kernels.
+
+    python examples/benchmarks/host_overhead.py                  # on a GPU: real launches
+    python examples/benchmarks/host_overhead.py --stub           # any machine: launches stubbed
+    python examples/benchmarks/host_overhead.py --stub --profile # where the host time goes
+
+One call of ``dilated_attention`` as a model layer makes it (default: SmolLM2-135M's heads, 9
+query / 3 key-value heads of 64, bf16, S = 8192, the default pattern), forward with autograd
+recording, then its backward. Printed per call, forward and backward:
+
+* ``host_us``: wall time of the Python that plans and enqueues the call. On a GPU the call runs
+  for real and is timed without a synchronisation (``--calls`` calls are fewer launches than
+  the launch queue holds, so the host never waits for the GPU); ``--stub`` replaces each Triton
+  kernel by a stub that runs the JIT's argument binding and cache-key step (what
+  ``JITFunction.run`` does on the host before the driver call) and launches nothing, on CPU
+  tensors.
+* ``gpu_us`` (GPU only): the kernels' time from CUDA events, and ``wall_us`` the synchronised
+  time per call: a call is host-bound when ``host_us`` is close to ``wall_us``.
+* ``triton``: Triton kernel launches; ``torch_ops``: other device work the call issues (fills,
+  copies, ``arange`` ...: each one more launch on a GPU; allocations are not counted).
+
+Host times vary with the machine: compare before / after in one run on one machine.
+"""
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+from collections import Counter
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+_NOT_WORK = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view",
+             "_unsafe_view", "as_strided", "t", "transpose", "permute", "expand", "unsqueeze",
+             "squeeze", "slice", "select", "detach", "alias", "lift_fresh", "_to_copy_noop",
+             "clone_noop", "is_same_size", "_reshape_alias", "reshape", "contiguous",
+             "resize", "set", "record_stream", "_local_scalar_dense_noop"}
+
+
+def _count_ops(fn):
+    """``(result, Counter of ATen operators doing device work)`` of ``fn()``: the innermost ATen
+    calls of a profile (inside our custom ops too), views and allocations left out; on a GPU
+    also the number of CUDA kernels and memsets it ran (``gpu``)."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        res = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    ops = Counter()
+
+    def work(e):  # name of an operator doing work itself (not through a nested one), or None
+        name = e.name[6:].rstrip("_") if e.name.startswith("aten::") else None
+        return None if name in _NOT_WORK else name
+
+    def visit(e):  # counts e or the operators under it; whether any was counted
+        below = [visit(c) for c in e.cpu_children]
+        if any(below):
+            return True
+        name = work(e)
+        if name:
+            ops[name] += 1
+        return bool(name)
+
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            ops["gpu"] += 1
+        elif e.cpu_parent is None:
+            visit(e)
+    return res, ops
+
+
+class _Stub:
+    """Stands for a Triton kernel: ``kernel[grid](...)`` runs the JIT's host-side binding and
+    cache-key step (as ``JITFunction.run``), counts, and launches nothing."""
+
+    def __init__(self, fn, counts, bind: bool):
+        self.fn, self.counts, self.bind = fn, counts, bind
+        self._binder = None
+        self._keys = {}
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.counts[self.fn.__name__] += 1
+            if self.bind:
+                if self._binder is None:
+                    from triton.backends.compiler import GPUTarget
+                    from triton.compiler import make_backend
+                    from triton.runtime.jit import create_function_from_signature
+
+                    backend = make_backend(GPUTarget("cuda", 90, 32))
+                    self._binder = create_function_from_signature(self.fn.signature,
+                                                                  self.fn.params, backend)
+                _, specialization, options = self._binder(*args, **kwargs)
+                key = (tuple(specialization), str(options))
+                self._keys.setdefault(key, str(specialization) + str(options))
+        return launch
+
+
+class _Launches:
+    """Within the block, Triton launches are counted per kernel (``stub``: and not made)."""
+
+    def __init__(self, stub: bool, bind: bool = True):
+        import hf_hilbert_attn.kernels as kernels
+
+        self.pkg, self.counts = kernels, Counter()
+        self.names = [n for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel")
+                      if hasattr(kernels, n)]
+        self.stub, self.bind = stub, bind
+
+    def __enter__(self):
+        self.saved = {n: getattr(self.pkg, n) for n in self.names}
+        for n, fn in self.saved.items():
+            setattr(self.pkg, n, _Stub(fn, self.counts, self.bind) if self.stub
+                    else _Counting(fn, self.counts))
+        return self
+
+    def __exit__(self, *exc):
+        for n, fn in self.saved.items():
+            setattr(self.pkg, n, fn)
+
+
+class _Counting:
+    def __init__(self, fn, counts):
+        self.fn, self.counts = fn, counts
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+
+        def counted(*args, **kwargs):
+            self.counts[self.fn.__name__] += 1
+            return launch(*args, **kwargs)
+        return counted
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--hq", type=int, default=9)
+    p.add_argument("--hkv", type=int, default=3)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--pattern", default="default", help="a shipped name or a YAML path")
+    p.add_argument("--stub", action="store_true",
+                   help="no GPU: CPU tensors, kernels replaced by stubs that launch nothing")
+    p.add_argument("--no-bind", action="store_true",
+                   help="with --stub: skip the JIT's argument binding in the stubs")
+    p.add_argument("--calls", type=int, default=20, help="timed calls per repeat")
+    p.add_argument("--repeats", type=int, default=15, help="repeats; the best is printed")
+    p.add_argument("--profile", action="store_true", help="print the top host functions")
+    args = p.parse_args(argv)
+    if args.stub:
+        os.environ.pop("TRITON_INTERPRET", None)  # the launchers plan the real GPU tiles
+        torch.set_num_threads(1)  # CPU tensor ops stand for launches: no thread-pool waits
+    elif not torch.cuda.is_available():
+        p.error("no CUDA GPU here: pass --stub to time the host path with stubbed launches")
+
+    from hf_hilbert_attn import dilated_attention
+    from hf_hilbert_attn.patterns import as_pattern
+
+    pattern = as_pattern(args.pattern)
+    dev = "cpu" if args.stub else "cuda"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    shape_q = (args.batch, args.hq, args.seq, args.dim)
+    shape_k = (args.batch, args.hkv, args.seq, args.dim)
+    mk = torch.empty if args.stub else torch.randn  # stubbed kernels read nothing
+    q = mk(shape_q, device=dev, dtype=dtype).requires_grad_()
+    k = mk(shape_k, device=dev, dtype=dtype).requires_grad_()
+    v = mk(shape_k, device=dev, dtype=dtype).requires_grad_()
+    g = torch.ones(shape_q, device=dev, dtype=dtype)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+    def fwd():
+        return dilated_attention(q, k, v, pattern, backend="triton")
+
+    def bwd(o):
+        # q, k, v stand for a layer's projections: nothing accumulates into leaf gradients
+        return torch.autograd.grad(o, (q, k, v), g)
+
+    stubs = _Launches(True, not args.no_bind) if args.stub else _nullctx()
+    with stubs:
+        # warm up (compiles on a GPU, fills caches), then count one call's launches and ops
+        for _ in range(3):
+            bwd(fwd())
+        sync()
+        counter = stubs if args.stub else _Launches(False)
+        counts = {}
+        with counter if not args.stub else _nullctx():
+            counter.counts.clear()
+            o, ops = _count_ops(fwd)
+            counts["forward"] = (dict(counter.counts), ops)
+            counter.counts.clear()
+            _, ops = _count_ops(lambda: bwd(o))
+            counts["backward"] = (dict(counter.counts), ops)
+        del o
+        sync()
+
+        # timing: the median over repeats of the mean time per call
+        res = {k: [] for k in ("forward", "backward", "wall_f", "wall_b", "gpu_f", "gpu_b")}
+        for _ in range(args.repeats):
+            outs = []
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                outs.append(fwd())
+            t1 = time.perf_counter()
+            sync()
+            t2 = time.perf_counter()
+            res["forward"].append((t1 - t0) / args.calls * 1e6)
+            res["wall_f"].append((t2 - t0) / args.calls * 1e6)
+            t0 = time.perf_counter()
+            for o in outs:
+                bwd(o)
+            t1 = time.perf_counter()
+            sync()
+            t2 = time.perf_counter()
+            res["backward"].append((t1 - t0) / args.calls * 1e6)
+            res["wall_b"].append((t2 - t0) / args.calls * 1e6)
+            del outs, o
+        if dev == "cuda":
+            for _ in range(args.repeats):
+                e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+                e[0].record()
+                o = fwd()
+                e[1].record()
+                bwd(o)
+                e[2].record()
+                sync()
+                res["gpu_f"].append(e[0].elapsed_time(e[1]) * 1e3)
+                res["gpu_b"].append(e[1].elapsed_time(e[2]) * 1e3)
+
+    med = {k: min(v) if v else None for k, v in res.items()}  # best repeat: least disturbed
+    mode = "stub (CPU, no launches)" if args.stub else torch.cuda.get_device_name()
+    print(f"host overhead per call, {mode}: S={args.seq} B={args.batch} Hq={args.hq} "
+          f"Hkv={args.hkv} D={args.dim} {args.dtype}, pattern {args.pattern} ({pattern})")
+    print("| phase | host_us | wall_us | gpu_us | triton launches | torch ops |")
+    print("|---|---|---|---|---|---|")
+    for phase, h, w, gk in (("forward", "forward", "wall_f", "gpu_f"),
+                            ("backward", "backward", "wall_b", "gpu_b")):
+        launches, ops = counts[phase]
+        fmt = lambda x: "-" if x is None else f"{x:.0f}"
+        print(f"| {phase} | {fmt(med[h])} | {fmt(med[w] if dev == 'cuda' else None)} | "
+              f"{fmt(med[gk])} | {sum(launches.values())} "
+              f"({', '.join(f'{n.strip(chr(95))} {c}' for n, c in sorted(launches.items()))}) | "
+              f"{sum(ops.values())} ({', '.join(f'{n} {c}' for n, c in sorted(ops.items()))}) |")
+    if args.profile:
+        with _Launches(True, not args.no_bind) if args.stub else _nullctx():
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(50):
+                bwd(fwd())
+            prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+    return med
+
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

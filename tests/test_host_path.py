@@ -1,0 +1,133 @@
+"""The host side of a kernel call: what is planned once and reused, and what a call launches.
+
+A model calls the op with the same pattern and shapes in every layer of every step, so the
+launchers keep each call's launch list (``kernels._CALLS``), the default positions are made once
+(``inputs._arange_row``), and eager calls skip the custom-op dispatcher (``ops._EagerKernels``).
+Each reuse must give exactly what planning afresh gives, and a different pattern, shape, dtype
+or device must plan anew (``examples/benchmarks/host_overhead.py`` measures the gain).
+"""
+
+import pytest
+import torch
+
+import hf_hilbert_attn.kernels as kernels
+from hf_hilbert_attn import DilatedPattern, dilated_attention
+from hf_hilbert_attn import ops
+from hf_hilbert_attn.inputs import check_inputs
+from hf_hilbert_attn.kernels import aot
+
+PATTERN = DilatedPattern([16, 32, 64], [1, 2, 4], sink_tokens=1)
+
+
+def _launches(pattern, s=80, d=16, device="cpu", dtype=torch.float32, hq=4, hkv=2):
+    """The recorded launches of one forward + backward, as comparable values (tensors by shape,
+    strides, dtype and device)."""
+    q = torch.empty(1, hq, s, d, device=device, dtype=dtype)
+    k = torch.empty(1, hkv, s, d, device=device, dtype=dtype)
+    calls = aot.launches(q, k, k, pattern)
+
+    def value(x):
+        if isinstance(x, torch.Tensor):
+            return ("tensor", tuple(x.shape), x.stride(), x.dtype, x.device.type)
+        return x
+    return [(getattr(fn, "__name__", repr(fn)), grid, [value(a) for a in args],
+             sorted(kwargs.items())) for fn, grid, args, kwargs in calls]
+
+
+def test_launch_lists_reused_exactly_and_planned_anew_per_call_kind():
+    kernels._CALLS.clear()
+    first = _launches(PATTERN)
+    planned = dict(kernels._CALLS)
+    assert len(planned) == 2  # one forward, one backward list
+    again = _launches(PATTERN)
+    assert again == first
+    assert kernels._CALLS.keys() == planned.keys()
+    assert all(kernels._CALLS[key] is planned[key] for key in planned)  # reused, not rebuilt
+    kernels._CALLS.clear()
+    assert _launches(PATTERN) == first  # planned afresh: the same launches
+
+    other = DilatedPattern([16, 32, 64], [1, 2, 8], sink_tokens=1)
+    variants = [_launches(other), _launches(PATTERN, s=96), _launches(PATTERN, d=32),
+                _launches(PATTERN, dtype=torch.float16), _launches(PATTERN, hq=2)]
+    for v in variants:
+        assert v != first
+    assert len(kernels._CALLS) == 2 * (1 + len(variants))
+
+
+def test_launch_lists_per_device():
+    kernels._CALLS.clear()
+    cpu = _launches(PATTERN)
+    meta = _launches(PATTERN, device="meta")
+    assert len(kernels._CALLS) == 4
+    # the same plan on another device, with its small tables (configs) on that device
+    assert [c[:2] for c in cpu] == [c[:2] for c in meta]
+    for key, entry in kernels._CALLS.items():
+        dev = key[15].type
+        tables = [t for t in entry if isinstance(t, torch.Tensor)]
+        assert tables and all(t.device.type == dev for t in tables), (key, tables)
+
+
+def test_tiles_follow_the_gpu_shared_memory():
+    """Head size 128 in 16-bit: the dk/dv tile of a GPU with 99 KiB per program is smaller."""
+    d, dt = 128, torch.bfloat16
+    saved = kernels.BLOCK_OVERRIDE, kernels._interpret
+    try:
+        kernels.BLOCK_OVERRIDE = None
+        kernels._interpret = lambda: False  # the GPU tiles, whatever runs these tests
+        big = kernels._blocks("dkdv", d, dt, aot.SHARED_LIMIT[90])
+        small = kernels._blocks("dkdv", d, dt, aot.SHARED_LIMIT[86])
+        assert big == kernels._blocks("dkdv", d, dt, None)
+        assert small != big and small[1] < big[1]
+        assert kernels._blocks("dkdv", 64, dt, aot.SHARED_LIMIT[86]) == \
+            kernels._blocks("dkdv", 64, dt, None)
+        assert kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[86]) == \
+            kernels._blocks("dq", d, dt, None)
+    finally:
+        kernels.BLOCK_OVERRIDE, kernels._interpret = saved
+
+
+def test_default_positions_made_once_per_length_and_device():
+    q = torch.empty(1, 2, 24, 16)
+    a, b = check_inputs(q, q, q, PATTERN), check_inputs(q, q, q, PATTERN)
+    assert a.k_positions is b.k_positions and a.q_positions is b.q_positions
+    assert torch.equal(a.k_positions, torch.arange(24)[None])
+    c = check_inputs(q[:, :, :10], q, q, PATTERN)  # queries at the last 10 positions
+    assert torch.equal(c.q_positions, torch.arange(14, 24)[None])
+    d = check_inputs(q.to("meta"), q.to("meta"), q.to("meta"), PATTERN)
+    assert d.k_positions.device.type == "meta"
+
+
+@pytest.fixture
+def small_tiles():
+    old = kernels.BLOCK_OVERRIDE
+    kernels.BLOCK_OVERRIDE = (16, 16)
+    yield
+    kernels.BLOCK_OVERRIDE = old
+
+
+@pytest.mark.parametrize("use_lse", [False, True])
+def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
+    """The eager autograd Function and the custom ops (what torch.compile traces) give the same
+    outputs and gradients, bit for bit; an unused lse sends no gradient (no zero tensor)."""
+    s, d = 45, 16
+    q = torch.randn(1, 4, s, d, requires_grad=True)
+    k = torch.randn(1, 2, s, d, requires_grad=True)
+    v = torch.randn(1, 2, s, d, requires_grad=True)
+    do, dl = torch.randn(1, 4, s, d), torch.randn(1, 4, s)
+    seen = []
+    real = ops._kernel_backward
+
+    def spy(dout, dlse, *args):
+        seen.append(dlse is None)
+        return real(dout, dlse, *args)
+
+    monkeypatch.setattr(ops, "_kernel_backward", spy)
+    results = []
+    for eager in (True, False):
+        monkeypatch.setattr(ops, "_eager", lambda e=eager: e)
+        out, lse = dilated_attention(q, k, v, PATTERN, return_lse=True, backend="triton")
+        loss = (out * do).sum() + ((lse * dl).sum() if use_lse else 0)
+        results.append([out, lse, *torch.autograd.grad(loss, (q, k, v))])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert seen == [not use_lse, not use_lse]

@@ -1062,6 +1062,12 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
     hkv, dv_ = k.shape[1], v.shape[-1]
     acc = accum_dtype(q.dtype)
     lse_acc = finite_or_zero(lse.to(acc))  # a row with no key: p = 0 anyway
+    lse_dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    t = plan.tiles[0] if len(plan.tiles) == 1 else None
+    whole = t is not None and t.grouped and t.n == 1 and t.q_range == t.k_range == (0, s) \
+        and dlse is None  # one causal call over the whole sequence, as SDPA
+    if whole and plan.sink_mask is None:
+        return _FLASH_BWD(dout, q, k, v, out, lse_acc.to(lse_dt), 0.0, True, scale=scale)
     dq = q.new_zeros(b, hq, s + 1, d, dtype=acc)
     dk = k.new_zeros(b, hkv, s, d, dtype=acc)
     dv = v.new_zeros(b, hkv, s, dv_, dtype=acc)
@@ -1079,6 +1085,10 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
         fold = (b, hkv, g, n_s, -1)
         dk[:, :, :n_s] += (torch.matmul(ds.transpose(-1, -2), q.to(acc)) * scale).view(fold).sum(2)
         dv[:, :, :n_s] += torch.matmul(p.transpose(-1, -2), do).view(fold).sum(2)
+    if whole:
+        gq, gk, gv = _FLASH_BWD(dout, q, k, v, out, lse_acc.to(lse_dt), 0.0, True, scale=scale)
+        dq[:, :, :s] += gq
+        return dq[:, :, :s], dk + gk, dv + gv
     if dlse is not None:  # the extra column: delta = rowsum(dout * out) - dlse
         def col(x, value):
             return torch.cat([x, torch.broadcast_to(torch.as_tensor(value, dtype=x.dtype),
@@ -1088,7 +1098,6 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
     q, k, v, dout, out = (x.contiguous() for x in (q, k, v, dout, out))
     qf, kf, vf = (x.view(b, -1, x.shape[-1]) for x in (q, k, v))
     dof, of = dout.view(b, hq * s, -1), out.view(b, hq * s, -1)
-    lse_dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     # row S: lse +inf, so a padded query takes no part (p = 0)
     lr = torch.cat([lse_acc.to(lse_dt), lse_acc.new_full((b, hq, 1), float("inf"), dtype=lse_dt)],
                    2).unsqueeze(-1)

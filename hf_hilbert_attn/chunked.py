@@ -682,11 +682,14 @@ def _tiles(s, hq, hkv, qh, qt, kt, causal, touched, mask=None):
     t.grouped = qh is None
     qc, kc = qt.clamp_max(s - 1), kt.clamp_max(s - 1)
     t.q_range = t.k_range = None
-    if t.grouped:
-        t.qr, t.kr, t.qw = qc.flatten(), kc.flatten(), qt.flatten()
-        t.q_range, t.k_range = _as_range(t.qw, s), _as_range(kt.flatten(), s)
-        seen = touched[:, t.qw[t.qw < s]]
-        touched[:, t.qw] = True
+    if t.grouped:  # rows ordered (problem, head, token): a gather is the kernel's layout
+        t.q_range, t.k_range = _as_range(qt.flatten(), s), _as_range(kt.flatten(), s)
+        hs, ks = torch.arange(hq).view(1, -1, 1), torch.arange(hkv).view(1, -1, 1)
+        t.qr = (hs * s + qc[:, None]).flatten()
+        t.kr = (ks * s + kc[:, None]).flatten()
+        t.qw = (hs * (s + 1) + qt[:, None]).flatten()
+        seen = touched[:, qt[qt < s]]
+        touched[:, qt.flatten()] = True
     else:
         kh = torch.div(qh, hq // hkv, rounding_mode="floor")
         t.qr = (qh[:, None] * s + qc).flatten()
@@ -941,14 +944,14 @@ def _float_mask(t, b, dtype):
 
 
 def _gather(t, x, xf, b, rows, length, rng=None):
-    """The tile's rows of ``x`` ``[B, H, S, D]`` (``xf``: ``[B, H * S, D]``) as the kernel's
-    ``[B * n, H or 1, length, D]``; a grouped tile over the range ``rng`` of positions is a
-    view (a copy only for B > 1 with several segments)."""
-    if t.grouped:
+    """The tile's rows of ``x`` ``[B, H, S, D]`` (``xf``: ``[B, H * S, D]``; ``rows`` index
+    it) as the kernel's ``[B * n, H or 1, length, D]``; a grouped tile over the range ``rng``
+    of positions is a view (a copy only for B > 1 with several segments)."""
+    if rng is not None:
         h, d = x.shape[1], x.shape[-1]
-        g = x[:, :, rng[0]:rng[1]] if rng is not None else x.index_select(2, rows)
-        return g.view(b, h, t.n, length, d).transpose(1, 2).reshape(b * t.n, h, length, d)
-    return xf.index_select(1, rows).view(b * t.n, 1, length, xf.shape[-1])
+        return x[:, :, rng[0]:rng[1]].view(b, h, t.n, length, d).transpose(1, 2).reshape(
+            b * t.n, h, length, d)
+    return xf.index_select(1, rows).view(b * t.n, -1, length, xf.shape[-1])
 
 
 def _merge_into(o_t, l_t, o, l):
@@ -963,30 +966,25 @@ def _merge_into(o_t, l_t, o, l):
 def _write(t, out, lse, o, l, b):
     """Merge the kernel's ``o`` ``[B * n, H or 1, lq, D]`` and ``l`` ``[B * n, H or 1, lq]``
     into ``out`` ``[B, Hq, S + 1, D]`` / ``lse`` ``[B, Hq, S + 1]`` at the tile's rows."""
-    if t.grouped:
+    if t.q_range is not None:  # in place on views
         o = o.view(b, t.n, -1, t.lq, o.shape[-1]).transpose(1, 2)  # [B, H, n, lq, D]
         l = l.view(b, t.n, -1, t.lq).transpose(1, 2)
-        if t.q_range is not None:  # in place on views
-            lo, hi = t.q_range
-            o_t = out[:, :, lo:hi].view(o.shape)
-            l_t = lse[:, :, lo:hi].view(l.shape)
-            if t.first:
-                o_t.copy_(o)
-                l_t.copy_(l)
-            else:
-                _merge_into(o_t, l_t, o, l)
-            return
-        dim, o_all, l_all = 2, out, lse
-        o, l = o.flatten(2, 3), l.flatten(2, 3)
-    else:
-        dim, o_all, l_all = 1, out.view(b, -1, out.shape[-1]), lse.view(b, -1)
-        o, l = o.reshape(b, t.n * t.lq, -1), l.reshape(b, t.n * t.lq)
+        lo, hi = t.q_range
+        o_t, l_t = out[:, :, lo:hi].view(o.shape), lse[:, :, lo:hi].view(l.shape)
+        if t.first:
+            o_t.copy_(o)
+            l_t.copy_(l)
+        else:
+            _merge_into(o_t, l_t, o, l)
+        return
+    o_all, l_all = out.view(b, -1, out.shape[-1]), lse.view(b, -1)
+    o, l = o.reshape(b, -1, o.shape[-1]), l.reshape(b, -1)
     if not t.first:
-        o_t, l_t = o_all.index_select(dim, t.qw), l_all.index_select(dim, t.qw)
+        o_t, l_t = o_all.index_select(1, t.qw), l_all.index_select(1, t.qw)
         _merge_into(o_t, l_t, o, l)
         o, l = o_t, l_t
-    o_all.index_copy_(dim, t.qw, o.reshape(o_all.shape[:dim] + (-1, o.shape[-1])))
-    l_all.index_copy_(dim, t.qw, l.reshape(l_all.shape[:dim] + (-1,)))
+    o_all.index_copy_(1, t.qw, o)
+    l_all.index_copy_(1, t.qw, l)
 
 
 def _sink_scores(q, k, mask, scale, acc):
@@ -1044,14 +1042,11 @@ def _merge_sinks(plan, q, k, v, out, lse, scale, acc):
 
 
 def _add(t, acc, g, b, rows, length, rng):
-    """``acc`` ``[B, H, R, D]`` += the kernel's gradient ``g`` ``[B * n, H or 1, length, D]`` at
-    the tile's rows (``rows`` index ``[R]`` for a grouped tile, else ``[H * R]``)."""
-    if t.grouped:
+    """``acc`` ``[B, H, R, D]`` += the kernel's gradient ``g`` ``[B * n, H or 1, length, D]``
+    at the tile's rows (``rows`` index ``[H * R]``; ``rng``: a range of positions)."""
+    if rng is not None:
         g = g.view(b, t.n, -1, length, g.shape[-1]).transpose(1, 2)  # [B, H, n, length, D]
-        if rng is not None:
-            acc[:, :, rng[0]:rng[1]].view(g.shape).add_(g)
-        else:
-            acc.index_add_(2, rows, g.flatten(2, 3))
+        acc[:, :, rng[0]:rng[1]].view(g.shape).add_(g)
     else:
         acc.view(b, -1, acc.shape[-1]).index_add_(1, rows, g.reshape(b, -1, g.shape[-1]))
 

@@ -611,8 +611,9 @@ class _ChunkedAttention(torch.autograd.Function):
 
 # --------------------------------------------------------------------------------------------
 # Dense tiles for PyTorch's fused CPU attention (the kernel SDPA runs on CPU). Causal
-# self-attention at positions 0..S-1 without documents (a model's prefill and training step)
-# is planned once per (pattern, shape) as batched calls of that kernel, each over dense tiles
+# self-attention at positions 0..S-1 (a model's prefill and training step; packed documents
+# and padding: one such call per document, ``_document_runs``) is planned once per (pattern,
+# length, heads) as batched calls of that kernel, each over dense tiles
 # in the *class coordinates* of a config: the tokens ``c, c + r, c + 2r, ...`` of one segment
 # (or of the whole sequence, sliding windows). A unit is a (query head, class) pair: per_head,
 # head h and class h % r; in "all" mode every head with every class; a rate-1 config keeps all
@@ -635,8 +636,8 @@ class _ChunkedAttention(torch.autograd.Function):
 # which is the gradient of the union; padded queries get lse = +inf there (p = 0). A gradient
 # of lse is folded in through one extra feature column (dout 1, out -dlse, zeros in q, k, v):
 # the kernel's delta = rowsum(dout * out) becomes rowsum(dout * out) - dlse. Anything else
-# (documents, other positions, non-causal, other sliding patterns, other devices) takes the
-# blockwise path above.
+# (other positions, non-causal, other sliding patterns, other devices) takes the blockwise
+# path above. Measured against SDPA in docs/decisions.md, "CPU fallback".
 # --------------------------------------------------------------------------------------------
 
 _FLASH_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -649,19 +650,23 @@ MAX_DOCUMENT_RUNS = 1024  # packed documents: beyond this many calls, the blockw
 
 
 class _Tiles:
-    """One fused-kernel call over ``n`` problems of ``lq`` queries and ``lk`` keys.
+    """One fused-kernel call over ``n`` problems of ``lq`` queries and ``lk`` keys, each with
+    every head (``grouped``, rows in (problem, head, token) order) or with one.
 
-    ``grouped``: every head, rows ``qr``/``kr`` index positions (``[S]``), ``qw`` indexes
-    ``[S + 1]`` (S: the dummy). Otherwise one head per problem: ``qr`` indexes
-    ``[Hq * S]``, ``kr`` ``[Hkv * S]``, ``qw`` ``[Hq * (S + 1)]``. ``mask`` ``[n, lq, lk]``
-    bool or None; ``empty`` ``[n * lq]`` rows without an allowed key, or None; ``first``: no
-    earlier tile wrote these rows."""
+    ``qr`` indexes the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output
+    ``[Hq * (S + 1)]`` (row S of a head: the dummy a padded query writes to); ``q_range`` /
+    ``k_range``: the positions ``(lo, hi)`` of a grouped tile over one range (read and written
+    as views). ``mask`` ``[n, lq, lk]`` bool or None; ``empty`` ``[n * lq]`` rows without an
+    allowed key, or None; ``first``: no earlier tile wrote these rows (``mixed``: some)."""
 
     __slots__ = ("n", "lq", "lk", "grouped", "qr", "kr", "qw", "causal", "mask", "empty",
                  "first", "mixed", "q_range", "k_range")
 
 
 class _FastPlan:
+    """The tiles in order, the sink keys' mask ``[Hq, S, k]`` (or None) and whether the
+    accumulators need initialising (some tile merges into rows not all written yet)."""
+
     __slots__ = ("tiles", "sink_mask", "init")
 
 

@@ -48,16 +48,17 @@ def _size(text: str) -> int:
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", nargs="+", type=_size, default=[_size(x) for x in
-                                                                 ("1K", "4K", "8K", "16K", "32K")])
-    p.add_argument("--shapes", nargs="+", type=parse_shape, default=[parse_shape(s) for s in SHAPES],
-                   help="Hq/HkvxD (default 9/3x64 32/8x128)")
+    p.add_argument("--lengths", nargs="+", type=_size,
+                   default=[_size(x) for x in ("1K", "4K", "8K", "16K", "32K")])
+    p.add_argument("--shapes", nargs="+", type=parse_shape,
+                   default=[parse_shape(s) for s in SHAPES], help="Hq/HkvxD (default 9/3x64 32/8x128)")
     p.add_argument("--patterns", nargs="+", default=["longnet_lm", "default"],
                    help="shipped names, YAML paths or W1,W2:R1,R2 (default longnet_lm default)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (median)")
     p.add_argument("--backward", action="store_true", help="also time forward + backward")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: as is)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: as is)")
     p.add_argument("--model", action="store_true",
                    help="also a tiny Llama forward per length, hilbert_dilated vs sdpa")
     p.add_argument("--out", default="outputs/bench_cpu", help="folder for the CSV and Markdown")

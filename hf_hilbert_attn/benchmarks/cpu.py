@@ -51,7 +51,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--lengths", nargs="+", type=_size,
                    default=[_size(x) for x in ("1K", "4K", "8K", "16K", "32K")])
     p.add_argument("--shapes", nargs="+", type=parse_shape,
-                   default=[parse_shape(s) for s in SHAPES], help="Hq/HkvxD (default 9/3x64 32/8x128)")
+                   default=[parse_shape(s) for s in SHAPES],
+                   help="Hq/HkvxD (default 9/3x64 32/8x128)")
     p.add_argument("--patterns", nargs="+", default=["longnet_lm", "default"],
                    help="shipped names, YAML paths or W1,W2:R1,R2 (default longnet_lm default)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")

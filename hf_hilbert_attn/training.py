@@ -18,6 +18,11 @@ MODEL_SHAPES: Dict[str, Dict] = {
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                num_attention_heads=32, num_key_value_heads=8, head_dim=64,
                vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+    # SmolLM2-135M: 30 layers, hidden 576, 9 heads x 64, 3 KV heads, vocab 49152 (the quality
+    # study's model; short sequences, small heads)
+    "135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                 num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                 vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
     # a CPU smoke-test model: milliseconds per step
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -48,6 +48,13 @@ PRESETS = {
         plan="Llama-3.2-1B shape (random init, bf16) at 16K, 32K, 64K and 128K tokens, sdpa vs "
              "hilbert_dilated:longnet_lm; needs a CUDA GPU (minutes)",
     ),
+    "135m": dict(
+        model=MODEL_SHAPES["135m"], gpu=True,
+        lengths=[4096, 8192], dtype="bfloat16", pattern="default",
+        warmup=2, iters=5, max_len_start=65536, max_len_step=16384,
+        plan="SmolLM2-135M shape (random init, bf16) at 4K and 8K tokens, sdpa vs "
+             "hilbert_dilated:default: short sequences, small heads; needs a CUDA GPU",
+    ),
     "tiny": dict(
         model=MODEL_SHAPES["tiny"], gpu=False,
         lengths=[128, 256], dtype="float32", pattern="tiny",
@@ -386,7 +393,7 @@ def _plot(rows, max_rows, path, title):
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="required: 1b (Llama-3.2-1B shape, GPU) or tiny (CPU smoke test)")
+                   help="required: 1b (Llama-3.2-1B shape, GPU), 135m (SmolLM2-135M shape, GPU) or tiny (CPU smoke test)")
     p.add_argument("--lengths", nargs="+", type=_length_arg, default=None,
                    help="sequence lengths (default 16k 32k 64k 128k for 1b)")
     p.add_argument("--impls", nargs="+", choices=("sdpa", "hilbert_dilated", "flex_attention",

@@ -393,7 +393,8 @@ def _plot(rows, max_rows, path, title):
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="required: 1b (Llama-3.2-1B shape, GPU), 135m (SmolLM2-135M shape, GPU) or tiny (CPU smoke test)")
+                   help="required: 1b (Llama-3.2-1B shape, GPU), 135m (SmolLM2-135M shape, "
+                   "GPU) or tiny (CPU smoke test)")
     p.add_argument("--lengths", nargs="+", type=_length_arg, default=None,
                    help="sequence lengths (default 16k 32k 64k 128k for 1b)")
     p.add_argument("--impls", nargs="+", choices=("sdpa", "hilbert_dilated", "flex_attention",

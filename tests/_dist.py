@@ -1,6 +1,6 @@
 """Run a function on N gloo processes under pytest, with a bounded wall-clock time.
 
-``run_distributed(fn, world_size, *args, timeout=...)`` spawns ``world_size`` processes, each
+``run_distributed(fn, world_size, *args, timeout=...)`` starts ``world_size`` processes, each
 initialising a gloo process group (file rendezvous in a temp dir, so parallel test runs never
 fight over ports) and calling ``fn(rank, world_size, *args)``. ``fn`` must be a module-level
 function of an importable module (a test module is fine). Returns the list of per-rank return
@@ -44,13 +44,30 @@ def _worker(fn, rank, world, init_file, out_q, args, timeout):
         out_q.put((rank, False, traceback.format_exc()))
 
 
+# Modules every rank needs, imported once by the fork server instead of by each spawned rank
+# (``import hf_hilbert_attn`` alone is seconds of CPU, and the suite starts ~60 ranks).
+_PRELOAD = ["torch", "torch.distributed", "hf_hilbert_attn", "hf_hilbert_attn.ring"]
+_CTX = None
+
+
+def _context():
+    """A "forkserver" context: each rank is forked from a clean server process that imported
+    ``_PRELOAD`` (and no threads, CUDA or test state), started once per test process."""
+    global _CTX
+    if _CTX is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _CTX = ctx
+    return _CTX
+
+
 def run_distributed(fn, world_size: int, *args, timeout: float = 120.0):
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; return results.
 
     Raises:
         AssertionError: a rank failed (its traceback is included), died, or timed out.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         out_q = ctx.Queue()

@@ -12,11 +12,42 @@ if not torch.cuda.is_available():
 HAS_CUDA = torch.cuda.is_available()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    # Under -n (pytest-xdist) without an explicit --dist: "loadgroup" instead of "load". Each
+    # test is its own unit of work, handed out as workers free up, and tests marked with one
+    # xdist_group run on one worker (below: those sharing a module-scoped fixture). The workers
+    # learn it from the controller (pytest_configure_node) to tag their tests' ids.
+    explicit = any(a == "-d" or a.startswith("--dist") for a in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not explicit:
+        config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("loadgroup"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["loadgroup"] = node.config.getoption("dist") == "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        # Tests sharing a module-scoped fixture of their file (a training run, a model) run on
+        # one xdist worker (--dist loadgroup, pyproject.toml), so the fixture is built once.
+        if item.get_closest_marker("xdist_group") is None and _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "package", "session") and d.baseid
+               for name in item.fixturenames for d in info.name2fixturedefs.get(name, ()))
 
 
 @pytest.fixture(autouse=True)

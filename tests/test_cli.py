@@ -224,7 +224,7 @@ def _white_border(path, px=3):
 
 
 @pytest.mark.parametrize("argv", [["8,32:1,4", "--length", "32", "--heads", "2"],
-                                  ["longnet_lm", "--length", "16k", "--heads", "2"]])
+                                  ["longnet_lm", "--length", "4k", "--heads", "2"]])
 def test_show_pattern_png_fits_and_names_the_file(capsys, tmp_path, argv):
     rc, out, _ = _run(capsys, "show-pattern", *argv, "--png", str(tmp_path / "noext"))
     assert rc == 0

@@ -172,9 +172,18 @@ def _accelerate():
             str(ROOT / "configs/accelerate/sp2_cpu.yaml"), "--main_process_port", str(_free_port())]
 
 
-def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path):
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The losses of 4 steps of examples/finetune.py in one process: what the sequence-parallel
+    and chunked-loss runs below must reproduce (run once for both tests)."""
+    tmp = tmp_path_factory.mktemp("one")
+    (tmp / "p.yaml").write_text(PATTERN_YAML)
+    return _run([sys.executable, *_args(tmp, tmp / "one", 4)], tmp / "one")
+
+
+def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path, one_process):
     (tmp_path / "p.yaml").write_text(PATTERN_YAML)
-    one = _run([sys.executable, *_args(tmp_path, tmp_path / "one", 4)], tmp_path / "one")
+    one = one_process
     full = _run([*_torchrun(2), *_args(tmp_path, tmp_path / "sp2", 4)], tmp_path / "sp2")
     # close: same model, data and gradients; the ring sums in another order
     assert full == pytest.approx(one, rel=1e-5), (full, one)
@@ -204,15 +213,15 @@ def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path):
     assert rows[0]["value"] == pytest.approx(rows[1]["value"], rel=1e-4)  # sdpa = dense pattern
 
 
-def test_finetune_chunked_loss_matches_model_loss(tmp_path):
+def test_finetune_chunked_loss_matches_model_loss(tmp_path, one_process):
     """--loss-chunk (CE from hidden states, chunk by chunk) gives the model's own loss, alone
     and under sequence parallelism (each shard divides by the whole sequence's label count)."""
     (tmp_path / "p.yaml").write_text(PATTERN_YAML)
-    one = _run([sys.executable, *_args(tmp_path, tmp_path / "one", 3)], tmp_path / "one")
-    chunked = _run([sys.executable, *_args(tmp_path, tmp_path / "c1", 3, "--loss-chunk", "13")],
+    one = one_process
+    chunked = _run([sys.executable, *_args(tmp_path, tmp_path / "c1", 4, "--loss-chunk", "13")],
                    tmp_path / "c1")
     assert chunked == pytest.approx(one, rel=1e-5), (chunked, one)
-    sp = _run([*_torchrun(2), *_args(tmp_path, tmp_path / "c2", 3, "--loss-chunk", "13",
+    sp = _run([*_torchrun(2), *_args(tmp_path, tmp_path / "c2", 4, "--loss-chunk", "13",
                                      "--layout", "zigzag", "--gradient-checkpointing")],
               tmp_path / "c2")
     assert sp == pytest.approx(one, rel=1e-5), (sp, one)

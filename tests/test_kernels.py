@@ -128,7 +128,7 @@ def test_consecutive_positions_at_offsets(causal):
         plan, _ = plan_positions(check_inputs(q, k, k, pat, q_positions=qp, k_positions=kp), pat)
         assert not plan.mapped and plan.base == min(qa, ka) // 32 * 32
         assert (plan.qoff, plan.koff) == (qa - plan.base, ka - plan.base)
-        _run(pat, sq=sq, sk=sk, causal=causal, q_positions=qp, k_positions=kp)
+        _run(pat, sq=sq, sk=sk, hq=2, hkv=1, causal=causal, q_positions=qp, k_positions=kp)
 
 
 def test_mapped_positions_far_from_zero():
@@ -165,7 +165,7 @@ def test_packed_documents_run_per_document(monkeypatch):
     calls = []
     real = ops.document_runs
     monkeypatch.setattr(ops, "document_runs", lambda *x: calls.append(1) or real(*x))
-    _run(PAT, b=2, sq=s, hq=4, hkv=2, k_positions=pos, k_doc_ids=doc)
+    _run(PAT, b=2, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
     assert len(calls) == 2  # forward and backward took the per-document path
 
 
@@ -202,7 +202,8 @@ def test_forward_head_chunks(monkeypatch):
 
 def test_many_configs_loop_union():
     # more than four earlier configs: the in-kernel union loop instead of the key tables
-    _run(DilatedPattern([4, 8, 12, 16, 24, 32], [1, 2, 3, 4, 6, 8]), sq=61, hq=8, hkv=2)
+    # (every config has a partial last segment; 4 query heads on 2 kv heads)
+    _run(DilatedPattern([4, 8, 12, 16, 24, 32], [1, 2, 3, 4, 6, 8]), sq=45, hq=4, hkv=2)
 
 
 def test_backward_buffer_in_head_chunks(monkeypatch):
@@ -253,8 +254,10 @@ def test_write_into_views_of_longer_tensors():
 def test_non_dividing_rates_long_segments(mode):
     # like longnet_lm's (8192, 4) before (16384, 6): a query tile of the rate-6 config lies in
     # one segment of the rate-4 config, whose pairs it can cover only pair by pair, and only
-    # inside that segment: the per-pair union mask on just those tiles (forward and backward)
-    _run(DilatedPattern([8, 128, 512], [1, 4, 6], query_dilation=mode), sq=420, hq=3, hkv=1)
+    # inside that segment: the per-pair union mask on just those tiles (forward and backward).
+    # 200 tokens: a rate-6 tile (16 rows = 96 positions) inside segment 0 of the rate-4 config,
+    # one crossing position 128, and a partial one at the range end inside segment 1.
+    _run(DilatedPattern([8, 128, 512], [1, 4, 6], query_dilation=mode), sq=200, hq=3, hkv=1)
 
 
 # ------------------------------------------------------------- sink tokens, sliding windows
@@ -265,35 +268,38 @@ def test_sinks_and_sliding(window, sinks, causal):
     # the sink keys (a run of the last launch after its own keys, last in priority; their
     # dk/dv summed atomically by the dq kernel) and sliding bands (masked window edges, union
     # intervals open towards the diagonal); two batch rows: row strides in every pointer,
-    # including the sink keys' run
-    _run(PAT.replace(window=window, sink_tokens=sinks), b=2, sq=50, hq=4, hkv=2, causal=causal)
+    # including the sink keys' run; 2 query heads on 1 kv head: both add their sink dk/dv into
+    # it (sinks with several kv heads: test_sinks_decode_maps_documents_and_offsets)
+    _run(PAT.replace(window=window, sink_tokens=sinks), b=2, sq=50, hq=2, hkv=1, causal=causal)
 
 
 def test_sliding_non_dividing_rates_and_long_windows():
     # windows longer than the sequence, w % r != 0, a rate (3) not dividing a later one (4):
     # per-pair union masks inside the sliding bands (per_head: test_sliding_random_patterns)
     _run(DilatedPattern([12, 20, 45, 200], [1, 3, 4, 8], query_dilation="all", window="sliding",
-                        sink_tokens=5), sq=61, hq=3, hkv=3)
+                        sink_tokens=5), sq=61, hq=2, hkv=2)
 
 
 def test_sinks_decode_maps_documents_and_offsets():
     pat = PAT.replace(window="sliding", sink_tokens=4)
     _run(pat, sq=1, sk=75, use_lse=False)  # decode
     _run(pat, sq=19, sk=75)  # a chunk of prefill
+    # (the cases below with 2 query heads on 1 kv head: the interpreter's time)
+    one = dict(hq=2, hkv=1)
     perm = torch.randperm(61, device=DEV)
-    _run(pat, sq=61, k_positions=perm)  # a stored order: position map
+    _run(pat, sq=61, k_positions=perm, **one)  # a stored order: position map
     doc = torch.tensor([0] * 15 + [1] * 20 + [-1] * 5, device=DEV)  # padding
-    _run(PAT.replace(sink_tokens=17), sq=40, q_doc_ids=doc, k_doc_ids=doc)
+    _run(PAT.replace(sink_tokens=17), sq=40, q_doc_ids=doc, k_doc_ids=doc, **one)
     # packed documents with restarting positions: each document has its own sinks
     pos = torch.cat([torch.arange(15), torch.arange(25)]).to(DEV)
     doc = torch.tensor([0] * 15 + [1] * 25, device=DEV)
-    _run(pat, sq=40, k_positions=pos, k_doc_ids=doc)
+    _run(pat, sq=40, k_positions=pos, k_doc_ids=doc, **one)
     # queries and keys far from position 0 (a ring piece): no sink key in the call
     qp, kp = torch.arange(101, 138, device=DEV), torch.arange(70, 120, device=DEV)
-    _run(pat, sq=37, sk=50, q_positions=qp, k_positions=kp)
+    _run(pat, sq=37, sk=50, q_positions=qp, k_positions=kp, **one)
     # ... and keys that include the sinks, queries far away
     qp, kp = torch.arange(301, 338, device=DEV), torch.arange(0, 50, device=DEV)
-    _run(pat, sq=37, sk=50, q_positions=qp, k_positions=kp)
+    _run(pat, sq=37, sk=50, q_positions=qp, k_positions=kp, **one)
 
 
 def test_sliding_random_patterns():

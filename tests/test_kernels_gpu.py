@@ -3,6 +3,12 @@
 Rule (flash-attention's): our error vs a float32 reference is at most 2× the error of PyTorch
 doing the same masked attention in the same dtype, for out, dq, dk, dv. Outputs are poisoned
 (NaN-filled cache blocks) before each run, and every case draws fresh random data.
+
+The time of this file is Triton compiling kernels on a cold cache (seconds per specialization:
+the constexpr flags, dtype, head dim, and whether integer strides are multiples of 16). Tests
+that compile the same specializations share an ``xdist_group`` (one worker of ``-n 16`` compiles
+them once; ``--dist loadgroup``, tests/conftest.py), and the groups are sized to about 7-13
+specializations each, so that 16 workers start together and finish together.
 """
 
 import pytest
@@ -13,6 +19,21 @@ from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attenti
 pytestmark = pytest.mark.gpu
 
 LONGNET_SMALL = DilatedPattern([256, 512, 1024, 2048, 4096], [1, 2, 4, 6, 12])
+group = pytest.mark.xdist_group
+
+
+def _ids(v):
+    return str(v).replace("torch.", "") if isinstance(v, torch.dtype) else None
+
+
+# bfloat16, d 128, per_head, causal, segments, lse strides not multiples of 16 (+ decode)
+NATURAL = group("gpu_natural")
+# as NATURAL with 16-aligned lse strides, and the mapped loads of ring pieces
+ALIGNED = group("gpu_aligned")
+# packed documents: an odd total (as test_longnet_like's lengths) and two documents starting at
+# storage rows that are not a multiple of 4 (their lse rows are not 16-byte aligned: kernels
+# specialized for that)
+DOC_LENGTHS = [700, 1301, 49, 1001]
 
 
 def _poison():
@@ -69,8 +90,12 @@ def _check(pattern, *, s, hq=4, hkv=2, d=128, sq=None, dtype=torch.bfloat16, cau
         assert err <= 2 * err_t + 1e-5, f"{name}: ours {err:.3e} vs PyTorch {err_t:.3e} (s={s})"
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("s", [97, 1025, 4096])
+@pytest.mark.parametrize("dtype,s", [
+    pytest.param(torch.bfloat16, 97, marks=NATURAL),
+    pytest.param(torch.bfloat16, 1025, marks=NATURAL),
+    pytest.param(torch.bfloat16, 4096, marks=ALIGNED),
+    *(pytest.param(torch.float16, s, marks=group("gpu_float16")) for s in (97, 1025, 4096))],
+    ids=_ids)
 def test_longnet_like(dtype, s):
     _check(LONGNET_SMALL, s=s, dtype=dtype)
 
@@ -88,35 +113,40 @@ def test_16k_tokens():
     _check(DilatedPattern([2048, 4096, 8192, 16384], [1, 2, 4, 8]), s=16384, hq=2, hkv=1, d=64)
 
 
+@group("gpu_position_maps")
 def test_position_map():
     s = 2049
     perm = torch.randperm(s, device="cuda")
     _check(LONGNET_SMALL, s=s, hq=4, hkv=2, k_positions=perm)
 
 
+@NATURAL
 def test_packed_documents():
     # positions restarting per document: one kernel call per document (ops.document_runs)
-    lengths = [700, 1300, 49, 1000]
+    lengths = DOC_LENGTHS
     pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
     doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()
     _check(LONGNET_SMALL, s=sum(lengths), hq=8, hkv=2, k_positions=pos, k_doc_ids=doc)
 
 
+@NATURAL
 def test_decode_matches_reference():
     s = 5000  # the last query sits mid-segment for every config
     for _ in range(2):
         _check(LONGNET_SMALL, s=s, sq=1, hq=8, hkv=2)
 
 
+@NATURAL
 def test_torch_compile_fullgraph_with_backward():
     pat = LONGNET_SMALL
 
     def f(q, k, v):
         return dilated_attention(q, k, v, pat).float().square().sum()
 
-    q = torch.randn(1, 4, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(1, 2, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, 2, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    # the shapes of test_longnet_like[1025]: the same kernel specializations, compiled once
+    q = torch.randn(1, 4, 1025, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 2, 1025, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 2, 1025, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     cf = torch.compile(f, fullgraph=True)
     loss_c = cf(q, k, v)
     gc = torch.autograd.grad(loss_c, (q, k, v))
@@ -127,13 +157,14 @@ def test_torch_compile_fullgraph_with_backward():
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
 
 
+@NATURAL
 def test_offset_runs_and_head_chunked_backward(monkeypatch):
     # queries and keys at consecutive positions from different starts (ring pieces: natural
     # loads with offsets, positions relative to a base), and float32 backward buffers forced
     # into chunks of one head
     from hf_hilbert_attn import kernels
 
-    s = 1500
+    s = 1501  # odd, as test_longnet_like's: the same kernel specializations
     qp = torch.arange(70000, 70000 + s, device="cuda")
     kp = torch.arange(69000, 69000 + s, device="cuda")
     _check(LONGNET_SMALL, s=s, hq=8, hkv=2, q_positions=qp, k_positions=kp)
@@ -141,12 +172,13 @@ def test_offset_runs_and_head_chunked_backward(monkeypatch):
     _check(LONGNET_SMALL, s=1025, hq=8, hkv=2)
 
 
+@ALIGNED
 def test_launchers_write_into_views():
     # out/lse and dq/dk/dv written into rows of longer tensors, inputs read through views
     from hf_hilbert_attn.inputs import check_inputs
     from hf_hilbert_attn.kernels import dilated_bwd, dilated_fwd, plan_positions
 
-    rows, n = slice(700, 2300), 3000
+    rows, n = slice(700, 2300), 3008  # 16-aligned rows and strides, as test_longnet_like[4096]
     big = {h: torch.randn(1, hh, n, 128, device="cuda", dtype=torch.bfloat16)
            for h, hh in (("q", 8), ("k", 2), ("v", 2), ("do", 8))}
     q, k, v, do = (big[x][:, :, rows] for x in ("q", "k", "v", "do"))
@@ -171,6 +203,7 @@ def test_launchers_write_into_views():
         assert torch.equal(g[:, :, rows], r)
 
 
+@ALIGNED
 def test_local_attention_and_autocast():
     # a zigzag-like shard through the ring's local pieces equals the op; under autocast the
     # mixed float32 q/k and bf16 v of a RoPE'd model run in bf16
@@ -197,10 +230,19 @@ def test_local_attention_and_autocast():
 SLIDING_SMALL = DilatedPattern([256, 512, 1024, 2048, 4096], [1, 2, 4, 8, 16], window="sliding")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("window,sinks", [("segment", 1), ("segment", 4), ("sliding", 0),
-                                          ("sliding", 4)])
-def test_sinks_and_sliding(dtype, window, sinks):
+SEGMENT_SINKS = group("gpu_segment_sinks_and_sliding")  # both small groups on one worker
+SLIDING_SINKS = group("gpu_sliding_sinks")
+
+
+@pytest.mark.parametrize("window,sinks,dtype", [
+    pytest.param("segment", 1, torch.bfloat16, marks=SEGMENT_SINKS),
+    pytest.param("segment", 4, torch.bfloat16, marks=SEGMENT_SINKS),
+    pytest.param("sliding", 0, torch.bfloat16, marks=SEGMENT_SINKS),
+    pytest.param("sliding", 4, torch.bfloat16, marks=SLIDING_SINKS),
+    # float16 once here, with both the sliding band and the sink launch (its other kernels:
+    # test_longnet_like); each float16 case compiles kernels of its own
+    ("sliding", 4, torch.float16)], ids=_ids)
+def test_sinks_and_sliding(window, sinks, dtype):
     # LongNet-like rates (6 and 12 not dividing 4: per-pair union masks) with both window kinds
     # and sink tokens (the sink launch, its atomic dk/dv)
     _check(LONGNET_SMALL.replace(window=window, sink_tokens=sinks), s=3001, hq=12, hkv=4,
@@ -214,7 +256,11 @@ def test_sliding_modes_with_sinks(mode, causal, d):
            causal=causal)
 
 
-@pytest.mark.parametrize("case", ["decode", "position_map", "documents", "offsets"])
+@pytest.mark.parametrize("case", [
+    pytest.param("decode", marks=SLIDING_SINKS),
+    pytest.param("position_map", marks=group("gpu_position_maps")),
+    pytest.param("documents", marks=SLIDING_SINKS),
+    pytest.param("offsets", marks=SEGMENT_SINKS)])
 def test_sliding_sinks_decode_positions_and_documents(case):
     pat = SLIDING_SMALL.replace(sink_tokens=4)
     if case == "decode":  # one query at the end of a long cache
@@ -224,11 +270,11 @@ def test_sliding_sinks_decode_positions_and_documents(case):
         perm = torch.randperm(2049, device="cuda")
         _check(pat, s=2049, hq=4, hkv=2, k_positions=perm)
     elif case == "documents":  # packed documents: sinks are the first tokens of each document
-        lengths = [700, 1300, 49, 1000]
+        lengths = DOC_LENGTHS
         pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
         doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()
         _check(pat, s=sum(lengths), hq=8, hkv=2, k_positions=pos, k_doc_ids=doc)
     else:  # offsets: no sink key in this call
-        qp = torch.arange(70000, 71500, device="cuda")
-        kp = torch.arange(69000, 70500, device="cuda")
-        _check(pat, s=1500, hq=8, hkv=2, q_positions=qp, k_positions=kp)
+        qp = torch.arange(70000, 71501, device="cuda")
+        kp = torch.arange(69000, 70501, device="cuda")
+        _check(pat, s=1501, hq=8, hkv=2, q_positions=qp, k_positions=kp)

@@ -544,6 +544,7 @@ def test_bad_patterns_raise():
 
 # ------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
+@pytest.mark.xdist_group("gpu_transformers")  # one worker compiles the kernels both use
 @pytest.mark.parametrize("cache", ["dynamic", "static"])  # static: generate() compiles the forward
 def test_gpu_cached_generate_matches_full_forward(cache):
     model = configure(tiny_model("llama"), SMALL).cuda()

@@ -664,10 +664,11 @@ class _Tiles:
 
 
 class _FastPlan:
-    """The tiles in order, the sink keys' mask ``[Hq, S, k]`` (or None) and whether the
+    """The tiles in order, the sink keys' mask ``[Hq, S - sink_lo, k]`` for the queries from
+    ``sink_lo`` on (the earlier ones get no sink pair; None: none does) and whether the
     accumulators need initialising (some tile merges into rows not all written yet)."""
 
-    __slots__ = ("tiles", "sink_mask", "init")
+    __slots__ = ("tiles", "sink_mask", "sink_lo", "init")
 
 
 def _tiles(s, hq, hkv, qh, qt, kt, causal, touched, mask=None):
@@ -851,7 +852,7 @@ def _natural_plan(pattern, s, hq, hkv):
     plan.tiles = [t for i in range(pattern.num_configs)
                   for t in make(pattern, i, s, hq, hkv, touched) if t is not None]
     plan.init = any(t.mixed for t in plan.tiles)
-    plan.sink_mask = None
+    plan.sink_mask, plan.sink_lo = None, s
     if pattern.sink_tokens:
         h = torch.arange(hq).view(-1, 1, 1)
         qp, kp = torch.arange(s).view(1, -1, 1), torch.arange(min(pattern.sink_tokens, s))
@@ -859,7 +860,9 @@ def _natural_plan(pattern, s, hq, hkv):
         mask = (kp <= qp).expand(hq, -1, -1).clone()
         for j in range(pattern.num_configs):
             mask &= ~pattern.config_allowed(j, h, qp, kp)
-        plan.sink_mask = mask if bool(mask.any()) else None
+        rows = mask.any(2).any(0).nonzero()
+        plan.sink_lo = int(rows[0]) if rows.numel() else s
+        plan.sink_mask = mask[:, plan.sink_lo:].contiguous() if rows.numel() else None
     if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
         _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
     _PLAN_CACHE[key] = plan
@@ -916,28 +919,6 @@ def _fast_documents(q, k, v, pattern, a, runs):
             lses.append(q.new_full((1, a.hq, a.sq - at), float("-inf"), dtype=acc))
         rows.append((torch.cat(outs, 2), torch.cat(lses, 2)))
     return torch.cat([o for o, _ in rows]), torch.cat([l for _, l in rows])
-    rates = pattern.dilation_rates
-    if pattern.sliding and any(rates[i] % rates[j] for i in range(len(rates)) for j in range(i)):
-        return None  # an earlier class test that varies inside a class: masks per pair
-    touched = torch.zeros(a.hq, s + 1, dtype=torch.bool)
-    make = _sliding_tiles if pattern.sliding else _segment_tiles
-    plan = _FastPlan()
-    plan.tiles = [t for i in range(pattern.num_configs)
-                  for t in make(pattern, i, s, a.hq, a.hkv, touched) if t is not None]
-    plan.init = any(t.mixed for t in plan.tiles)
-    plan.sink_mask = None
-    if pattern.sink_tokens:
-        h = torch.arange(a.hq).view(-1, 1, 1)
-        qp, kp = torch.arange(s).view(1, -1, 1), torch.arange(min(pattern.sink_tokens, s))
-        kp = kp.view(1, 1, -1)
-        mask = (kp <= qp).expand(a.hq, -1, -1).clone()
-        for j in range(pattern.num_configs):
-            mask &= ~pattern.config_allowed(j, h, qp, kp)
-        plan.sink_mask = mask if bool(mask.any()) else None
-    if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
-        _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
-    _PLAN_CACHE[key] = plan
-    return plan
 
 
 def _float_mask(t, b, dtype):
@@ -1039,11 +1020,12 @@ def _fast_forward(plan, q, k, v, scale):
 def _merge_sinks(plan, q, k, v, out, lse, scale, acc):
     """Merge the sink keys' part (every query against keys 0..k-1, the union rule's mask) into
     ``(out, lse)`` in place."""
-    sc, _ = _sink_scores(q, k, plan.sink_mask, scale, acc)
+    lo = plan.sink_lo
+    sc, _ = _sink_scores(q[:, :, lo:], k, plan.sink_mask, scale, acc)
     ls = torch.logsumexp(sc, -1)
     p = torch.exp(sc - finite_or_zero(ls)[..., None])
     vs = v[:, :, :sc.shape[-1]].to(acc).repeat_interleave(q.shape[1] // k.shape[1], 1)
-    _merge_into(out, lse, torch.matmul(p, vs), ls)
+    _merge_into(out[:, :, lo:], lse[:, :, lo:], torch.matmul(p, vs), ls)
 
 
 def _add(t, acc, g, b, rows, length, rng):
@@ -1072,18 +1054,20 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
     dk = k.new_zeros(b, hkv, s, d, dtype=acc)
     dv = v.new_zeros(b, hkv, s, dv_, dtype=acc)
     if plan.sink_mask is not None:  # FlashAttention's formulas on the few sink keys
-        sc, ks = _sink_scores(q, k, plan.sink_mask, scale, acc)
-        p = torch.exp(sc - lse_acc[..., None])
+        lo = plan.sink_lo  # the queries from lo on
+        sc, ks = _sink_scores(q[:, :, lo:], k, plan.sink_mask, scale, acc)
+        p = torch.exp(sc - lse_acc[:, :, lo:, None])
         n_s, g = sc.shape[-1], hq // hkv
         vs = v[:, :, :n_s].to(acc).repeat_interleave(g, 1)
-        do = dout.to(acc)
-        delta = (do * out.to(acc)).sum(-1, keepdim=True)
+        do = dout[:, :, lo:].to(acc)
+        delta = (do * out[:, :, lo:].to(acc)).sum(-1, keepdim=True)
         if dlse is not None:
-            delta = delta - dlse.to(acc)[..., None]
+            delta = delta - dlse[:, :, lo:].to(acc)[..., None]
         ds = p * (torch.matmul(do, vs.transpose(-1, -2)) - delta)
-        dq[:, :, :s] += torch.matmul(ds, ks) * scale
+        dq[:, :, lo:s] += torch.matmul(ds, ks) * scale
         fold = (b, hkv, g, n_s, -1)
-        dk[:, :, :n_s] += (torch.matmul(ds.transpose(-1, -2), q.to(acc)) * scale).view(fold).sum(2)
+        dk[:, :, :n_s] += (torch.matmul(ds.transpose(-1, -2), q[:, :, lo:].to(acc)) * scale
+                           ).view(fold).sum(2)
         dv[:, :, :n_s] += torch.matmul(p.transpose(-1, -2), do).view(fold).sum(2)
     if whole:
         gq, gk, gv = _FLASH_BWD(dout, q, k, v, out, lse_acc.to(lse_dt), 0.0, True, scale=scale)

@@ -89,7 +89,7 @@ def test_show_pattern_long_length_skips_ascii(capsys):
     (["eval", "--corpus", "/no/such.txt"], "corpus file not found: /no/such.txt"),
     (["eval", "--lengths", "64", "--stride", "64"], "stride must be < every length"),
     (["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
-    (["bench", "model"], "choose what to run: --preset 1b: .*; --preset tiny: "),
+    (["bench", "model"], "choose what to run: --preset 135m: .*; --preset 1b: .*; --preset tiny: "),
     (["bench", "model", "--preset", "tiny", "--device", "cuda:x"], "expected auto, cpu, cuda"),
     (["bench", "model", "--lengths", "-8"], "a sequence length must be >= 2, got -8"),
     (["bench"], "required: WHAT"),

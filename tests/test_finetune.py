@@ -227,12 +227,22 @@ def test_finetune_chunked_loss_matches_model_loss(tmp_path, one_process):
     assert sp == pytest.approx(one, rel=1e-5), (sp, one)
 
 
-def test_finetune_rejects_bad_arguments(tmp_path):
-    for extra, msg in ((["--loss-chunk", "-1"], "--loss-chunk must be >= 0"),
-                       (["--model", "x", "--model-preset", "1b"], "exclude each other")):
-        proc = subprocess.run([sys.executable, "examples/finetune.py", *extra], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 2 and msg in proc.stderr, proc.stderr
+def test_finetune_rejects_bad_arguments(tmp_path, capsys):
+    # a real process once (the exit status a shell sees), then main() in this process: the same
+    # SystemExit(2) and stderr, without a process that spends its time importing
+    proc = subprocess.run([sys.executable, "examples/finetune.py", "--loss-chunk", "-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--loss-chunk must be >= 0" in proc.stderr, proc.stderr
+    code, err = _main_exits(capsys, "--model", "x", "--model-preset", "1b")
+    assert code == 2 and "exclude each other" in err, err
+
+
+def _main_exits(capsys, *argv):
+    """(exit status, stderr) of examples/finetune.py's main() on arguments it refuses."""
+    ft = _finetune_module()
+    with pytest.raises(SystemExit) as e:
+        ft.main(list(argv))
+    return e.value.code, capsys.readouterr().err
 
 
 def _finetune_module():
@@ -302,10 +312,9 @@ def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):
     assert losses["hilbert_dilated"] == pytest.approx(losses["sdpa"], rel=1e-5)
 
 
-def test_finetune_sdpa_refuses_sequence_parallel(tmp_path):
-    proc = subprocess.run([sys.executable, "examples/finetune.py", "--attn-implementation", "sdpa",
-                           "--sp-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "cannot shard a sequence" in proc.stderr, proc.stderr
+def test_finetune_sdpa_refuses_sequence_parallel(capsys):
+    code, err = _main_exits(capsys, "--attn-implementation", "sdpa", "--sp-size", "2")
+    assert code == 2 and "cannot shard a sequence" in err, err
 
 
 def test_finetune_arguments_inline_pattern_aliases_and_defaults():
@@ -326,15 +335,14 @@ def test_finetune_arguments_inline_pattern_aliases_and_defaults():
     (["--data", "/no/such/dir"], "--data /no/such/dir: path not found"),
     (["--pattern", "8,16:1,32"], r"dilation_rates\[1\] must be <= segment_lengths\[1\]"),
 ])
-def test_finetune_bad_inputs_are_one_line(extra, message):
+def test_finetune_bad_inputs_are_one_line(extra, message, capsys):
     import re
 
-    proc = subprocess.run([sys.executable, "examples/finetune.py", *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if "finetune.py: error:" in ln]
-    assert len(lines) == 1 and re.search(message, lines[0]), proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, err = _main_exits(capsys, *extra)  # an exception other than SystemExit would escape
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if "finetune.py: error:" in ln]
+    assert len(lines) == 1 and re.search(message, lines[0]), err
+    assert "Traceback" not in err
 
 
 def test_finetune_bad_sp_size_under_torchrun_is_one_line_from_rank_0(tmp_path):
@@ -350,7 +358,7 @@ def test_finetune_bad_sp_size_under_torchrun_is_one_line_from_rank_0(tmp_path):
     assert 'File "' + str(ROOT / "examples" / "finetune.py") not in proc.stderr
 
 
-def test_finetune_memory_options_keep_the_losses(tmp_path):
+def test_finetune_memory_options_keep_the_losses(tmp_path, capsys):
     # --tiled-mlp / --offload-checkpoints (hf_hilbert_attn.long_context) change where
     # activations live, not what is computed: the same per-step losses as the plain run
     (tmp_path / "p.yaml").write_text("segment_lengths: [16, 32]\ndilation_rates: [1, 2]\n")
@@ -361,6 +369,5 @@ def test_finetune_memory_options_keep_the_losses(tmp_path):
                  "--loss-chunk", "40", "--tiled-mlp", "30", "--offload-checkpoints")
     tiled = _run([sys.executable, *opts], tmp_path / "opts")
     assert len(plain) == 3 and tiled == pytest.approx(plain, rel=1e-5)
-    proc = subprocess.run([sys.executable, "examples/finetune.py", "--offload-checkpoints"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "needs --gradient-checkpointing" in proc.stderr, proc.stderr
+    code, err = _main_exits(capsys, "--offload-checkpoints")
+    assert code == 2 and "needs --gradient-checkpointing" in err, err

@@ -1,15 +1,25 @@
-"""The kernels compile for a Hopper GPU (sm_90) through Triton's real GPU compiler, on a CPU.
+"""The kernels compile for the GPUs people train on, through Triton's real GPU compiler, on a CPU.
 
 The interpreter tests run the kernels' Python but never lower it; a construct the GPU compiler
 rejects (a loop-carried value changing type, a layout it cannot convert) would pass them. Here
-every specialization one forward + backward would launch is compiled ahead of time for sm_90
-(``hf_hilbert_attn.kernels.aot``), in a subprocess without ``TRITON_INTERPRET`` (conftest sets it
-for this process before the kernels are defined). Cases cover both query-dilation modes,
-bf16/fp16/fp32, head sizes 128/64/32, causal and not, the three position kinds (natural, a
-permutation, a map with gaps), document ids, sink
-tokens (the sink launch, the dq kernel's atomic dk/dv) and sliding windows.
-Each tile load must stay vectorised (no 1-2 byte global loads: that is what a lost alignment
-specialization costs, 8x the load instructions).
+the specializations one forward + backward launches are compiled ahead of time
+(``hf_hilbert_attn.kernels.aot``), each case in a subprocess without ``TRITON_INTERPRET``
+(conftest sets it for this process before the kernels are defined), one test per case and
+target group so pytest-xdist spreads them:
+
+* sm_90 (H100 / H200): every case below; Hopper-only instructions (warp-group MMA) are used.
+* sm_80 (A100), sm_86 (RTX 3090) and sm_89 (RTX 4090, L4): ``AMPERE_CASES``, three cases that
+  together give every kernel function every value of every constexpr flag the five cases give
+  (``test_ampere_cases_cover_every_flag``); sm_86 / sm_89 are lowered from the sm_80 TritonGPU
+  IR (the expensive part of a compile, the same for the three: ``aot.ampere_ir_shared``), with
+  their own tiles where their 99 KiB of shared memory asks for it. No Hopper-only instruction
+  may appear in their code.
+
+Cases cover both query-dilation modes, bf16/fp16/fp32, head sizes 128/64/32, causal and not,
+the three position kinds (natural, a permutation, a map with gaps), document ids, sink tokens
+(the sink launch, the dq kernel's atomic dk/dv) and sliding windows. Every kernel must fit the
+target's shared memory and 255 registers, and each tile load must stay vectorised (no 1-2 byte
+global loads: that is what a lost alignment specialization costs, 8x the load instructions).
 """
 
 import json
@@ -31,10 +41,18 @@ CASES = {
     "fp16_d128_segment_sinks_perm_noncausal": ("all", "fp16", 128, False, "perm", {},
                                                dict(sink_tokens=1)),
 }
+# Natural / permutation / gapped positions with documents; causal and not; per_head and all;
+# segments and sliding windows; sinks and none; fp32 and 16-bit; the largest 16-bit tiles
+# (head size 128: the most shared memory).
+AMPERE_CASES = ("fp32_d32_gaps_docs", "bf16_d64_sliding_sinks",
+                "fp16_d128_segment_sinks_perm_noncausal")
+GROUPS = {"sm_90": (90,), "sm_80_86_89": (80, 86, 89)}
+JOBS = [(g, c) for g in GROUPS for c in (CASES if g == "sm_90" else AMPERE_CASES)]
+FLAGS = ("CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UMAX", "UTAB", "EARLIER", "SLIDING",
+         "SINKT", "SINKADD", "HAS_DLSE")
 
 
-def _compile_case(name):
-    """Runs in the subprocess: compile the case, print its rows as JSON."""
+def _calls(name, arch=None):
     import torch
 
     from hf_hilbert_attn import DilatedPattern
@@ -42,10 +60,6 @@ def _compile_case(name):
 
     mode, dtype, d, causal, positions, env, *options = CASES[name]
     os.environ.update(env)
-    why = aot.available()
-    if why:
-        print(json.dumps({"skip": why}))
-        return
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     s = 4096
     # rate 4 does not divide 6: that config's programs need the per-pair union mask
@@ -61,57 +75,98 @@ def _compile_case(name):
         pos = torch.cat([torch.arange(s // 2), torch.arange(s // 2 + 100, s + 100)])
         doc = torch.arange(s) // 1000
         kw = dict(q_positions=pos, k_positions=pos, q_doc_ids=doc, k_doc_ids=doc)
-    rows = aot.compile_all(aot.launches(q, k, k, pattern, causal=causal, **kw), 90)
+    calls = aot.launches(q, k, k, pattern, causal=causal, arch=arch, **kw)
+    if name == "fp32_d32_gaps_docs":  # a backward given the lse's gradient (ring attention)
+        import hf_hilbert_attn.kernels as kernels
+
+        with aot.recorded_launches() as extra:
+            o = q.new_empty(q.shape)
+            kernels._delta_kernel[(1, 1)](o, o, q.new_empty(1, 4, s), q.new_empty(1, 4, s), s,
+                                  *o.stride()[:3], *o.stride()[:3], 4, BM=64, D=d,
+                                  HAS_DLSE=True)
+        calls += extra
+    return calls
+
+
+def _compile_case(group, name):
+    """Runs in the subprocess: compile the case for the group's targets, print rows as JSON."""
+    from hf_hilbert_attn.kernels import aot
+
+    why = aot.available()
+    if why:
+        print(json.dumps({"skip": why}))
+        return
+    archs = GROUPS[group]
+    rows = aot.compile_all({a: _calls(name, a) for a in archs}, archs)
     print(json.dumps({"rows": rows}))
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    """Every case compiled in its own subprocess, all at once (the machine's cores in use)."""
+def _flag_values(names):
+    """Runs in the subprocess: {kernel: {flag: sorted values}} over the cases' launches."""
+    from hf_hilbert_attn.kernels.aot import specialize
+
+    seen = {}
+    for name in names:
+        for fn, _grid, args, kwargs in _calls(name):
+            _sig, constexprs, _attrs, _opt = specialize(fn, args, kwargs)
+            flags = seen.setdefault(fn.__name__, {})
+            for i, p in enumerate(fn.params):
+                if p.is_constexpr and p.name in FLAGS:
+                    flags.setdefault(p.name, set()).add(int(constexprs[(i,)]))
+    return {k: {f: sorted(v) for f, v in fl.items()} for k, fl in seen.items()}
+
+
+def _run(*argv, timeout=900):
     # no interpreter, and none of the tuning switches a developer may have exported (each case
     # sets its own)
     env = {k: v for k, v in os.environ.items()
            if k != "TRITON_INTERPRET" and not k.startswith("HF_HILBERT_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    procs = {name: subprocess.Popen([sys.executable, __file__, name], cwd=ROOT, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in CASES}
-    results = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=900)
-            results[name] = (proc.returncode, out, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-    return results
+    res = subprocess.run([sys.executable, __file__, *argv], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, f"{' '.join(argv)} failed:\n{res.stderr[-6000:]}"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    return out
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_kernels_compile_for_sm90(compiled, name):
-    rc, out, err = compiled[name]
-    assert rc == 0, f"compiling {name} for sm_90 failed:\n{err[-6000:]}"
-    res = json.loads(out.strip().splitlines()[-1])
-    if "skip" in res:
-        pytest.skip(res["skip"])
-    rows = res["rows"]
-    kinds = {r["kernel"] for r in rows}
-    assert kinds == {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"}, kinds
-    # the first config in priority order compiles without the union code, the others with it
-    for kern in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
-        variants = {r["variant"].split("EARLIER=")[1].split()[0] for r in rows
-                    if r["kernel"] == kern}
-        assert variants == {"0", "1"}, (kern, variants)
-    for r in rows:
-        assert r["narrow_loads"] == 0, f"element-by-element loads in {r}"
-        if r["registers"] is not None:
-            assert 0 < r["registers"] <= 255, r
+@pytest.mark.parametrize("group,name", JOBS, ids=[f"{g}-{c}" for g, c in JOBS])
+def test_kernels_compile(group, name):
+    rows = _run("compile", group, name)["rows"]
+    for arch in GROUPS[group]:
+        mine = [r for r in rows if r["arch"] == arch]
+        kinds = {r["kernel"] for r in mine}
+        assert kinds == {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"}, (arch,
+                                                                                       kinds)
+        # the first config in priority order compiles without the union code, the others with it
+        for kern in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
+            variants = {r["variant"].split("EARLIER=")[1].split()[0] for r in mine
+                        if r["kernel"] == kern}
+            assert variants == {"0", "1"}, (arch, kern, variants)
+        for r in mine:
+            assert r["narrow_loads"] == 0, f"element-by-element loads in {r}"
+            assert r["shared"] <= r["shared_limit"], f"more shared memory than sm_{arch} has: {r}"
+            if r["registers"] is not None:
+                assert 0 < r["registers"] <= 255, r
+            if arch < 90:
+                assert r["hopper_only"] == 0, f"Hopper-only instructions for sm_{arch}: {r}"
+        if arch == 90 and CASES[name][1] != "fp32":  # the check sees Hopper code where it is
+            assert all(r["hopper_only"] > 0 for r in mine if r["kernel"] != "_delta_kernel"), mine
+        if arch in (86, 89):  # lowered from the sm_80 IR wherever the tiles are the same
+            assert any(r["from_ir"] for r in mine), mine
     print("\n".join(json.dumps(r) for r in rows))  # resource numbers in the -rA log
 
 
+def test_ampere_cases_cover_every_flag():
+    """The cases compiled for sm_80 / sm_86 / sm_89 give every kernel every value of every
+    constexpr flag that all the cases (compiled for sm_90) give."""
+    out = _run("flags", timeout=300)
+    assert out["subset"] == out["all"], out
+
+
 def test_narrow_load_count_on_ptx():
-    from hf_hilbert_attn.kernels.aot import narrow_loads
+    from hf_hilbert_attn.kernels.aot import hopper_only, narrow_loads
 
     wide = ("ld.global.v4.b32 {%r1, %r2, %r3, %r4}, [ %rd1 + 0 ];\n"
             "cp.async.cg.shared.global [ %r5 + 0 ], [ %rd2 + 0 ], 0x10, %r6;\n"
@@ -119,7 +174,14 @@ def test_narrow_load_count_on_ptx():
     narrow = "ld.global.b16 %rs1, [ %rd4 + 0 ];\nld.global.nc.u16 %rs2, [ %rd5 + 0 ];\n"
     assert narrow_loads(wide) == 0
     assert narrow_loads(wide + narrow) == 2
+    hopper = ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2;\n"
+              "mov.u32 %r1, %cluster_ctarank;\n")
+    assert hopper_only(wide + narrow) == 0
+    assert hopper_only(hopper) == 2
 
 
 if __name__ == "__main__":
-    _compile_case(sys.argv[1])
+    if sys.argv[1] == "compile":
+        _compile_case(sys.argv[2], sys.argv[3])
+    else:
+        print(json.dumps({"subset": _flag_values(AMPERE_CASES), "all": _flag_values(CASES)}))

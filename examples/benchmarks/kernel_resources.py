@@ -5,9 +5,10 @@
         --csv r.csv
 
 One forward and backward is recorded on CPU tensors (nothing runs), every distinct kernel
-specialization is compiled for ``--arch`` as Triton's JIT would specialise it, and ``ptxas -v``
-reports registers per thread, spill stores/loads and the stack frame
-(``hf_hilbert_attn.kernels.aot``).
+specialization is compiled for ``--arch`` (with the tiles the launchers pick on that GPU) as
+Triton's JIT would specialise it, and ``ptxas -v`` reports registers per thread, spill
+stores/loads and the stack frame (``hf_hilbert_attn.kernels.aot``); ``shared`` must stay within
+``shared_limit``, and ``hopper_only`` counts sm_90-only instructions (none below sm_90).
 A kernel that spills sends part of its accumulators through local memory on every key tile:
 the first thing to check when a kernel runs far below the tensor-core rate. Timing still needs
 the GPU (``kernel_timing.py``); this shows in seconds, on any machine with a Linux Triton
@@ -23,7 +24,7 @@ import sys
 import torch
 
 COLS = ("kernel", "variant", "warps", "stages", "registers", "spill_stores", "spill_loads",
-        "stack", "shared", "narrow_loads", "launches", "compile_s")
+        "stack", "shared", "shared_limit", "narrow_loads", "hopper_only", "launches", "compile_s")
 
 
 def main(argv=None):
@@ -36,7 +37,8 @@ def main(argv=None):
     p.add_argument("--pattern", default="hf_hilbert_attn/patterns/longnet_lm.yaml")
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--forward-only", action="store_true")
-    p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    p.add_argument("--arch", type=int, default=90, choices=(80, 86, 89, 90),
+                   help="compute capability: 80 A100, 86 RTX 3090, 89 RTX 4090 / L4, 90 H100")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="set a tuning variable first (e.g. HF_HILBERT_FWD_BLOCKS=64,64,4,3)")
     p.add_argument("--csv", help="also write the table here")
@@ -61,7 +63,7 @@ def main(argv=None):
     q = torch.empty(1, args.hq, args.seq, args.dim, dtype=dtype)
     k = torch.empty(1, args.hkv, args.seq, args.dim, dtype=dtype)
     calls = aot.launches(q, k, k, pattern, causal=not args.no_causal,
-                         backward=not args.forward_only)
+                         backward=not args.forward_only, arch=args.arch)
     print(f"sm_{args.arch}, Triton {triton.__version__}, S={args.seq} Hq={args.hq} "
           f"Hkv={args.hkv} D={args.dim} {args.dtype}, {pattern}"
           + "".join(f", {kv}" for kv in args.env), flush=True)

@@ -3,19 +3,29 @@
 The launchers run on CPU tensors with the kernels replaced by recorders (nothing is launched);
 each distinct specialization they would launch is then compiled for a CUDA architecture with
 Triton's NVIDIA backend, specialised exactly as Triton's JIT would (ints equal to 1 become
-constants, pointers and ints divisible by 16 carry ``tt.divisibility``), and ``ptxas -v`` (shipped
-in Linux x86-64 Triton wheels) reports registers, spills and the stack frame.
+constants, pointers and ints divisible by 16 carry ``tt.divisibility``), and the ``ptxas -v`` log
+of that compile (``ptxas`` ships in Linux x86-64 Triton wheels) gives registers, spills and the
+stack frame.
 
-Two uses: CI compiles every kernel variant through the real GPU compiler (the interpreter runs
-the same Python but never lowers it, so a construct the compiler rejects would pass the
-interpreter tests), and ``examples/benchmarks/kernel_resources.py`` prints what a tile size or a
-kernel change does to the register budget, in seconds, on any machine.
+Two uses: CI compiles every kernel variant through the real GPU compiler for the GPUs people
+train on (``TARGETS``: A100 sm_80, RTX 3090 sm_86, RTX 4090 / L4 sm_89, H100 sm_90; the
+interpreter runs the same Python but never lowers it, so a construct the compiler rejects would
+pass the interpreter tests), and ``examples/benchmarks/kernel_resources.py`` prints what a tile
+size or a kernel change does to the register budget, in seconds, on any machine.
+
+Ampere and Ada (sm_80, sm_86, sm_89) share Triton's TritonGPU pipeline (the same MMA version
+and software pipelining; the IR differs only in its target attribute), which is most of a
+compile's time. :func:`compile_all` therefore lowers sm_86 and sm_89 from the sm_80 TritonGPU IR
+(LLVM IR, PTX and ``ptxas`` per target: byte-identical cubins to a compile from source) once
+:func:`ampere_ir_shared` has confirmed, on a probe kernel with a pipelined ``tl.dot``, that this
+Triton builds that IR alike for the three.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import os
 import re
 import subprocess
@@ -24,8 +34,23 @@ import time
 from typing import List, Optional
 
 import torch
+import triton
+import triton.language as tl
 
 KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel")
+# The GPUs the kernels must compile for: A100 (sm_80), RTX 3090 / A6000 (sm_86), RTX 4090 / L4 /
+# L40 (sm_89), H100 / H200 (sm_90).
+TARGETS = (80, 86, 89, 90)
+# Shared memory one program may use (the opt-in maximum per block, bytes). Triton checks it only
+# when a kernel is loaded on the GPU ("out of resource: shared memory"), so the compile check
+# compares each kernel's ``shared`` with it.
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+# PTX only Hopper executes: warp-group MMA, TMA bulk copies and tensor maps, register
+# reallocation, stmatrix, clusters, mbarrier waits with try_wait, async-proxy fences. Code built
+# for sm_8x must contain none (ptxas would reject it, or Triton took a Hopper-only path).
+_HOPPER_ONLY = re.compile(r"\b(?:wgmma\.\w+|cp\.async\.bulk|cp\.reduce\.async\.bulk|tensormap"
+                          r"|setmaxnreg|stmatrix|elect\.sync|barrier\.cluster|mbarrier\.try_wait"
+                          r"|fence\.proxy\.async)|%cluster_\w+")
 # constexpr arguments shown in a report's variant column (the others follow from the shape)
 SHOWN = ("BM", "BN", "D", "CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UMAX", "UTAB",
          "EARLIER", "SLIDING", "SINKT", "SINKADD")
@@ -56,21 +81,33 @@ def recorded_launches():
             setattr(pkg, n, fn)
 
 
-def launches(q, k, v, pattern, *, causal: bool = True, backward: bool = True, **positions):
+def launches(q, k, v, pattern, *, causal: bool = True, backward: bool = True,
+             arch: Optional[int] = None, **positions):
     """Every kernel launch of one forward (and backward) on ``q, k, v`` (CPU tensors are fine),
-    recorded, not run. ``positions``: ``check_inputs`` keywords (positions, document ids)."""
+    recorded, not run. ``arch``: with the tiles the launchers choose on that GPU (its shared
+    memory, ``SHARED_LIMIT``), else the default ones. ``positions``: ``check_inputs`` keywords
+    (positions, document ids)."""
     from ..inputs import check_inputs
     from . import dilated_bwd, dilated_fwd, plan_positions
 
+    pkg = importlib.import_module(__package__)
     a = check_inputs(q, k, v, pattern, **positions)
     plan, why = plan_positions(a, pattern)
     if plan is None:
         raise ValueError(f"the kernels do not take these positions: {why}")
-    with recorded_launches() as calls:
-        out, lse = dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
-        if backward:
-            dilated_bwd(out, q, k, v, out, lse, None, pattern, a.scale, causal, plan)
+    saved = pkg.SMEM_OVERRIDE
+    try:
+        pkg.SMEM_OVERRIDE = SHARED_LIMIT[arch] if arch is not None else saved
+        with recorded_launches() as calls:
+            out, lse = dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
+            if backward:
+                dilated_bwd(out, q, k, v, out, lse, None, pattern, a.scale, causal, plan)
+    finally:
+        pkg.SMEM_OVERRIDE = saved
     return calls
+
+
+_BINDERS: dict = {}
 
 
 def specialize(jit_fn, args, kwargs, arch: int = 90):
@@ -79,8 +116,12 @@ def specialize(jit_fn, args, kwargs, arch: int = 90):
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    backend = make_backend(GPUTarget("cuda", arch, 32))
-    binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
+    hit = _BINDERS.get((jit_fn, arch))
+    if hit is None:  # made once per kernel and target, as the JIT does (an exec each)
+        backend = make_backend(GPUTarget("cuda", arch, 32))
+        hit = _BINDERS[(jit_fn, arch)] = (backend, create_function_from_signature(
+            jit_fn.signature, jit_fn.params, backend))
+    backend, binder = hit
     bound, specialization, options = binder(*args, **kwargs)
     options, sig, constexprs, attrs = jit_fn._pack_args(backend, kwargs, bound, specialization,
                                                          options)
@@ -94,8 +135,6 @@ def ptxas_path(arch: int = 90) -> Optional[str]:
 
         path = get_ptxas(arch).path
     except Exception:  # older Triton: the one binary shipped with it
-        import triton
-
         path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                             "ptxas")
     return path if path and os.path.exists(path) else None
@@ -106,47 +145,120 @@ def variant_of(jit_fn, constexprs) -> str:
                     if p.is_constexpr and p.name in SHOWN)
 
 
-def compile_launch(jit_fn, args, kwargs, arch: int = 90, resources: bool = True) -> dict:
-    """Compile one recorded launch for ``sm_<arch>``; with ``resources``, run ``ptxas -v`` on
-    its PTX. Returns a dict: kernel, variant, warps, stages, registers, spill_stores,
-    spill_loads, stack (bytes per thread), shared (bytes per program), narrow_loads (global
-    loads or async copies of fewer than 4 bytes: an element-by-element tile load, which a lost
-    alignment specialization would cause), compile_s."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+@contextlib.contextmanager
+def _ptxas_log():
+    """Within the block Triton prints the ``ptxas -v`` log of each cubin it builds; yields the
+    buffer it goes to (the log of the very ptxas run the JIT makes, with its flags: no second
+    ``ptxas`` run)."""
+    nv = getattr(getattr(triton, "knobs", None), "nvidia", None)
+    buf = io.StringIO()
+    if nv is None or not hasattr(nv, "dump_ptxas_log"):  # older Triton: no such knob
+        yield None
+        return
+    old = nv.dump_ptxas_log
+    nv.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield buf
+    finally:
+        nv.dump_ptxas_log = old
 
-    sig, constexprs, attrs, options = specialize(jit_fn, args, kwargs, arch)
-    t0 = time.perf_counter()
-    kernel = triton.compile(ASTSource(jit_fn, sig, constexprs, attrs),
-                            target=GPUTarget("cuda", arch, 32), options=options)
-    row = dict(kernel=jit_fn.__name__, variant=variant_of(jit_fn, constexprs),
-               warps=options["num_warps"], stages=options["num_stages"], registers=None,
-               spill_stores=None, spill_loads=None, stack=None, shared=kernel.metadata.shared,
-               narrow_loads=narrow_loads(kernel.asm["ptx"]),
-               compile_s=round(time.perf_counter() - t0, 1))
-    ptxas = ptxas_path(arch) if resources else None
+
+def _ptxas_info(kernel, arch: int, options: dict) -> str:
+    """The ``ptxas -v`` log of a kernel Triton took from its cache: its cubin stage again (same
+    command, same flags), or plain ``ptxas -v`` where this Triton has no log knob."""
+    with _ptxas_log() as buf:
+        if buf is not None:
+            from triton.backends.compiler import GPUTarget
+            from triton.compiler import make_backend
+
+            backend = make_backend(GPUTarget("cuda", arch, 32))
+            backend.make_cubin(kernel.asm["ptx"], {}, backend.parse_options(dict(options)), arch)
+    if buf is not None and "Used" in buf.getvalue():
+        return buf.getvalue()
+    ptxas = ptxas_path(arch)
     if ptxas is None:
-        return row
+        return ""
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
         with open(ptx, "w") as f:
             f.write(kernel.asm["ptx"])
         res = subprocess.run([ptxas, f"-arch=sm_{arch}{'a' if arch >= 90 else ''}", "-v", ptx,
                               "-o", os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
-    info = res.stdout + res.stderr
     if res.returncode != 0:
-        raise RuntimeError(f"ptxas failed for {jit_fn.__name__}:\n{info[-2000:]}")
+        raise RuntimeError(f"ptxas failed for sm_{arch}:\n{(res.stdout + res.stderr)[-2000:]}")
+    return res.stdout + res.stderr
+
+
+def _cached_log(kernel, info: str) -> str:
+    """The ``ptxas -v`` log of ``kernel``: ``info`` when it holds one (then kept in Triton's
+    cache beside the kernel), else the kept one ("" if none): a kernel Triton takes from its
+    cache needs no ``ptxas`` run for its report."""
+    try:
+        from triton.runtime.cache import get_cache_manager
+
+        cache = get_cache_manager(kernel.hash)
+    except Exception:  # no usable cache API: nothing kept
+        return info if "Used" in info else ""
+    if "Used" in info:
+        cache.put(info, "ptxas-v.log", binary=False)
+        return info
+    path = cache.get_file("ptxas-v.log")
+    if path is None:
+        return ""
+    with open(path) as f:
+        return f.read()
+
+
+def _compile(jit_fn, args, kwargs, arch: int, resources: bool, ttgir: Optional[str] = None):
+    """``(row, kernel)``: one launch compiled for ``sm_<arch>``, from the Python source, or with
+    ``ttgir`` (the TritonGPU IR text of another Ampere/Ada target) from that IR."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, constexprs, attrs, options = specialize(jit_fn, args, kwargs, arch)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack, _ptxas_log() as buf:
+        if ttgir is None:
+            src = ASTSource(jit_fn, sig, constexprs, attrs)
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            src = os.path.join(tmp, f"{jit_fn.__name__}.ttgir")
+            with open(src, "w") as f:
+                f.write(re.sub(r'ttg\.target = "cuda:\d+"', f'ttg.target = "cuda:{arch}"', ttgir))
+        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    ptx = kernel.asm["ptx"]
+    row = dict(kernel=jit_fn.__name__, arch=arch, variant=variant_of(jit_fn, constexprs),
+               warps=options["num_warps"], stages=options["num_stages"], registers=None,
+               spill_stores=None, spill_loads=None, stack=None, shared=kernel.metadata.shared,
+               shared_limit=SHARED_LIMIT.get(arch), narrow_loads=narrow_loads(ptx),
+               hopper_only=hopper_only(ptx), from_ir=ttgir is not None,
+               compile_s=round(time.perf_counter() - t0, 1))
+    if not resources:
+        return row, kernel
+    info = buf.getvalue() if buf is not None else ""
+    info = _cached_log(kernel, info) or _cached_log(kernel, _ptxas_info(kernel, arch, options))
 
     def grab(pattern):
         m = re.search(pattern, info)
         return int(m.group(1)) if m else 0
 
-    row.update(registers=grab(r"Used (\d+) registers"),
-               spill_stores=grab(r"(\d+) bytes spill stores"),
-               spill_loads=grab(r"(\d+) bytes spill loads"),
-               stack=grab(r"(\d+) bytes stack frame"))
-    return row
+    if info:
+        row.update(registers=grab(r"Used (\d+) registers"),
+                   spill_stores=grab(r"(\d+) bytes spill stores"),
+                   spill_loads=grab(r"(\d+) bytes spill loads"),
+                   stack=grab(r"(\d+) bytes stack frame"))
+    return row, kernel
+
+
+def compile_launch(jit_fn, args, kwargs, arch: int = 90, resources: bool = True) -> dict:
+    """Compile one recorded launch for ``sm_<arch>``; with ``resources``, read the ``ptxas -v``
+    log of its cubin. Returns a dict: kernel, arch, variant, warps, stages, registers,
+    spill_stores, spill_loads, stack (bytes per thread), shared (bytes per program),
+    shared_limit (the target's maximum), narrow_loads (global loads of fewer than 4 bytes: an
+    element-by-element tile load, which a lost alignment specialization would cause),
+    hopper_only (Hopper-only PTX instructions), from_ir, compile_s."""
+    return _compile(jit_fn, args, kwargs, arch, resources)[0]
 
 
 def narrow_loads(ptx: str) -> int:
@@ -155,24 +267,81 @@ def narrow_loads(ptx: str) -> int:
     return len(re.findall(r"ld\.global(?:\.\w+)*\.[bu](?:8|16)\b", ptx))
 
 
-def compile_all(calls, arch: int = 90, resources: bool = True, progress=None) -> List[dict]:
-    """Compile each distinct specialization among recorded ``calls`` once; rows carry how many
-    launches share it (``launches``). ``progress``: optional callable(row) after each compile."""
-    rows, seen = [], {}
-    for jit_fn, _grid, args, kwargs in calls:
-        sig, constexprs, attrs, options = specialize(jit_fn, args, kwargs, arch)
-        key = (jit_fn.__name__, repr(sig), repr(sorted(constexprs.items())),
-               repr(sorted(attrs.items())), repr(sorted((k, repr(v)) for k, v in options.items())))
-        if key in seen:
-            seen[key]["launches"] += 1
-            continue
-        row = compile_launch(jit_fn, args, kwargs, arch, resources)
-        row["launches"] = 1
-        seen[key] = row
-        rows.append(row)
-        if progress is not None:
-            progress(row)
+def hopper_only(ptx: str) -> int:
+    """Instructions in ``ptx`` that only sm_90 has (warp-group MMA, TMA, clusters, ...)."""
+    return len(_HOPPER_ONLY.findall(ptx))
+
+
+def spec_key(jit_fn, args, kwargs, arch: int = 90) -> tuple:
+    """What makes two launches one compiled kernel (equal keys: one compile serves both)."""
+    sig, constexprs, attrs, options = specialize(jit_fn, args, kwargs, arch)
+    return (jit_fn.__name__, repr(sig), repr(sorted(constexprs.items())),
+            repr(sorted(attrs.items())), repr(sorted((k, repr(v)) for k, v in options.items()
+                                                     if k != "arch")))
+
+
+def compile_all(calls, arch=90, resources: bool = True, progress=None) -> List[dict]:
+    """Compile each distinct specialization among recorded ``calls`` once per target; rows carry
+    ``arch`` and how many launches share the kernel (``launches``). ``arch``: one compute
+    capability or several (e.g. ``TARGETS``); ``calls``: one list for every target, or a dict
+    ``{arch: calls}`` (each recorded with ``launches(..., arch=arch)``). Among sm_80, sm_86 and
+    sm_89, a kernel already compiled for one of them is lowered for the next from its
+    TritonGPU IR when :func:`ampere_ir_shared` (else compiled from source). ``progress``:
+    optional callable(row) after each compile."""
+    archs = sorted({arch} if isinstance(arch, int) else set(arch))
+    per_arch = calls if isinstance(calls, dict) else {a: calls for a in archs}
+    ampere = [a for a in archs if a in (80, 86, 89)]
+    reuse = len(ampere) > 1 and ampere_ir_shared()
+    irs = {}  # spec_key -> TritonGPU IR of an Ampere/Ada compile
+    rows = []
+    for a in archs:
+        specs = {}
+        for jit_fn, _grid, args, kwargs in per_arch[a]:
+            key = spec_key(jit_fn, args, kwargs)
+            if key in specs:
+                specs[key][1] += 1
+            else:
+                specs[key] = [(jit_fn, args, kwargs), 1]
+        for key, ((jit_fn, args, kwargs), count) in specs.items():
+            via = irs.get(key) if reuse and a in ampere else None
+            row, kernel = _compile(jit_fn, args, kwargs, a, resources, via)
+            if a in ampere:
+                irs.setdefault(key, kernel.asm["ttgir"])
+            row["launches"] = count
+            rows.append(row)
+            if progress is not None:
+                progress(row)
     return rows
+
+
+def _probe_dot(A, B, C, n, BLOCK: tl.constexpr):
+    # a pipelined loop of bf16 dots: the MMA and software-pipelining passes of the TritonGPU
+    # pipeline run on it, as on the attention kernels
+    r = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for i in range(0, n, BLOCK):
+        a = tl.load(A + r[:, None] * n + (i + r)[None, :])
+        b = tl.load(B + (i + r)[:, None] * BLOCK + r[None, :])
+        acc += tl.dot(a, b)
+    tl.store(C + r[:, None] * BLOCK + r[None, :], acc)
+
+
+_AMPERE_IR_SHARED: Optional[bool] = None
+
+
+def ampere_ir_shared() -> bool:
+    """Whether this Triton builds the same TritonGPU IR for sm_80, sm_86 and sm_89 (up to the
+    target attribute) on a probe kernel with a pipelined ``tl.dot``: then lowering one target's
+    IR for the others is the compile from source (checked once per process)."""
+    global _AMPERE_IR_SHARED
+    if _AMPERE_IR_SHARED is None:
+        fn = triton.jit(_probe_dot)
+        x = torch.empty(64 * 64, dtype=torch.bfloat16)
+        args, kwargs = (x, x, torch.empty(64 * 64), 256), dict(BLOCK=64, num_stages=3)
+        irs = {re.sub(r'ttg\.target = "cuda:\d+"', "", _compile(fn, args, kwargs, a, False)[1]
+                      .asm["ttgir"]) for a in (80, 86, 89)}
+        _AMPERE_IR_SHARED = len(irs) == 1
+    return _AMPERE_IR_SHARED
 
 
 def _probe(X, n, BLOCK: "tl.constexpr"):  # noqa: F821 - annotation read by triton.jit

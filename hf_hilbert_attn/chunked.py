@@ -945,7 +945,7 @@ def _merge_into(o_t, l_t, o, l):
     disjoint keys), in place."""
     new = torch.logaddexp(l_t, l)
     ref = finite_or_zero(new)
-    o_t.mul_(torch.exp(l_t - ref).unsqueeze(-1)).add_(o * torch.exp(l - ref).unsqueeze(-1))
+    o_t.mul_(torch.exp(l_t - ref).unsqueeze(-1)).addcmul_(o, torch.exp(l - ref).unsqueeze(-1))
     l_t.copy_(new)
 
 

@@ -4,13 +4,14 @@ The interpreter tests run the kernels' Python but never lower it; a construct th
 rejects (a loop-carried value changing type, a layout it cannot convert) would pass them. Here
 the specializations one forward + backward launches are compiled ahead of time
 (``hf_hilbert_attn.kernels.aot``), each case in a subprocess without ``TRITON_INTERPRET``
-(conftest sets it for this process before the kernels are defined), one test per case and
-target group so pytest-xdist spreads them:
+(conftest sets it for this process before the kernels are defined), one test and one process per
+target group (importing the package is most of a run once Triton's cache holds the kernels), so
+pytest-xdist runs the two side by side:
 
 * sm_90 (H100 / H200): every case below; Hopper-only instructions (warp-group MMA) are used.
 * sm_80 (A100), sm_86 (RTX 3090) and sm_89 (RTX 4090, L4): ``AMPERE_CASES``, three cases that
   together give every kernel function every value of every constexpr flag the five cases give
-  (``test_ampere_cases_cover_every_flag``); sm_86 / sm_89 are lowered from the sm_80 TritonGPU
+  (checked by the group's test); sm_86 / sm_89 are lowered from the sm_80 TritonGPU
   IR (the expensive part of a compile, the same for the three: ``aot.ampere_ir_shared``), with
   their own tiles where their 99 KiB of shared memory asks for it. No Hopper-only instruction
   may appear in their code.
@@ -46,8 +47,7 @@ CASES = {
 # (head size 128: the most shared memory).
 AMPERE_CASES = ("fp32_d32_gaps_docs", "bf16_d64_sliding_sinks",
                 "fp16_d128_segment_sinks_perm_noncausal")
-GROUPS = {"sm_90": (90,), "sm_80_86_89": (80, 86, 89)}
-JOBS = [(g, c) for g in GROUPS for c in (CASES if g == "sm_90" else AMPERE_CASES)]
+GROUPS = {"sm_90": ((90,), tuple(CASES)), "sm_80_86_89": ((80, 86, 89), AMPERE_CASES)}
 FLAGS = ("CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UMAX", "UTAB", "EARLIER", "SLIDING",
          "SINKT", "SINKADD", "HAS_DLSE")
 
@@ -88,17 +88,22 @@ def _calls(name, arch=None):
     return calls
 
 
-def _compile_case(group, name):
-    """Runs in the subprocess: compile the case for the group's targets, print rows as JSON."""
+def _compile_group(group):
+    """Runs in the subprocess (one per group: importing the package is most of a warm run):
+    compile the group's cases for its targets, print the rows (and, for the Ampere group, the
+    constexpr values its cases and all cases give) as JSON."""
     from hf_hilbert_attn.kernels import aot
 
     why = aot.available()
     if why:
         print(json.dumps({"skip": why}))
         return
-    archs = GROUPS[group]
-    rows = aot.compile_all({a: _calls(name, a) for a in archs}, archs)
-    print(json.dumps({"rows": rows}))
+    archs, names = GROUPS[group]
+    rows = [dict(r, case=name) for name in names
+            for r in aot.compile_all({a: _calls(name, a) for a in archs}, archs)]
+    flags = {"subset": _flag_values(AMPERE_CASES), "all": _flag_values(CASES)} \
+        if group != "sm_90" else None
+    print(json.dumps({"rows": rows, "flags": flags}))
 
 
 def _flag_values(names):
@@ -116,7 +121,7 @@ def _flag_values(names):
     return {k: {f: sorted(v) for f, v in fl.items()} for k, fl in seen.items()}
 
 
-def _run(*argv, timeout=900):
+def _run(*argv, timeout=3600):
     # no interpreter, and none of the tuning switches a developer may have exported (each case
     # sets its own)
     env = {k: v for k, v in os.environ.items()
@@ -131,38 +136,40 @@ def _run(*argv, timeout=900):
     return out
 
 
-@pytest.mark.parametrize("group,name", JOBS, ids=[f"{g}-{c}" for g, c in JOBS])
-def test_kernels_compile(group, name):
-    rows = _run("compile", group, name)["rows"]
-    for arch in GROUPS[group]:
-        mine = [r for r in rows if r["arch"] == arch]
-        kinds = {r["kernel"] for r in mine}
-        assert kinds == {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"}, (arch,
-                                                                                       kinds)
-        # the first config in priority order compiles without the union code, the others with it
-        for kern in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
-            variants = {r["variant"].split("EARLIER=")[1].split()[0] for r in mine
-                        if r["kernel"] == kern}
-            assert variants == {"0", "1"}, (arch, kern, variants)
-        for r in mine:
-            assert r["narrow_loads"] == 0, f"element-by-element loads in {r}"
-            assert r["shared"] <= r["shared_limit"], f"more shared memory than sm_{arch} has: {r}"
-            if r["registers"] is not None:
-                assert 0 < r["registers"] <= 255, r
-            if arch < 90:
-                assert r["hopper_only"] == 0, f"Hopper-only instructions for sm_{arch}: {r}"
-        if arch == 90 and CASES[name][1] != "fp32":  # the check sees Hopper code where it is
-            assert all(r["hopper_only"] > 0 for r in mine if r["kernel"] != "_delta_kernel"), mine
-        if arch in (86, 89):  # lowered from the sm_80 IR wherever the tiles are the same
-            assert any(r["from_ir"] for r in mine), mine
-    print("\n".join(json.dumps(r) for r in rows))  # resource numbers in the -rA log
-
-
-def test_ampere_cases_cover_every_flag():
-    """The cases compiled for sm_80 / sm_86 / sm_89 give every kernel every value of every
-    constexpr flag that all the cases (compiled for sm_90) give."""
-    out = _run("flags", timeout=300)
-    assert out["subset"] == out["all"], out
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_kernels_compile(group):
+    out = _run(group)
+    archs, names = GROUPS[group]
+    for name in names:
+        for arch in archs:
+            mine = [r for r in out["rows"] if r["arch"] == arch and r["case"] == name]
+            kinds = {r["kernel"] for r in mine}
+            assert kinds == {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"}, \
+                (name, arch, kinds)
+            # the first config in priority order compiles without the union code, the others
+            # with it
+            for kern in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
+                variants = {r["variant"].split("EARLIER=")[1].split()[0] for r in mine
+                            if r["kernel"] == kern}
+                assert variants == {"0", "1"}, (name, arch, kern, variants)
+            for r in mine:
+                assert r["narrow_loads"] == 0, f"element-by-element loads in {r}"
+                assert r["shared"] <= r["shared_limit"], \
+                    f"more shared memory than sm_{arch} has: {r}"
+                if r["registers"] is not None:
+                    assert 0 < r["registers"] <= 255, r
+                if arch < 90:
+                    assert r["hopper_only"] == 0, f"Hopper-only instructions for sm_{arch}: {r}"
+            if arch == 90 and CASES[name][1] != "fp32":  # the check sees Hopper code there
+                assert all(r["hopper_only"] > 0 for r in mine if r["kernel"] != "_delta_kernel"), \
+                    mine
+            if arch in (86, 89):  # lowered from the sm_80 IR wherever the tiles are the same
+                assert any(r["from_ir"] for r in mine), mine
+    if out["flags"] is not None:
+        # the cases compiled for sm_80 / sm_86 / sm_89 give every kernel every value of every
+        # constexpr flag that all the cases (compiled for sm_90) give
+        assert out["flags"]["subset"] == out["flags"]["all"], out["flags"]
+    print("\n".join(json.dumps(r) for r in out["rows"]))  # resource numbers in the -rA log
 
 
 def test_narrow_load_count_on_ptx():
@@ -181,7 +188,4 @@ def test_narrow_load_count_on_ptx():
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "compile":
-        _compile_case(sys.argv[2], sys.argv[3])
-    else:
-        print(json.dumps({"subset": _flag_values(AMPERE_CASES), "all": _flag_values(CASES)}))
+    _compile_group(sys.argv[1])

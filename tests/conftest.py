@@ -12,6 +12,13 @@ if not torch.cuda.is_available():
 HAS_CUDA = torch.cuda.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--aot", action="store_true",
+                     help="also run the ahead-of-time compile check for sm_80/86/89/90 "
+                     "(tests/test_kernels_compile.py; ~25 CPU-minutes from a cold Triton cache, "
+                     "about one with a warm one): CI's second stage")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     # Under -n (pytest-xdist) without an explicit --dist: "loadgroup" instead of "load". Each
@@ -33,9 +40,13 @@ def pytest_configure_node(node):
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_aot = pytest.mark.skip(reason="compile check for every GPU target: run with --aot "
+                                "(.ci/run does, as its second stage)")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if "aot" in item.keywords and not config.getoption("--aot"):
+            item.add_marker(skip_aot)
         # Tests sharing a module-scoped fixture of their file (a training run, a model) run on
         # one xdist worker (--dist loadgroup, pyproject.toml), so the fixture is built once.
         if item.get_closest_marker("xdist_group") is None and _uses_module_fixture(item):

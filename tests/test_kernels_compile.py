@@ -136,6 +136,7 @@ def _run(*argv, timeout=3600):
     return out
 
 
+@pytest.mark.aot
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_kernels_compile(group):
     out = _run(group)

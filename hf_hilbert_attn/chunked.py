@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .inputs import document_ranges
 from .numerics import accum_dtype, finite_or_zero, merge_partials
 from .pattern import DilatedPattern
 
@@ -875,26 +876,10 @@ def _document_runs(pattern, a, causal, q):
     attend nothing), each a call of the dense-tile path; None for any other layout."""
     if a.q_doc_ids is None or not _fast_applies(pattern, a, causal, q):
         return None
-    shape = (a.batch, a.sq)
-    pos, doc = a.q_positions.expand(shape), a.q_doc_ids.expand(shape)
-    if not (torch.equal(pos, a.k_positions.expand(shape))
-            and torch.equal(doc, a.k_doc_ids.expand(shape))):
-        return None
-    pos, doc = pos.cpu(), doc.cpu()
-    brk = (doc[:, 1:] != doc[:, :-1]) | (pos[:, 1:] != pos[:, :-1] + 1)
-    runs = []
-    for b in range(a.batch):
-        cuts = [0] + (brk[b].nonzero().flatten() + 1).tolist() + [a.sq]
-        seen = set()
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            d = int(doc[b, lo])
-            if d < 0:
-                continue
-            if d in seen or int(pos[b, lo]) != 0 or len(runs) >= MAX_DOCUMENT_RUNS:
-                return None  # a split document, a continuation, or too many calls
-            seen.add(d)
-            runs.append((b, lo, hi))
-    return runs
+    ranges = document_ranges(a)
+    if ranges is None or len(ranges) > MAX_DOCUMENT_RUNS or any(p0 for *_, p0 in ranges):
+        return None  # a split document, a continuation, or too many calls
+    return [(b, lo, hi) for b, lo, hi, _ in ranges]
 
 
 def _fast_documents(q, k, v, pattern, a, runs):

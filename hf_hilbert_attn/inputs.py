@@ -143,6 +143,35 @@ def check_inputs(
     return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural)
 
 
+def document_ranges(a) -> Optional[list]:
+    """Packed or padded self-attention (``a``: :func:`check_inputs`) as ``[(row, lo, hi, p0)]``:
+    storage ranges ``[lo, hi)`` each holding one whole document (doc id >= 0) at consecutive
+    positions ``p0, p0 + 1, ...``; padding (doc id < 0) is left out. None for any other layout:
+    no document ids, queries and keys laid out differently, or a document split in two."""
+    if a.sq != a.sk or a.q_doc_ids is None:
+        return None
+    shape = (a.batch, a.sq)
+    pos, doc = a.q_positions.expand(shape), a.q_doc_ids.expand(shape)
+    if not (torch.equal(pos, a.k_positions.expand(shape))
+            and torch.equal(doc, a.k_doc_ids.expand(shape))):
+        return None
+    pos, doc = pos.cpu(), doc.cpu()
+    brk = (doc[:, 1:] != doc[:, :-1]) | (pos[:, 1:] != pos[:, :-1] + 1)
+    ranges = []
+    for b in range(a.batch):
+        cuts = [0] + (torch.nonzero(brk[b]).flatten() + 1).tolist() + [a.sq]
+        seen = set()
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            d = int(doc[b, lo])
+            if d < 0:
+                continue
+            if d in seen:  # a document split into several ranges: pairs would cross them
+                return None
+            seen.add(d)
+            ranges.append((b, lo, hi, int(pos[b, lo])))
+    return ranges
+
+
 def restart_documents(positions: torch.Tensor) -> Optional[torch.Tensor]:
     """Document ids ``[B, S]`` (0, 1, ...) of packed rows whose positions restart per document,
     or None when every row is one document.

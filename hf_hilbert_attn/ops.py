@@ -10,7 +10,7 @@ import torch
 
 from .chunked import chunked_attention
 from .hilbert import in_storage_order, storage_ordering
-from .inputs import KERNEL_HEAD_DIMS, check_inputs
+from .inputs import KERNEL_HEAD_DIMS, check_inputs, document_ranges
 from .numerics import accum_dtype, call_under_autocast, finite_or_zero
 from .pattern import DilatedPattern
 
@@ -470,33 +470,17 @@ def document_runs(q, k, v, pattern, a):
     """
     from .kernels import plan_positions
 
-    if a.sq != a.sk or a.q_doc_ids is None:
+    ranges = document_ranges(a)
+    if ranges is None:
         return None
-    shape = (a.batch, a.sq)
-    pos, doc = a.q_positions.expand(shape), a.q_doc_ids.expand(shape)
-    if not (torch.equal(pos, a.k_positions.expand(shape))
-            and torch.equal(doc, a.k_doc_ids.expand(shape))):
-        return None
-    pos, doc = pos.cpu(), doc.cpu()
-    brk = (doc[:, 1:] != doc[:, :-1]) | (pos[:, 1:] != pos[:, :-1] + 1)
     runs = []
-    for b in range(a.batch):
-        cuts = [0] + (torch.nonzero(brk[b]).flatten() + 1).tolist() + [a.sq]
-        seen = set()
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            d = int(doc[b, lo])
-            if d < 0:
-                continue
-            if d in seen:  # a document split into several ranges: pairs would cross them
-                return None
-            seen.add(d)
-            p0 = int(pos[b, lo])
-            positions = None if p0 == 0 else pos[b, lo:hi].to(q.device)
-            sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
-                               pattern, scale=a.scale, q_positions=positions,
-                               k_positions=positions)
-            plan, _ = plan_positions(sub, pattern)
-            if plan is None or len(runs) >= MAX_DOCUMENT_RUNS:
-                return None
-            runs.append((b, lo, hi, plan))
+    for b, lo, hi, p0 in ranges:
+        positions = None if p0 == 0 else \
+            a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
+        sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
+                           pattern, scale=a.scale, q_positions=positions, k_positions=positions)
+        plan, _ = plan_positions(sub, pattern)
+        if plan is None or len(runs) >= MAX_DOCUMENT_RUNS:
+            return None
+        runs.append((b, lo, hi, plan))
     return runs

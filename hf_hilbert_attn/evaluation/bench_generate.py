@@ -23,8 +23,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ._args import InputError, check_device, positive_int, report_input_errors
-from .bench_model import OOM_ERRORS, device_tag
+from ._args import positive_int, report_input_errors
+from .bench_model import OOM_ERRORS, device_tag, run_preset
 
 __all__ = ["PRESETS", "CACHES", "build_model", "measure_generate", "run_benchmark", "main"]
 
@@ -206,22 +206,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run_from_args(args, parser) -> int:
-    if args.preset is None:
-        parser.error("choose --preset 1b (GPU: 128K and 1M contexts) or --preset tiny (CPU)")
-    try:
-        check_device(args.device)
-        from .runner import resolve_pattern
-
-        resolve_pattern(args.pattern or PRESETS[args.preset]["pattern"])
-    except InputError as e:
-        parser.error(str(e))
-    if PRESETS[args.preset]["gpu"] and args.device == "auto" and not torch.cuda.is_available():
-        raise InputError(f"--preset {args.preset} needs a CUDA GPU and torch sees none here; "
-                         f"on a CPU run --preset tiny (or force --device cpu)")
-    out = run_benchmark(args)
-    print(out["markdown"])
-    print(f"wrote {', '.join(str(v) for v in out['files'].values())}")
-    return 0
+    return run_preset(args, parser, PRESETS, run_benchmark,
+                      "choose --preset 1b (GPU: 128K and 1M contexts) or --preset tiny (CPU)")
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:

@@ -48,13 +48,6 @@ PRESETS = {
         plan="Llama-3.2-1B shape (random init, bf16) at 16K, 32K, 64K and 128K tokens, sdpa vs "
              "hilbert_dilated:longnet_lm; needs a CUDA GPU (minutes)",
     ),
-    "135m": dict(
-        model=MODEL_SHAPES["135m"], gpu=True,
-        lengths=[4096, 8192], dtype="bfloat16", pattern="default",
-        warmup=2, iters=5, max_len_start=65536, max_len_step=16384,
-        plan="SmolLM2-135M shape (random init, bf16) at 4K and 8K tokens, sdpa vs "
-             "hilbert_dilated:default: short sequences, small heads; needs a CUDA GPU",
-    ),
     "tiny": dict(
         model=MODEL_SHAPES["tiny"], gpu=False,
         lengths=[128, 256], dtype="float32", pattern="tiny",
@@ -63,6 +56,12 @@ PRESETS = {
              "pipeline (seconds; its timings are noise)",
     ),
 }
+
+# short sequences, small heads: the quality study's model shape
+PRESETS["135m"] = {**PRESETS["1b"], "model": MODEL_SHAPES["135m"], "lengths": [4096, 8192],
+                   "pattern": "default", "warmup": 2, "iters": 5, "max_len_start": 65536,
+                   "plan": "SmolLM2-135M shape (random init, bf16) at 4K and 8K tokens, sdpa vs "
+                           "hilbert_dilated:default; needs a CUDA GPU"}
 
 OOM_ERRORS = tuple({getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
                     torch.cuda.OutOfMemoryError})
@@ -442,24 +441,30 @@ def plan_text() -> str:
     return "; ".join(f"--preset {name}: {p['plan']}" for name, p in sorted(PRESETS.items()))
 
 
-def run_from_args(args, parser) -> int:
-    """Bad arguments: ``parser.error`` (exit 2). A GPU preset on a machine without CUDA is an
-    :class:`InputError` naming the preset that runs there."""
+def run_preset(args, parser, presets, run, usage: str) -> int:
+    """The shared tail of ``bench model`` / ``bench generate``: no preset or a bad device or
+    pattern is a ``parser.error`` (exit 2); a GPU preset on a machine without CUDA an
+    :class:`InputError` naming the preset that runs there; else ``run(args)``, its Markdown
+    printed and its files named."""
     if args.preset is None:
-        parser.error(f"choose what to run: {plan_text()}")
-    if args.warmup is not None and args.warmup < 0:
-        parser.error(f"--warmup must be >= 0, got {args.warmup}")
+        parser.error(usage)
     try:
         check_device(args.device)
         from .runner import resolve_pattern
 
-        resolve_pattern(args.pattern or PRESETS[args.preset]["pattern"])
+        resolve_pattern(args.pattern or presets[args.preset]["pattern"])
     except InputError as e:
         parser.error(str(e))
-    if PRESETS[args.preset]["gpu"] and args.device == "auto" and not torch.cuda.is_available():
+    if presets[args.preset]["gpu"] and args.device == "auto" and not torch.cuda.is_available():
         raise InputError(f"--preset {args.preset} needs a CUDA GPU and torch sees none here; "
                          f"on a CPU run --preset tiny (or force --device cpu)")
-    out = run_benchmark(args)
+    out = run(args)
     print(out["markdown"])
     print(f"wrote {', '.join(str(v) for v in out['files'].values())}")
     return 0
+
+
+def run_from_args(args, parser) -> int:
+    if args.warmup is not None and args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    return run_preset(args, parser, PRESETS, run_benchmark, f"choose what to run: {plan_text()}")

@@ -735,8 +735,11 @@ def _segment_tiles(pattern, i, s, hq, hkv, touched):
     """Tiles of segment config ``i`` (see the comment above)."""
     w, r = pattern.configs[i]
     earlier = [pattern.configs[j] for j in range(i)]
-    if any(r % rj == 0 and wj % w == 0 for wj, rj in earlier):
-        return []  # an earlier config covers every pair of every segment
+    if any(r % rj == 0 and wj % w == 0 and w % rj == 0 for wj, rj in earlier):
+        # an earlier config covers every pair of every segment: its segments hold ours, and
+        # our classes lie inside its classes (w % rj: a segment of ours starts on one of its
+        # class boundaries; (43, 2) after (86, 2) does not: 43 starts on the odd class)
+        return []
     uh, uc = _units(pattern, i, hq)
     nested = all(r % rj == 0 and w % wj == 0 and wj % r == 0 for wj, rj in earlier)
     if nested and earlier:

@@ -126,6 +126,14 @@ def test_random_patterns(seed):
     check(pattern, b=1, hq=4, hkv=2, s=s, d=16, fast=fast)
 
 
+def test_nested_config_on_the_other_classes():
+    """(43, 2) nests in (86, 2), but its segment [43, 86) starts on an odd position, so its
+    classes are the other parity: (86, 2) does not cover it (the plan once dropped it)."""
+    check(DilatedPattern([44, 86, 43], [1, 2, 2], sink_tokens=3), b=2, hq=2, hkv=2, s=97, d=8)
+    check(DilatedPattern([44, 86, 43], [1, 2, 2]), b=1, hq=4, hkv=1, s=130, d=8,
+          dtype=torch.float64)
+
+
 def test_left_to_the_blockwise_path():
     """Non-causal calls, positions other than 0..S-1 per document and sliding patterns whose
     earlier rates do not divide later ones take the blockwise path (and stay exact)."""

@@ -75,7 +75,7 @@ def main(argv=None):
         print("| " + " | ".join(str(r[c]) for c in COLS) + " |")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLS)
+            w = csv.DictWriter(f, fieldnames=COLS, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
     return rows

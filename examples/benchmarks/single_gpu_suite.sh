@@ -5,8 +5,8 @@
 #
 # STAGES (comma list; default tests,ab):
 #   tests      GPU tests (kernels vs float32 references in bf16/fp16, transformers, autocast)
-#   ab         kernel tiles at 64K, longnet_lm, 32/8 heads, D=128, per-launch profile: the
-#              default and the dk/dv and dq tiles that spill less (docs/decisions.md)
+#   ab         kernel variants at 64K (ab_variants.sh): the defaults, 32/8 heads D 128 and
+#              32/32 heads D 64, and the forward's table launches at 64 x 64 (docs/decisions.md)
 #   attn16     bench_attention.py matrix at 16K and 32K (Hkv 32,8; D 128,64; both patterns)
 #   attn64     the same at 64K
 #   attn128    the same at 128K
@@ -29,13 +29,10 @@ has tests && step python -m pytest -q -m gpu -n auto tests
 if has ab; then
   # registers/spills of the binaries being timed, from the device's own Triton
   step python examples/benchmarks/kernel_resources.py --csv "$OUT_DIR/kernel_resources.csv"
-  step python $KT --seq 65536 --profile
-  for t in 32,128,8,2 32,64,8,2; do
-    step env HF_HILBERT_DKDV_BLOCKS=$t python $KT --no-check --seq 65536
-  done
-  for t in 128,32,8,2 64,32,4,2; do
-    step env HF_HILBERT_DQ_BLOCKS=$t python $KT --no-check --seq 65536
-  done
+  # the defaults as one call (docs/decisions.md "Union tables in the forward" timed each kernel
+  # apart), and the forward's table launches at 64 x 64 instead of 64 x 32
+  step bash examples/benchmarks/ab_variants.sh "$OUT_DIR/ab" 65536 'defaults@32,8,128:' \
+    'fwd64@32,8,128:HF_HILBERT_FWD_BLOCKS=64,64,4,3' 'defaults64@32,32,64:'
 fi
 for s in 16 64 128; do
   case $s in 16) lens=16K,32K ;; 64) lens=64K ;; 128) lens=128K ;; esac

@@ -90,9 +90,14 @@ def _smem(device) -> Optional[int]:
     return _SMEM[idx]
 
 
-def _blocks(kind, d, dtype, smem=None):
-    choose = {"fwd": fwd_blocks, "dq": bwd_blocks, "dkdv": dkdv_blocks}[kind]
-    bm, bn, warps, stages = choose(d, dtype, _interpret(), *(() if kind == "fwd" else (smem,)))
+def _blocks(kind, d, dtype, smem=None, table=False):
+    """The tile of ``kind`` (``BLOCK_OVERRIDE`` first); ``table``: of a forward launch that
+    tests the union rule through the key tables."""
+    if kind == "fwd":
+        bm, bn, warps, stages = fwd_blocks(d, dtype, _interpret(), table)
+    else:
+        choose = bwd_blocks if kind == "dq" else dkdv_blocks
+        bm, bn, warps, stages = choose(d, dtype, _interpret(), smem)
     over = BLOCK_OVERRIDE.get(kind) if isinstance(BLOCK_OVERRIDE, dict) else BLOCK_OVERRIDE
     if over is not None:
         bm, bn = over[:2]
@@ -266,16 +271,22 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     def build():
         prio, launch, sinks = _launches(pattern, plan)
         per_head = pattern.query_dilation == "per_head"
-        BM, BN, warps, stages = _blocks("fwd", D, q.dtype, _smem(dev))
         # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so
         # long forward-only runs are not bounded by a buffer twice the size of the output.
         hch = HQ
         if len(launch) > 1:
             hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
         items = []
+        # the union test: the key tables, as in the backward, where they apply (segment
+        # patterns, at most four earlier configs), else the runtime loop (UMAX = 0: unrolled,
+        # it spilled); the table launches take their own tile
+        keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
+                           else (_dummy(dev), 1, 0))
+        tiles = [_blocks("fwd", D, q.dtype, _smem(dev), table) for table in (False, utab > 0)]
         for h0 in range(0, HQ, hch):
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
+                BM, BN, warps, stages = tiles[_earlier(ln.npri)]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
                 last = li == len(launch) - 1
@@ -284,21 +295,18 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                         max(sinks, 1), len(prio), ln.npri, li, int(li == 0), int(last))
                 kw = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head,
                           MAPPED=plan.mapped_kind, HAS_DOC=plan.qdoc is not None,
-                          IEEE=q.dtype == torch.float32, UMAX=0, UTAB=0,
+                          IEEE=q.dtype == torch.float32, UMAX=0, UTAB=utab,
                           EARLIER=_earlier(ln.npri), SLIDING=pattern.sliding,
                           SINKT=bool(sinks) and last, num_warps=warps, num_stages=stages)
                 items.append(((nseg * ncls * nblk, B * nh), tail, kw))
         return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev),
-                hch if len(launch) > 1 else 0, items)
+                keys, psz, hch if len(launch) > 1 else 0, items)
 
-    cfg_t, lcfg_t, hch, items = _planned(_call_key("fwd", pattern, plan, q, k, causal, scale),
-                                         build)
+    cfg_t, lcfg_t, keys, psz, hch, items = _planned(
+        _call_key("fwd", pattern, plan, q, k, causal, scale), build)
     acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if hch else out
     (qinv, kinv, qdoc, kdoc), pos_strides = _pos_args(plan, dev)
-    # The forward keeps the in-kernel union loop (UTAB=0): the key-table path costs the whole
-    # kernel registers (64K longnet_lm on H200: 9.3 vs 13.4 ms, docs/decisions.md); the
-    # backward kernels use the tables.
-    head = (q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, _dummy(dev), 1,
+    head = (q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
             *_strides(q, k, v, out, acc), *_strides(lse, n=2), *pos_strides)
     for grid, tail, kw in items:
         _fwd_kernel[grid](*head, *tail, **kw)

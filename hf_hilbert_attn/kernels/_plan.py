@@ -172,12 +172,17 @@ def config_order(pattern):
     return prio, launch
 
 
-def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool):
-    """(BM, BN, num_warps, num_stages) of the forward kernel."""
+def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False):
+    """(BM, BN, num_warps, num_stages) of the forward kernel; ``table``: of a launch that tests
+    the union rule through the key tables (a segment config after the first in priority)."""
     if interpret:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 64, 32, 4, 2
+    if table:
+        # no spills on sm_90 (64 x 64: 80 bytes per thread; kernel_resources.py, Triton 3.6);
+        # with the tables, 64K longnet_lm forward 8.05 -> 7.29 ms on an H100 (docs/decisions.md)
+        return 64, 32, 4, 3
     # measured on H200 (docs/decisions.md): 64x64 / 4 warps beat 128x64 / 8 warps on the
     # longnet pattern (short class runs, many boundary tiles)
     return 64, 64, 4, 3
@@ -210,7 +215,12 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
         return bm, bn, warps, stages
     if smem is not None and smem <= SMALL_SMEM and d > 64 and dtype != torch.float32:
         return DKDV_SMALL_SMEM
-    return bn, bm, warps, stages  # the dq tile, roles swapped
+    if dtype == torch.float32:
+        return bn, bm, warps, stages  # the dq tile, roles swapped
+    # 32 queries per step against 128 keys: 64 queries spilled 4.2 KB per thread in the union
+    # variant on sm_90 (32: 0.7 KB; kernel_resources.py, Triton 3.6); dk/dv of 64K longnet_lm
+    # 16.9 -> 14.6 ms on an H100 (docs/decisions.md)
+    return 32, 128, 8, 2
 
 
 # dk/dv tile (BM queries per step, BN keys per program, warps, stages) where shared memory is

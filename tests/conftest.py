@@ -63,9 +63,21 @@ def _uses_module_fixture(item) -> bool:
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
-    # Fresh random data per test, but reproducible from the printed seed on failure.
-    seed = random.randrange(2**31)
+    # Fresh random data per test, reproducible from the seed a failure prints
+    # (HF_HILBERT_TEST_SEED=<seed> reruns with it).
+    env = os.environ.get("HF_HILBERT_TEST_SEED")
+    seed = int(env) if env else random.randrange(2**31)
     torch.manual_seed(seed)
     random.seed(seed)
     request.node.user_properties.append(("seed", seed))
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for key, value in item.user_properties:
+            if key == "seed":
+                report.sections.append(("seed", f"rerun with HF_HILBERT_TEST_SEED={value}"))

@@ -245,3 +245,40 @@ def test_bench_attention_script_is_the_package_benchmark():
 
     script = _load_script()
     assert script.main is attention.main and script.LABELS is attention.LABELS
+
+
+@pytest.mark.parametrize("pattern", [
+    DilatedPattern([64, 128, 256, 512, 1024], [1, 2, 4, 6, 12]),
+    DilatedPattern([48, 100, 300], [1, 3, 5], sink_tokens=3),
+    DilatedPattern([32, 64, 128], [1, 2, 4], window="sliding", sink_tokens=1),
+    DilatedPattern([40, 96], [1, 2], query_dilation="all")])
+def test_kernel_timing_pairs_per_launch(pattern):
+    """kernel_timing.py's per-launch table: each launch's pairs under the union rule (as the
+    kernels split them: a config keeps the pairs no config before it in priority allows, the
+    last launch also the sink-key pairs no config allows); together the pattern's count, and
+    each equal to a brute-force count over the mask."""
+    spec = importlib.util.spec_from_file_location("kernel_timing", BENCH_DIR / "kernel_timing.py")
+    kt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kt)
+    from hf_hilbert_attn.kernels._plan import config_order
+
+    s, hq = 700, 6
+    got = kt.launch_pairs(pattern, s, hq)
+    prio, launch = config_order(pattern)
+    assert [c for c, _ in got] == launch
+    assert sum(n for _, n in got) == pattern.count_pairs_total(s, hq)
+    h = torch.arange(hq).view(-1, 1, 1)
+    qp, kp = torch.arange(s).view(1, -1, 1), torch.arange(s).view(1, 1, -1)
+    free = (kp <= qp).expand(hq, s, s).clone()
+    want = {}
+    for w, r in prio:
+        allowed = pattern.config_allowed(pattern.configs.index((w, r)), h, qp, kp)
+        want[(w, r)] = int((free & allowed).sum())
+        free &= ~allowed
+    want[launch[-1]] += int((free & (kp < pattern.sink_tokens)).sum())
+    assert dict(got) == want
+    rows = kt.launch_table(pattern, s, hq, 64, [(n, 1.0) for n in ("_fwd_kernel", "_dq_kernel",
+                                                                  "_dkdv_kernel")
+                                                for _ in launch])
+    assert rows is not None and rows.count("\n") == len(launch) + 1
+    assert kt.launch_table(pattern, s, hq, 64, [("_fwd_kernel", 1.0)]) is None

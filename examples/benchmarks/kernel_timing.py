@@ -101,6 +101,46 @@ def time_sdpa_fwd(s, hq, hkv, d, dtype):
     return dict(fwd_ms=t, fwd_tflops=4.0 * d * hq * s * (s + 1) / 2 / t / 1e9)
 
 
+def launch_pairs(pattern, s, hq):
+    """``[((w, r), pairs)]`` in the kernels' launch order: the pairs each launch computes under
+    the union rule (a config keeps the pairs no config before it in priority allows), summed
+    over heads; the last launch also runs the sink-key pairs no config allows."""
+    from hf_hilbert_attn.kernels._plan import config_order
+
+    prio, launch = config_order(pattern)
+
+    def upto(k):  # pairs of the first k priority configs, no sinks
+        if k == 0:
+            return 0
+        ws, rs = zip(*prio[:k])
+        sub = DilatedPattern(list(ws), list(rs), query_dilation=pattern.query_dilation,
+                             window=pattern.window)
+        return sub.count_pairs_total(s, hq)
+
+    cum = [upto(k) for k in range(len(prio) + 1)]
+    own = {cfg: cum[i + 1] - cum[i] for i, cfg in enumerate(prio)}
+    own[launch[-1]] += pattern.count_pairs_total(s, hq) - cum[-1]  # the sink keys
+    return [(cfg, own[cfg]) for cfg in launch]
+
+
+def launch_table(pattern, s, hq, d, events):
+    """Per launch: config, share of the pairs, forward / dq / dk/dv ms and useful TFLOP/s, from
+    ``events`` ``[(kernel name, ms)]`` in order (None when the launches are not one per
+    config, e.g. split into head chunks)."""
+    pairs = launch_pairs(pattern, s, hq)
+    by = {k: [ms for name, ms in events if name.startswith(k)] for k in ("_fwd", "_dq", "_dkdv")}
+    if any(len(v) != len(pairs) for v in by.values()):
+        return None
+    total = sum(n for _, n in pairs)
+    rows = ["| config | pairs | fwd ms (TFLOP/s) | dq ms | dk/dv ms | bwd TFLOP/s |",
+            "|---|---|---|---|---|---|"]
+    for i, ((w, r), n) in enumerate(pairs):
+        f, q, kv = by["_fwd"][i], by["_dq"][i], by["_dkdv"][i]
+        rows.append(f"| ({w}, {r}) | {n / total:.1%} | {f:.2f} ({4 * d * n / f / 1e9:.0f}) | "
+                    f"{q:.2f} | {kv:.2f} | {10 * d * n / (q + kv) / 1e9:.0f} |")
+    return "\n".join(rows)
+
+
 def profile(pattern, s, hq, hkv, d):
     q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -113,6 +153,9 @@ def profile(pattern, s, hq, hkv, d):
         torch.cuda.synchronize()
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     print(f"profile S={s}: " + ", ".join(f"{e.name[:12]}={e.device_time / 1e3:.2f}ms" for e in evs))
+    table = launch_table(pattern, s, hq, d, [(e.name, e.device_time / 1e3) for e in evs])
+    if table:
+        print(table)
 
 
 def long_runs(pattern, s_fb, s_fwd, hq, hkv, d):

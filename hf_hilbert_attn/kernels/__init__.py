@@ -202,6 +202,16 @@ def _pos_args(plan: PositionPlan, device):
     return (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd)
 
 
+def _needs_pair_mask(earlier, r: int) -> bool:
+    """Whether a launch of rate ``r`` after the configs ``earlier`` tests the union rule pair by
+    pair on whole tiles: some earlier rate does not divide ``r``, or its classes shift from one
+    of its segments to the next. Otherwise what they cover is skipped as whole key ranges and
+    the forward's runtime loop is faster than the key tables (1.16 vs 1.24 ms on longnet_lm's
+    (4096, 2) launch at 64K); with the pair mask the tables are (1.86 -> 1.24 ms on (16384, 6);
+    H100, docs/decisions.md "Union tables in the forward")."""
+    return any(r % rj or wj % rj for wj, rj in earlier)
+
+
 def _union_args(prio, plan, device):
     """(KEYS table, its row length, UTAB): the table path of the union test serves up to four
     earlier configs (41 % faster forward+backward than the loop on longnet_lm, docs/decisions.md);
@@ -277,16 +287,16 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         if len(launch) > 1:
             hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
         items = []
-        # the union test: the key tables, as in the backward, where they apply (segment
-        # patterns, at most four earlier configs), else the runtime loop (UMAX = 0: unrolled,
-        # it spilled); the table launches take their own tile
+        # the union test: the key tables (as in the backward) for launches that need the
+        # per-pair mask, else the runtime loop (UMAX = 0: unrolled, it spilled)
         keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
                            else (_dummy(dev), 1, 0))
-        tiles = [_blocks("fwd", D, q.dtype, _smem(dev), table) for table in (False, utab > 0)]
+        tiles = {t: _blocks("fwd", D, q.dtype, _smem(dev), t) for t in (False, True)}
         for h0 in range(0, HQ, hch):
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
-                BM, BN, warps, stages = tiles[_earlier(ln.npri)]
+                tab = utab if _needs_pair_mask(prio[:ln.npri], ln.r) else 0
+                BM, BN, warps, stages = tiles[tab > 0]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
                 last = li == len(launch) - 1
@@ -295,7 +305,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                         max(sinks, 1), len(prio), ln.npri, li, int(li == 0), int(last))
                 kw = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head,
                           MAPPED=plan.mapped_kind, HAS_DOC=plan.qdoc is not None,
-                          IEEE=q.dtype == torch.float32, UMAX=0, UTAB=utab,
+                          IEEE=q.dtype == torch.float32, UMAX=0, UTAB=tab,
                           EARLIER=_earlier(ln.npri), SLIDING=pattern.sliding,
                           SINKT=bool(sinks) and last, num_warps=warps, num_stages=stages)
                 items.append(((nseg * ncls * nblk, B * nh), tail, kw))

@@ -174,14 +174,15 @@ def config_order(pattern):
 
 def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False):
     """(BM, BN, num_warps, num_stages) of the forward kernel; ``table``: of a launch that tests
-    the union rule through the key tables (a segment config after the first in priority)."""
+    the union rule pair by pair through the key tables (``kernels._needs_pair_mask``)."""
     if interpret:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 64, 32, 4, 2
     if table:
         # no spills on sm_90 (64 x 64: 80 bytes per thread; kernel_resources.py, Triton 3.6);
-        # with the tables, 64K longnet_lm forward 8.05 -> 7.29 ms on an H100 (docs/decisions.md)
+        # with the tables, longnet_lm's rate-6 launch at 64K 1.86 -> 1.24 ms on an H100
+        # (docs/decisions.md)
         return 64, 32, 4, 3
     # measured on H200 (docs/decisions.md): 64x64 / 4 warps beat 128x64 / 8 warps on the
     # longnet pattern (short class runs, many boundary tiles)

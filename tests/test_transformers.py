@@ -567,3 +567,30 @@ def test_gpu_cached_generate_matches_full_forward(cache):
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
                          pad_token_id=0, cache_implementation=cache)
     assert torch.equal(dense, ref)
+
+
+def test_compiled_layer_is_two_graphs_around_the_position_call(monkeypatch):
+    """Through the kernels' custom op (Triton interpreter here), a compiled decoder layer breaks
+    only at the one opaque call that reads positions and documents (data-dependent checks): not
+    at the attention-output collector, not inside the position checks."""
+    from hf_hilbert_attn import ops
+
+    monkeypatch.setattr(ops, "use_triton", lambda q, a, backend: True)
+    torch._dynamo.reset()
+    model = tiny_model("llama", "hilbert_dilated", hilbert_attn={"segment_lengths": [16, 32],
+                                                                 "dilation_rates": [1, 2]})
+    layer = model.model.layers[0]
+    x = torch.randn(1, 48, 64)
+    pos = torch.arange(48)[None]
+    kw = dict(attention_mask=None, position_ids=pos,
+              position_embeddings=model.model.rotary_emb(x, pos))
+    want = layer(x, **kw)
+    explained = torch._dynamo.explain(layer)(x, **kw)
+    reasons = {str(b.reason).splitlines()[0] for b in explained.break_reasons}
+    assert reasons and all("disable" in r for r in reasons), reasons
+    where = {f.name for b in explained.break_reasons for f in b.user_stack[-1:]}
+    assert where == {"hilbert_dilated_attention_forward"}, where
+    got = torch.compile(layer)(x, **kw)
+    torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
+                               want[0] if isinstance(want, tuple) else want)
+    torch._dynamo.reset()

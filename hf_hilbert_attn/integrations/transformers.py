@@ -160,8 +160,11 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     return DilatedMaskInfo(q_offset, q_length, kv_length, padding, kv_offset)
 
 
+@torch.compiler.disable
 def _positions(info: Optional[DilatedMaskInfo], position_ids, doc_ids, b, sq, sk, device, ring):
-    # Derived in the first layer of a forward, reused by the others (same tensors).
+    # Derived in the first layer of a forward, reused by the others (same tensors). Under
+    # torch.compile one opaque call: traced, its data-dependent checks broke a compiled layer
+    # into several graphs and its memo put guards on every layer.
     memo, key = ({} if info is None else info._memo), (sq, sk, id(position_ids), id(doc_ids), ring)
     hit = memo.get(key)
     if hit is not None and hit[0] is position_ids and hit[1] is doc_ids:

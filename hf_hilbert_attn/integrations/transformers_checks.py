@@ -5,6 +5,8 @@ precomputed 4-D masks."""
 
 from __future__ import annotations
 
+import torch
+
 try:  # Transformers' collector of per-layer outputs (``output_attentions=True`` lands here).
     from transformers.utils.output_capturing import _active_collector as _OUTPUT_COLLECTOR
 except ImportError:  # pragma: no cover - older layouts; kwargs/config are still checked
@@ -78,7 +80,8 @@ def check_mask_function(mask_function, local_size=None) -> None:
         )
 
 
-def _collecting_attentions() -> bool:
+@torch.compiler.assume_constant_result  # a context variable: read when a layer is traced,
+def _collecting_attentions() -> bool:     # not a graph break in every compiled layer
     if _OUTPUT_COLLECTOR is None:
         return False
     try:

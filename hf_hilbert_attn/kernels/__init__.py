@@ -289,13 +289,14 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         items = []
         # the union test: the key tables (as in the backward) for launches that need the
         # per-pair mask, else the runtime loop (UMAX = 0: unrolled, it spilled)
-        keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
-                           else (_dummy(dev), 1, 0))
-        tiles = {t: _blocks("fwd", D, q.dtype, _smem(dev), t) for t in (False, True)}
+        pair = [not pattern.sliding and _needs_pair_mask(prio[:ln.npri], ln.r) for ln in launch]
+        keys, psz, utab = _union_args(prio, plan, dev) if any(pair) else (_dummy(dev), 1, 0)
+        smem = _smem(dev)
+        tiles = {t: _blocks("fwd", D, q.dtype, smem, t) for t in (False, True)}
         for h0 in range(0, HQ, hch):
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
-                tab = utab if _needs_pair_mask(prio[:ln.npri], ln.r) else 0
+                tab = utab if pair[li] else 0
                 BM, BN, warps, stages = tiles[tab > 0]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r

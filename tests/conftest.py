@@ -37,6 +37,66 @@ def pytest_configure_node(node):
     node.workerinput["loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
+# Seconds a work unit (an ``xdist_group``, or a test) took with a cold Triton cache on the
+# device machine (H100, 16 workers, `-m gpu -n 16 --durations=0`;
+# docs/bench/ab_first_tile/gputests.log). Compiling kernels dominates. Only the order in which
+# work is handed out uses them: a stale number costs time, never a result.
+_UNIT_SECONDS = {
+    "test_local_attention_and_autocast": 141, "test_position_map": 96, "gpu_natural": 110,
+    "gpu_float16": 97, "gpu_segment_sinks": 82, "test_modes[all-True]": 83,
+    "test_modes[per_head-False]": 78, "test_modes[all-False]": 77, "gpu_aligned": 80,
+    "test_sliding_modes_with_sinks[per_head-False-128]": 75,
+    "test_sliding_modes_with_sinks[all-False-64]": 59, "gpu_sliding_sinks": 60,
+    "test_sliding_sinks_decode_positions_and_documents[position_map]": 42,
+    "test_16k_tokens": 40, "test_head_dim_64_and_mqa": 40,
+    "test_sinks_and_sliding[sliding-4-float16]": 29, "gpu_transformers": 26,
+    "test_sinks_and_sliding[sliding-0-bfloat16]": 23,
+    "test_gpu_pattern_cache_decode_matches_dynamic_cache": 22,
+    "test_sliding_modes_with_sinks[all-True-64]": 20,
+}
+
+
+def _unit_seconds(scope: str, nodeids) -> float:
+    key = scope.split("::")[-1]
+    if key in _UNIT_SECONDS:
+        return _UNIT_SECONDS[key]
+    if scope.startswith("tests/test_kernels_gpu.py"):
+        return 20
+    return len(nodeids) / 100  # CPU units: more tests first, as xdist's own reordering
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the longest work first, paired with the shortest.
+
+    xdist gives every worker one unit ahead of the one it runs (a worker needs its next test
+    before it finishes the current one), so with about as many units as workers (the GPU
+    tests: ~20 units, 16 workers) whichever units land second on a worker run back to back.
+    Handing out the longest units first, the shortest of them to the workers that also get a
+    second unit, bounds the wall time by the longest pair instead of any two long units.
+    """
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LongestFirst(LoadGroupScheduling):
+        _ordered = False
+
+        def _assign_work_unit(self, node):
+            if not self._ordered:
+                self._ordered = True
+                units = sorted(self.workqueue.items(),
+                               key=lambda kv: -_unit_seconds(kv[0], kv[1]))
+                n = len(self.nodes)
+                # the first n go one per worker, shortest of them first: the workers that
+                # get a second unit (the next ones, longest first) start with the shortest
+                order = units[:n][::-1] + units[n:]
+                self.workqueue.clear()
+                self.workqueue.update(order)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -80,8 +80,11 @@ def test_tiles_follow_the_gpu_shared_memory():
         assert small != big and small[0] * small[1] < big[0] * big[1]
         assert kernels._blocks("dkdv", 64, dt, aot.SHARED_LIMIT[86]) == \
             kernels._blocks("dkdv", 64, dt, None)
-        assert kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[86]) == \
-            kernels._blocks("dq", d, dt, None)
+        # dq: the third stage of launches without the pair mask needs more than 99 KiB
+        for pair in (False, True):
+            assert kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[86], pair)[3] == 2
+        assert kernels._blocks("dq", d, dt, None, False) == \
+            kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[90], False)
     finally:
         kernels.BLOCK_OVERRIDE, kernels._interpret = saved
 

@@ -9,7 +9,8 @@
 # compiles at once, one process per variant and pattern at S=4096 (same specialisations, the
 # Triton cache fills in parallel); then each is timed alone at S (kernel_timing.py: median
 # fwd and fwd+bwd of longnet_lm and default, useful TFLOP/s, and the per-launch profile of
-# longnet_lm). Logs and CSVs: OUT_DIR/ab.log, OUT_DIR/ab_NAME.csv.
+# longnet_lm). Logs and CSVs: OUT_DIR/ab.log, OUT_DIR/ab_NAME.csv. AB_ARGS: more arguments
+# of the timed kernel_timing.py runs (e.g. AB_ARGS=--dense: the dense pattern too).
 set -uo pipefail
 OUT_DIR=${1:?output directory}
 S=${2:?sequence length}
@@ -42,5 +43,5 @@ for v in "$@"; do
   name=${v%%@*}
   echo "=== $(date +%T) $v (S=$S)" | tee -a "$LOG"
   timing "$v" --seq "$S" --pattern $P/longnet_lm.yaml $P/default.yaml --profile \
-    --csv "$OUT_DIR/ab_$name.csv" 2>&1 | grep -v -i warn | tee -a "$LOG"
+    --csv "$OUT_DIR/ab_$name.csv" ${AB_ARGS:-} 2>&1 | grep -v -i warn | tee -a "$LOG"
 done

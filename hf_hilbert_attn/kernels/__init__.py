@@ -30,11 +30,11 @@ __all__ = [
 ]
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
-_KINDS = ("fwd", "dq", "dkdv")
+_KINDS = ("fwd", "fwd1", "dq", "dkdv")
 
 
 def _env_blocks() -> Optional[dict]:
-    """``BLOCK_OVERRIDE`` from ``HF_HILBERT_{FWD,DQ,DKDV}_BLOCKS=BM,BN,warps,stages`` (tile
+    """``BLOCK_OVERRIDE`` from ``HF_HILBERT_{FWD,FWD1,DQ,DKDV}_BLOCKS=BM,BN,warps,stages`` (tile
     searches run one process per setting), or None when none is set."""
     found = {}
     for kind in _KINDS:
@@ -52,8 +52,9 @@ def _env_blocks() -> Optional[dict]:
 
 # The one tile override: None (the tuned sizes of ``_plan``), ``(BM, BN)`` for every kernel
 # (tests: small tiles, so tiny shapes have many tiles and every boundary case), or a dict
-# ``{"fwd" | "dq" | "dkdv": (BM, BN) or (BM, BN, warps, stages)}``. Its initial value comes
-# from the environment variables above.
+# ``{"fwd" | "fwd1" | "dq" | "dkdv": (BM, BN) or (BM, BN, warps, stages)}``: "fwd" is every
+# forward launch, "fwd1" the one without an earlier config when given apart. Its initial value
+# comes from the environment variables above.
 BLOCK_OVERRIDE: Optional[Union[tuple, dict]] = _env_blocks()
 # Largest float32 merge buffer of the forward (bytes); heads are processed in chunks beyond it.
 ACC_BYTES = 4 << 30
@@ -90,15 +91,19 @@ def _smem(device) -> Optional[int]:
     return _SMEM[idx]
 
 
-def _blocks(kind, d, dtype, smem=None, table=False):
-    """The tile of ``kind`` (``BLOCK_OVERRIDE`` first); ``table``: of a forward launch that
-    tests the union rule through the key tables."""
+def _blocks(kind, d, dtype, smem=None, pair=False, first=False):
+    """The tile of ``kind`` (``BLOCK_OVERRIDE`` first) for a launch that tests the union rule
+    pair by pair (``pair``: forward through the key tables, see ``_needs_pair_mask``) and/or
+    has no earlier config (``first``, forward)."""
     if kind == "fwd":
-        bm, bn, warps, stages = fwd_blocks(d, dtype, _interpret(), table)
+        bm, bn, warps, stages = fwd_blocks(d, dtype, _interpret(), pair, first)
+    elif kind == "dq":
+        bm, bn, warps, stages = bwd_blocks(d, dtype, _interpret(), smem, pair)
     else:
-        choose = bwd_blocks if kind == "dq" else dkdv_blocks
-        bm, bn, warps, stages = choose(d, dtype, _interpret(), smem)
-    over = BLOCK_OVERRIDE.get(kind) if isinstance(BLOCK_OVERRIDE, dict) else BLOCK_OVERRIDE
+        bm, bn, warps, stages = dkdv_blocks(d, dtype, _interpret(), smem)
+    over = BLOCK_OVERRIDE
+    if isinstance(over, dict):
+        over = (first and over.get("fwd1")) or over.get(kind)
     if over is not None:
         bm, bn = over[:2]
         if len(over) > 2:
@@ -292,12 +297,13 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         pair = [not pattern.sliding and _needs_pair_mask(prio[:ln.npri], ln.r) for ln in launch]
         keys, psz, utab = _union_args(prio, plan, dev) if any(pair) else (_dummy(dev), 1, 0)
         smem = _smem(dev)
-        tiles = {t: _blocks("fwd", D, q.dtype, smem, t) for t in (False, True)}
+        tiles = {(t, f): _blocks("fwd", D, q.dtype, smem, t, f)
+                 for t, f in ((False, False), (True, False), (False, True))}
         for h0 in range(0, HQ, hch):
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
                 tab = utab if pair[li] else 0
-                BM, BN, warps, stages = tiles[tab > 0]
+                BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
                 last = li == len(launch) - 1
@@ -360,7 +366,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             kch = max(1, min(HKV, ACC_BYTES // max(2 * B * SK * D * 4, 1)))
         per_head = pattern.query_dilation == "per_head"
         smem = _smem(dev)
-        BM, BN, warps, stages = _blocks("dq", D, q.dtype, smem)
+        dq_tiles = {p: _blocks("dq", D, q.dtype, smem, p) for p in (False, True)}
         kBM, kBN, kwarps, kstages = _blocks("dkdv", D, q.dtype, smem)
         keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
                            else (_dummy(dev), 1, 0))
@@ -380,6 +386,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
                 first, last = li == 0, li == len(launch) - 1
+                pair = not pattern.sliding and _needs_pair_mask(prio[:ln.npri], ln.r)
+                BM, BN, warps, stages = dq_tiles[pair]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
                 tail = (SQ, scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff,

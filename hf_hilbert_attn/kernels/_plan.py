@@ -172,13 +172,21 @@ def config_order(pattern):
     return prio, launch
 
 
-def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False):
+def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
+               first: bool = False):
     """(BM, BN, num_warps, num_stages) of the forward kernel; ``table``: of a launch that tests
-    the union rule pair by pair through the key tables (``kernels._needs_pair_mask``)."""
+    the union rule pair by pair through the key tables (``kernels._needs_pair_mask``);
+    ``first``: of the launch with no earlier config (no union code: rate 1 in longnet_lm, most
+    of the pairs, and the dense pattern)."""
     if interpret:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 64, 32, 4, 2
+    if first:
+        # 128 x 64 / 8 warps at head size 128 (dense pattern at 64K: 421 -> 468 TFLOP/s on an
+        # H100; longnet_lm's rate-1 launch unchanged); at 64 it lost (docs/decisions.md "The
+        # first launch's forward tile")
+        return (128, 64, 8, 3) if d > 64 else (64, 64, 4, 3)
     if table:
         # no spills on sm_90 (64 x 64: 80 bytes per thread; kernel_resources.py, Triton 3.6);
         # with the tables, longnet_lm's rate-6 launch at 64K 1.86 -> 1.24 ms on an H100
@@ -194,15 +202,22 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False)
 SMALL_SMEM = 101376
 
 
-def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None):
+def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None,
+               pair: bool = True):
     """(BM, BN, num_warps, num_stages) of the dq kernel: BM queries per program, BN keys per
     step. The dk/dv kernel uses the same numbers with the roles swapped (BN keys per program,
     BM queries per step); :func:`dkdv_blocks` gives its own where it differs. ``smem``: shared
-    memory per program of the GPU (None: as much as an A100 or H100)."""
+    memory per program of the GPU (None: as much as an A100 or H100). ``pair``: a launch that
+    tests the union rule pair by pair (``kernels._needs_pair_mask``)."""
     if interpret:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 32, 32, 4, 2
+    if not pair and (smem is None or smem > SMALL_SMEM):
+        # a third stage: longnet_lm's rate-1 dq at 64K 4.36 -> 3.64 ms on an H100, but rates
+        # 6 and 12 (the pair mask) slower, 1.58 -> 1.84 ms (docs/decisions.md "dq stages"); it
+        # needs 128 KiB of shared memory, more than an RTX 3090/4090 has
+        return 128, 64, 8, 3
     return 128, 64, 8, 2
 
 

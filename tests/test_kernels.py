@@ -131,6 +131,25 @@ def test_consecutive_positions_at_offsets(causal):
         _run(pat, sq=sq, sk=sk, hq=2, hkv=1, causal=causal, q_positions=qp, k_positions=kp)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window,sinks", [("segment", 0), ("sliding", 0), ("segment", 2)])
+def test_pieces_launch_only_the_configs_that_join(window, sinks, causal):
+    # a zigzag ring piece: queries in a later chunk than their keys. Only the config whose
+    # segment (window) reaches across launches; the one covering every query (rate 1) still
+    # runs, writes the result and takes the sink keys
+    pat = DilatedPattern([8, 16, 128], [1, 2, 4], window=window, sink_tokens=sinks)
+    ka = 0 if sinks else 32
+    qp, kp = torch.arange(96, 128, device=DEV), torch.arange(ka, ka + 32, device=DEV)
+    q = torch.zeros(1, 2, 32, 16, device=DEV)
+    plan, _ = plan_positions(check_inputs(q, q, q, pat, q_positions=qp, k_positions=kp), pat)
+    _, launch, n_sinks = kernels._launches(pat, plan, causal)
+    assert [ln.entry for ln in launch] == [(128, 4), (8, 1)] and n_sinks == sinks
+    # a piece that every config reaches launches all three
+    plan, _ = plan_positions(check_inputs(q, q, q, pat, q_positions=qp, k_positions=qp), pat)
+    assert len(kernels._launches(pat, plan, causal)[1]) == 3
+    _run(pat, sq=32, sk=32, hq=2, hkv=1, causal=causal, q_positions=qp, k_positions=kp)
+
+
 def test_mapped_positions_far_from_zero():
     # a shuffled shard at positions 4096.. : the position table covers only the positions in
     # use (relative to the base); before, 4096 positions of table for 40 tokens were refused

@@ -143,13 +143,33 @@ class _Launch(tuple):
     entry = property(lambda s: s[4])
 
 
-def _launches(pattern, plan: PositionPlan):
+def _joins(w: int, r: int, plan: PositionPlan, sliding: bool, causal: bool) -> bool:
+    """Whether config ``(w, r)`` may have a pair between this call's query positions
+    ``[qlo, qhi]`` and key positions ``[klo, khi]`` (an over-estimate: classes and gaps in
+    mapped positions are not looked at). False e.g. for a ring piece whose key run lies in
+    an earlier segment than its query run."""
+    qlo, qhi, klo, khi = plan.qlo, plan.qhi, plan.klo, plan.khi
+    if causal and klo > qhi:
+        return False
+    if sliding:  # some |q - k| < w (causal: k <= q)
+        gap = qlo - khi if causal else max(qlo - khi, klo - qhi)
+        return gap < w
+    s_lo, s_hi = max(qlo // w, klo // w), min(qhi // w, khi // w)  # segments holding both
+    return s_lo <= s_hi and (not causal or max(klo, s_lo * w) <= qhi)
+
+
+def _launches(pattern, plan: PositionPlan, causal: bool = True):
     """``(priority configs, launches in order, sinks)``: the config covering every query comes
     last (it writes the final result, and takes the sink keys: ``sinks`` > 0 when some key of
-    this call is one, positions relative to ``plan.base``)."""
+    this call is one, positions relative to ``plan.base``). Other configs are launched only
+    where they can join a query and a key of this call (``_joins``): a ring piece between two
+    chunks of a zigzag shard launched every config over its whole query run, for the pairs of
+    one (docs/decisions.md "Ring pieces launch only the configs that join them")."""
     prio, order = config_order(pattern)
     out = []
-    for w, r in order:
+    for i, (w, r) in enumerate(order):
+        if i < len(order) - 1 and not _joins(w, r, plan, pattern.sliding, causal):
+            continue
         if pattern.sliding:
             out.append(_Launch((W_CAP, r, (w - 1) // r, prio.index((w, r)), (w, r))))
         else:
@@ -284,7 +304,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         return out, lse
 
     def build():
-        prio, launch, sinks = _launches(pattern, plan)
+        prio, launch, sinks = _launches(pattern, plan, causal)
         per_head = pattern.query_dilation == "per_head"
         # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so
         # long forward-only runs are not bounded by a buffer twice the size of the output.
@@ -359,7 +379,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     )
 
     def build():
-        prio, launch, sinks = _launches(pattern, plan)
+        prio, launch, sinks = _launches(pattern, plan, causal)
         hch, kch = HQ, HKV  # heads per chunk of the float32 buffers (query / key-value heads)
         if len(launch) > 1:
             hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))

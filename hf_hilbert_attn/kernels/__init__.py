@@ -56,8 +56,21 @@ def _env_blocks() -> Optional[dict]:
 # forward launch, "fwd1" the one without an earlier config when given apart. Its initial value
 # comes from the environment variables above.
 BLOCK_OVERRIDE: Optional[Union[tuple, dict]] = _env_blocks()
-# Largest float32 merge buffer of the forward (bytes); heads are processed in chunks beyond it.
-ACC_BYTES = 4 << 30
+
+
+def _env_bytes(name: str, default: int) -> int:
+    env = os.environ.get(name, "")
+    if not env:
+        return default
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(f"{name} must be a positive number of bytes, got {env!r}")
+    return int(env)
+
+
+# Largest float32 buffer (bytes) that sums partial results over configs: the forward's merge
+# buffer, and each of the backward's dq and dk / dv sums; heads are processed in chunks beyond
+# it. ``HF_HILBERT_ACC_BYTES`` sets it at import (memory / speed trade-offs, one process each).
+ACC_BYTES = _env_bytes("HF_HILBERT_ACC_BYTES", 4 << 30)
 
 
 def _earlier(npri: int) -> bool:

@@ -48,7 +48,7 @@ CASES = {
 AMPERE_CASES = ("fp32_d32_gaps_docs", "bf16_d64_sliding_sinks",
                 "fp16_d128_segment_sinks_perm_noncausal")
 GROUPS = {"sm_90": ((90,), tuple(CASES)), "sm_80_86_89": ((80, 86, 89), AMPERE_CASES)}
-FLAGS = ("CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UMAX", "UTAB", "EARLIER", "SLIDING",
+FLAGS = ("CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UTAB", "EARLIER", "SLIDING",
          "SINKT", "SINKADD", "HAS_DLSE")
 
 

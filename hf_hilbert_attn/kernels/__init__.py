@@ -326,7 +326,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
             hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
         items = []
         # the union test: the key tables (as in the backward) for launches that need the
-        # per-pair mask, else the runtime loop (UMAX = 0: unrolled, it spilled)
+        # per-pair mask, else the runtime loop
         pair = [not pattern.sliding and _needs_pair_mask(prio[:ln.npri], ln.r) for ln in launch]
         keys, psz, utab = _union_args(prio, plan, dev) if any(pair) else (_dummy(dev), 1, 0)
         smem = _smem(dev)
@@ -345,7 +345,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                         max(sinks, 1), len(prio), ln.npri, li, int(li == 0), int(last))
                 kw = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head,
                           MAPPED=plan.mapped_kind, HAS_DOC=plan.qdoc is not None,
-                          IEEE=q.dtype == torch.float32, UMAX=0, UTAB=tab,
+                          IEEE=q.dtype == torch.float32, UTAB=tab,
                           EARLIER=_earlier(ln.npri), SLIDING=pattern.sliding,
                           SINKT=bool(sinks) and last, num_warps=warps, num_stages=stages)
                 items.append(((nseg * ncls * nblk, B * nh), tail, kw))
@@ -406,12 +406,10 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
                       HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
                       SLIDING=pattern.sliding)
-        # union test: the key tables hold the configs but the last. The sink launch (after all
-        # of them in priority) and sliding windows (no tables) test the configs in a runtime
-        # loop: the unrolled one spilled several KB per thread in dq and dk/dv (sm_90,
-        # kernel_resources.py)
-        union = (dict(UMAX=0, UTAB=0) if pattern.sliding
-                 else dict(UMAX=max(1, len(prio) - 1), UTAB=utab))
+        # union test: the key tables hold the configs but the last (up to four earlier ones);
+        # the sink launch (after all of them in priority), sliding windows and longer patterns
+        # test the configs in a runtime loop (decisions.md, "One union test in a loop")
+        union = dict(UTAB=utab)
         # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
         # the sink launch's dk/dv sums are needed by the dk/dv kernel)
         dq_items = []

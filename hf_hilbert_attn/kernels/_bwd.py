@@ -44,7 +44,7 @@ def _delta_kernel(O, DO, DLSE, DELTA, S, sob, soh, sos, sdb, sdh, sds, HQ,
 def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-              HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
+              HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
               UTAB: tl.constexpr, SLIDING: tl.constexpr, KVGRAD: tl.constexpr):
     """dq over key tiles ``lo, lo+BN, .. < hi`` (keys ``n < end``); masks as in ``_fwd_tiles``.
 
@@ -83,7 +83,7 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=PER_HEAD, UMAX=UMAX, SLIDING=SLIDING)
+                                              PER_HEAD=PER_HEAD, SLIDING=SLIDING)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -111,7 +111,7 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
 def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                 BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                 CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-                HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
+                HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
                 UTAB: tl.constexpr, SLIDING: tl.constexpr):
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
     (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing.
@@ -158,7 +158,7 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=PER_HEAD, UMAX=UMAX, SLIDING=SLIDING)
+                                              PER_HEAD=PER_HEAD, SLIDING=SLIDING)
             if HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
@@ -177,31 +177,31 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
 def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D: tl.constexpr,
              UNION: tl.constexpr, CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr,
              MAPPED: tl.constexpr, HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
-             UMAX: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr):
+             UTAB: tl.constexpr, SLIDING: tl.constexpr):
     """dq over key tiles ``[lo, b1)`` masked (sliding), ``[b1, mid)`` whole, then ``[mid, end)``
     masked (as ``_fwd._fwd_span``)."""
     if SLIDING:
         dq = _dq_tiles(dq, rows, keys, uni, lo, b1, end, BN=BN, D=D, EDGE=True, UNION=UNION,
                        CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
     if UNION:
         x1, x2 = _split_at(b1, mid, ma, mb, BN=BN)
         dq = _dq_tiles(dq, rows, keys, uni, b1, x1, end, BN=BN, D=D, EDGE=False, UNION=False,
                        CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
         dq = _dq_tiles(dq, rows, keys, uni, x1, x2, end, BN=BN, D=D, EDGE=False, UNION=True,
                        CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
         dq = _dq_tiles(dq, rows, keys, uni, x2, mid, end, BN=BN, D=D, EDGE=False, UNION=False,
                        CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
     else:
         dq = _dq_tiles(dq, rows, keys, uni, b1, mid, end, BN=BN, D=D, EDGE=False, UNION=UNION,
                        CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
     dq = _dq_tiles(dq, rows, keys, uni, mid, end, end, BN=BN, D=D, EDGE=True, UNION=UNION,
                    CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                   UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                   UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
     return dq
 
 
@@ -209,7 +209,7 @@ def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D:
 def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
               BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-              IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+              IEEE: tl.constexpr, UTAB: tl.constexpr,
               SLIDING: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
@@ -236,21 +236,21 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     if SLIDING and CAUSAL:  # one range (as in _fwd._fwd_union)
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                      UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                      UTAB=UTAB, SLIDING=SLIDING)
     elif mixed:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                      UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                      UTAB=UTAB, SLIDING=SLIDING)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D, UNION=True,
                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                      UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                      UTAB=UTAB, SLIDING=SLIDING)
     else:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D,
                       UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                      IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                      IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D,
                       UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                      IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                      IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     return dq
 
 
@@ -265,7 +265,7 @@ def _dq_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
     SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
@@ -304,12 +304,12 @@ def _dq_kernel(
         a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN=BN)
         dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_b1, a_mid,
                       kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False, CAUSAL=CAUSAL,
-                      PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX,
+                      PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
                       UTAB=0, SLIDING=SLIDING)
     else:
         dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN=BN,
                        D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                       IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                       IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     if SINKT:
         # the sink keys (last in priority, as in the forward); their dk/dv summed atomically
         s_hi = tl.minimum(SINKS, KHI + 1)
@@ -321,7 +321,7 @@ def _dq_kernel(
                   scale_log2, s_lb, s_band, sgk, sgv, scale)
         dq = _dq_tiles(dq, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
                        BN=16, D=D, EDGE=True, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                       MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=0, UTAB=0, SLIDING=SLIDING,
+                       MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=0, SLIDING=SLIDING,
                        KVGRAD=True)
     dq = dq * scale
     acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
@@ -339,7 +339,7 @@ def _dq_kernel(
 def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.constexpr,
                D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+               IEEE: tl.constexpr, UTAB: tl.constexpr,
                SLIDING: tl.constexpr):
     """dk, dv over query tiles ``[lo, mid)`` masked (the diagonal), then ``[mid, tail)`` whole,
     then (sliding) ``[tail, end)`` masked: queries past some key's window.
@@ -347,26 +347,26 @@ def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.cons
     meet ``[ma, mb)`` only."""
     dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM=BM, D=D, EDGE=True, UNION=UNION,
                          CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                         IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                         IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     if UNION:
         x1, x2 = _split_at(mid, tail, ma, mb, BN=BM)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM=BM, D=D, EDGE=False,
                              UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x1, x2, end, BM=BM, D=D, EDGE=False,
                              UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, tail, end, BM=BM, D=D, EDGE=False,
                              UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     else:
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, tail, end, BM=BM, D=D, EDGE=False,
                              UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     if SLIDING:
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, tail, end, end, BM=BM, D=D, EDGE=True,
                              UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     return dk, dv
 
 
@@ -374,7 +374,7 @@ def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.cons
 def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG, NPRI, KEYS,
                 PSZ, BM: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                 PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-                IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+                IEEE: tl.constexpr, UTAB: tl.constexpr,
                 SLIDING: tl.constexpr):
     """dk, dv of one query head over the query tiles of a config with earlier configs: queries
     ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
@@ -406,21 +406,21 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
         # covered queries start at 0 (``_covered``): the range above them only
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM=BM,
                             D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     elif mixed:
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM=BM,
                             D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM=BM,
                             D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     else:
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, qn_lo, a_mid, a_tail, a_hi, ma, mb, BM=BM,
                             D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, b_lo, b_mid, b_tail, qn_hi, ma, mb, BM=BM,
                             D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                            HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                            HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     return dk, dv
 
 
@@ -435,7 +435,7 @@ def _dkdv_kernel(
     SEG0, NBLK, BLK0, W, R, LB, SINKS, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
     SLIDING: tl.constexpr, SINKADD: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
@@ -516,12 +516,12 @@ def _dkdv_kernel(
                 dk, dv = _dkdv_span(dk, dv, cols, qside, (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk),
                                     qn_lo, a_mid, a_tail, qn_hi, qn_lo, qn_lo, BM=BM, D=D,
                                     UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                                    HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=0, SLIDING=SLIDING)
+                                    HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=0, SLIDING=SLIDING)
             else:
                 dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi,
                                      CFG, NPRI, KEYS, PSZ, BM=BM, D=D, CAUSAL=CAUSAL,
                                      PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                                     UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                                     UTAB=UTAB, SLIDING=SLIDING)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]

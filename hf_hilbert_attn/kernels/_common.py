@@ -160,7 +160,7 @@ def _key_tile(start_n, end, sbase, R, b64, keys, BN: tl.constexpr, D: tl.constex
 
 
 @triton.jit
-def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: tl.constexpr,
+def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr,
                 SLIDING: tl.constexpr):
     """Per-pair union mask: True where no earlier config allows the pair.
 
@@ -170,63 +170,35 @@ def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr, UMAX: t
     divides ``R`` is settled by the skipped interval of ``_covered`` and is not tested here
     (sliding: only a config whose class is never this head's is settled).
     Each config costs one compare per pair: a (segment, class) key per row and column
-    (sliding: the window and the class). The loop is unrolled (``UMAX`` >= ``NPRI``) so the key
-    loop around it stays innermost and software-pipelined; ``UMAX == 0`` keeps a runtime loop.
+    (sliding: the window and the class). A runtime loop over the configs: unrolled, it spilled
+    (decisions.md, "One union test in a loop"). Patterns with up to four earlier configs
+    and no sliding window test pairs through the key tables instead (``_union_tab``).
     """
     covered = (pq < 0) | (pk < 0)  # all False, broadcast shape
-    if UMAX == 0:
-        # runtime loop: measured faster in the forward kernel (registers), see decisions.md
-        for j in range(NPRI):
-            wj = tl.load(CFG + 2 * j)
-            rj = tl.load(CFG + 2 * j + 1)
-            if SLIDING:
-                if PER_HEAD:
-                    settled = ((R % rj) == 0) & ((p0 % rj) != (h % rj))
-                else:
-                    settled = p0 < 0
-                if settled == 0:
-                    cq = pq % rj
-                    hit = ((pq - pk) < wj) & ((pk - pq) < wj) & (cq == (pk % rj))
-                    if PER_HEAD:
-                        hit = hit & (cq == (h % rj))
-                    covered = covered | hit
-            else:
-                settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
-                if settled == 0:
-                    tq = pq % wj
-                    cq = tq % rj
-                    kq = (pq - tq) // wj * rj + cq
-                    if PER_HEAD:
-                        kq = tl.where(cq == (h % rj), kq, -1)
-                    tk = pk % wj
-                    covered = covered | (kq == (pk - tk) // wj * rj + (tk % rj))
-    for j in tl.static_range(UMAX):
-        live = j < NPRI
-        wj = tl.load(CFG + 2 * j, mask=live, other=1)
-        rj = tl.load(CFG + 2 * j + 1, mask=live, other=1)
+    for j in range(NPRI):
+        wj = tl.load(CFG + 2 * j)
+        rj = tl.load(CFG + 2 * j + 1)
         if SLIDING:
             if PER_HEAD:
-                use = live & (((R % rj) != 0) | ((p0 % rj) == (h % rj)))
+                settled = ((R % rj) == 0) & ((p0 % rj) != (h % rj))
             else:
-                use = live
-            cq = pq % rj
-            hit = ((pq - pk) < wj) & ((pk - pq) < wj) & (cq == (pk % rj)) & use
-            if PER_HEAD:
-                hit = hit & (cq == (h % rj))
-            covered = covered | hit
+                settled = p0 < 0
+            if settled == 0:
+                cq = pq % rj
+                hit = ((pq - pk) < wj) & ((pk - pq) < wj) & (cq == (pk % rj))
+                if PER_HEAD:
+                    hit = hit & (cq == (h % rj))
+                covered = covered | hit
         else:
             settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
-            use = live & (settled == 0)
-            tq = pq % wj
-            cq = tq % rj
-            if PER_HEAD:
-                use_q = use & (cq == (h % rj))
-            else:
-                use_q = use & (cq >= 0)
-            kq = tl.where(use_q, (pq - tq) // wj * rj + cq, -1)  # segment * rj + class, or never
-            tk = pk % wj
-            kk = (pk - tk) // wj * rj + (tk % rj)
-            covered = covered | (kq == kk)
+            if settled == 0:
+                tq = pq % wj
+                cq = tq % rj
+                kq = (pq - tq) // wj * rj + cq
+                if PER_HEAD:
+                    kq = tl.where(cq == (h % rj), kq, -1)
+                tk = pk % wj
+                covered = covered | (kq == (pk - tk) // wj * rj + (tk % rj))
     return covered == 0
 
 

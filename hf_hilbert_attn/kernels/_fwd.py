@@ -20,7 +20,7 @@ from ._common import (LN2, LOG2E, _NO_SPEC, _band_split, _covered, _key_range, _
 def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
                BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-               HAS_DOC: tl.constexpr, IEEE: tl.constexpr, UMAX: tl.constexpr,
+               HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
                UTAB: tl.constexpr, SLIDING: tl.constexpr):
     """Online softmax over key tiles starting at ``lo, lo+BN, .. < hi``; keys ``n < end``.
 
@@ -55,7 +55,7 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=PER_HEAD, UMAX=UMAX, SLIDING=SLIDING)
+                                              PER_HEAD=PER_HEAD, SLIDING=SLIDING)
             if HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
@@ -78,7 +78,7 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
 def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
               BN: tl.constexpr, D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-              IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+              IEEE: tl.constexpr, UTAB: tl.constexpr,
               SLIDING: tl.constexpr):
     """Key tiles ``[lo, b1)`` masked (sliding: the window's lower edge), ``[b1, mid)`` whole and
     unmasked, then ``[mid, end)`` masked (diagonal, range end). ``UNION``: with the per-pair
@@ -86,30 +86,30 @@ def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
     if SLIDING:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, b1, end, BN=BN, D=D,
                                    EDGE=True, UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                    SLIDING=SLIDING)
     if UNION:
         x1, x2 = _split_at(b1, mid, ma, mb, BN=BN)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, x1, end, BN=BN, D=D,
                                    EDGE=False, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                    SLIDING=SLIDING)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x1, x2, end, BN=BN, D=D,
                                    EDGE=False, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                    SLIDING=SLIDING)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x2, mid, end, BN=BN, D=D,
                                    EDGE=False, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                    SLIDING=SLIDING)
     else:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, mid, end, BN=BN, D=D,
                                    EDGE=False, UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                    SLIDING=SLIDING)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, mid, end, end, BN=BN, D=D, EDGE=True,
                                UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                               HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB, SLIDING=SLIDING)
+                               HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     return acc, l_i, m_i
 
 
@@ -117,7 +117,7 @@ def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
 def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
                BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-               IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr,
+               IEEE: tl.constexpr, UTAB: tl.constexpr,
                SLIDING: tl.constexpr):
     """Key tiles of a config with earlier configs: keys ``[ca, cb)`` covered by them for the
     whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
@@ -148,25 +148,25 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
         # only; one copy of the loops keeps registers down
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
                                   BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                   SLIDING=SLIDING)
     elif mixed:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
                                   BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                   SLIDING=SLIDING)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
                                   BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                   SLIDING=SLIDING)
     else:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
                                   BN=BN, D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                   SLIDING=SLIDING)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
                                   BN=BN, D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                   SLIDING=SLIDING)
     return acc, l_i, m_i
 
@@ -181,7 +181,7 @@ def _fwd_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UMAX: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
     SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
@@ -216,11 +216,11 @@ def _fwd_kernel(
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq),
                                   kn_lo, a_b1, a_mid, kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False,
                                   CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                                  IEEE=IEEE, UMAX=UMAX, UTAB=0, SLIDING=SLIDING)
+                                  IEEE=IEEE, UTAB=0, SLIDING=SLIDING)
     else:
         acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
                                    NPRI, KEYS, PSZ, BN=BN, D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=UMAX, UTAB=UTAB,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                    SLIDING=SLIDING)
 
     if SINKT:
@@ -236,7 +236,7 @@ def _fwd_kernel(
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, s_rows, keys,
                                    (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi, BN=16,
                                    D=D, EDGE=True, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UMAX=0, UTAB=0,
+                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=0,
                                    SLIDING=SLIDING)
 
     # ---- finish this config's partial, merge with earlier launches, write

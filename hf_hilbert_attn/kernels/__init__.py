@@ -144,16 +144,18 @@ def _dummy(device):
 
 
 class _Launch(tuple):
-    """One launch of a kernel: ``(w, r, lb, npri, entry)`` — the tiling segment length ``w``
-    (sliding: ``W_CAP``, one segment), rate ``r``, band reach ``lb`` in class steps (sliding),
-    the number of configs before it in priority order, and its ``(w, r)`` entry in the launch
-    table that ``_participates`` reads."""
+    """One launch of a kernel: ``(w, r, lb, npri, entry, pair)`` — the tiling segment length
+    ``w`` (sliding: ``W_CAP``, one segment), rate ``r``, band reach ``lb`` in class steps
+    (sliding), the number of configs before it in priority order, its ``(w, r)`` entry in the
+    launch table that ``_participates`` reads, and whether it tests the union rule pair by pair
+    on whole tiles (``_needs_pair_mask``; segments only), which picks its tiles."""
 
     w = property(lambda s: s[0])
     r = property(lambda s: s[1])
     lb = property(lambda s: s[2])
     npri = property(lambda s: s[3])
     entry = property(lambda s: s[4])
+    pair = property(lambda s: s[5])
 
 
 def _joins(w: int, r: int, plan: PositionPlan, sliding: bool, causal: bool) -> bool:
@@ -183,10 +185,11 @@ def _launches(pattern, plan: PositionPlan, causal: bool = True):
     for i, (w, r) in enumerate(order):
         if i < len(order) - 1 and not _joins(w, r, plan, pattern.sliding, causal):
             continue
+        npri = prio.index((w, r))
         if pattern.sliding:
-            out.append(_Launch((W_CAP, r, (w - 1) // r, prio.index((w, r)), (w, r))))
+            out.append(_Launch((W_CAP, r, (w - 1) // r, npri, (w, r), False)))
         else:
-            out.append(_Launch((w, r, 0, prio.index((w, r)), (w, r))))
+            out.append(_Launch((w, r, 0, npri, (w, r), _needs_pair_mask(prio[:npri], r))))
     sinks = pattern.sink_tokens - plan.base
     return prio, out, (sinks if sinks > 0 and plan.klo < sinks else 0)
 
@@ -327,15 +330,15 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         items = []
         # the union test: the key tables (as in the backward) for launches that need the
         # per-pair mask, else the runtime loop
-        pair = [not pattern.sliding and _needs_pair_mask(prio[:ln.npri], ln.r) for ln in launch]
-        keys, psz, utab = _union_args(prio, plan, dev) if any(pair) else (_dummy(dev), 1, 0)
+        keys, psz, utab = (_union_args(prio, plan, dev) if any(ln.pair for ln in launch)
+                           else (_dummy(dev), 1, 0))
         smem = _smem(dev)
         tiles = {(t, f): _blocks("fwd", D, q.dtype, smem, t, f)
                  for t, f in ((False, False), (True, False), (False, True))}
         for h0 in range(0, HQ, hch):
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
-                tab = utab if pair[li] else 0
+                tab = utab if ln.pair else 0
                 BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
@@ -417,8 +420,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
                 first, last = li == 0, li == len(launch) - 1
-                pair = not pattern.sliding and _needs_pair_mask(prio[:ln.npri], ln.r)
-                BM, BN, warps, stages = dq_tiles[pair]
+                BM, BN, warps, stages = dq_tiles[ln.pair]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
                 tail = (SQ, scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff,

@@ -38,21 +38,20 @@ def pytest_configure_node(node):
 
 
 # Seconds a work unit (an ``xdist_group``, or a test) took with a cold Triton cache on the
-# device machine (H100, 16 workers, `-m gpu -n 16 --durations=0`;
-# docs/bench/ab_first_tile/gputests.log). Compiling kernels dominates. Only the order in which
-# work is handed out uses them: a stale number costs time, never a result.
+# device machine (H100, 8 workers, `-m gpu -n 8 --durations=0`;
+# docs/bench/gpu_tests_workers/gputests_n8.log). Compiling kernels dominates. Only the order in
+# which work is handed out uses them: a stale number costs time, never a result.
 _UNIT_SECONDS = {
-    "test_local_attention_and_autocast": 141, "test_position_map": 96, "gpu_natural": 110,
-    "gpu_float16": 97, "gpu_segment_sinks": 82, "test_modes[all-True]": 83,
-    "test_modes[per_head-False]": 78, "test_modes[all-False]": 77, "gpu_aligned": 80,
-    "test_sliding_modes_with_sinks[per_head-False-128]": 75,
-    "test_sliding_modes_with_sinks[all-False-64]": 59, "gpu_sliding_sinks": 60,
-    "test_sliding_sinks_decode_positions_and_documents[position_map]": 42,
-    "test_16k_tokens": 40, "test_head_dim_64_and_mqa": 40,
-    "test_sinks_and_sliding[sliding-4-float16]": 29, "gpu_transformers": 26,
-    "test_sinks_and_sliding[sliding-0-bfloat16]": 23,
-    "test_gpu_pattern_cache_decode_matches_dynamic_cache": 22,
-    "test_sliding_modes_with_sinks[all-True-64]": 20,
+    "gpu_natural": 71, "test_local_attention_and_autocast": 54, "gpu_segment_sinks": 45,
+    "gpu_float16": 44, "test_position_map": 34, "test_modes[all-True]": 32,
+    "test_sliding_modes_with_sinks[per_head-False-128]": 32, "gpu_aligned": 30,
+    "test_modes[per_head-False]": 30, "test_modes[all-False]": 26, "gpu_sliding_sinks": 24,
+    "test_sliding_modes_with_sinks[all-False-64]": 24,
+    "test_gpu_pattern_cache_decode_matches_dynamic_cache": 16, "gpu_transformers": 16,
+    "test_head_dim_64_and_mqa": 15,
+    "test_sliding_sinks_decode_positions_and_documents[position_map]": 14,
+    "test_sinks_and_sliding[sliding-4-float16]": 12, "test_16k_tokens": 11,
+    "test_sliding_modes_with_sinks[all-True-64]": 8,
 }
 
 
@@ -70,7 +69,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     xdist gives every worker one unit ahead of the one it runs (a worker needs its next test
     before it finishes the current one), so with about as many units as workers (the GPU
-    tests: ~20 units, 16 workers) whichever units land second on a worker run back to back.
+    tests: ~20 units, 8-16 workers) whichever units land second on a worker run back to back.
     Handing out the longest units first, the shortest of them to the workers that also get a
     second unit, bounds the wall time by the longest pair instead of any two long units.
     """

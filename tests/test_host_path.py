@@ -136,12 +136,17 @@ def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
     assert seen == [not use_lse, not use_lse]
 
 
-def test_acc_bytes_from_the_environment(monkeypatch):
+def test_acc_bytes_and_compile_threads_from_the_environment(monkeypatch):
     monkeypatch.setenv("HF_HILBERT_ACC_BYTES", "536870912")
-    assert kernels._env_bytes("HF_HILBERT_ACC_BYTES", 7) == 536870912
+    assert kernels._env_int("HF_HILBERT_ACC_BYTES", 7) == 536870912
     monkeypatch.delenv("HF_HILBERT_ACC_BYTES")
-    assert kernels._env_bytes("HF_HILBERT_ACC_BYTES", 7) == 7
+    assert kernels._env_int("HF_HILBERT_ACC_BYTES", 7) == 7
     for bad in ("abc", "0", "-5", "1.5"):
         monkeypatch.setenv("HF_HILBERT_ACC_BYTES", bad)
-        with pytest.raises(ValueError, match="HF_HILBERT_ACC_BYTES must be a positive"):
-            kernels._env_bytes("HF_HILBERT_ACC_BYTES", 7)
+        with pytest.raises(ValueError, match="HF_HILBERT_ACC_BYTES must be a positive number of "
+                                             "bytes"):
+            kernels._env_int("HF_HILBERT_ACC_BYTES", 7)
+    monkeypatch.setenv("HF_HILBERT_COMPILE_THREADS", "x")
+    with pytest.raises(ValueError, match="HF_HILBERT_COMPILE_THREADS must be a positive number "
+                                         "of threads"):
+        kernels._env_int("HF_HILBERT_COMPILE_THREADS", 4, "threads")

@@ -233,6 +233,25 @@ def test_backward_buffer_in_head_chunks(monkeypatch):
         _run(PAT, sq=37, hq=4, hkv=2)
 
 
+def test_backward_sums_share_one_workspace():
+    # dk/dv's float32 sums reuse the memory of dq's (every dq launch precedes the dk/dv ones):
+    # one allocation of the larger size, dk's rows at its start (over dq's), dv's after them
+    for hch, kch, sq, sk in ((4, 2, 37, 37), (1, 4, 5, 40), (8, 8, 16, 16)):
+        dq, dk, dv = kernels._sum_buffers(2, hch, kch, sq, sk, 16, DEV)
+        assert dq.shape == (2, hch, sq, 16) and dk.shape == dv.shape == (2, kch, sk, 16)
+        assert dq.data_ptr() == dk.data_ptr()
+        assert dv.data_ptr() == dk.data_ptr() + dk.numel() * 4
+        assert dq.untyped_storage().nbytes() == 4 * max(dq.numel(), 2 * dk.numel())
+    # and the chunked backward stays exact with the shared workspace: the sums of a chunk of
+    # heads smaller than the whole (dk / dv in chunks of 1 of 2 key/value heads)
+    big = kernels.ACC_BYTES
+    try:
+        kernels.ACC_BYTES = 2 * 37 * 16 * 4
+        _run(PAT, sq=37, hq=4, hkv=2)
+    finally:
+        kernels.ACC_BYTES = big
+
+
 def test_write_into_views_of_longer_tensors():
     # the launchers write out/lse and dq/dk/dv into given views (rows of a longer sequence, as
     # ring pieces do) and read inputs through such views, without copies

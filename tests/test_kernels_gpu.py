@@ -6,9 +6,10 @@ doing the same masked attention in the same dtype, for out, dq, dk, dv. Outputs 
 
 The time of this file is Triton compiling kernels on a cold cache (seconds per specialization:
 the constexpr flags, dtype, head dim, and whether integer strides are multiples of 16). A test
-that mostly reuses another's specializations shares its ``xdist_group`` (one worker of ``-n 16``
-compiles them once; ``--dist loadgroup``); no group runs much longer than the longest single
-test (about 55 s on the device), and tests/conftest.py hands the longest units out first.
+that mostly reuses another's specializations shares its ``xdist_group`` (one worker of ``-n 8``
+compiles them once; ``--dist loadgroup``), tests/conftest.py hands the longest units out first,
+and each call compiles its kernels side by side in threads (118 s cold with 8 workers on the
+device, docs/decisions.md "GPU tests: 8 workers").
 """
 
 import pytest
@@ -126,6 +127,35 @@ def test_packed_documents():
     pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
     doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()
     _check(LONGNET_SMALL, s=sum(lengths), hq=8, hkv=2, k_positions=pos, k_doc_ids=doc)
+
+
+@NATURAL
+def test_first_call_compiles_its_kernels_together(monkeypatch):
+    # a call planned anew compiles the kernels of all its launches in a thread pool before the
+    # first launch (kernels._compile_together): no launch compiles one on its own
+    import triton
+
+    from hf_hilbert_attn import kernels
+
+    monkeypatch.setattr(kernels, "COMPILE_THREADS", 4)
+    kernels._CALLS.clear()
+    for fn in (kernels._fwd_kernel, kernels._dq_kernel, kernels._dkdv_kernel,
+               kernels._delta_kernel):
+        fn.device_caches.clear()  # this process's kernels (Triton's disk cache stays)
+    seen = []
+
+    def hook(*, fn, is_manual_warmup, **_):
+        seen.append((fn.name, is_manual_warmup))
+        return None  # compile as usual
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", hook)
+    q = torch.randn(1, 4, 3000, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 2, 3000, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    dilated_attention(q, k, v, LONGNET_SMALL).sum().backward()
+    assert {n for n, _ in seen} == {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"}
+    assert [n for n, warm in seen if not warm] == []
+    assert len(seen) >= 8  # the union launches compile apart from the first config's
 
 
 @NATURAL

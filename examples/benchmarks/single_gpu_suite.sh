@@ -25,7 +25,7 @@ KT=examples/benchmarks/kernel_timing.py
 BA=examples/benchmarks/bench_attention.py
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$LOG"
-has tests && step python -m pytest -q -m gpu -n 16 --durations=40 tests  # per-test times: the 90 s target
+has tests && step python -m pytest -q -m gpu -n 8 --durations=40 tests  # per-test times: the 90 s target
 if has ab; then
   # registers/spills of the binaries being timed, from the device's own Triton
   step python examples/benchmarks/kernel_resources.py --csv "$OUT_DIR/kernel_resources.csv"

@@ -8,6 +8,7 @@ The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wrap
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Union
 
 import torch
@@ -58,19 +59,52 @@ def _env_blocks() -> Optional[dict]:
 BLOCK_OVERRIDE: Optional[Union[tuple, dict]] = _env_blocks()
 
 
-def _env_bytes(name: str, default: int) -> int:
+def _env_int(name: str, default: int, unit: str = "bytes") -> int:
     env = os.environ.get(name, "")
     if not env:
         return default
     if not env.isdigit() or int(env) < 1:
-        raise ValueError(f"{name} must be a positive number of bytes, got {env!r}")
+        raise ValueError(f"{name} must be a positive number of {unit}, got {env!r}")
     return int(env)
 
 
 # Largest float32 buffer (bytes) that sums partial results over configs: the forward's merge
 # buffer, and each of the backward's dq and dk / dv sums; heads are processed in chunks beyond
 # it. ``HF_HILBERT_ACC_BYTES`` sets it at import (memory / speed trade-offs, one process each).
-ACC_BYTES = _env_bytes("HF_HILBERT_ACC_BYTES", 4 << 30)
+ACC_BYTES = _env_int("HF_HILBERT_ACC_BYTES", 4 << 30)
+
+
+# Threads that compile the kernels of a call side by side the first time it runs. Triton's JIT
+# compiles at launch, one kernel after the other: 10-20 specializations of ~5 s each for a first
+# forward and backward. Its compile releases the GIL (LLVM passes, ``ptxas``), so threads
+# scale; ``HF_HILBERT_COMPILE_THREADS=1`` compiles in turn at launch.
+COMPILE_THREADS = _env_int("HF_HILBERT_COMPILE_THREADS", min(8, os.cpu_count() or 1), "threads")
+_POOL: Optional[ThreadPoolExecutor] = None
+
+
+def _compile_together(launches) -> None:
+    """Compile the kernels of ``launches`` (``(jit_fn, grid, args, kwargs)``) in a thread pool
+    (Triton's ``AsyncCompileMode``: one compile per distinct specialization, finished before
+    this returns); the launches then find them in Triton's cache. A no-op in the interpreter,
+    with one thread, or for recorded launches (``aot``)."""
+    global _POOL
+    fns = [x for x in launches if hasattr(x[0], "warmup")]
+    if COMPILE_THREADS < 2 or _interpret() or len(fns) < 2:
+        return
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="hf_hilbert_compile")
+    with triton.AsyncCompileMode(_POOL):
+        for fn, grid, args, kwargs in fns:
+            fn.warmup(*args, grid=grid, **kwargs)
+
+
+def _run(launches, fresh: bool) -> None:
+    """Launch ``(jit_fn, grid, args, kwargs)`` in order; ``fresh`` (a call planned just now):
+    compile them side by side first."""
+    if fresh:
+        _compile_together(launches)
+    for fn, grid, args, kwargs in launches:
+        fn[grid](*args, **kwargs)
 
 
 def _earlier(npri: int) -> bool:
@@ -287,12 +321,14 @@ def _call_key(kind, pattern, plan, q, k, causal, scale):
 
 
 def _planned(key, build):
+    """``(plan of the call, whether it was made just now)``."""
     hit = _CALLS.get(key)
-    if hit is None:
-        if len(_CALLS) >= 256:
-            _CALLS.clear()
-        hit = _CALLS[key] = build()
-    return hit
+    if hit is not None:
+        return hit, False
+    if len(_CALLS) >= 256:
+        _CALLS.clear()
+    hit = _CALLS[key] = build()
+    return hit, True
 
 
 def _strides(*ts, n=3):
@@ -355,15 +391,25 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev),
                 keys, psz, hch if len(launch) > 1 else 0, items)
 
-    cfg_t, lcfg_t, keys, psz, hch, items = _planned(
+    (cfg_t, lcfg_t, keys, psz, hch, items), fresh = _planned(
         _call_key("fwd", pattern, plan, q, k, causal, scale), build)
     acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if hch else out
     (qinv, kinv, qdoc, kdoc), pos_strides = _pos_args(plan, dev)
     head = (q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
             *_strides(q, k, v, out, acc), *_strides(lse, n=2), *pos_strides)
-    for grid, tail, kw in items:
-        _fwd_kernel[grid](*head, *tail, **kw)
+    _run([(_fwd_kernel, grid, (*head, *tail), kw) for grid, tail, kw in items], fresh)
     return out, lse
+
+
+def _sum_buffers(B, hch, kch, SQ, SK, D, device):
+    """The backward's float32 sums over configs: dq's ``[B, hch, SQ, D]``, then dk's and dv's
+    ``[B, kch, SK, D]``, in one workspace of the larger of the two. Every dq launch (all chunks
+    of heads) precedes every dk/dv launch on the stream, so the dk/dv sums reuse the dq sum's
+    memory: at 32 / 32 heads, 64K, D 128 the sums take 2 GiB instead of 3 (docs/kernels.md)."""
+    nq, nk = B * hch * SQ * D, B * kch * SK * D
+    work = torch.empty(max(nq, 2 * nk), device=device, dtype=torch.float32)
+    return (work[:nq].view(B, hch, SQ, D), work[:nk].view(B, kch, SK, D),
+            work[nk:2 * nk].view(B, kch, SK, D))
 
 
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
@@ -373,7 +419,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     ``dq``/``dk``/``dv``: optional tensors to write into (any strides with a unit last one, e.g.
     rows of a longer sequence's gradient), shaped like ``q``/``k``/``v``. Inputs may be such
     views too. The float32 buffers that sum ``dq`` and ``dk``/``dv`` over configs hold a chunk
-    of heads at a time (at most ``ACC_BYTES`` each), like the forward's.
+    of heads at a time (at most ``ACC_BYTES`` each), like the forward's; the dk/dv sums reuse
+    the dq sum's memory (``_sum_buffers``).
     """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
@@ -389,10 +436,9 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     lse = lse.contiguous()
     delta = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
     dblk = 64 if not _interpret() else 16
-    _delta_kernel[(triton.cdiv(SQ, dblk), B * HQ)](
-        out, do, dlse.contiguous() if dlse is not None else delta, delta, SQ,
-        *_strides(out, do), HQ, BM=dblk, D=D, HAS_DLSE=dlse is not None,
-    )
+    run = [(_delta_kernel, (triton.cdiv(SQ, dblk), B * HQ),
+            (out, do, dlse.contiguous() if dlse is not None else delta, delta, SQ,
+             *_strides(out, do), HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
 
     def build():
         prio, launch, sinks = _launches(pattern, plan, causal)
@@ -446,15 +492,12 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys,
                 psz, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items)
 
-    cfg_t, lcfg_t, keys, psz, sinks, chunks, dq_items, kv_items = _planned(
+    (cfg_t, lcfg_t, keys, psz, sinks, chunks, dq_items, kv_items), fresh = _planned(
         _call_key("bwd", pattern, plan, q, k, causal, scale), build)
     if chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
     else:
-        hch, kch = chunks
-        dqacc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32)
-        dkacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32)
-        dvacc = torch.empty((B, kch, SK, D), device=dev, dtype=torch.float32)
+        dqacc, dkacc, dvacc = _sum_buffers(B, *chunks, SQ, SK, D, dev)
     # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
     # tiles); the first dk/dv launch adds them in.
     sinkg = (torch.zeros((B, HKV, 2, sinks, D), device=dev, dtype=torch.float32) if sinks
@@ -463,10 +506,9 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     strides = _strides(q, k, v, do)
     head = (q, k, v, do, lse, delta, dq, dqacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
             keys, psz, *strides, *_strides(dqacc, dq), *pos_strides)
-    for grid, tail, kw in dq_items:
-        _dq_kernel[grid](*head, *tail, **kw)
+    run += [(_dq_kernel, grid, (*head, *tail), kw) for grid, tail, kw in dq_items]
     head = (q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t,
             keys, psz, *strides, *_strides(dkacc, dk, dv), *pos_strides)
-    for grid, tail, kw in kv_items:
-        _dkdv_kernel[grid](*head, *tail, **kw)
+    run += [(_dkdv_kernel, grid, (*head, *tail), kw) for grid, tail, kw in kv_items]
+    _run(run, fresh)
     return dq, dk, dv

@@ -150,3 +150,16 @@ def test_acc_bytes_and_compile_threads_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="HF_HILBERT_COMPILE_THREADS must be a positive number "
                                          "of threads"):
         kernels._env_int("HF_HILBERT_COMPILE_THREADS", 4, "threads")
+
+
+def test_compile_together_leaves_a_callers_async_mode_alone():
+    # Triton's AsyncCompileMode does not nest: inside a caller's own mode the launchers compile
+    # at launch instead of opening theirs
+    from concurrent.futures import ThreadPoolExecutor
+
+    import triton
+
+    assert not kernels._async_active()
+    with ThreadPoolExecutor(1) as pool, triton.AsyncCompileMode(pool):
+        assert kernels._async_active()
+    assert not kernels._async_active()

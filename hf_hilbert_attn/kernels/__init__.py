@@ -89,13 +89,23 @@ def _compile_together(launches) -> None:
     with one thread, or for recorded launches (``aot``)."""
     global _POOL
     fns = [x for x in launches if hasattr(x[0], "warmup")]
-    if COMPILE_THREADS < 2 or _interpret() or len(fns) < 2:
+    if COMPILE_THREADS < 2 or _interpret() or len(fns) < 2 or _async_active():
         return
     if _POOL is None:
         _POOL = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="hf_hilbert_compile")
     with triton.AsyncCompileMode(_POOL):
         for fn, grid, args, kwargs in fns:
             fn.warmup(*args, grid=grid, **kwargs)
+
+
+def _async_active() -> bool:
+    """Whether the caller has a Triton ``AsyncCompileMode`` of its own open (modes do not nest:
+    the launches then compile as usual)."""
+    try:
+        from triton.runtime._async_compile import active_mode
+    except ImportError:  # a Triton without it: compile at launch
+        return True
+    return active_mode.get() is not None
 
 
 def _run(launches, fresh: bool) -> None:

@@ -233,7 +233,7 @@ def test_backward_buffer_in_head_chunks(monkeypatch):
         _run(PAT, sq=37, hq=4, hkv=2)
 
 
-def test_backward_sums_share_one_workspace():
+def test_backward_sums_share_one_workspace(monkeypatch):
     # dk/dv's float32 sums reuse the memory of dq's (every dq launch precedes the dk/dv ones):
     # one allocation of the larger size, dk's rows at its start (over dq's), dv's after them
     for hch, kch, sq, sk in ((4, 2, 37, 37), (1, 4, 5, 40), (8, 8, 16, 16)):
@@ -244,12 +244,8 @@ def test_backward_sums_share_one_workspace():
         assert dq.untyped_storage().nbytes() == 4 * max(dq.numel(), 2 * dk.numel())
     # and the chunked backward stays exact with the shared workspace: the sums of a chunk of
     # heads smaller than the whole (dk / dv in chunks of 1 of 2 key/value heads)
-    big = kernels.ACC_BYTES
-    try:
-        kernels.ACC_BYTES = 2 * 37 * 16 * 4
-        _run(PAT, sq=37, hq=4, hkv=2)
-    finally:
-        kernels.ACC_BYTES = big
+    monkeypatch.setattr(kernels, "ACC_BYTES", 2 * 37 * 16 * 4)
+    _run(PAT, sq=37, hq=4, hkv=2)
 
 
 def test_write_into_views_of_longer_tensors():

@@ -78,7 +78,8 @@ ACC_BYTES = _env_int("HF_HILBERT_ACC_BYTES", 4 << 30)
 # compiles at launch, one kernel after the other: 10-20 specializations of ~5 s each for a first
 # forward and backward. Its compile releases the GIL (LLVM passes, ``ptxas``), so threads
 # scale; ``HF_HILBERT_COMPILE_THREADS=1`` compiles in turn at launch.
-COMPILE_THREADS = _env_int("HF_HILBERT_COMPILE_THREADS", min(8, os.cpu_count() or 1), "threads")
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+COMPILE_THREADS = _env_int("HF_HILBERT_COMPILE_THREADS", min(8, _CPUS or 1), "threads")
 _POOL: Optional[ThreadPoolExecutor] = None
 
 
@@ -88,13 +89,13 @@ def _compile_together(launches) -> None:
     this returns); the launches then find them in Triton's cache. A no-op in the interpreter,
     with one thread, or for recorded launches (``aot``)."""
     global _POOL
-    fns = [x for x in launches if hasattr(x[0], "warmup")]
-    if COMPILE_THREADS < 2 or _interpret() or len(fns) < 2 or _async_active():
+    if (COMPILE_THREADS < 2 or _interpret() or len(launches) < 2
+            or not hasattr(launches[0][0], "warmup") or _async_active()):
         return
     if _POOL is None:
         _POOL = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="hf_hilbert_compile")
     with triton.AsyncCompileMode(_POOL):
-        for fn, grid, args, kwargs in fns:
+        for fn, grid, args, kwargs in launches:
             fn.warmup(*args, grid=grid, **kwargs)
 
 

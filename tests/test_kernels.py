@@ -284,6 +284,52 @@ def test_write_into_views_of_longer_tensors():
                     dq=torch.empty(1, 4, 41, 8, device=DEV))
 
 
+def test_may_mix_is_never_wrong():
+    # kernels._may_mix == False compiles a launch without the per-pair union code: no program
+    # of it may then be one that _covered marks for the mask (an earlier rate not dividing r,
+    # or the program's positions straddling an earlier config's segment). Brute force over
+    # every program tile of random segment patterns.
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(300):
+        n = int(torch.randint(2, 5, (1,), generator=g))
+        ws = sorted({16 * int(x) for x in torch.randint(1, 33, (n,), generator=g)})
+        rs = sorted({int(x) for x in torch.randint(1, 9, (len(ws),), generator=g)})[:len(ws)]
+        cfgs = list(zip(ws[:len(rs)], rs))
+        tile = (16, 32, 64)[int(torch.randint(0, 3, (1,), generator=g))]
+        for i in range(1, len(cfgs)):
+            (w, r), earlier = cfgs[i], cfgs[:i]
+            predicted = kernels._may_mix(earlier, w, r, tile, False)
+            actual = False
+            for seg in range(3):
+                for c in range(r):
+                    ncl = (w - c + r - 1) // r
+                    for n0 in range(0, ncl, tile):
+                        p0 = seg * w + c + r * n0
+                        p1 = seg * w + c + r * (min(n0 + tile, ncl) - 1)
+                        actual |= any(r % rj or p0 // wj != p1 // wj for wj, rj in earlier)
+            assert predicted or not actual, (cfgs, i, tile)
+            seen.add((predicted, actual))
+    assert {(False, False), (True, True), (True, False)} <= seen
+    assert kernels._may_mix([(4096, 1)], 4096, 2, 64, True)  # sliding: the window's edges
+
+
+def test_union_launches_with_and_without_mixed_programs():
+    # rates dividing each other, segments multiples of the tiles: the union launches compile
+    # without the per-pair code (MIXED False; forward, dq and dk/dv); a rate not dividing the
+    # next needs it. Both kinds checked against the reference.
+    from hf_hilbert_attn.kernels import aot
+
+    pat = DilatedPattern([64, 128, 256, 384], [1, 2, 4, 6])
+    q = torch.randn(1, 2, 300, 16)
+    calls = aot.launches(q, q[:, :1], q[:, :1], pat)
+    union = {(fn.fn.__name__, kw["MIXED"]) for fn, _g, _a, kw in calls if kw.get("EARLIER")}
+    assert union == {(n, m) for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel")
+                     for m in (False, True)}
+    _run(pat, sq=300, hq=2, hkv=1)
+    _run(pat.replace(query_dilation="per_head"), sq=300, hq=4, hkv=2, causal=False)
+
+
 @pytest.mark.parametrize("mode", ["per_head", "all"])
 def test_non_dividing_rates_long_segments(mode):
     # like longnet_lm's (8192, 4) before (16384, 6): a query tile of the rate-6 config lies in

@@ -149,16 +149,17 @@ def _smem(device) -> Optional[int]:
     return _SMEM[idx]
 
 
-def _blocks(kind, d, dtype, smem=None, pair=False, first=False):
+def _blocks(kind, d, dtype, smem=None, pair=False, first=False, skips=False):
     """The tile of ``kind`` (``BLOCK_OVERRIDE`` first) for a launch that tests the union rule
-    pair by pair (``pair``: forward through the key tables, see ``_needs_pair_mask``) and/or
-    has no earlier config (``first``, forward)."""
+    pair by pair (``pair``: forward through the key tables, see ``_needs_pair_mask``), has no
+    earlier config (``first``, forward) or has earlier ones but no program that needs the
+    per-pair mask (``skips``, dk/dv; ``_may_mix``)."""
     if kind == "fwd":
         bm, bn, warps, stages = fwd_blocks(d, dtype, _interpret(), pair, first)
     elif kind == "dq":
         bm, bn, warps, stages = bwd_blocks(d, dtype, _interpret(), smem, pair)
     else:
-        bm, bn, warps, stages = dkdv_blocks(d, dtype, _interpret(), smem)
+        bm, bn, warps, stages = dkdv_blocks(d, dtype, _interpret(), smem, skips)
     over = BLOCK_OVERRIDE
     if isinstance(over, dict):
         over = (first and over.get("fwd1")) or over.get(kind)
@@ -298,6 +299,21 @@ def _needs_pair_mask(earlier, r: int) -> bool:
     return any(r % rj or wj % rj for wj, rj in earlier)
 
 
+def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
+    """Whether a program of a launch of ``(w, r)`` (``tile`` class indices per program, on its
+    own side) may need the per-pair union mask on whole tiles (the kernels' ``MIXED``): some
+    earlier config's rate does not divide ``r``, or a program's positions may straddle one of
+    its segments. A program spans ``r * tile`` positions from a multiple of ``r * tile`` (plus
+    its class, below ``r``) inside a segment of ``w``, so none straddles when ``r * tile``
+    divides ``wj`` and ``wj`` divides ``w``. Without it the launch compiles the kernels' loops
+    once (no union code: a third of the loops of the mixed form, and of its compile time);
+    with it every program takes the loops with the union code, correct for every program.
+    Sliding windows: always (the window's edges)."""
+    if sliding:
+        return bool(earlier)
+    return any(r % rj or w % wj or wj % (r * tile) for wj, rj in earlier)
+
+
 def _union_args(prio, plan, device):
     """(KEYS table, its row length, UTAB): the table path of the union test serves up to four
     earlier configs (41 % faster forward+backward than the loop on longnet_lm, docs/decisions.md);
@@ -396,8 +412,10 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 kw = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head,
                           MAPPED=plan.mapped_kind, HAS_DOC=plan.qdoc is not None,
                           IEEE=q.dtype == torch.float32, UTAB=tab,
-                          EARLIER=_earlier(ln.npri), SLIDING=pattern.sliding,
-                          SINKT=bool(sinks) and last, num_warps=warps, num_stages=stages)
+                          EARLIER=_earlier(ln.npri),
+                          MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, BM, pattern.sliding),
+                          SLIDING=pattern.sliding, SINKT=bool(sinks) and last, num_warps=warps,
+                          num_stages=stages)
                 items.append(((nseg * ncls * nblk, B * nh), tail, kw))
         return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev),
                 keys, psz, hch if len(launch) > 1 else 0, items)
@@ -460,7 +478,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         per_head = pattern.query_dilation == "per_head"
         smem = _smem(dev)
         dq_tiles = {p: _blocks("dq", D, q.dtype, smem, p) for p in (False, True)}
-        kBM, kBN, kwarps, kstages = _blocks("dkdv", D, q.dtype, smem)
+        kv_tiles = {f: _blocks("dkdv", D, q.dtype, smem, skips=f) for f in (False, True)}
+        kBM, kBN = kv_tiles[False][:2]  # (both the same: the key tiles and _may_mix use kBN)
         keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
                            else (_dummy(dev), 1, 0))
         common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
@@ -484,8 +503,10 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                         plan.qlo, plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w,
                         ln.r, ln.lb, max(sinks, 1), len(prio), ln.npri, li, int(first),
                         int(last))
-                kw = dict(BM=BM, BN=BN, EARLIER=_earlier(ln.npri), SINKT=bool(sinks) and last,
-                          num_warps=warps, num_stages=stages, **common, **union)
+                kw = dict(BM=BM, BN=BN, EARLIER=_earlier(ln.npri),
+                          MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, BM, pattern.sliding),
+                          SINKT=bool(sinks) and last, num_warps=warps, num_stages=stages,
+                          **common, **union)
                 dq_items.append(((nseg * ncls * nblk, B * nh), tail, kw))
         # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
         kv_items = []
@@ -497,8 +518,11 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 tail = (SQ, scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff,
                         plan.qlo, plan.qhi, plan.klo, plan.khi, kseg0, knblk, kblk0, ln.w, ln.r,
                         ln.lb, max(sinks, 1), ln.npri, int(first), int(last))
-                kw = dict(BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), SINKADD=bool(sinks),
-                          num_warps=kwarps, num_stages=kstages, **common, **union)
+                mixed = _may_mix(prio[:ln.npri], ln.w, ln.r, kBN, pattern.sliding)
+                warps, stages = kv_tiles[_earlier(ln.npri) and not mixed][2:]
+                kw = dict(BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), MIXED=mixed,
+                          SINKADD=bool(sinks), num_warps=warps, num_stages=stages, **common,
+                          **union)
                 kv_items.append(((knseg * ln.r * knblk, B * ng), tail, kw))
         return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys,
                 psz, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items)

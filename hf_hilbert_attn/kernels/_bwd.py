@@ -209,12 +209,12 @@ def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D:
 def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
               BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-              IEEE: tl.constexpr, UTAB: tl.constexpr,
-              SLIDING: tl.constexpr):
+              IEEE: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr,
+              MIXED: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
         sgk, sgv, scale = rows
-    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
+    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
                                      SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
@@ -237,7 +237,7 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
                       UTAB=UTAB, SLIDING=SLIDING)
-    elif mixed:
+    elif MIXED:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
                       UTAB=UTAB, SLIDING=SLIDING)
@@ -265,7 +265,7 @@ def _dq_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr, MIXED: tl.constexpr,
     SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
@@ -309,7 +309,7 @@ def _dq_kernel(
     else:
         dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN=BN,
                        D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                       IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                       IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING, MIXED=MIXED)
     if SINKT:
         # the sink keys (last in priority, as in the forward); their dk/dv summed atomically
         s_hi = tl.minimum(SINKS, KHI + 1)
@@ -374,14 +374,15 @@ def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.cons
 def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG, NPRI, KEYS,
                 PSZ, BM: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                 PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-                IEEE: tl.constexpr, UTAB: tl.constexpr,
-                SLIDING: tl.constexpr):
+                IEEE: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr,
+                MIXED: tl.constexpr):
     """dk, dv of one query head over the query tiles of a config with earlier configs: queries
     ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
     with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
-    past the window); the union mask where mixed."""
+    past the window); with ``MIXED`` the union mask on the diagonal tiles and on the whole tiles
+    in ``[ma, mb)`` (as ``_fwd._fwd_union``)."""
     k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB = cols
-    ca, cb, mixed, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
+    ca, cb, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
                                      SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=True)
     kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
     kp1 = kp0
@@ -402,8 +403,8 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
     a_tail = _band_tail(a_mid, a_hi, band_hi, BM=BM)
     b_tail = _band_tail(b_mid, qn_hi, band_hi, BM=BM)
-    # Both query ranges, mixed programs or not, through one copy of the tile loops (without
-    # ``mixed``, [ma, mb) is empty and only the diagonal tiles test the union rule). Against
+    # Both query ranges through one copy of the tile loops (a program that needs no per-pair
+    # mask has an empty [ma, mb): with MIXED only its diagonal tiles test the union rule). Against
     # four copies: 104 instead of 680 bytes of spills per thread on sm_90, half the compile
     # time, the same speed (docs/decisions.md "dk/dv: one copy of the tile loops"). Sliding
     # and causal, the covered queries start at 0 (``_covered``): the upper range only.
@@ -413,7 +414,7 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
         tail = tl.where(part == 0, a_tail, b_tail)
         hi = tl.where(part == 0, a_hi, qn_hi)
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, hi, ma, mb, BM=BM, D=D,
-                            UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
+                            UNION=MIXED, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
     return dk, dv
 
@@ -429,7 +430,7 @@ def _dkdv_kernel(
     SEG0, NBLK, BLK0, W, R, LB, SINKS, NPRI, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr, MIXED: tl.constexpr,
     SLIDING: tl.constexpr, SINKADD: tl.constexpr,
 ):
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
@@ -515,7 +516,7 @@ def _dkdv_kernel(
                 dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi,
                                      CFG, NPRI, KEYS, PSZ, BM=BM, D=D, CAUSAL=CAUSAL,
                                      PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                                     UTAB=UTAB, SLIDING=SLIDING)
+                                     UTAB=UTAB, SLIDING=SLIDING, MIXED=MIXED)
     dk = dk * scale
     hk64 = hk.to(tl.int64)
     ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]

@@ -244,20 +244,22 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
     runs over positions ``sbase + R*n``. An earlier config whose segment holds the whole first
     side, and whose rate divides ``R`` (one class for all), covers every pair with a position
     of that segment (same class) or none (per_head, another head's class). Those segments all
-    contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, mixed, ma, mb)``;
-    ``ca == cb == empty_at`` when nothing is covered, ``mixed`` when some earlier config needs
-    the per-pair union mask (segment boundary inside the tile, or rate not dividing ``R``), and
-    ``[ma, mb)`` the hull of the other side's class indices where such a config could cover a
-    pair: the config's own segment when it holds ``[p0, p1]`` (a rate not dividing ``R``
-    covers pairs only inside it), else everything (``[0, empty_at)``). The union mask is needed
-    nowhere else, and the kernels apply it only there.
+    contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, ma, mb)``;
+    ``ca == cb == empty_at`` when nothing is covered, and ``[ma, mb)`` the hull of the other
+    side's class indices where an earlier config that needs the per-pair union mask (segment
+    boundary inside the tile, or rate not dividing ``R``) could cover a pair: the config's own
+    segment when it holds ``[p0, p1]`` (a rate not dividing ``R`` covers pairs only inside
+    it), else everything (``[0, empty_at)``); empty (``ma > mb``) when no config needs it. The
+    union mask is needed nowhere else on whole tiles, and the kernels apply it only there.
+    Whether a launch can have a program with such a config at all is decided on the host
+    (``kernels._may_mix``, the kernels' ``MIXED``).
 
     Sliding windows (``SLIDING``): a config whose rate divides ``R`` (this head's class) covers
     for the whole tile the other side's positions within its window of every position of
     ``[p0, p1]`` — ``[p1 - w + 1, p0 + w - 1]``; causal, pairs past the diagonal are masked
     anyway, so the interval is open upwards for a query tile and downwards for a key tile
     (``KSIDE``). The windows are nested around the tile, so their union is one interval; the
-    pairs only some positions of the tile reach (the window's edge) are ``mixed``. Causal, the
+    pairs only some positions of the tile reach (the window's edge) need the per-pair mask. Causal, the
     covered interval therefore starts at 0 for a key tile and ends at ``empty_at`` for a query
     tile (also when nothing is covered), so one of the two ranges around it is always empty.
     """
@@ -268,7 +270,6 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
     ma = empty_at + 0 * p0
     mb = 0 * p0
     found = p0 < 0  # False
-    mixed = p0 < 0
     for j in range(NPRI):
         wj = tl.load(CFG + 2 * j)
         rj = tl.load(CFG + 2 * j + 1)
@@ -315,11 +316,10 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
             hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
             ma = tl.where(mix_j, tl.minimum(ma, tl.where(single, lo, 0)), ma)
             mb = tl.where(mix_j, tl.maximum(mb, tl.where(single, hi, empty_at)), mb)
-        mixed = mixed | mix_j
         ca = tl.where(full, tl.where(found, tl.minimum(ca, lo), lo), ca)
         cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
         found = found | full
-    return ca, cb, mixed, ma, mb
+    return ca, cb, ma, mb
 
 
 @triton.jit

@@ -117,14 +117,17 @@ def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
 def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
                BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-               IEEE: tl.constexpr, UTAB: tl.constexpr,
-               SLIDING: tl.constexpr):
+               IEEE: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr,
+               MIXED: tl.constexpr):
     """Key tiles of a config with earlier configs: keys ``[ca, cb)`` covered by them for the
     whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
-    then masked tiles (diagonal, range end; sliding: a masked window edge first); the per-pair
-    union mask where ``mixed``."""
+    then masked tiles (diagonal, range end; sliding: a masked window edge first). ``MIXED``
+    (the launch may have programs that need the per-pair union mask on whole tiles, decided on
+    the host: ``kernels._may_mix``): every program takes the spans with the union code, which
+    test it on the masked tiles and on the whole tiles in ``[ma, mb)`` (empty for a program that
+    needs none); else none does and the loops carry no union code."""
     q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
-    ca, cb, mixed, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
+    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
                                      SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
@@ -150,7 +153,7 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
                                   BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
                                   SLIDING=SLIDING)
-    elif mixed:
+    elif MIXED:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
                                   BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
@@ -181,7 +184,7 @@ def _fwd_kernel(
     SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
     BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
     CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr,
+    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr, MIXED: tl.constexpr,
     SLIDING: tl.constexpr, SINKT: tl.constexpr,
 ):
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
@@ -221,7 +224,7 @@ def _fwd_kernel(
         acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
                                    NPRI, KEYS, PSZ, BN=BN, D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
                                    MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                   SLIDING=SLIDING)
+                                   SLIDING=SLIDING, MIXED=MIXED)
 
     if SINKT:
         # ---- the sink keys (positions < SINKS), last in priority: the pairs no config allows

@@ -221,11 +221,14 @@ def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] 
     return 128, 64, 8, 2
 
 
-def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None):
+def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None,
+                skips: bool = False):
     """(BM, BN, num_warps, num_stages) of the dk/dv kernel: BN keys per program, BM queries per
     step. On a GPU with at most ``SMALL_SMEM`` bytes of shared memory per program (RTX 3090,
     RTX 4090, L4, L40) head size 128 in 16-bit takes a smaller key tile: the default one does
-    not fit there (compiled for sm_86, ``kernels/aot.py``)."""
+    not fit there (compiled for sm_86, ``kernels/aot.py``). ``skips``: a launch after earlier
+    configs whose programs need no per-pair union mask (``kernels._may_mix`` False: they only
+    skip the covered queries)."""
     bm, bn, warps, stages = bwd_blocks(d, dtype, interpret, smem)
     if interpret:
         return bm, bn, warps, stages
@@ -236,6 +239,11 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
     # 32 queries per step against 128 keys: 64 queries spilled 4.2 KB per thread in the union
     # variant on sm_90 (32: 0.7 KB; kernel_resources.py, Triton 3.6); dk/dv of 64K longnet_lm
     # 16.9 -> 14.6 ms on an H100 (docs/decisions.md)
+    if skips and (smem is None or smem > SMALL_SMEM):
+        # a third stage where the loops carry no union code: longnet_lm's (4096, 2) and (8192, 4)
+        # at 64K 2.01 -> 1.80 and 1.33 -> 1.21 ms on an H100, the first and the mixed launches
+        # slower with it (docs/decisions.md "Launches without mixed programs")
+        return 32, 128, 8, 3
     return 32, 128, 8, 2
 
 

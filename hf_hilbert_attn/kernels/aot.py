@@ -53,7 +53,7 @@ _HOPPER_ONLY = re.compile(r"\b(?:wgmma\.\w+|cp\.async\.bulk|cp\.reduce\.async\.b
                           r"|fence\.proxy\.async)|%cluster_\w+")
 # constexpr arguments shown in a report's variant column (the others follow from the shape)
 SHOWN = ("BM", "BN", "D", "CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UTAB",
-         "EARLIER", "SLIDING", "SINKT", "SINKADD")
+         "EARLIER", "MIXED", "SLIDING", "SINKT", "SINKADD")
 
 
 class _Recorder:

@@ -71,7 +71,6 @@ if _TIMELINE:
     atexit.register(_mark, "exit")  # registered first: runs after the other exit handlers
 
 
-
 def pytest_addoption(parser):
     parser.addoption("--aot", action="store_true",
                      help="also run the ahead-of-time compile check for sm_80/86/89/90 "

@@ -68,7 +68,7 @@ def pytest_unconfigure(config):
 if _TIMELINE:
     import atexit
 
-    atexit.register(_mark, "exit")  # registered first: runs after the other exit handlers
+    atexit.register(_mark, "exit")  # at import: after the exit handlers registered later (torch)
 
 
 def pytest_addoption(parser):
@@ -178,7 +178,8 @@ def pytest_xdist_make_scheduler(config, log):
         def _assign_work_unit(self, node):
             if self._plans is None:
                 self._plans = {}
-                units = [(scope, _unit_seconds(scope, ids)) for scope, ids in self.workqueue.items()]
+                units = [(scope, _unit_seconds(scope, ids))
+                         for scope, ids in self.workqueue.items()]
                 if all(_recorded(scope) for scope, _ in units):
                     for nd, plan in zip(self.nodes, _lpt(units, len(self.nodes))):
                         self._plans[nd] = plan

@@ -259,9 +259,10 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
     ``[p0, p1]`` — ``[p1 - w + 1, p0 + w - 1]``; causal, pairs past the diagonal are masked
     anyway, so the interval is open upwards for a query tile and downwards for a key tile
     (``KSIDE``). The windows are nested around the tile, so their union is one interval; the
-    pairs only some positions of the tile reach (the window's edge) need the per-pair mask. Causal, the
-    covered interval therefore starts at 0 for a key tile and ends at ``empty_at`` for a query
-    tile (also when nothing is covered), so one of the two ranges around it is always empty.
+    pairs only some positions of the tile reach (the window's edge) need the per-pair mask.
+    Causal, the covered interval therefore starts at 0 for a key tile and ends at ``empty_at``
+    for a query tile (also when nothing is covered), so one of the two ranges around it is
+    always empty.
     """
     ca = empty_at + 0 * p0
     if SLIDING and CAUSAL and KSIDE:

@@ -238,13 +238,12 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
         return bn, bm, warps, stages  # the dq tile, roles swapped
     # 32 queries per step against 128 keys: 64 queries spilled 4.2 KB per thread in the union
     # variant on sm_90 (32: 0.7 KB; kernel_resources.py, Triton 3.6); dk/dv of 64K longnet_lm
-    # 16.9 -> 14.6 ms on an H100 (docs/decisions.md)
-    if skips and (smem is None or smem > SMALL_SMEM):
-        # a third stage where the loops carry no union code: longnet_lm's (4096, 2) and (8192, 4)
-        # at 64K 2.01 -> 1.80 and 1.33 -> 1.21 ms on an H100, the first and the mixed launches
-        # slower with it (docs/decisions.md "Launches without mixed programs")
-        return 32, 128, 8, 3
-    return 32, 128, 8, 2
+    # 16.9 -> 14.6 ms on an H100 (docs/decisions.md). A third stage where the loops carry no
+    # union code: longnet_lm's (4096, 2) and (8192, 4) at 64K 2.01 -> 1.80 and 1.33 -> 1.21 ms
+    # on an H100, the first and the mixed launches slower with it (docs/decisions.md "Launches
+    # without mixed programs"); 115 KiB of shared memory
+    stages = 3 if skips and (smem is None or smem > SMALL_SMEM) else 2
+    return 32, 128, 8, stages
 
 
 # dk/dv tile (BM queries per step, BN keys per program, warps, stages) where shared memory is

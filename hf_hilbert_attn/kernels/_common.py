@@ -247,9 +247,9 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
     contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, ma, mb)``;
     ``ca == cb == empty_at`` when nothing is covered, and ``[ma, mb)`` the hull of the other
     side's class indices where an earlier config that needs the per-pair union mask (segment
-    boundary inside the tile, or rate not dividing ``R``) could cover a pair: the config's own
-    segment when it holds ``[p0, p1]`` (a rate not dividing ``R`` covers pairs only inside
-    it), else everything (``[0, empty_at)``); empty (``ma > mb``) when no config needs it. The
+    boundary inside the tile, or rate not dividing ``R``) could cover a pair: the config's
+    segments that hold a position of ``[p0, p1]`` (its own segment; the two around the
+    boundary when the tile straddles one); empty (``ma > mb``) when no config needs it. The
     union mask is needed nowhere else on whole tiles, and the kernels apply it only there.
     Whether a launch can have a program with such a config at all is decided on the host
     (``kernels._may_mix``, the kernels' ``MIXED``).
@@ -304,8 +304,8 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
             mb = tl.where(mix_j, tl.maximum(mb, mhi), mb)
         else:
             qa = p0 // wj
-            single = qa == (p1 // wj)
-            uniform = uniform & single
+            qb = p1 // wj
+            uniform = uniform & (qa == qb)
             if PER_HEAD:
                 cls_ok = ((p0 - qa * wj) % rj) == (h % rj)
             else:
@@ -315,8 +315,11 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
             mix_j = (full == 0) & (none == 0)
             lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
             hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
-            ma = tl.where(mix_j, tl.minimum(ma, tl.where(single, lo, 0)), ma)
-            mb = tl.where(mix_j, tl.maximum(mb, tl.where(single, hi, empty_at)), mb)
+            # config j covers only pairs inside one of its segments: those that hold a position
+            # of [p0, p1] (one; two when the first side straddles a boundary)
+            ma = tl.where(mix_j, tl.minimum(ma, lo), ma)
+            mb = tl.where(mix_j, tl.maximum(mb, (tl.maximum((qb + 1) * wj - sbase, 0) + R - 1) // R),
+                          mb)
         ca = tl.where(full, tl.where(found, tl.minimum(ca, lo), lo), ca)
         cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
         found = found | full

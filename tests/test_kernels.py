@@ -7,12 +7,15 @@ Float32 inputs: the interpreter computes exactly, so tolerances are tight.
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from helpers import assert_close
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn import kernels
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.kernels import plan_positions
+from hf_hilbert_attn.kernels._common import _covered
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -312,6 +315,55 @@ def test_may_mix_is_never_wrong():
             seen.add((predicted, actual))
     assert {(False, False), (True, True), (True, False)} <= seen
     assert kernels._may_mix([(4096, 1)], 4096, 2, 64, True)  # sliding: the window's edges
+
+
+@triton.jit
+def _covered_probe(OUT, CFG, p0, p1, sbase, R, h, empty_at, NPRI, PER_HEAD: tl.constexpr):
+    ca, cb, ma, mb = _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD=PER_HEAD,
+                              SLIDING=False, CAUSAL=True, KSIDE=False)
+    tl.store(OUT, ca)
+    tl.store(OUT + 1, cb)
+    tl.store(OUT + 2, ma)
+    tl.store(OUT + 3, mb)
+
+
+def test_covered_ranges_against_brute_force():
+    # _covered (segments): the other side's class indices [ca, cb) it skips must be covered by
+    # an earlier config for every position of the tile, and outside [ca, cb) and [ma, mb) (the
+    # range where the kernels apply the per-pair union mask) no earlier config may cover a
+    # pair: [ma, mb) spans only the segments of a config that hold a position of the tile, two
+    # when the tile straddles a boundary. Random patterns, tiles and heads, both modes.
+    g = torch.Generator().manual_seed(1)
+    rnd = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    out = torch.zeros(4, dtype=torch.int32, device=DEV)
+    straddled = 0
+    for case in range(120):
+        n = rnd(1, 4)
+        earlier = [(rnd(1, 9) * 8, rnd(1, 5)) for _ in range(n)]
+        w, r = rnd(4, 13) * 16, rnd(1, 7)
+        per_head = case % 2 == 0
+        h = rnd(0, 12)
+        seg, c = rnd(0, 3), (h % r if per_head else rnd(0, r))
+        sbase, ncl = seg * w + c, (w - c + r - 1) // r
+        n0 = rnd(0, ncl)
+        n1 = min(ncl - 1, n0 + rnd(0, 24))
+        p0, p1 = sbase + r * n0, sbase + r * n1
+        cfg = torch.tensor([x for wr in earlier for x in wr], dtype=torch.int32, device=DEV)
+        _covered_probe[(1,)](out, cfg, p0, p1, sbase, r, h, ncl, n, PER_HEAD=per_head)
+        ca, cb, ma, mb = out.tolist()
+
+        def covers(q, k):
+            return any(q // wj == k // wj and (q % wj) % rj == (k % wj) % rj
+                       and (not per_head or (q % wj) % rj == h % rj) for wj, rj in earlier)
+        rows = [sbase + r * m for m in range(n0, n1 + 1)]
+        for m in range(ncl):
+            k = sbase + r * m
+            if ca <= m < cb:
+                assert all(covers(q, k) for q in rows), (earlier, w, r, h, p0, p1, m)
+            elif not ma <= m < mb:
+                assert not any(covers(q, k) for q in rows), (earlier, w, r, h, p0, p1, m)
+        straddled += any(p0 // wj != p1 // wj for wj, _ in earlier) and mb - ma < ncl
+    assert straddled >= 5  # tiles across a boundary, with a range narrower than the segment
 
 
 def test_union_launches_with_and_without_mixed_programs():

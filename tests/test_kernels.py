@@ -334,7 +334,9 @@ def test_covered_ranges_against_brute_force():
     # pair: [ma, mb) spans only the segments of a config that hold a position of the tile, two
     # when the tile straddles a boundary. Random patterns, tiles and heads, both modes.
     g = torch.Generator().manual_seed(1)
-    rnd = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+
+    def rnd(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=g))
     out = torch.zeros(4, dtype=torch.int32, device=DEV)
     straddled = 0
     for case in range(120):

@@ -313,13 +313,12 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
             full = uniform & cls_ok
             none = uniform & (cls_ok == 0)
             mix_j = (full == 0) & (none == 0)
-            lo = (tl.maximum(qa * wj - sbase, 0) + R - 1) // R
-            hi = (tl.maximum((qa + 1) * wj - sbase, 0) + R - 1) // R
+            lo = _idx_from(qa * wj, sbase, R)
+            hi = _idx_from((qa + 1) * wj, sbase, R)
             # config j covers only pairs inside one of its segments: those that hold a position
             # of [p0, p1] (one; two when the first side straddles a boundary)
             ma = tl.where(mix_j, tl.minimum(ma, lo), ma)
-            mb = tl.where(mix_j, tl.maximum(mb, (tl.maximum((qb + 1) * wj - sbase, 0) + R - 1) // R),
-                          mb)
+            mb = tl.where(mix_j, tl.maximum(mb, _idx_from((qb + 1) * wj, sbase, R)), mb)
         ca = tl.where(full, tl.where(found, tl.minimum(ca, lo), lo), ca)
         cb = tl.where(full, tl.where(found, tl.maximum(cb, hi), hi), cb)
         found = found | full

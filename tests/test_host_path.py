@@ -28,7 +28,11 @@ def _launches(pattern, s=80, d=16, device="cpu", dtype=torch.float32, hq=4, hkv=
 
     def value(x):
         if isinstance(x, torch.Tensor):
-            return ("tensor", tuple(x.shape), x.stride(), x.dtype, x.device.type)
+            small = x.device.type == "cpu" and x.dtype == torch.int32 and x.numel() <= 64
+            return ("tensor", tuple(x.shape), x.stride(), x.dtype, x.device.type,
+                    tuple(x.tolist()) if small else None)  # launch rows, configs: by content
+        if isinstance(x, tuple):  # Strided / Positions: tensors with their strides
+            return tuple(value(y) for y in x)
         return x
     return [(getattr(fn, "__name__", repr(fn)), grid, [value(a) for a in args],
              sorted(kwargs.items())) for fn, grid, args, kwargs in calls]
@@ -63,7 +67,11 @@ def test_launch_lists_per_device():
     assert [c[:2] for c in cpu] == [c[:2] for c in meta]
     for key, entry in kernels._CALLS.items():
         dev = key[15].type
-        tables = [t for t in entry if isinstance(t, torch.Tensor)]
+        def tensors(x):
+            if isinstance(x, torch.Tensor):
+                return [x]
+            return [t for y in x for t in tensors(y)] if isinstance(x, (tuple, list)) else []
+        tables = tensors(entry)  # configs, union keys, launch rows
         assert tables and all(t.device.type == dev for t in tables), (key, tables)
 
 

@@ -15,7 +15,8 @@ from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attenti
 from hf_hilbert_attn import kernels
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.kernels import plan_positions
-from hf_hilbert_attn.kernels._common import _covered
+from hf_hilbert_attn.kernels._common import (_SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, _covered,
+                                             _launch_order, _launch_scalars, _launch_sinks)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -368,6 +369,58 @@ def test_covered_ranges_against_brute_force():
     assert straddled >= 5  # tiles across a boundary, with a range narrower than the segment
 
 
+def test_kernel_parameters_stay_few():
+    # every jit function of the kernels takes at most 25 parameters: tensors as Strided tuples,
+    # the launch's integers in its table row, the compile-time flags in one Flags tuple
+    import ast
+    import pathlib
+
+    found = {}
+    for path in pathlib.Path(kernels.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    "triton.jit" in ast.unparse(d) for d in node.decorator_list):
+                found[node.name] = len(node.args.args)
+    assert {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"} <= found.keys()
+    assert max(found.values()) <= 25, sorted(found.items(), key=lambda kv: -kv[1])[:5]
+
+
+@triton.jit
+def _launch_probe(L, OUT):
+    heads, span, tiles = _launch_scalars(L)
+    vals = heads + span + tiles + _launch_sinks(L) + _launch_order(L)
+    for i in tl.static_range(len(vals)):
+        tl.store(OUT + i, vals[i])
+
+
+def test_launch_rows_match_what_the_kernels_read():
+    # The host writes each launch's integers by name (LAUNCH_FIELDS); the kernels read them by
+    # position (_launch_scalars, _launch_sinks, _launch_order) and name them where they unpack
+    # them. Both must agree, field for field, in every kernel; the integers passed as
+    # arguments (_SCALARS) are named alike in every kernel's signature.
+    import inspect
+    import re
+
+    from hf_hilbert_attn.kernels import _bwd, _fwd
+
+    row = torch.arange(LAUNCH_ROW, dtype=torch.int32, device=DEV) * 7
+    out = torch.full((LAUNCH_ROW,), -1, dtype=torch.int32, device=DEV)
+    _launch_probe[(1,)](row, out)
+    read = out.tolist()[:len(LAUNCH_FIELDS)]
+    assert read == [7 * i for i in range(len(LAUNCH_FIELDS))]  # every field once, in order
+    for fn in (_fwd._fwd_kernel, _bwd._dq_kernel, _bwd._dkdv_kernel):
+        src = inspect.getsource(getattr(fn, "fn", fn))
+        names = []
+        for group in ("heads", "span", "tiles", r"_launch_sinks\(L\)", r"_launch_order\(L\)"):
+            m = re.search(r"^\s*([A-Z0-9_, ]+) = %s$" % group, src, re.M)
+            assert m, (fn, group)
+            names += [n.strip() for n in m.group(1).split(",")]
+        assert tuple(names) == LAUNCH_FIELDS, (fn, names)
+        params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+        i = params.index("L")
+        assert params[i + 1:i + 1 + len(_SCALARS)] == _SCALARS, (fn, params)
+
+
 def test_union_launches_with_and_without_mixed_programs():
     # rates dividing each other, segments multiples of the tiles: the union launches compile
     # without the per-pair code (MIXED False; forward, dq and dk/dv); a rate not dividing the
@@ -377,7 +430,8 @@ def test_union_launches_with_and_without_mixed_programs():
     pat = DilatedPattern([64, 128, 256, 384], [1, 2, 4, 6])
     q = torch.randn(1, 2, 300, 16)
     calls = aot.launches(q, q[:, :1], q[:, :1], pat)
-    union = {(fn.fn.__name__, kw["MIXED"]) for fn, _g, _a, kw in calls if kw.get("EARLIER")}
+    union = {(fn.fn.__name__, kw["F"].MIXED) for fn, _g, _a, kw in calls
+             if "F" in kw and kw["F"].EARLIER}
     assert union == {(n, m) for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel")
                      for m in (False, True)}
     _run(pat, sq=300, hq=2, hkv=1)

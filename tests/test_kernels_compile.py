@@ -49,7 +49,7 @@ AMPERE_CASES = ("fp32_d32_gaps_docs", "bf16_d64_sliding_sinks",
                 "fp16_d128_segment_sinks_perm_noncausal")
 GROUPS = {"sm_90": ((90,), tuple(CASES)), "sm_80_86_89": ((80, 86, 89), AMPERE_CASES)}
 FLAGS = ("CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UTAB", "EARLIER", "SLIDING",
-         "SINKT", "SINKADD", "HAS_DLSE")
+         "SINK", "HAS_DLSE")
 
 
 def _calls(name, arch=None):
@@ -81,9 +81,9 @@ def _calls(name, arch=None):
 
         with aot.recorded_launches() as extra:
             o = q.new_empty(q.shape)
-            kernels._delta_kernel[(1, 1)](o, o, q.new_empty(1, 4, s), q.new_empty(1, 4, s), s,
-                                  *o.stride()[:3], *o.stride()[:3], 4, BM=64, D=d,
-                                  HAS_DLSE=True)
+            kernels._delta_kernel[(1, 1)](kernels._strided(o), kernels._strided(o),
+                                          q.new_empty(1, 4, s), q.new_empty(1, 4, s), s, 4,
+                                          BM=64, D=d, HAS_DLSE=True)
         calls += extra
     return calls
 
@@ -108,16 +108,16 @@ def _compile_group(group):
 
 def _flag_values(names):
     """Runs in the subprocess: {kernel: {flag: sorted values}} over the cases' launches."""
-    from hf_hilbert_attn.kernels.aot import specialize
+    from hf_hilbert_attn.kernels.aot import constexpr_values, specialize
 
     seen = {}
     for name in names:
         for fn, _grid, args, kwargs in _calls(name):
             _sig, constexprs, _attrs, _opt = specialize(fn, args, kwargs)
             flags = seen.setdefault(fn.__name__, {})
-            for i, p in enumerate(fn.params):
-                if p.is_constexpr and p.name in FLAGS:
-                    flags.setdefault(p.name, set()).add(int(constexprs[(i,)]))
+            for flag, value in constexpr_values(fn, constexprs).items():
+                if flag in FLAGS:
+                    flags.setdefault(flag, set()).add(int(value))
     return {k: {f: sorted(v) for f, v in fl.items()} for k, fl in seen.items()}
 
 
@@ -153,6 +153,10 @@ def test_kernels_compile(group):
                 variants = {r["variant"].split("EARLIER=")[1].split()[0] for r in mine
                             if r["kernel"] == kern}
                 assert variants == {"0", "1"}, (name, arch, kern, variants)
+            # one compile per constexpr variant: the launches' integers (the launch table's
+            # rows, 16-byte aligned) must not split a variant into specializations
+            seen = [(r["kernel"], r["variant"], r["warps"], r["stages"]) for r in mine]
+            assert len(seen) == len(set(seen)), (name, arch, sorted(seen))
             for r in mine:
                 assert r["narrow_loads"] == 0, f"element-by-element loads in {r}"
                 assert r["shared"] <= r["shared_limit"], \

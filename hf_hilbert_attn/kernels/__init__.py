@@ -16,10 +16,11 @@ import triton
 
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
+from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
 from ._common import LOG2E as _LOG2E
 from ._fwd import _fwd_kernel
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
-                    plan_positions, union_keys)
+                    fwd_max_registers, plan_positions, union_keys)
 
 __all__ = [
     "dilated_fwd",
@@ -276,7 +277,7 @@ def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
     return seg0, nseg, 0, nblk
 
 
-def _pos_args(plan: PositionPlan, device):
+def _positions(plan: PositionPlan, device) -> Positions:
     d = _dummy(device)
     qinv = plan.qinv if plan.mapped else d
     kinv = plan.kinv if plan.mapped else d
@@ -286,7 +287,39 @@ def _pos_args(plan: PositionPlan, device):
     ski = kinv.stride(0) if plan.mapped and kinv.shape[0] > 1 else 0
     sqd = qdoc.stride(0) if plan.qdoc is not None and qdoc.shape[0] > 1 else 0
     skd = kdoc.stride(0) if plan.kdoc is not None and kdoc.shape[0] > 1 else 0
-    return (qinv, kinv, qdoc, kdoc), (sqi, ski, sqd, skd)
+    return Positions(qinv, sqi, kinv, ski, qdoc, sqd, kdoc, skd)
+
+
+def _strided(t: torch.Tensor) -> Strided:
+    """A ``[B, H, S, D]`` or ``[B, H, S]`` tensor as the kernels take it (unit last stride)."""
+    sb, sh, ss = t.stride()[:3]
+    return Strided(t, sb, sh, ss)
+
+
+def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz) -> dict:
+    """The integers of launch ``li`` (of ``nlaunch``) of config launch ``ln``, by name
+    (``_common.LAUNCH_FIELDS`` and ``_SCALARS``): heads ``h0 .. h0 + nh`` (``group`` query heads
+    per key/value head), ``tiles`` = (first segment, classes, blocks per class, first block)."""
+    seg0, ncls, nblk, blk0 = tiles
+    return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
+                QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls, NBLK=nblk,
+                BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1), SKLO=plan.klo,
+                SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, NLAUNCHED=li,
+                FIRST=int(li == 0), LAST=int(li == nlaunch - 1), PSZ=psz)
+
+
+def _scalars(row: dict) -> tuple:
+    """The integer arguments of a launch (``_common._SCALARS``), from its fields."""
+    return tuple(row[name] for name in _SCALARS)
+
+
+def _launch_table(rows, device):
+    """One int32 row per launch (``_common.LAUNCH_FIELDS``, given as dicts), made once per
+    planned call: the launches take a row each (``_common._launch_scalars``)."""
+    pad = [0] * (LAUNCH_ROW - len(LAUNCH_FIELDS))
+    table = torch.tensor([[r[f] for f in LAUNCH_FIELDS] + pad for r in rows],
+                         dtype=torch.int32, device=device)
+    return list(table.unbind(0))
 
 
 def _needs_pair_mask(earlier, r: int) -> bool:
@@ -358,10 +391,6 @@ def _planned(key, build):
     return hit, True
 
 
-def _strides(*ts, n=3):
-    return tuple(x for t in ts for x in t.stride()[:n])
-
-
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
                 lse=None):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log).
@@ -398,6 +427,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         smem = _smem(dev)
         tiles = {(t, f): _blocks("fwd", D, q.dtype, smem, t, f)
                  for t, f in ((False, False), (True, False), (False, True))}
+        rows = []
         for h0 in range(0, HQ, hch):
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
@@ -406,27 +436,29 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
                 last = li == len(launch) - 1
-                tail = (scale * LOG2E, h0, nh, HQ // HKV, plan.qoff, plan.koff, plan.qlo,
-                        plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w, ln.r, ln.lb,
-                        max(sinks, 1), len(prio), ln.npri, li, int(li == 0), int(last))
-                kw = dict(BM=BM, BN=BN, D=D, CAUSAL=causal, PER_HEAD=per_head,
-                          MAPPED=plan.mapped_kind, HAS_DOC=plan.qdoc is not None,
-                          IEEE=q.dtype == torch.float32, UTAB=tab,
-                          EARLIER=_earlier(ln.npri),
-                          MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, BM, pattern.sliding),
-                          SLIDING=pattern.sliding, SINKT=bool(sinks) and last, num_warps=warps,
-                          num_stages=stages)
-                items.append(((nseg * ncls * nblk, B * nh), tail, kw))
-        return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev),
-                keys, psz, hch if len(launch) > 1 else 0, items)
+                rows.append(_launch_row(plan, ln, li, len(launch), h0, nh, HQ // HKV,
+                                        (seg0, ncls, nblk, blk0), sinks, len(prio), psz))
+                flags = Flags(CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
+                              HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
+                              SLIDING=pattern.sliding, UTAB=tab, EARLIER=_earlier(ln.npri),
+                              MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, BM, pattern.sliding),
+                              SINK=bool(sinks) and last)
+                kw = dict(BM=BM, BN=BN, D=D, F=flags, num_warps=warps, num_stages=stages)
+                cap = fwd_max_registers((BM, BN, warps), not _earlier(ln.npri))
+                if cap and q.dtype != torch.float32 and not _interpret():
+                    kw["maxnreg"] = cap
+                items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
+        tables = (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys)
+        return (tables, _launch_table(rows, dev), hch if len(launch) > 1 else 0, items)
 
-    (cfg_t, lcfg_t, keys, psz, hch, items), fresh = _planned(
+    (tables, rows, hch, items), fresh = _planned(
         _call_key("fwd", pattern, plan, q, k, causal, scale), build)
     acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if hch else out
-    (qinv, kinv, qdoc, kdoc), pos_strides = _pos_args(plan, dev)
-    head = (q, k, v, out, lse, acc, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t, keys, psz,
-            *_strides(q, k, v, out, acc), *_strides(lse, n=2), *pos_strides)
-    _run([(_fwd_kernel, grid, (*head, *tail), kw) for grid, tail, kw in items], fresh)
+    head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
+            _positions(plan, dev), tables)
+    scale_log2 = scale * LOG2E
+    _run([(_fwd_kernel, grid, (*head, row, *ints, scale_log2), kw)
+          for (grid, ints, kw), row in zip(items, rows)], fresh)
     return out, lse
 
 
@@ -462,12 +494,19 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         _check_target(name, g, t.shape, t.dtype)
     if SQ == 0 or SK == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    lse = lse.contiguous()
-    delta = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    # lse and delta rows [B, Hq, Sq]: Triton specialises the kernels on whether their strides
+    # divide by 16, so a length that is not a multiple of 16 reads padded rows (a small copy of
+    # lse) and one compile serves every length
+    if SQ % 16 == 0 and lse.is_contiguous():
+        delta = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    else:
+        stats = torch.empty((2, B, HQ, -(-SQ // 16) * 16), device=dev, dtype=torch.float32)
+        stats[0, :, :, :SQ].copy_(lse)
+        lse, delta = stats[0, :, :, :SQ], stats[1, :, :, :SQ]
     dblk = 64 if not _interpret() else 16
     run = [(_delta_kernel, (triton.cdiv(SQ, dblk), B * HQ),
-            (out, do, dlse.contiguous() if dlse is not None else delta, delta, SQ,
-             *_strides(out, do), HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+            (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
+             _strided(delta), SQ, HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
 
     def build():
         prio, launch, sinks = _launches(pattern, plan, causal)
@@ -480,54 +519,53 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         dq_tiles = {p: _blocks("dq", D, q.dtype, smem, p) for p in (False, True)}
         kv_tiles = {f: _blocks("dkdv", D, q.dtype, smem, skips=f) for f in (False, True)}
         kBM, kBN = kv_tiles[False][:2]  # (both the same: the key tiles and _may_mix use kBN)
-        keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
-                           else (_dummy(dev), 1, 0))
-        common = dict(D=D, CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
-                      HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                      SLIDING=pattern.sliding)
         # union test: the key tables hold the configs but the last (up to four earlier ones);
         # the sink launch (after all of them in priority), sliding windows and longer patterns
         # test the configs in a runtime loop (decisions.md, "One union test in a loop")
-        union = dict(UTAB=utab)
+        keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
+                           else (_dummy(dev), 1, 0))
+
+        def flags(ln, tile, sink):
+            return Flags(CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
+                         HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
+                         SLIDING=pattern.sliding, UTAB=utab, EARLIER=_earlier(ln.npri),
+                         MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, pattern.sliding),
+                         SINK=sink)
+
+        def row(li, ln, h0, nh, tiles):
+            return _launch_row(plan, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
+                               len(prio), psz)
+
         # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
         # the sink launch's dk/dv sums are needed by the dk/dv kernel)
-        dq_items = []
+        dq_items, rows = [], []
         for h0 in range(0, HQ, hch):
             nh = min(hch, HQ - h0)
             for li, ln in enumerate(launch):
-                first, last = li == 0, li == len(launch) - 1
                 BM, BN, warps, stages = dq_tiles[ln.pair]
                 seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
                 ncls = 1 if per_head else ln.r
-                tail = (SQ, scale, scale * LOG2E, HQ, h0, nh, HQ // HKV, plan.qoff, plan.koff,
-                        plan.qlo, plan.qhi, plan.klo, plan.khi, seg0, ncls, nblk, blk0, ln.w,
-                        ln.r, ln.lb, max(sinks, 1), len(prio), ln.npri, li, int(first),
-                        int(last))
-                kw = dict(BM=BM, BN=BN, EARLIER=_earlier(ln.npri),
-                          MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, BM, pattern.sliding),
-                          SINKT=bool(sinks) and last, num_warps=warps, num_stages=stages,
-                          **common, **union)
-                dq_items.append(((nseg * ncls * nblk, B * nh), tail, kw))
+                rows.append(row(li, ln, h0, nh, (seg0, ncls, nblk, blk0)))
+                last = li == len(launch) - 1
+                kw = dict(BM=BM, BN=BN, D=D, F=flags(ln, BM, bool(sinks) and last),
+                          num_warps=warps, num_stages=stages)
+                dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
         # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
         kv_items = []
         for g0 in range(0, HKV, kch):
             ng = min(kch, HKV - g0)
             for li, ln in enumerate(launch):
-                first, last = li == 0, li == len(launch) - 1
                 kseg0, knseg, kblk0, knblk = _key_tiles(plan, ln.w, ln.r, kBN)
-                tail = (SQ, scale, scale * LOG2E, HKV, g0, ng, HQ // HKV, plan.qoff, plan.koff,
-                        plan.qlo, plan.qhi, plan.klo, plan.khi, kseg0, knblk, kblk0, ln.w, ln.r,
-                        ln.lb, max(sinks, 1), ln.npri, int(first), int(last))
-                mixed = _may_mix(prio[:ln.npri], ln.w, ln.r, kBN, pattern.sliding)
-                warps, stages = kv_tiles[_earlier(ln.npri) and not mixed][2:]
-                kw = dict(BM=kBM, BN=kBN, EARLIER=_earlier(ln.npri), MIXED=mixed,
-                          SINKADD=bool(sinks), num_warps=warps, num_stages=stages, **common,
-                          **union)
-                kv_items.append(((knseg * ln.r * knblk, B * ng), tail, kw))
-        return (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys,
-                psz, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items)
+                rows.append(row(li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0)))
+                fl = flags(ln, kBN, bool(sinks))
+                warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
+                kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
+                kv_items.append(((knseg * ln.r * knblk, B * ng), _scalars(rows[-1]), kw))
+        tables = (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys)
+        return (tables, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items,
+                _launch_table(rows, dev))
 
-    (cfg_t, lcfg_t, keys, psz, sinks, chunks, dq_items, kv_items), fresh = _planned(
+    (tables, sinks, chunks, dq_items, kv_items, rows), fresh = _planned(
         _call_key("bwd", pattern, plan, q, k, causal, scale), build)
     if chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
@@ -535,15 +573,20 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         dqacc, dkacc, dvacc = _sum_buffers(B, *chunks, SQ, SK, D, dev)
     # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
     # tiles); the first dk/dv launch adds them in.
-    sinkg = (torch.zeros((B, HKV, 2, sinks, D), device=dev, dtype=torch.float32) if sinks
-             else _dummy(dev))
-    (qinv, kinv, qdoc, kdoc), pos_strides = _pos_args(plan, dev)
-    strides = _strides(q, k, v, do)
-    head = (q, k, v, do, lse, delta, dq, dqacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t, lcfg_t,
-            keys, psz, *strides, *_strides(dqacc, dq), *pos_strides)
-    run += [(_dq_kernel, grid, (*head, *tail), kw) for grid, tail, kw in dq_items]
-    head = (q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, qinv, kinv, qdoc, kdoc, cfg_t,
-            keys, psz, *strides, *_strides(dkacc, dk, dv), *pos_strides)
-    run += [(_dkdv_kernel, grid, (*head, *tail), kw) for grid, tail, kw in kv_items]
+    if sinks:
+        sinkg = _strided(torch.zeros((B, HKV, 2 * sinks, D), device=dev, dtype=torch.float32))
+    else:
+        sinkg = Strided(_dummy(dev), 0, 0, 0)
+    pos = _positions(plan, dev)
+    qs, ks, vs, dos = _strided(q), _strided(k), _strided(v), _strided(do)
+    lses, deltas = _strided(lse), _strided(delta)
+    scales = (scale, scale * LOG2E)
+    head = (qs, ks, vs, dos, lses, deltas, _strided(dq), _strided(dqacc), sinkg, pos, tables)
+    run += [(_dq_kernel, grid, (*head, rows[i], *ints, scales), kw)
+            for i, (grid, ints, kw) in enumerate(dq_items)]
+    head = (qs, ks, vs, dos, lses, deltas, _strided(dk), _strided(dv), _strided(dkacc),
+            _strided(dvacc), sinkg, pos, tables)
+    run += [(_dkdv_kernel, grid, (*head, rows[len(dq_items) + i], *ints, scales), kw)
+            for i, (grid, ints, kw) in enumerate(kv_items)]
     _run(run, fresh)
     return dq, dk, dv

@@ -14,38 +14,35 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import (LOG2E, _NO_SPEC, _band_split, _band_tail, _covered, _key_range, _key_tile,
-                      _kv_bases, _n_range, _participates, _prog_key, _program_tile, _query_rows,
+from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _covered, _key_range, _key_tile,
+                      _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _n_range,
+                      _participates, _prog_key, _program_tile, _query_rows, _row_ptrs,
                       _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
-def _delta_kernel(O, DO, DLSE, DELTA, S, sob, soh, sos, sdb, sdh, sds, HQ,
-                  BM: tl.constexpr, D: tl.constexpr, HAS_DLSE: tl.constexpr):
-    # delta[b, h, i] = sum_d dO * O  (- dlse), float32 [B, Hq, Sq] contiguous
+def _delta_kernel(o, do, DLSE, delta, S, HQ, BM: tl.constexpr, D: tl.constexpr,
+                  HAS_DLSE: tl.constexpr):
+    # delta[b, h, i] = sum_d dO * O  (- dlse): float32 [B, Hq, Sq] (``Strided``); dlse
+    # contiguous
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
-    h = (bh % HQ).to(tl.int64)
+    h = bh % HQ
     rows = pid * BM + tl.arange(0, BM)
     ok = rows < S
-    offs_d = tl.arange(0, D)
-    o = tl.load(O + b * sob + h * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :],
-                mask=ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdb + h * sdh + rows[:, None].to(tl.int64) * sds + offs_d[None, :],
-                 mask=ok[:, None], other=0.0).to(tl.float32)
-    delta = tl.sum(o * do, 1)
+    ot = tl.load(_row_ptrs(o, b, h, rows, D=D), mask=ok[:, None], other=0.0).to(tl.float32)
+    dot = tl.load(_row_ptrs(do, b, h, rows, D=D), mask=ok[:, None], other=0.0).to(tl.float32)
+    dlt = tl.sum(ot * dot, 1)
     if HAS_DLSE:
-        delta = delta - tl.load(DLSE + bh.to(tl.int64) * S + rows, mask=ok, other=0.0)
-    tl.store(DELTA + bh.to(tl.int64) * S + rows, delta, mask=ok)
+        dlt = dlt - tl.load(DLSE + bh.to(tl.int64) * S + rows, mask=ok, other=0.0)
+    tl.store(delta.ptr + b * delta.sb + h.to(tl.int64) * delta.sh + rows, dlt, mask=ok)
 
 
 @triton.jit
 def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
               BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
-              CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-              HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
-              UTAB: tl.constexpr, SLIDING: tl.constexpr, KVGRAD: tl.constexpr):
+              UTAB: tl.constexpr, KVGRAD: tl.constexpr, F: tl.constexpr):
     """dq over key tiles ``lo, lo+BN, .. < hi`` (keys ``n < end``); masks as in ``_fwd_tiles``.
 
     Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal (and, sliding,
@@ -62,40 +59,41 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
     offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
-                                                   EDGE=EDGE, MAPPED=MAPPED)
-        if IEEE:
+                                                   EDGE=EDGE, MAPPED=F.MAPPED)
+        if F.IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
             dp = tl.dot(do, tl.trans(v))
         p = tl.math.exp2(s * scale_log2 - lse2[:, None])
-        if (CAUSAL and EDGE) or (SLIDING and EDGE) or MAPPED == 2 or HAS_DOC or UNION or KVGRAD:
+        if ((F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION
+                or KVGRAD):
             keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
-            if CAUSAL and EDGE:
+            if F.CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            if SLIDING and EDGE:
+            if F.SLIDING and EDGE:
                 keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
-                if not CAUSAL:
+                if not F.CAUSAL:
                     keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
             if UNION:
                 if UTAB > 0:
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=PER_HEAD, SLIDING=SLIDING)
-            if HAS_DOC:
+                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
+            if F.HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
             p = tl.where(keep, p, 0.0)
         ds = p * (dp - delta[:, None])
-        if IEEE:
+        if F.IEEE:
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
         else:
             dq = tl.dot(ds.to(k.dtype), k, dq)
         if KVGRAD:
             # rows of queries that do not exist have q = dO = 0 (no contribution)
-            if IEEE:
+            if F.IEEE:
                 dkp = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
                 dvp = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
             else:
@@ -110,14 +108,13 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
 @triton.jit
 def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                 BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
-                CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-                HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
-                UTAB: tl.constexpr, SLIDING: tl.constexpr):
+                UTAB: tl.constexpr, F: tl.constexpr):
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
     (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing.
     ``cols``: the program's keys ``(k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64,
     scale_log2, LB)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
-    lrow, sqinv, sqdoc, sqs, sds, QOFF)``; ``uni`` as in ``_fwd._fwd_tiles``."""
+    lrow, sqinv, sqdoc, sqs, sds, QOFF)`` (bases and ``lrow``, the offset of lse's and delta's
+    rows, at the program's batch and query head); ``uni`` as in ``_fwd._fwd_tiles``."""
     k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scale_log2, LB = cols
     q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF = qside
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
@@ -126,7 +123,7 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
         offs_m = start_m + tl.arange(0, BM)
         pq = sbase + R * offs_m
         row_ok = offs_m < end
-        if MAPPED:
+        if F.MAPPED:
             qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
             row_ok = row_ok & (qidx >= 0)
             qidx = tl.where(row_ok, qidx, 0)
@@ -138,33 +135,33 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
         lse2 = tl.load(LSE + lrow + q64, mask=row_ok, other=0.0) * LOG2E
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         delta = tl.load(DELTA + lrow + q64, mask=row_ok, other=0.0)
-        if IEEE:
+        if F.IEEE:
             st = tl.dot(k, tl.trans(q), input_precision="ieee")
             dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
         else:
             st = tl.dot(k, tl.trans(q))
             dpt = tl.dot(v, tl.trans(do))
         pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
-        if (CAUSAL and EDGE) or (SLIDING and EDGE) or MAPPED == 2 or HAS_DOC or UNION:
+        if (F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
-            if CAUSAL and EDGE:
+            if F.CAUSAL and EDGE:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :])
-            if SLIDING and EDGE:  # the window: n_q <= n_k + LB (>= n_k - LB non-causal)
+            if F.SLIDING and EDGE:  # the window: n_q <= n_k + LB (>= n_k - LB non-causal)
                 keep = keep & (offs_m[None, :] <= offs_n[:, None] + LB)
-                if not CAUSAL:
+                if not F.CAUSAL:
                     keep = keep & (offs_m[None, :] >= offs_n[:, None] - LB)
             if UNION:
                 if UTAB > 0:
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=PER_HEAD, SLIDING=SLIDING)
-            if HAS_DOC:
+                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
+            if F.HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
             pt = tl.where(keep, pt, 0.0)
         dst = pt * (dpt - delta[None, :])
-        if IEEE:
+        if F.IEEE:
             dv = tl.dot(pt.to(do.dtype), do, dv, input_precision="ieee")
             dk = tl.dot(dst.to(q.dtype), q, dk, input_precision="ieee")
         else:
@@ -175,227 +172,199 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
 
 @triton.jit
 def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D: tl.constexpr,
-             UNION: tl.constexpr, CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr,
-             MAPPED: tl.constexpr, HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
-             UTAB: tl.constexpr, SLIDING: tl.constexpr):
+             UNION: tl.constexpr,
+             UTAB: tl.constexpr, F: tl.constexpr):
     """dq over key tiles ``[lo, b1)`` masked (sliding), ``[b1, mid)`` whole, then ``[mid, end)``
     masked (as ``_fwd._fwd_span``)."""
-    if SLIDING:
+    if F.SLIDING:
         dq = _dq_tiles(dq, rows, keys, uni, lo, b1, end, BN=BN, D=D, EDGE=True, UNION=UNION,
-                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, KVGRAD=False, F=F)
     if UNION:
         x1, x2 = _split_at(b1, mid, ma, mb, BN=BN)
         dq = _dq_tiles(dq, rows, keys, uni, b1, x1, end, BN=BN, D=D, EDGE=False, UNION=False,
-                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, KVGRAD=False, F=F)
         dq = _dq_tiles(dq, rows, keys, uni, x1, x2, end, BN=BN, D=D, EDGE=False, UNION=True,
-                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, KVGRAD=False, F=F)
         dq = _dq_tiles(dq, rows, keys, uni, x2, mid, end, BN=BN, D=D, EDGE=False, UNION=False,
-                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, KVGRAD=False, F=F)
     else:
         dq = _dq_tiles(dq, rows, keys, uni, b1, mid, end, BN=BN, D=D, EDGE=False, UNION=UNION,
-                       CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                       UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                       UTAB=UTAB, KVGRAD=False, F=F)
     dq = _dq_tiles(dq, rows, keys, uni, mid, end, end, BN=BN, D=D, EDGE=True, UNION=UNION,
-                   CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                   UTAB=UTAB, SLIDING=SLIDING, KVGRAD=False)
+                   UTAB=UTAB, KVGRAD=False, F=F)
     return dq
 
 
 @triton.jit
 def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
-              BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-              PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-              IEEE: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr,
-              MIXED: tl.constexpr):
+              BN: tl.constexpr, D: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
         sgk, sgv, scale = rows
-    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
-                              SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=False)
+    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
+                              SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
     kp3 = kp0
     if UTAB > 0:
-        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 1:
-        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 2:
-        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 3:
-        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
-    if SLIDING and CAUSAL:  # one range (as in _fwd._fwd_union)
+    if F.SLIDING and F.CAUSAL:  # one range (as in _fwd._fwd_union)
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
-                      CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                      UTAB=UTAB, SLIDING=SLIDING)
-    elif MIXED:
+                      UTAB=UTAB, F=F)
+    elif F.MIXED:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
-                      CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                      UTAB=UTAB, SLIDING=SLIDING)
+                      UTAB=UTAB, F=F)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D, UNION=True,
-                      CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                      UTAB=UTAB, SLIDING=SLIDING)
+                      UTAB=UTAB, F=F)
     else:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D,
-                      UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                      IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                      UNION=False, UTAB=UTAB, F=F)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D,
-                      UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                      IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                      UNION=False, UTAB=UTAB, F=F)
     return dq
 
 
-@triton.jit(do_not_specialize=_NO_SPEC)
-def _dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, DQACC, SINKG,
-    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
-    sdqb, sdqh, sdqs,
-    sqinv, skinv, sqdoc, skdoc, SQ,
-    scale, scale_log2, HQ, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
-    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr, MIXED: tl.constexpr,
-    SLIDING: tl.constexpr, SINKT: tl.constexpr,
-):
+@triton.jit(do_not_specialize=_SCALARS)
+def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB, NPRI, PSZ, GROUP,
+               QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+               F: tl.constexpr):
+    """dq of one config's launch. Arguments as in ``_fwd._fwd_kernel``; ``do``, ``dq``:
+    ``Strided`` like ``q``, ``lse`` / ``delta``: ``[B, Hq, Sq]``, ``dqacc``: the float32 sum
+    of earlier launches (a chunk of heads), ``sinkg``: the sink keys' float32 dk/dv sums
+    ``[B, Hkv, 2 * SINKS, D]``."""
+    CFG, LCFG, KEYS = tables
+    scale, scale_log2 = scales
+    heads, span, tiles = _launch_scalars(L)
+    HOFF, HCH = heads
+    KOFF, QLO, QHI, KLO, KHI = span
+    SEG0, NCLS, NBLK, BLK0, W = tiles
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
                                                   GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
-                                                  PER_HEAD=PER_HEAD)
+                                                  PER_HEAD=F.PER_HEAD)
     b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi = _query_rows(b, blk, sbase, ncl, R, QLO, QHI,
-                                                              QOFF, QINV, sqinv, BM=BM,
-                                                              MAPPED=MAPPED)
+                                                              QOFF, pos.QINV, pos.sqinv, BM=BM,
+                                                              MAPPED=F.MAPPED)
     h64 = h.to(tl.int64)
     row64 = qidx.to(tl.int64)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + b64 * sqb + h64 * sqh + row64[:, None] * sqs + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b64 * sdb + h64 * sdh + row64[:, None] * sds + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
-    lse2 = tl.load(LSE + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0) * LOG2E
+    qt = tl.load(_row_ptrs(q, b64, h, qidx, D=D), mask=row_ok[:, None], other=0.0)
+    dot = tl.load(_row_ptrs(do, b64, h, qidx, D=D), mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(lse.ptr + b64 * lse.sb + h64 * lse.sh + row64 * lse.ss, mask=row_ok,
+                   other=0.0) * LOG2E
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # empty rows: P = 0
-    delta = tl.load(DELTA + (b.to(tl.int64) * HQ + h) * SQ + row64, mask=row_ok, other=0.0)
-    if HAS_DOC:
-        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+    dlt = tl.load(delta.ptr + b64 * delta.sb + h64 * delta.sh + row64 * delta.ss, mask=row_ok,
+                  other=0.0)
+    if F.HAS_DOC:
+        qd = tl.load(pos.QDOC + b64 * pos.sqdoc + qidx, mask=row_ok, other=-2)
     else:
         qd = qidx
 
     kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1 = _key_range(
-        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=CAUSAL, SLIDING=SLIDING)
-    k_base, v_base, KDOC_T = _kv_bases(K, V, KDOC, b64, hk, skb, skh, sks, svb, svh, svs, KOFF,
-                                       MAPPED=MAPPED)
-    dq = tl.zeros([BM, D], tl.float32)
-    # the sink keys' float32 dk / dv rows of this key/value head ([B, Hkv, 2, SINKS, D])
-    sgk = SINKG + ((b64 * (HQ // GROUP) + hk) * 2) * SINKS * D
-    sgv = sgk + SINKS * D
-    rows = (q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB,
-            band_lo, sgk, sgv, scale)
-    keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
-    if EARLIER == 0:  # first config in priority order: no union test, nothing skipped
+        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=F.CAUSAL,
+        SLIDING=F.SLIDING)
+    k_base, v_base, KDOC_T = _kv_bases(k, v, pos.KDOC, b64, hk, KOFF, MAPPED=F.MAPPED)
+    dq_acc = tl.zeros([BM, D], tl.float32)
+    rows = (qt, dot, lse2, dlt, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB,
+            band_lo, sinkg.ptr, sinkg.ptr, scale)
+    keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
+    if F.EARLIER == 0:  # first config in priority order: no union test, nothing skipped
         a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN=BN)
-        dq = _dq_span(dq, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_b1, a_mid,
-                      kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False, CAUSAL=CAUSAL,
-                      PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                      UTAB=0, SLIDING=SLIDING)
+        dq_acc = _dq_span(dq_acc, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo,
+                          a_b1, a_mid, kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False, UTAB=0,
+                          F=F)
     else:
-        dq = _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ, BN=BN,
-                       D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                       IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING, MIXED=MIXED)
-    if SINKT:
+        dq_acc = _dq_union(dq_acc, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS,
+                           PSZ, BN=BN, D=D, UTAB=F.UTAB, F=F)
+    if F.SINK:
+        SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
         # the sink keys (last in priority, as in the forward); their dk/dv summed atomically
-        s_hi = tl.minimum(SINKS, KHI + 1)
-        if CAUSAL:
+        # into this key/value head's float32 rows
+        sgk = sinkg.ptr + b64 * sinkg.sb + hk.to(tl.int64) * sinkg.sh
+        sgv = sgk + SINKS * sinkg.ss
+        s_hi = SKHI
+        if F.CAUSAL:
             s_hi = tl.minimum(s_hi, pq1 + 1)
-        s_hi = tl.where(m_last >= m_first, s_hi, KLO)
+        s_hi = tl.where(m_last >= m_first, s_hi, SKLO)
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band = _sink_geometry(pq)
-        s_rows = (q, do, lse2, delta, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64,
+        s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64,
                   scale_log2, s_lb, s_band, sgk, sgv, scale)
-        dq = _dq_tiles(dq, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi,
-                       BN=16, D=D, EDGE=True, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                       MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=0, SLIDING=SLIDING,
-                       KVGRAD=True)
-    dq = dq * scale
-    acc_ptrs = DQACC + b64 * sgb + hl.to(tl.int64) * sgh + row64[:, None] * sgs + offs_d[None, :]
+        dq_acc = _dq_tiles(dq_acc, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO,
+                           s_hi, s_hi, BN=16, D=D, EDGE=True, UNION=True, UTAB=0, KVGRAD=True,
+                           F=F)
+    dq_acc = dq_acc * scale
+    NLAUNCHED, FIRST, LAST = _launch_order(L)
+    acc_ptrs = _row_ptrs(dqacc, b64, hl, qidx, D=D)
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=PER_HEAD, SLIDING=SLIDING)
-        dq += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
+                                      SLIDING=F.SLIDING)
+        dq_acc += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
     if LAST != 0:
-        tl.store(DQ + b64 * sdqb + h64 * sdqh + row64[:, None] * sdqs + offs_d[None, :],
-                 dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(_row_ptrs(dq, b64, h, qidx, D=D), dq_acc.to(dq.ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
     else:
-        tl.store(acc_ptrs, dq, mask=row_ok[:, None])
+        tl.store(acc_ptrs, dq_acc, mask=row_ok[:, None])
 
 
 @triton.jit
 def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.constexpr,
-               D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
-               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-               IEEE: tl.constexpr, UTAB: tl.constexpr,
-               SLIDING: tl.constexpr):
+               D: tl.constexpr, UNION: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
     """dk, dv over query tiles ``[lo, mid)`` masked (the diagonal), then ``[mid, tail)`` whole,
     then (sliding) ``[tail, end)`` masked: queries past some key's window.
     ``UNION``: with the per-pair union mask on the masked tiles and on the whole tiles that
     meet ``[ma, mb)`` only."""
-    dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM=BM, D=D, EDGE=True, UNION=UNION,
-                         CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                         IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+    dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM=BM, D=D, EDGE=True,
+                         UNION=UNION, UTAB=UTAB, F=F)
     if UNION:
         x1, x2 = _split_at(mid, tail, ma, mb, BN=BM)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM=BM, D=D, EDGE=False,
-                             UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                             UNION=False, UTAB=UTAB, F=F)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x1, x2, end, BM=BM, D=D, EDGE=False,
-                             UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                             UNION=True, UTAB=UTAB, F=F)
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, tail, end, BM=BM, D=D, EDGE=False,
-                             UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                             UNION=False, UTAB=UTAB, F=F)
     else:
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, tail, end, BM=BM, D=D, EDGE=False,
-                             UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
-    if SLIDING:
+                             UNION=UNION, UTAB=UTAB, F=F)
+    if F.SLIDING:
         dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, tail, end, end, BM=BM, D=D, EDGE=True,
-                             UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                             HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                             UNION=UNION, UTAB=UTAB, F=F)
     return dk, dv
 
 
 @triton.jit
 def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG, NPRI, KEYS,
-                PSZ, BM: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-                PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-                IEEE: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr,
-                MIXED: tl.constexpr):
+                PSZ, BM: tl.constexpr, D: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
     """dk, dv of one query head over the query tiles of a config with earlier configs: queries
     ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
     with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
-    past the window); with ``MIXED`` the union mask on the diagonal tiles and on the whole tiles
+    past the window); with ``F.MIXED`` the union mask on the diagonal tiles and on the whole tiles
     in ``[ma, mb)`` (as ``_fwd._fwd_union``)."""
     k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB = cols
-    ca, cb, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
-                              SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=True)
+    ca, cb, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
+                              SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=True)
     kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
     kp1 = kp0
     kp2 = kp0
     kp3 = kp0
     if UTAB > 0:
-        kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 1:
-        kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 2:
-        kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 3:
-        kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, qn_hi)
     b_lo = tl.maximum(cb, qn_lo)
@@ -404,41 +373,38 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     a_tail = _band_tail(a_mid, a_hi, band_hi, BM=BM)
     b_tail = _band_tail(b_mid, qn_hi, band_hi, BM=BM)
     # Both query ranges through one copy of the tile loops (a program that needs no per-pair
-    # mask has an empty [ma, mb): with MIXED only its diagonal tiles test the union rule). Against
+    # mask has an empty [ma, mb): with F.MIXED only its diagonal tiles test the union rule). Against
     # four copies: 104 instead of 680 bytes of spills per thread on sm_90, half the compile
     # time, the same speed (docs/decisions.md "dk/dv: one copy of the tile loops"). Sliding
     # and causal, the covered queries start at 0 (``_covered``): the upper range only.
-    for part in range(1 if SLIDING and CAUSAL else 0, 2):
+    for part in range(1 if F.SLIDING and F.CAUSAL else 0, 2):
         lo = tl.where(part == 0, qn_lo, b_lo)
         mid = tl.where(part == 0, a_mid, b_mid)
         tail = tl.where(part == 0, a_tail, b_tail)
         hi = tl.where(part == 0, a_hi, qn_hi)
         dk, dv = _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, hi, ma, mb, BM=BM, D=D,
-                            UNION=MIXED, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                            HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                            UNION=F.MIXED, UTAB=UTAB, F=F)
     return dk, dv
 
 
-@triton.jit(do_not_specialize=_NO_SPEC)
-def _dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DKACC, DVACC, SINKG,
-    QINV, KINV, QDOC, KDOC, CFG, KEYS, PSZ,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sgb, sgh, sgs,
-    sdkb, sdkh, sdks, sdvb, sdvh, sdvs,
-    sqinv, skinv, sqdoc, skdoc, SQ,
-    scale, scale_log2, HKV, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NBLK, BLK0, W, R, LB, SINKS, NPRI, FIRST, LAST,
-    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr, MIXED: tl.constexpr,
-    SLIDING: tl.constexpr, SINKADD: tl.constexpr,
-):
+@triton.jit(do_not_specialize=_SCALARS)
+def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tables, L, R, LB, NPRI,
+                 PSZ, GROUP, QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+                 F: tl.constexpr):
+    """dk and dv of one config's launch; arguments as in ``_dq_kernel`` (heads: key/value heads;
+    ``dkacc`` / ``dvacc``: the float32 sums of earlier launches, a chunk of key/value heads)."""
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
+    CFG, LCFG, KEYS = tables
+    scale, scale_log2 = scales
+    heads, span, tiles = _launch_scalars(L)
+    HOFF, HCH = heads
+    KOFF, QLO, QHI, KLO, KHI = span
+    SEG0, NCLS, NBLK, BLK0, W = tiles
     tile = tl.program_id(0)
     bhk = tl.program_id(1)
     b = bhk // HCH
-    hkl = bhk % HCH  # kv head within this launch's chunk (DKACC/DVACC hold HCH heads)
+    hkl = bhk % HCH  # kv head within this launch's chunk (dkacc/dvacc hold HCH heads)
     hk = HOFF + hkl
     blk = BLK0 + tile % NBLK
     t2 = tile // NBLK
@@ -452,20 +418,16 @@ def _dkdv_kernel(
     offs_n = blk * BN + tl.arange(0, BN)
     pk = sbase + R * offs_n
     col_ok = (offs_n >= kn_lo) & (offs_n < kn_hi)
-    if MAPPED:
-        kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
+    if F.MAPPED:
+        kidx = tl.load(pos.KINV + b64 * pos.skinv + pk, mask=col_ok, other=-1)
         col_ok = col_ok & (kidx >= 0)
     else:
         kidx = pk - KOFF
     kidx = tl.where(col_ok, kidx, 0)
-    k64 = kidx.to(tl.int64)
-    offs_d = tl.arange(0, D)
-    k = tl.load(K + b64 * skb + hk.to(tl.int64) * skh + k64[:, None] * sks + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + b64 * svb + hk.to(tl.int64) * svh + k64[:, None] * svs + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
-    if HAS_DOC:
-        kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
+    kt = tl.load(_row_ptrs(k, b64, hk, kidx, D=D), mask=col_ok[:, None], other=0.0)
+    vt = tl.load(_row_ptrs(v, b64, hk, kidx, D=D), mask=col_ok[:, None], other=0.0)
+    if F.HAS_DOC:
+        kd = tl.load(pos.KDOC + b64 * pos.skdoc + kidx, mask=col_ok, other=-1)
     else:
         kd = kidx
 
@@ -475,68 +437,68 @@ def _dkdv_kernel(
     pk1 = sbase + R * tl.maximum(n_last, n_first)
     qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
     band_hi = qn_hi  # sliding: query tiles ending below this lie inside every key's window
-    if CAUSAL:
+    if F.CAUSAL:
         qn_lo = tl.maximum(qn_lo, n_first)  # queries n >= the first key's n
         full_lo = blk * BN + BN - 1  # query tiles starting here see no diagonal
     else:
         full_lo = qn_lo
-        if SLIDING:
+        if F.SLIDING:
             qn_lo = tl.maximum(qn_lo, n_first - LB)
             full_lo = blk * BN + BN - 1 - LB  # from here: above every key's window edge
-    if SLIDING:
+    if F.SLIDING:
         qn_hi = tl.minimum(qn_hi, n_last + LB + 1)
         band_hi = blk * BN + LB + 1
     qn_hi = tl.where(n_last >= n_first, qn_hi, qn_lo)
 
-    dk = tl.zeros([BN, D], tl.float32)
-    dv = tl.zeros([BN, D], tl.float32)
+    dk_acc = tl.zeros([BN, D], tl.float32)
+    dv_acc = tl.zeros([BN, D], tl.float32)
     for hh in range(GROUP):
         h = hk * GROUP + hh
         h64 = h.to(tl.int64)
-        if PER_HEAD:
+        if F.PER_HEAD:
             active = (h % R) == c
         else:
             active = h >= 0
         if active:
-            q_base = Q + b64 * sqb + h64 * sqh
-            do_base = DO + b64 * sdb + h64 * sdh
-            lrow = (b64 * (HKV * GROUP) + h64) * SQ
-            cols = (k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB)
-            qside = (q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF)
-            if EARLIER == 0:
+            q_base = q.ptr + b64 * q.sb + h64 * q.sh
+            do_base = do.ptr + b64 * do.sb + h64 * do.sh
+            lrow = b64 * lse.sb + h64 * lse.sh  # lse and delta: [B, Hq, Sq], one layout
+            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB)
+            qside = (q_base, do_base, pos.QINV, pos.QDOC, lse.ptr, delta.ptr, lrow, pos.sqinv,
+                     pos.sqdoc, q.ss, do.ss, QOFF)
+            if F.EARLIER == 0:
                 # first config in priority order: no union test, nothing skipped; the diagonal
                 # tiles (masked), then whole unmasked tiles
                 a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, qn_hi)
                 a_tail = _band_tail(a_mid, qn_hi, band_hi, BM=BM)
-                dk, dv = _dkdv_span(dk, dv, cols, qside, (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk),
-                                    qn_lo, a_mid, a_tail, qn_hi, qn_lo, qn_lo, BM=BM, D=D,
-                                    UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                                    HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=0, SLIDING=SLIDING)
+                dk_acc, dv_acc = _dkdv_span(dk_acc, dv_acc, cols, qside,
+                                            (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk), qn_lo, a_mid,
+                                            a_tail, qn_hi, qn_lo, qn_lo, BM=BM, D=D, UNION=False,
+                                            UTAB=0, F=F)
             else:
-                dk, dv = _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi,
-                                     CFG, NPRI, KEYS, PSZ, BM=BM, D=D, CAUSAL=CAUSAL,
-                                     PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE,
-                                     UTAB=UTAB, SLIDING=SLIDING, MIXED=MIXED)
-    dk = dk * scale
-    hk64 = hk.to(tl.int64)
-    ka_ptrs = DKACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]
-    va_ptrs = DVACC + b64 * sgb + hkl.to(tl.int64) * sgh + k64[:, None] * sgs + offs_d[None, :]
-    if SINKADD:
+                dk_acc, dv_acc = _dkdv_union(dk_acc, dv_acc, cols, qside, col_ok, qn_lo, qn_hi,
+                                             full_lo, band_hi, CFG, NPRI, KEYS, PSZ, BM=BM, D=D,
+                                             UTAB=F.UTAB, F=F)
+    dk_acc = dk_acc * scale
+    NLAUNCHED, FIRST, LAST = _launch_order(L)
+    ka_ptrs = _row_ptrs(dkacc, b64, hkl, kidx, D=D)
+    va_ptrs = _row_ptrs(dvacc, b64, hkl, kidx, D=D)
+    if F.SINK:
         if FIRST != 0:
-            # the sink keys' dk/dv, summed by the dq kernel's sink launch ([B, Hkv, 2, SINKS, D])
+            # the sink keys' dk/dv, summed by the dq kernel's sink launch
+            SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
             sink = col_ok & (pk < SINKS)
-            sg = SINKG + ((b64 * HKV + hk) * 2) * SINKS * D + pk[:, None].to(tl.int64) * D \
-                + offs_d[None, :]
-            dk += tl.load(sg, mask=sink[:, None], other=0.0)
-            dv += tl.load(sg + SINKS * D, mask=sink[:, None], other=0.0)
+            sg = _row_ptrs(sinkg, b64, hk, pk, D=D)
+            dk_acc += tl.load(sg, mask=sink[:, None], other=0.0)
+            dv_acc += tl.load(sg + SINKS * sinkg.ss, mask=sink[:, None], other=0.0)
     if FIRST == 0:
-        dk += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
-        dv += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)
+        dk_acc += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
+        dv_acc += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)
     if LAST != 0:
-        tl.store(DK + b64 * sdkb + hk64 * sdkh + k64[:, None] * sdks + offs_d[None, :],
-                 dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
-        tl.store(DV + b64 * sdvb + hk64 * sdvh + k64[:, None] * sdvs + offs_d[None, :],
-                 dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+        tl.store(_row_ptrs(dk, b64, hk, kidx, D=D), dk_acc.to(dk.ptr.dtype.element_ty),
+                 mask=col_ok[:, None])
+        tl.store(_row_ptrs(dv, b64, hk, kidx, D=D), dv_acc.to(dv.ptr.dtype.element_ty),
+                 mask=col_ok[:, None])
     else:
-        tl.store(ka_ptrs, dk, mask=col_ok[:, None])
-        tl.store(va_ptrs, dv, mask=col_ok[:, None])
+        tl.store(ka_ptrs, dk_acc, mask=col_ok[:, None])
+        tl.store(va_ptrs, dv_acc, mask=col_ok[:, None])

@@ -17,6 +17,8 @@ All divisions and remainders here act on non-negative integers: Triton's ``//`` 
 while the interpreter floors, and the two only agree there.
 """
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -24,11 +26,74 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
-# Scalar arguments that change with the pattern, the config or the positions: not specialised
-# (Triton would otherwise compile a variant per value == 1 / divisible by 16).
-_NO_SPEC = ["HQ", "HOFF", "HCH", "HKV", "GROUP", "SQ", "QOFF", "KOFF", "QLO", "QHI", "KLO", "KHI", "SEG0", "NCLS",
-            "NBLK", "BLK0", "W", "R", "NPRI", "NLAUNCHED", "FIRST", "LAST", "PSZ", "LB", "SINKS",
-            "NCFG"]
+# What a launch takes besides its tiles (BM, BN, D), grouped so each kernel has about 20
+# parameters (docs/kernels.md, "Kernel arguments"):
+# * a tensor as (pointer, batch stride, head stride, row stride); its last stride is 1;
+Strided = namedtuple("Strided", "ptr sb sh ss")
+# * the position maps and document ids of the call (int32 [B or 1, S]) and their batch strides
+#   (positions -> storage rows; storage row -> document id);
+Positions = namedtuple("Positions", "QINV sqinv KINV skinv QDOC sqdoc KDOC skdoc")
+# * the compile-time flags of the launch (one tl.constexpr argument ``F``): causal, query
+#   dilation per head, mapped positions (1 permuted, 2 with gaps), document ids, float32
+#   (IEEE dots), sliding windows, the union test's key tables (number of earlier configs in
+#   them, 0: runtime loop), whether an earlier config exists and whether a program may need
+#   the per-pair union mask on whole tiles (``kernels._may_mix``), and the sink keys (forward
+#   and dq: this launch attends to them; dk/dv: the launches add their sums);
+Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EARLIER MIXED SINK")
+# * the integers of the launch. Those the key loops read (the rate ``R``, the band ``LB`` of
+#   sliding windows, the union test's ``NPRI`` configs before this one and key-table row length
+#   ``PSZ``; the dk/dv kernel's query heads per key/value head ``GROUP`` and query storage offset
+#   ``QOFF``) are arguments, not specialised (``_SCALARS``): in the constant bank they take no
+#   registers through the loops. The others, read once before the loops or after them, are one
+#   int32 row per launch of a table made with the call's plan. As arguments Triton would
+#   specialise them (a variant per value == 1 or divisible by 16: ``do_not_specialize`` does not
+#   reach into tuples), while they vary with the pattern, the config and the positions: from
+#   the table, one set of compiled kernels serves every pattern. Heads: first head and heads of
+#   the launch's chunk; span: the keys' storage offset, the position ranges of queries and keys;
+#   tiles: first segment, classes per segment (programs), blocks per class, first block, the
+#   config's segment length; sinks: sink tokens, this call's sink keys ``[SKLO, SKHI)``, configs
+#   in priority order (read after the key loop: ``_launch_sinks``); order: launches before this
+#   one, first and last launch (read last: ``_launch_order``).
+_SCALARS = ["R", "LB", "NPRI", "PSZ", "GROUP", "QOFF"]
+LAUNCH_FIELDS = ("HOFF", "HCH",
+                 "KOFF", "QLO", "QHI", "KLO", "KHI",
+                 "SEG0", "NCLS", "NBLK", "BLK0", "W",
+                 "SINKS", "SKLO", "SKHI", "NCFG",
+                 "NLAUNCHED", "FIRST", "LAST")
+LAUNCH_ROW = 32  # int32 per row: every row 16-byte aligned (Triton specialises on alignment)
+
+
+@triton.jit
+def _launch_scalars(L):
+    """``(heads, span, tiles)`` of a launch from its row ``L`` (``LAUNCH_FIELDS``)."""
+    heads = (tl.load(L + 0), tl.load(L + 1))
+    span = (tl.load(L + 2), tl.load(L + 3), tl.load(L + 4), tl.load(L + 5), tl.load(L + 6))
+    tiles = (tl.load(L + 7), tl.load(L + 8), tl.load(L + 9), tl.load(L + 10), tl.load(L + 11))
+    return heads, span, tiles
+
+
+@triton.jit
+def _launch_sinks(L):
+    """``(SINKS, SKLO, SKHI, NCFG)`` of a launch from its row ``L``: read after the key loop,
+    before the sink keys' (``_launch_order``)."""
+    return tl.load(L + 12), tl.load(L + 13), tl.load(L + 14), tl.load(L + 15)
+
+
+@triton.jit
+def _launch_order(L):
+    """``(NLAUNCHED, FIRST, LAST)`` of a launch from its row ``L``. The kernels read the
+    integers they need after the key loops there: loaded before a loop, a value holds a
+    register all through it, where an argument is read from the constant bank (a forward with
+    sink keys and sliding windows: 193 registers with all of them read before the loops, 164
+    as arguments; docs/decisions.md)."""
+    return tl.load(L + 16), tl.load(L + 17), tl.load(L + 18)
+
+
+@triton.jit
+def _row_ptrs(t, b64, h, rows, D: tl.constexpr):
+    """``[len(rows), D]`` pointers of rows ``rows`` of head ``h``, batch ``b64`` of ``t``."""
+    return (t.ptr + b64 * t.sb + h.to(tl.int64) * t.sh + rows.to(tl.int64)[:, None] * t.ss
+            + tl.arange(0, D)[None, :])
 
 
 @triton.jit
@@ -115,15 +180,16 @@ def _key_range(blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM: tl.constexpr,
 
 
 @triton.jit
-def _kv_bases(K, V, KDOC, b64, hk, skb, skh, sks, svb, svh, svs, KOFF, MAPPED: tl.constexpr):
-    """Base pointers of key/value head ``hk`` and the key document ids: natural keys (storage
-    index = position - ``KOFF``) have the offset folded in, so a key tile indexes by position."""
-    k_base = K + b64 * skb + hk.to(tl.int64) * skh
-    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+def _kv_bases(k, v, KDOC, b64, hk, KOFF, MAPPED: tl.constexpr):
+    """Base pointers of key/value head ``hk`` (``k``, ``v``: ``Strided``) and the key document
+    ids: natural keys (storage index = position - ``KOFF``) have the offset folded in, so a key
+    tile indexes by position."""
+    k_base = k.ptr + b64 * k.sb + hk.to(tl.int64) * k.sh
+    v_base = v.ptr + b64 * v.sb + hk.to(tl.int64) * v.sh
     kdoc = KDOC
     if MAPPED == 0:
-        k_base = k_base - KOFF.to(tl.int64) * sks
-        v_base = v_base - KOFF.to(tl.int64) * svs
+        k_base = k_base - KOFF.to(tl.int64) * k.ss
+        v_base = v_base - KOFF.to(tl.int64) * v.ss
         kdoc = KDOC - KOFF
     return k_base, v_base, kdoc
 

@@ -11,17 +11,16 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import (LN2, LOG2E, _NO_SPEC, _band_split, _covered, _key_range, _key_tile,
-                      _kv_bases, _participates, _prog_key, _program_tile, _query_rows,
-                      _sink_geometry, _split_at, _union_keep, _union_tab)
+from ._common import (LN2, LOG2E, _SCALARS, _band_split, _covered, _key_range, _key_tile,
+                      _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _participates,
+                      _prog_key, _program_tile, _query_rows, _row_ptrs, _sink_geometry, _split_at,
+                      _union_keep, _union_tab)
 
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
                BN: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
-               CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr,
-               HAS_DOC: tl.constexpr, IEEE: tl.constexpr,
-               UTAB: tl.constexpr, SLIDING: tl.constexpr):
+               UTAB: tl.constexpr, F: tl.constexpr):
     """Online softmax over key tiles starting at ``lo, lo+BN, .. < hi``; keys ``n < end``.
 
     ``EDGE`` tiles need the causal / range-end / window-edge mask; ``UNION`` tiles the per-pair
@@ -36,27 +35,27 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
-                                                   EDGE=EDGE, MAPPED=MAPPED)
-        if IEEE:
+                                                   EDGE=EDGE, MAPPED=F.MAPPED)
+        if F.IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * scale_log2
-        if EDGE or MAPPED == 2 or HAS_DOC or UNION:
+        if EDGE or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
-            if CAUSAL and EDGE:
+            if F.CAUSAL and EDGE:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            if SLIDING and EDGE:  # the window: n_q - LB <= n_k (<= n_q + LB non-causal)
+            if F.SLIDING and EDGE:  # the window: n_q - LB <= n_k (<= n_q + LB non-causal)
                 keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
-                if not CAUSAL:
+                if not F.CAUSAL:
                     keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
             if UNION:
                 if UTAB > 0:
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=PER_HEAD, SLIDING=SLIDING)
-            if HAS_DOC:
+                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
+            if F.HAS_DOC:
                 kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
             s = tl.where(keep, s, float("-inf"))
@@ -66,7 +65,7 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if IEEE:
+        if F.IEEE:
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
@@ -76,181 +75,151 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
 
 @triton.jit
 def _fwd_span(acc, l_i, m_i, rows, keys, uni, lo, b1, mid, end, ma, mb,
-              BN: tl.constexpr, D: tl.constexpr, UNION: tl.constexpr, CAUSAL: tl.constexpr,
-              PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-              IEEE: tl.constexpr, UTAB: tl.constexpr,
-              SLIDING: tl.constexpr):
+              BN: tl.constexpr, D: tl.constexpr, UNION: tl.constexpr, UTAB: tl.constexpr,
+              F: tl.constexpr):
     """Key tiles ``[lo, b1)`` masked (sliding: the window's lower edge), ``[b1, mid)`` whole and
     unmasked, then ``[mid, end)`` masked (diagonal, range end). ``UNION``: with the per-pair
     union mask on the masked tiles and on the whole tiles that meet ``[ma, mb)`` only."""
-    if SLIDING:
+    if F.SLIDING:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, b1, end, BN=BN, D=D,
-                                   EDGE=True, UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                   SLIDING=SLIDING)
+                                   EDGE=True, UNION=UNION, UTAB=UTAB, F=F)
     if UNION:
         x1, x2 = _split_at(b1, mid, ma, mb, BN=BN)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, x1, end, BN=BN, D=D,
-                                   EDGE=False, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                   SLIDING=SLIDING)
+                                   EDGE=False, UNION=False, UTAB=UTAB, F=F)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x1, x2, end, BN=BN, D=D,
-                                   EDGE=False, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                   SLIDING=SLIDING)
+                                   EDGE=False, UNION=True, UTAB=UTAB, F=F)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, x2, mid, end, BN=BN, D=D,
-                                   EDGE=False, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                   SLIDING=SLIDING)
+                                   EDGE=False, UNION=False, UTAB=UTAB, F=F)
     else:
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, b1, mid, end, BN=BN, D=D,
-                                   EDGE=False, UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                   SLIDING=SLIDING)
+                                   EDGE=False, UNION=UNION, UTAB=UTAB, F=F)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, rows, keys, uni, mid, end, end, BN=BN, D=D, EDGE=True,
-                               UNION=UNION, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED,
-                               HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB, SLIDING=SLIDING)
+                               UNION=UNION, UTAB=UTAB, F=F)
     return acc, l_i, m_i
 
 
 @triton.jit
 def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
-               BN: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-               PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-               IEEE: tl.constexpr, UTAB: tl.constexpr, SLIDING: tl.constexpr,
-               MIXED: tl.constexpr):
+               BN: tl.constexpr, D: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
     """Key tiles of a config with earlier configs: keys ``[ca, cb)`` covered by them for the
     whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
-    then masked tiles (diagonal, range end; sliding: a masked window edge first). ``MIXED``
+    then masked tiles (diagonal, range end; sliding: a masked window edge first). ``F.MIXED``
     (the launch may have programs that need the per-pair union mask on whole tiles, decided on
     the host: ``kernels._may_mix``): every program takes the spans with the union code, which
     test it on the masked tiles and on the whole tiles in ``[ma, mb)`` (empty for a program that
     needs none); else none does and the loops carry no union code."""
     q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
-    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=PER_HEAD,
-                              SLIDING=SLIDING, CAUSAL=CAUSAL, KSIDE=False)
+    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
+                              SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=False)
     kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
     kp1 = kp0
     kp2 = kp0
     kp3 = kp0
     if UTAB > 0:
-        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 1:
-        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 2:
-        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     if UTAB > 3:
-        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=PER_HEAD)
+        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
     uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
-    if SLIDING and CAUSAL:
+    if F.SLIDING and F.CAUSAL:
         # the covered keys run to the diagonal: one range, the union mask at the window edges
         # only; one copy of the loops keeps registers down
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
-                                  BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                  SLIDING=SLIDING)
-    elif MIXED:
+                                  BN=BN, D=D, UNION=True, UTAB=UTAB, F=F)
+    elif F.MIXED:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
-                                  BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                  SLIDING=SLIDING)
+                                  BN=BN, D=D, UNION=True, UTAB=UTAB, F=F)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
-                                  BN=BN, D=D, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                  SLIDING=SLIDING)
+                                  BN=BN, D=D, UNION=True, UTAB=UTAB, F=F)
     else:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
-                                  BN=BN, D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                  SLIDING=SLIDING)
+                                  BN=BN, D=D, UNION=False, UTAB=UTAB, F=F)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
-                                  BN=BN, D=D, UNION=False, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                  MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                  SLIDING=SLIDING)
+                                  BN=BN, D=D, UNION=False, UTAB=UTAB, F=F)
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=_NO_SPEC)
-def _fwd_kernel(
-    Q, K, V, O, LSE, ACC,
-    QINV, KINV, QDOC, KDOC, CFG, LCFG, KEYS, PSZ,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, sab, sah, sas, slb, slh,
-    sqinv, skinv, sqdoc, skdoc,
-    scale_log2, HOFF, HCH, GROUP, QOFF, KOFF, QLO, QHI, KLO, KHI,
-    SEG0, NCLS, NBLK, BLK0, W, R, LB, SINKS, NCFG, NPRI, NLAUNCHED, FIRST, LAST,
-    BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-    CAUSAL: tl.constexpr, PER_HEAD: tl.constexpr, MAPPED: tl.constexpr, HAS_DOC: tl.constexpr,
-    IEEE: tl.constexpr, UTAB: tl.constexpr, EARLIER: tl.constexpr, MIXED: tl.constexpr,
-    SLIDING: tl.constexpr, SINKT: tl.constexpr,
-):
+@triton.jit(do_not_specialize=_SCALARS)
+def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, QOFF, scale_log2,
+                BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F: tl.constexpr):
+    """One config's launch. ``q k v o acc``: ``Strided`` ``[B, H, S, D]`` (``acc``: the float32
+    partial results of earlier launches, a chunk of heads), ``lse`` ``[B, Hq, Sq]`` (natural
+    log); ``pos``: ``Positions``; ``tables``: the configs in priority order, the launched ones
+    and the union key tables; ``L``: this launch's row of integers (``_launch_scalars``), then
+    the integers the key loops read (``_SCALARS``); ``F``: its ``Flags``."""
+    CFG, LCFG, KEYS = tables
+    heads, span, tiles = _launch_scalars(L)
+    HOFF, HCH = heads
+    KOFF, QLO, QHI, KLO, KHI = span
+    SEG0, NCLS, NBLK, BLK0, W = tiles
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
                                                   GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
-                                                  PER_HEAD=PER_HEAD)
+                                                  PER_HEAD=F.PER_HEAD)
     # ---- query rows: class indices [blk*BM, blk*BM + BM) that exist
     b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi = _query_rows(b, blk, sbase, ncl, R, QLO, QHI,
-                                                              QOFF, QINV, sqinv, BM=BM,
-                                                              MAPPED=MAPPED)
-    offs_d = tl.arange(0, D)
-    q_ptrs = Q + b64 * sqb + h.to(tl.int64) * sqh + qidx[:, None].to(tl.int64) * sqs + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    if HAS_DOC:
-        qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
+                                                              QOFF, pos.QINV, pos.sqinv, BM=BM,
+                                                              MAPPED=F.MAPPED)
+    qt = tl.load(_row_ptrs(q, b64, h, qidx, D=D), mask=row_ok[:, None], other=0.0)
+    if F.HAS_DOC:
+        qd = tl.load(pos.QDOC + b64 * pos.sqdoc + qidx, mask=row_ok, other=-2)
     else:
         qd = qidx
 
     # ---- key range of this tile
     kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1 = _key_range(
-        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=CAUSAL, SLIDING=SLIDING)
-    k_base, v_base, KDOC_T = _kv_bases(K, V, KDOC, b64, hk, skb, skh, sks, svb, svh, svs, KOFF,
-                                       MAPPED=MAPPED)
+        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=F.CAUSAL,
+        SLIDING=F.SLIDING)
+    k_base, v_base, KDOC_T = _kv_bases(k, v, pos.KDOC, b64, hk, KOFF, MAPPED=F.MAPPED)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, D], tl.float32)
-    rows = (q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo)
-    keys = (k_base, v_base, KINV, KDOC_T, skinv, skdoc, sks, svs)
-    if EARLIER == 0:
+    o_acc = tl.zeros([BM, D], tl.float32)
+    rows = (qt, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo)
+    keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
+    if F.EARLIER == 0:
         # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
         # config's, so no union test and no skipped range; compiled without them (registers)
         a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN=BN)
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq),
-                                  kn_lo, a_b1, a_mid, kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False,
-                                  CAUSAL=CAUSAL, PER_HEAD=PER_HEAD, MAPPED=MAPPED, HAS_DOC=HAS_DOC,
-                                  IEEE=IEEE, UTAB=0, SLIDING=SLIDING)
+        o_acc, l_i, m_i = _fwd_span(o_acc, l_i, m_i, rows, keys,
+                                    (CFG, NPRI, KEYS, PSZ, pq, pq, pq, pq), kn_lo, a_b1, a_mid,
+                                    kn_hi, kn_lo, kn_lo, BN=BN, D=D, UNION=False, UTAB=0, F=F)
     else:
-        acc, l_i, m_i = _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG,
-                                   NPRI, KEYS, PSZ, BN=BN, D=D, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=UTAB,
-                                   SLIDING=SLIDING, MIXED=MIXED)
+        o_acc, l_i, m_i = _fwd_union(o_acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi,
+                                     CFG, NPRI, KEYS, PSZ, BN=BN, D=D, UTAB=F.UTAB, F=F)
 
-    if SINKT:
-        # ---- the sink keys (positions < SINKS), last in priority: the pairs no config allows
-        s_hi = tl.minimum(SINKS, KHI + 1)
-        if CAUSAL:
+    if F.SINK:
+        SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
+        # ---- the sink keys [SKLO, SKHI) (positions < SINKS), last in priority: the pairs no
+        # config allows
+        s_hi = SKHI
+        if F.CAUSAL:
             s_hi = tl.minimum(s_hi, pq1 + 1)
-        s_hi = tl.where(m_last >= m_first, s_hi, KLO)
+        s_hi = tl.where(m_last >= m_first, s_hi, SKLO)
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band = _sink_geometry(pq)
-        s_rows = (q, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64, scale_log2, s_lb, s_band)
+        s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64, scale_log2, s_lb, s_band)
         # (16-key tiles: the per-pair union test against every config is the cost here, and
         # there are few sinks)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, s_rows, keys,
-                                   (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), KLO, s_hi, s_hi, BN=16,
-                                   D=D, EDGE=True, UNION=True, CAUSAL=CAUSAL, PER_HEAD=PER_HEAD,
-                                   MAPPED=MAPPED, HAS_DOC=HAS_DOC, IEEE=IEEE, UTAB=0,
-                                   SLIDING=SLIDING)
+        o_acc, l_i, m_i = _fwd_tiles(o_acc, l_i, m_i, s_rows, keys,
+                                     (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO, s_hi, s_hi,
+                                     BN=16, D=D, EDGE=True, UNION=True, UTAB=0, F=F)
 
     # ---- finish this config's partial, merge with earlier launches, write
+    NLAUNCHED, FIRST, LAST = _launch_order(L)
     has = l_i > 0
     lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    row64 = qidx.to(tl.int64)
-    lse_ptrs = LSE + b64 * slb + h.to(tl.int64) * slh + row64
-    acc_ptrs = ACC + b64 * sab + hl.to(tl.int64) * sah + row64[:, None] * sas + offs_d[None, :]
+    out = o_acc / tl.where(has, l_i, 1.0)[:, None]
+    lse_ptrs = lse.ptr + b64 * lse.sb + h.to(tl.int64) * lse.sh + qidx.to(tl.int64) * lse.ss
+    acc_ptrs = _row_ptrs(acc, b64, hl, qidx, D=D)
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=PER_HEAD, SLIDING=SLIDING)
+        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
+                                      SLIDING=F.SLIDING)
         prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * LOG2E
         prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
         new2 = tl.maximum(prev_lse2, lse2)
@@ -263,7 +232,7 @@ def _fwd_kernel(
         out = prev_out * (wa * inv)[:, None] + out * (wb * inv)[:, None]
     tl.store(lse_ptrs, lse2 * LN2, mask=row_ok)
     if LAST != 0:
-        o_ptrs = O + b64 * sob + h.to(tl.int64) * soh + row64[:, None] * sos + offs_d[None, :]
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(_row_ptrs(o, b64, h, qidx, D=D), out.to(o.ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
     else:
         tl.store(acc_ptrs, out, mask=row_ok[:, None])

@@ -197,6 +197,16 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
     return 64, 64, 4, 3
 
 
+def fwd_max_registers(tile, first: bool) -> Optional[int]:
+    """Register cap (``maxnreg``) of a forward launch with tile ``(BM, BN, warps, stages)``, or
+    None. The first launch at head size 64 (64 x 64, 4 warps: 57 KiB of shared memory) fits 3
+    programs per SM at up to 168 registers each. ptxas, left alone, gave it 164 registers in
+    one build and 182 (2 programs per SM, a 12 % slower forward of the default pattern at 64K
+    on an H100) after an unrelated change to the kernel's arguments; capped it takes 162 and
+    spills nothing (``kernel_resources.py``, sm_90, Triton 3.6; docs/decisions.md)."""
+    return 168 if first and tuple(tile[:3]) == (64, 64, 4) else None
+
+
 # Shared memory per program on GPUs with less than Ampere-datacenter / Hopper (sm_86 / sm_89:
 # 99 KiB); the default dk/dv tile of head size 128 needs 129 KiB there (kernels/aot.py).
 SMALL_SMEM = 101376

@@ -51,9 +51,9 @@ SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 _HOPPER_ONLY = re.compile(r"\b(?:wgmma\.\w+|cp\.async\.bulk|cp\.reduce\.async\.bulk|tensormap"
                           r"|setmaxnreg|stmatrix|elect\.sync|barrier\.cluster|mbarrier\.try_wait"
                           r"|fence\.proxy\.async)|%cluster_\w+")
-# constexpr arguments shown in a report's variant column (the others follow from the shape)
-SHOWN = ("BM", "BN", "D", "CAUSAL", "PER_HEAD", "MAPPED", "HAS_DOC", "IEEE", "UTAB",
-         "EARLIER", "MIXED", "SLIDING", "SINKT", "SINKADD")
+# constexpr arguments shown in a report's variant column (the others follow from the shape);
+# a tuple of flags (the kernels' ``F``) shows each of its fields
+SHOWN = ("BM", "BN", "D", "F")
 
 
 class _Recorder:
@@ -140,9 +140,26 @@ def ptxas_path(arch: int = 90) -> Optional[str]:
     return path if path and os.path.exists(path) else None
 
 
+def constexpr_values(jit_fn, constexprs) -> dict:
+    """Name -> value of the constexpr arguments of a launch; the fields of a named tuple of
+    flags (the kernels' ``F``) by their own names."""
+    out = {}
+    for i, p in enumerate(jit_fn.params):
+        if p.is_constexpr and (i,) in constexprs:
+            value = constexprs[(i,)]
+            if hasattr(value, "_asdict"):
+                out.update({k: int(x) for k, x in value._asdict().items()})
+            else:
+                out[p.name] = value
+    return out
+
+
 def variant_of(jit_fn, constexprs) -> str:
-    return " ".join(f"{p.name}={int(constexprs[(i,)])}" for i, p in enumerate(jit_fn.params)
-                    if p.is_constexpr and p.name in SHOWN)
+    shown = {p.name for p in jit_fn.params if p.name in SHOWN}
+    values = constexpr_values(jit_fn, constexprs)
+    flags = {k for i, p in enumerate(jit_fn.params) if p.name in shown and (i,) in constexprs
+             and hasattr(constexprs[(i,)], "_asdict") for k in constexprs[(i,)]._fields}
+    return " ".join(f"{k}={int(v)}" for k, v in values.items() if k in shown or k in flags)
 
 
 @contextlib.contextmanager

@@ -82,7 +82,8 @@ def _calls(name, arch=None):
         with aot.recorded_launches() as extra:
             o = q.new_empty(q.shape)
             kernels._delta_kernel[(1, 1)](kernels._strided(o), kernels._strided(o),
-                                          q.new_empty(1, 4, s), q.new_empty(1, 4, s), s, 4,
+                                          q.new_empty(1, 4, s),
+                                          kernels._strided(q.new_empty(1, 4, s)), s, 4,
                                           BM=64, D=d, HAS_DLSE=True)
         calls += extra
     return calls

@@ -53,7 +53,7 @@ _HOPPER_ONLY = re.compile(r"\b(?:wgmma\.\w+|cp\.async\.bulk|cp\.reduce\.async\.b
                           r"|fence\.proxy\.async)|%cluster_\w+")
 # constexpr arguments shown in a report's variant column (the others follow from the shape);
 # a tuple of flags (the kernels' ``F``) shows each of its fields
-SHOWN = ("BM", "BN", "D", "F")
+SHOWN = ("BM", "BN", "D", "HAS_DLSE", "F")
 
 
 class _Recorder:

@@ -449,16 +449,18 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
                     kw["maxnreg"] = cap
                 items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
         tables = (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys)
-        return (tables, _launch_table(rows, dev), hch if len(launch) > 1 else 0, items)
+        items = [(grid, row, ints, kw)
+                 for (grid, ints, kw), row in zip(items, _launch_table(rows, dev))]
+        return tables, hch if len(launch) > 1 else 0, items
 
-    (tables, rows, hch, items), fresh = _planned(
+    (tables, hch, items), fresh = _planned(
         _call_key("fwd", pattern, plan, q, k, causal, scale), build)
     acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if hch else out
     head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
             _positions(plan, dev), tables)
     scale_log2 = scale * LOG2E
     _run([(_fwd_kernel, grid, (*head, row, *ints, scale_log2), kw)
-          for (grid, ints, kw), row in zip(items, rows)], fresh)
+          for grid, row, ints, kw in items], fresh)
     return out, lse
 
 
@@ -562,10 +564,13 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
                 kv_items.append(((knseg * ln.r * knblk, B * ng), _scalars(rows[-1]), kw))
         tables = (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys)
-        return (tables, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items,
-                _launch_table(rows, dev))
+        table = _launch_table(rows, dev)  # the dq launches' rows, then the dk/dv launches'
+        dq_items = [(g, row, ints, kw) for (g, ints, kw), row in zip(dq_items, table)]
+        kv_items = [(g, row, ints, kw)
+                    for (g, ints, kw), row in zip(kv_items, table[len(dq_items):])]
+        return tables, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items
 
-    (tables, sinks, chunks, dq_items, kv_items, rows), fresh = _planned(
+    (tables, sinks, chunks, dq_items, kv_items), fresh = _planned(
         _call_key("bwd", pattern, plan, q, k, causal, scale), build)
     if chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
@@ -582,11 +587,11 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     lses, deltas = _strided(lse), _strided(delta)
     scales = (scale, scale * LOG2E)
     head = (qs, ks, vs, dos, lses, deltas, _strided(dq), _strided(dqacc), sinkg, pos, tables)
-    run += [(_dq_kernel, grid, (*head, rows[i], *ints, scales), kw)
-            for i, (grid, ints, kw) in enumerate(dq_items)]
+    run += [(_dq_kernel, grid, (*head, row, *ints, scales), kw)
+            for grid, row, ints, kw in dq_items]
     head = (qs, ks, vs, dos, lses, deltas, _strided(dk), _strided(dv), _strided(dkacc),
             _strided(dvacc), sinkg, pos, tables)
-    run += [(_dkdv_kernel, grid, (*head, rows[len(dq_items) + i], *ints, scales), kw)
-            for i, (grid, ints, kw) in enumerate(kv_items)]
+    run += [(_dkdv_kernel, grid, (*head, row, *ints, scales), kw)
+            for grid, row, ints, kw in kv_items]
     _run(run, fresh)
     return dq, dk, dv

@@ -246,10 +246,7 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
     ``[B, Hkv, 2 * SINKS, D]``."""
     CFG, LCFG, KEYS = tables
     scale, scale_log2 = scales
-    heads, span, tiles = _launch_scalars(L)
-    HOFF, HCH = heads
-    KOFF, QLO, QHI, KLO, KHI = span
-    SEG0, NCLS, NBLK, BLK0, W = tiles
+    HOFF, HCH, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
                                                   GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
                                                   PER_HEAD=F.PER_HEAD)
@@ -397,10 +394,7 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     # belongs to exactly one program, so the first launch writes every row of the buffers.
     CFG, LCFG, KEYS = tables
     scale, scale_log2 = scales
-    heads, span, tiles = _launch_scalars(L)
-    HOFF, HCH = heads
-    KOFF, QLO, QHI, KLO, KHI = span
-    SEG0, NCLS, NBLK, BLK0, W = tiles
+    HOFF, HCH, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     tile = tl.program_id(0)
     bhk = tl.program_id(1)
     b = bhk // HCH

@@ -65,11 +65,12 @@ LAUNCH_ROW = 32  # int32 per row: every row 16-byte aligned (Triton specialises 
 
 @triton.jit
 def _launch_scalars(L):
-    """``(heads, span, tiles)`` of a launch from its row ``L`` (``LAUNCH_FIELDS``)."""
-    heads = (tl.load(L + 0), tl.load(L + 1))
-    span = (tl.load(L + 2), tl.load(L + 3), tl.load(L + 4), tl.load(L + 5), tl.load(L + 6))
-    tiles = (tl.load(L + 7), tl.load(L + 8), tl.load(L + 9), tl.load(L + 10), tl.load(L + 11))
-    return heads, span, tiles
+    """The integers a launch reads before its key loops, from its row ``L``: heads ``(HOFF,
+    HCH)``, span ``(KOFF, QLO, QHI, KLO, KHI)``, tiles ``(SEG0, NCLS, NBLK, BLK0, W)``
+    (``LAUNCH_FIELDS``)."""
+    return (tl.load(L + 0), tl.load(L + 1), tl.load(L + 2), tl.load(L + 3), tl.load(L + 4),
+            tl.load(L + 5), tl.load(L + 6), tl.load(L + 7), tl.load(L + 8), tl.load(L + 9),
+            tl.load(L + 10), tl.load(L + 11))
 
 
 @triton.jit

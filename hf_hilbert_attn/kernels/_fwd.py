@@ -156,10 +156,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
     and the union key tables; ``L``: this launch's row of integers (``_launch_scalars``), then
     the integers the key loops read (``_SCALARS``); ``F``: its ``Flags``."""
     CFG, LCFG, KEYS = tables
-    heads, span, tiles = _launch_scalars(L)
-    HOFF, HCH = heads
-    KOFF, QLO, QHI, KLO, KHI = span
-    SEG0, NCLS, NBLK, BLK0, W = tiles
+    HOFF, HCH, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
                                                   GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
                                                   PER_HEAD=F.PER_HEAD)

@@ -2,7 +2,7 @@
 ``sdpa`` vs ``hilbert_dilated`` with one or more patterns.
 
     python examples/eval_long_context.py                       # built-in tiny model, CPU, < 1 min
-    python examples/eval_long_context.py ./my-model --pattern hf_hilbert_attn/patterns/longnet_lm.yaml \
+    python examples/eval_long_context.py ./my-model --pattern longnet_lm \
         --lengths 4k 8k 16k 32k --corpus data/*.jsonl --out-dir eval_results
 
 Same as ``hf-hilbert-attn eval``; the logic lives in ``hf_hilbert_attn.evaluation``.

@@ -1,6 +1,6 @@
 """Quickstart: a causal LM whose attention is LongNet-style dilated attention.
 
-    python examples/quickstart.py                          # tiny random Llama, hf_hilbert_attn/patterns/longnet_lm.yaml
+    python examples/quickstart.py                          # tiny random Llama, the shipped longnet_lm pattern
     python examples/quickstart.py PATH/TO/MODEL [PATTERN.yaml]
 
 Runs a forward over a sequence longer than the pattern's first segment (so the pattern is

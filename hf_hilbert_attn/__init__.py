@@ -15,6 +15,7 @@ from .integrations.transformers import (
     configure,
     get_pattern,
     register,
+    set_dense_kv_heads,
 )
 
 register()
@@ -34,6 +35,7 @@ __all__ = [
     "register",
     "ring_attention",
     "sequence_parallel",
+    "set_dense_kv_heads",
     "shard_batch",
     "gather_sequence",
     "__version__",

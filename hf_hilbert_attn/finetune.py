@@ -32,7 +32,16 @@ optimizer stay float32. The final model (``OUTPUT_DIR/final``) has the tokenizer
 keeps the pattern in its ``config.json`` (``hilbert_attn``); ``OUTPUT_DIR/train_stats.json``
 holds the steps, seconds per step and tokens/s (both without the first step) and the final loss.
 The default learning rate, 1e-4, suits fine-tuning a pretrained model (1e-3 diverged on
-SmolLM2-135M); raise it for the tiny random model. Bad arguments and inputs print one line,
+SmolLM2-135M); raise it for the tiny random model.
+
+Retrieval mix (issue 26): ``--retrieval-mix F`` makes a fraction F of the steps retrieval steps
+(spread evenly, phase set by ``--seed``; every row of such a step is one): RULER-style prompts of
+exactly ``--seq-len`` tokens (``--retrieval-tasks``, depths uniform in [0, 1], a seed of their
+own, never an evaluated prompt) with the answer and EOS at the end and the loss on the answer
+tokens only (:mod:`hf_hilbert_attn.evaluation.retrieval_train`). The text steps see the same
+text blocks in the same order as a run without the mix, fewer of them. A retrieval step's loss
+is the mean over its answer tokens, so it weighs as much as a text step; it is logged in
+``train_log.jsonl`` with ``"retrieval": 1``. Bad arguments and inputs print one line,
 ``finetune.py: error: ...`` (from rank 0 only under a launcher), and exit with status 2.
 """
 
@@ -50,7 +59,7 @@ from pathlib import Path
 import torch
 
 import hf_hilbert_attn
-from hf_hilbert_attn import DilatedPattern, patterns
+from hf_hilbert_attn import patterns
 from hf_hilbert_attn.evaluation._args import InputError, InputNotFound
 from hf_hilbert_attn.evaluation.runner import resolve_pattern
 from hf_hilbert_attn.integrations.accelerate import (
@@ -130,6 +139,12 @@ def parse_args(argv=None):
     p.add_argument("--offload-checkpoints", action="store_true",
                    help="keep the checkpointed layer inputs in host memory (needs "
                    "--gradient-checkpointing)")
+    p.add_argument("--retrieval-mix", type=float, default=0.0, metavar="F",
+                   help="fraction of the steps that train on synthetic retrieval prompts, the "
+                   "loss on the answer only (0 <= F < 1; default 0)")
+    p.add_argument("--retrieval-tasks", nargs="+", default=None, metavar="TASK",
+                   help="tasks of the retrieval steps, cycled (default: passkey niah_single "
+                   "niah_multikey niah_multivalue; any of hf_hilbert_attn.evaluation.ruler's)")
     p.add_argument("--loss-backend", choices=LOSS_BACKENDS, default="auto",
                    help="with --loss-chunk > 0: liger (Liger-Kernel's fused linear cross-entropy, "
                    "CUDA), chunked, or auto (liger where installed on CUDA)")
@@ -162,6 +177,14 @@ def parse_args(argv=None):
         p.error("--save-every and --warmup-steps must be >= 0")
     if args.pattern is not None and args.attn_implementation != "sdpa":
         args.pattern = resolve_pattern(args.pattern)[1]  # an InputError names a bad one
+    if not 0.0 <= args.retrieval_mix < 1.0:
+        p.error(f"--retrieval-mix must be a fraction in [0, 1), got {args.retrieval_mix:g}")
+    from hf_hilbert_attn.evaluation.retrieval_train import TRAIN_TASKS, check_tasks
+
+    try:
+        args.retrieval_tasks = check_tasks(args.retrieval_tasks or TRAIN_TASKS)
+    except ValueError as e:
+        p.error(f"--retrieval-tasks: {e}")
     return args
 
 
@@ -258,6 +281,61 @@ def pack(docs, tokenizer, seq_len: int) -> torch.Tensor:
     return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
 
 
+class RetrievalMix:
+    """The retrieval steps of ``--retrieval-mix``: which steps, and their ``[bs, S]`` rows.
+
+    Row ``i`` of data-parallel rank ``d`` at the ``n``-th retrieval step is example
+    ``(n·dp + d)·bs + i`` of :func:`~hf_hilbert_attn.evaluation.retrieval_train.retrieval_block`
+    (a pure function of it), so resume stays exact.
+    """
+
+    def __init__(self, tokenizer, mix: float, tasks, seq_len: int, seed: int, documents=None):
+        from hf_hilbert_attn.evaluation.retrieval_train import TRAIN_SEED, RetrievalSchedule
+        from hf_hilbert_attn.evaluation.ruler import RulerGenerator
+
+        self.schedule = RetrievalSchedule(mix, seed)
+        self.generator = RulerGenerator(tokenizer, documents=documents, seed=TRAIN_SEED + seed)
+        self.tasks, self.seq_len = tuple(tasks), seq_len
+
+    def check(self) -> None:
+        """Build one example of each task now: a ``--seq-len`` too short for one is an
+        InputError before the model loads."""
+        for i in range(len(self.tasks)):
+            try:
+                self.rows([i])
+            except ValueError as e:
+                raise InputError(f"--retrieval-tasks {self.tasks[i]} at --seq-len "
+                                 f"{self.seq_len}: {e}") from None
+
+    def rows(self, indices):
+        """``(input_ids, labels)`` ``[len(indices), S]`` of examples ``indices``."""
+        from hf_hilbert_attn.evaluation.retrieval_train import retrieval_block
+
+        got = [retrieval_block(self.generator, i, self.seq_len, self.tasks)[:2] for i in indices]
+        return torch.tensor([g[0] for g in got]), torch.tensor([g[1] for g in got])
+
+    def batch(self, step: int, dp_rank: int, dp_size: int, bs: int):
+        n = self.schedule.before(step)
+        return self.rows([(n * dp_size + dp_rank) * bs + i for i in range(bs)])
+
+    def blocks_in(self, steps: int, per_step: int) -> int:
+        """Retrieval blocks (over every data-parallel rank) in steps ``0 .. steps-1``."""
+        return self.schedule.before(steps) * per_step
+
+
+def step_batch(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, bs: int, seed: int,
+               mix=None):
+    """``(input_ids, labels, is_retrieval)`` of a step: text blocks (labels = the ids) from
+    :func:`batch_for_step` at the step's place in the text order, or :class:`RetrievalMix`
+    rows (labels only on the answers) at a retrieval step."""
+    if mix is not None and mix.schedule.is_retrieval(step):
+        ids, labels = mix.batch(step, dp_rank, dp_size, bs)
+        return ids, labels, True
+    text_step = mix.schedule.text_step(step) if mix is not None else step
+    ids = batch_for_step(blocks, text_step, dp_rank, dp_size, bs, seed)
+    return ids, ids, False
+
+
 def batch_for_step(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, bs: int,
                    seed: int) -> torch.Tensor:
     """The ``[bs, S]`` blocks of a data-parallel group at a step: a pure function of the step
@@ -306,7 +384,9 @@ def build_model(args, tokenizer):
     elif args.pattern:
         pattern = args.pattern  # resolved by parse_args
     elif getattr(cfg, "hilbert_attn", None):
-        pattern = DilatedPattern.from_dict(cfg.hilbert_attn)
+        # the shared pattern; a calibration's per-layer dense heads stay in the config
+        # (configure keeps them), so a calibrated model trains as the hybrid it is
+        pattern = hf_hilbert_attn.get_pattern(cfg)
     else:
         pattern = patterns.default()
     if pattern is not None:
@@ -366,6 +446,14 @@ def latest_checkpoint(out: Path):
     return ckpts[-1] if ckpts else None
 
 
+def _mean_last(xs, n: int = 10):
+    return sum(xs[-n:]) / len(xs[-n:]) if xs else None
+
+
+def _fmt(x):
+    return "n/a" if x is None else f"{x:.4f}"
+
+
 def main(argv=None):
     """Run the fine-tune; an :class:`InputError` (a bad argument or input) prints one line from
     rank 0 only and exits with status 2 on every rank (``HF_HILBERT_DEBUG=1``: the traceback)."""
@@ -403,7 +491,13 @@ def _main(argv=None):
 
     tokenizer = load_tokenizer(args)
     need = args.seq_len * args.batch_size * topo.dp_size
-    blocks = pack(load_texts(args.data, args.text_field, need), tokenizer, args.seq_len)
+    docs = load_texts(args.data, args.text_field, need)
+    blocks = pack(docs, tokenizer, args.seq_len)
+    mix = None
+    if args.retrieval_mix > 0:
+        mix = RetrievalMix(tokenizer, args.retrieval_mix, args.retrieval_tasks, args.seq_len,
+                           args.seed, documents=docs[:200])
+        mix.check()
     lm, pattern = build_model(args, tokenizer)
     model = CausalLMWithLoss(lm, args.loss_chunk, loss_backend=args.loss_backend)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -429,6 +523,12 @@ def _main(argv=None):
                     topo.source, blocks.shape[0], args.seq_len,
                     pattern if pattern is not None else "sdpa (dense)", args.layout,
                     accelerator.mixed_precision)
+        if mix is not None:
+            logger.info("retrieval mix %g: %d of %d steps are retrieval steps (%d blocks; tasks "
+                        "%s)", args.retrieval_mix, mix.schedule.before(args.max_steps),
+                        args.max_steps, mix.blocks_in(args.max_steps, args.batch_size
+                                                      * topo.dp_size),
+                        " ".join(args.retrieval_tasks))
 
     log_path = out / "train_log.jsonl"
     tokens_per_step = args.seq_len * args.batch_size * topo.dp_size
@@ -441,11 +541,14 @@ def _main(argv=None):
     # tokens/s counts from the end of the first step of this run (planning, autotuning and
     # allocator warm-up fall in it) once a second step exists
     t0, tok0, first_step = time.perf_counter(), 0, state.step + 1
-    t_start, first_seconds, losses = t0, None, []
+    t_start, first_seconds, losses, kinds = t0, None, [], []
+    start_step = state.step
     while state.step < args.max_steps:
-        ids = batch_for_step(blocks, state.step, topo.dp_rank, topo.dp_size, args.batch_size,
-                             args.seed).to(accelerator.device)
-        shard = shard_for_sequence_parallel({"input_ids": ids, "labels": ids}, topo,
+        ids, labels, retrieval = step_batch(blocks, state.step, topo.dp_rank, topo.dp_size,
+                                            args.batch_size, args.seed, mix)
+        ids, labels = ids.to(accelerator.device), labels.to(accelerator.device)
+        # labels -100 outside a retrieval block's answer; shard_batch shifts, then shards them
+        shard = shard_for_sequence_parallel({"input_ids": ids, "labels": labels}, topo,
                                             layout=args.layout, pattern=pattern)
         with hf_hilbert_attn.sequence_parallel(topo.group):
             loss = reduce_loss(model(**shard), topo.group)
@@ -458,6 +561,7 @@ def _main(argv=None):
         state.step += 1
         mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
         losses.append(mean_loss)
+        kinds.append(retrieval)
         if state.step == first_step:
             t0, tok0 = time.perf_counter(), 0
             first_seconds = t0 - t_start
@@ -467,6 +571,8 @@ def _main(argv=None):
             dt = time.perf_counter() - t0
             rec = {"step": state.step, "loss": mean_loss, "lr": sched.get_last_lr()[0],
                    "tokens_per_s": tok0 / dt if tok0 else None}
+            if mix is not None:
+                rec["retrieval"] = int(retrieval)
             if cuda:
                 peak = torch.tensor(torch.cuda.max_memory_allocated(accelerator.device) / 2**30,
                                     device=accelerator.device)
@@ -485,6 +591,9 @@ def _main(argv=None):
     t_end = time.perf_counter()
     bar.close()
     steps_run = len(losses)
+    per_step = args.batch_size * topo.dp_size
+    retrieval_blocks = (mix.blocks_in(state.step, per_step) - mix.blocks_in(start_step, per_step)
+                        if mix is not None else 0)
     timed_steps = steps_run - 1  # without the first (warm-up) step, when there is another
     stats = {
         "steps": steps_run, "max_steps": args.max_steps, "seq_len": args.seq_len,
@@ -499,6 +608,11 @@ def _main(argv=None):
         "final_loss_mean10": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
         "attn_implementation": args.attn_implementation,
         "pattern": pattern.to_dict() if pattern is not None else None,
+        "retrieval_mix": args.retrieval_mix,
+        "retrieval_tasks": list(args.retrieval_tasks) if mix is not None else None,
+        "retrieval_blocks": retrieval_blocks,  # in this run (a resumed one: since the resume)
+        "text_loss_mean10": _mean_last([x for x, r in zip(losses, kinds) if not r]),
+        "retrieval_loss_mean10": _mean_last([x for x, r in zip(losses, kinds) if r]),
         "mixed_precision": str(accelerator.mixed_precision), "device": str(accelerator.device),
         "peak_mem_gib": (torch.cuda.max_memory_allocated(accelerator.device) / 2**30
                          if cuda else None),
@@ -517,6 +631,11 @@ def _main(argv=None):
                         "%.4f (mean of the last 10: %.4f)", steps_run, stats["seconds_per_step"],
                         stats["tokens_per_s"], "without" if timed_steps > 0 else "with",
                         losses[-1], stats["final_loss_mean10"])
+        if mix is not None:
+            logger.info("retrieval mix %g: %d of %d blocks were retrieval examples (mean loss of "
+                        "the last 10 retrieval steps %s, of text steps %s)", args.retrieval_mix,
+                        retrieval_blocks, steps_run * per_step,
+                        _fmt(stats["retrieval_loss_mean10"]), _fmt(stats["text_loss_mean10"]))
         (out / "train_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     # every rank leaves together: no rank tears the process group down while another still works
     accelerator.wait_for_everyone()

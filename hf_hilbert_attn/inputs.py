@@ -80,6 +80,17 @@ def _arange_row(start: int, stop: int, device) -> torch.Tensor:
     return t
 
 
+def _layout_hint(q: torch.Tensor, k: torch.Tensor) -> str:
+    """The end of a shape error when q and k read as ``[B, S, H, D]`` make sense (query heads a
+    multiple of key/value heads, no more queries than keys): the likeliest cause is a
+    Transformers-style ``[B, S, H, D]`` tensor. Empty otherwise."""
+    hq, hkv, sq, sk = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv or sq > sk or (hq, sq) == (q.shape[1], q.shape[2]):
+        return ""
+    return (f"; expected [B, H, S, D] (heads before sequence), got q {tuple(q.shape)}, k "
+            f"{tuple(k.shape)}: did you pass [B, S, H, D]? use .transpose(1, 2)")
+
+
 def check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -115,20 +126,27 @@ def check_inputs(
     if dk != d:
         raise ValueError(f"q and k must have the same head_dim, got {d} and {dk}")
     if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})"
+                         + _layout_hint(q, k))
     if scale is None:
         scale = d ** -0.5
     natural = q_positions is None and k_positions is None
     dev = q.device
-    kp = _positions("k_positions", k_positions, b, sk, dev, None)
+    try:
+        kp = _positions("k_positions", k_positions, b, sk, dev, None)
+        qp = _positions("q_positions", q_positions, b, sq, dev, None)
+    except ValueError as e:  # positions of S tokens where dim 1 holds S: [B, S, H, D] tensors
+        swapped = any(isinstance(p, torch.Tensor) and p.shape[-1:] == t.shape[1:2] != t.shape[2:3]
+                      for p, t in ((k_positions, k), (q_positions, q)))
+        raise ValueError(str(e) + (_layout_hint(q, k) if swapped else "")) from None
     if kp is None:
         kp = _arange_row(0, sk, dev)
-    qp = _positions("q_positions", q_positions, b, sq, dev, None)
     if qp is None:
         if q_positions is None and k_positions is not None and sq == sk:
             qp = kp  # self-attention over the given positions
         elif sq > sk and k_positions is None:
-            raise ValueError(f"without positions, Sq ({sq}) must be <= Sk ({sk})")
+            raise ValueError(f"without positions, Sq ({sq}) must be <= Sk ({sk})"
+                             + _layout_hint(q, k))
         elif k_positions is None:
             qp = _arange_row(sk - sq, sk, dev)
         else:
@@ -140,6 +158,7 @@ def check_inputs(
             raise ValueError("q_doc_ids and k_doc_ids must be given together")
     qd = _positions("q_doc_ids", q_doc_ids, b, sq, dev, None)
     kd = _positions("k_doc_ids", k_doc_ids, b, sk, dev, None)
+    pattern.check_kv_heads(hkv)
     return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural)
 
 
@@ -218,6 +237,9 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
     """
     cached = sq != sk or isinstance(q_offset, torch.Tensor) or q_offset != 0
     if cached:
+        if padding_mask is None and not isinstance(q_offset, torch.Tensor) and \
+                q_offset + sq == sk:  # the queries are the last keys: the op's default layout
+            return ModelPositions(None, None, None, None, True)
         slots = torch.arange(sq, device=device, dtype=torch.int64) + q_offset  # [Sq]
         if padding_mask is None:
             return ModelPositions(slots.unsqueeze(0), None, None, None, True)
@@ -236,6 +258,10 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
                 f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported)"
             )
         pos = pos.to(device=device, dtype=torch.int64)
+    if pos is not None and doc_ids is None and _is_natural(pos, sq):
+        pos = None  # the model's default position_ids (0..S-1, pads included)
+    if padding_mask is not None and doc_ids is None and not sharded:
+        pos = padded_positions(pos, padding_mask)
     docs = None
     if doc_ids is not None:
         docs = doc_ids.to(device=device, dtype=torch.int64)
@@ -250,13 +276,35 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
             )
     elif pos is not None:
         docs = restart_documents(pos)
-    if docs is None and pos is not None and bool((pos == torch.arange(sq, device=device)).all()):
-        pos = None  # natural order
+    if docs is None and pos is not None and _is_natural(pos, sq):
+        pos = None  # natural order (e.g. right padding)
     q_doc = k_doc = docs
     if padding_mask is not None:
         q_doc = docs if docs is not None else torch.zeros(1, sq, dtype=torch.int64, device=device)
         k_doc = torch.where(padding_mask, q_doc, torch.full_like(q_doc, -1))
     return ModelPositions(*_same_batch(pos, pos, q_doc, k_doc), False)
+
+
+def _is_natural(pos: torch.Tensor, sq: int) -> bool:
+    return bool((pos == torch.arange(sq, device=pos.device)).all())
+
+
+def padded_positions(pos: Optional[torch.Tensor], padding_mask: torch.Tensor) -> torch.Tensor:
+    """True positions ``[B, S]`` of padded rows, so that a row computes what it computes alone.
+
+    The pattern reads absolute positions (segments, dilation classes, sinks), so the pads must
+    not count: a left-padded row's real tokens sit at ``0, 1, ...`` (``pos`` None: the model's
+    default ``0..S-1`` counted the pads) or keep the positions given. Pads, never attended as
+    keys, take the positions after the row's last real one, so each row stays a permutation the
+    kernels map without a fallback (right padding stays ``0..S-1``: the natural order).
+    """
+    real = padding_mask.to(torch.bool)
+    if pos is None:
+        pos = real.to(torch.int64).cumsum(-1) - 1
+    else:
+        pos = pos.expand(real.shape)
+    after = torch.where(real, pos, torch.full_like(pos, -1)).amax(-1, keepdim=True) + 1
+    return torch.where(real, pos, after + (~real).to(torch.int64).cumsum(-1) - 1)
 
 
 def _same_batch(*ts):

@@ -7,8 +7,10 @@ import warnings
 from typing import List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from .chunked import chunked_attention
+from .dense_heads import with_dense_heads
 from .hilbert import in_storage_order, storage_ordering
 from .inputs import KERNEL_HEAD_DIMS, check_inputs, document_ranges
 from .numerics import accum_dtype, call_under_autocast, finite_or_zero
@@ -73,6 +75,16 @@ def dilated_attention(
         return cast
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+    if pattern.dense_kv_heads:  # two calls without dense heads (dense_heads.py)
+        return with_dense_heads(dilated_attention, q, k, v, pattern, return_lse=return_lse,
+                                causal=causal, scale=a.scale, q_positions=q_positions,
+                                k_positions=k_positions, q_doc_ids=q_doc_ids,
+                                k_doc_ids=k_doc_ids, backend=backend)
+    if _dense_call(pattern, a, causal, return_lse, backend):
+        # The pattern allows every pair here: the fastest dense path is the op (SDPA picks
+        # FlashAttention / cuDNN on CUDA, its fused CPU kernel elsewhere).
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal and a.sq > 1,
+                                              scale=a.scale, enable_gqa=a.hq != a.hkv)
     triton = use_triton(q, a, backend)
     if a.natural_positions and a.sq == a.sk > 1 and \
             storage_ordering(pattern, a.sq, a.head_dim, q.device) == "hilbert":
@@ -97,6 +109,16 @@ def dilated_attention(
 
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, backend: str) -> bool:
+    """Whether SDPA computes this call exactly: positions ``0..Sk-1`` (queries the last ``Sq``,
+    causal only as a square or a single query, SDPA's causal mask being top-left aligned), no
+    documents or padding, no lse asked, and a pattern that allows every pair of ``Sk`` tokens;
+    ``backend="auto"`` only (the others name an engine). Host-side facts only (no device sync)."""
+    return (backend == "auto" and not return_lse and a.natural_positions and a.q_doc_ids is None and a.batch > 0
+            and (not causal or a.sq == a.sk or a.sq == 1) and a.head_dim == a.head_dim_v
+            and pattern.is_dense_for(a.sk))
 
 
 def use_triton(q: torch.Tensor, a, backend: str) -> bool:
@@ -318,6 +340,7 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
     Returns:
         ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
     """
+    _no_dense_heads(pattern, "dilated_attention_backward")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     # float64 inputs keep a float64 lse (the PyTorch path; the kernels take float32 only)
@@ -350,6 +373,7 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
     otherwise. ``lse`` is float32, or float64 for float64 inputs (the PyTorch path computes it
     so; ring attention merges float64 pieces without a float32 step). ``plan``: as in
     :func:`dilated_attention_backward`. Returns ``(out, lse)``."""
+    _no_dense_heads(pattern, "attention_forward_into")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     if use_triton(q, a, backend):
@@ -377,6 +401,7 @@ def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_posit
     call, so nothing to keep). Planning reads the positions (a few host syncs); a caller that
     repeats a call with the same positions (ring attention, layer after layer) passes the
     result back through ``plan=`` instead, with its document ids attached (:func:`with_documents`)."""
+    _no_dense_heads(pattern, "position_plan")
     a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
     if not use_triton(q, a, backend):
         return None
@@ -384,6 +409,14 @@ def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_posit
 
     plan, _ = plan_positions(a, pattern)
     return False if plan is None else plan
+
+
+def _no_dense_heads(pattern: DilatedPattern, name: str) -> None:
+    # The piece-level entry points serve callers that split dense heads off first (ring).
+    if pattern.dense_kv_heads:
+        raise ValueError(f"{name} takes a pattern without dense_kv_heads (got "
+                         f"{list(pattern.dense_kv_heads)}); split them with "
+                         f"hf_hilbert_attn.dense_heads.with_dense_heads, or call dilated_attention")
 
 
 def with_documents(plan, q_doc_ids, k_doc_ids):

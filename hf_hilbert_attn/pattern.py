@@ -12,6 +12,9 @@ A pattern is a list of configs ``(w_i, r_i)`` (segment length, dilation rate). F
   allows ``0 <= p - s < w_i`` (non-causal ``|p - s| < w_i``) with ``p ≡ s (mod r_i)`` and,
   per_head, ``p ≡ h (mod r_i)``; there are no segment boundaries;
 * ``sink_tokens = k``: keys at positions ``< k`` are allowed for every query and head;
+* ``dense_kv_heads = (j, ...)``: every query head that reads key/value head ``j``
+  (``h // (Hq // Hkv) == j``) is allowed every key (plain attention: causality, documents and
+  padding still apply);
 * the pattern allows the pair iff *any* config (or the sink rule) does (a union: a key counts
   once);
 * causal attention additionally needs ``s <= p``; keys of another document, or padding, never.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations
@@ -40,7 +44,7 @@ ORDERINGS = ("natural", "hilbert", "auto")
 WINDOWS = ("segment", "sliding")
 # What a pattern dict (YAML, config.json) without these fields means: the patterns written
 # before the fields existed keep their meaning whatever the constructor defaults become.
-LEGACY_FIELDS = {"sink_tokens": 0, "window": "segment"}
+LEGACY_FIELDS = {"sink_tokens": 0, "window": "segment", "dense_kv_heads": ()}
 
 __all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS", "WINDOWS"]
 
@@ -82,6 +86,9 @@ class DilatedPattern:
             allowed for every query and head (attention sinks; 0 = none).
         window: ``"segment"`` (fixed segments of ``w_i``, LongNet) or ``"sliding"`` (config
             ``i`` allows keys less than ``w_i`` positions before the query, same class).
+        dense_kv_heads: key/value head indices whose query heads attend every key (retrieval
+            heads; checked against ``Hkv`` where it is known: :meth:`check_kv_heads`). Stored
+            sorted.
 
     Raises:
         ValueError: naming the bad field and value.
@@ -93,6 +100,7 @@ class DilatedPattern:
     ordering: str = "natural"
     sink_tokens: int = 0
     window: str = "segment"
+    dense_kv_heads: tuple = ()
     _key: tuple = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -136,16 +144,27 @@ class DilatedPattern:
             raise ValueError(f"sink_tokens must be an integer >= 0, got {sink}")
         if self.window not in WINDOWS:
             raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
+        dense = self.dense_kv_heads
+        if isinstance(dense, (int, str)) or dense is None:
+            raise ValueError(f"dense_kv_heads must be a list of key/value head indices, got {dense!r}")
+        dense = _as_int_tuple("dense_kv_heads", dense) if len(tuple(dense)) else ()
+        if any(j < 0 for j in dense):
+            raise ValueError(f"dense_kv_heads must be >= 0, got {list(dense)}")
+        if len(set(dense)) != len(dense):
+            raise ValueError(f"dense_kv_heads must not repeat a head, got {list(dense)}")
+        dense = tuple(sorted(dense))
         if self.query_dilation == "per_head" and 1 not in r:
             raise ValueError(
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
                 f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'"
             )
+        _warn_covered(w, r, self.window == "sliding")
         object.__setattr__(self, "segment_lengths", w)
         object.__setattr__(self, "dilation_rates", r)
         object.__setattr__(self, "sink_tokens", sink)
+        object.__setattr__(self, "dense_kv_heads", dense)
         object.__setattr__(self, "_key", (w, r, self.query_dilation, self.ordering, sink,
-                                          self.window))
+                                          self.window, dense))
 
     # ------------------------------------------------------------------ construction / IO
     @classmethod
@@ -160,7 +179,7 @@ class DilatedPattern:
         if not isinstance(d, dict):
             raise ValueError(f"a pattern dict is needed, got {type(d).__name__}: {d!r}")
         known = {"segment_lengths", "dilation_rates", "query_dilation", "ordering", "sink_tokens",
-                 "window"}
+                 "window", "dense_kv_heads"}
         unknown = set(d) - known - {"description"}
         if unknown:
             raise ValueError(f"unknown pattern field(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -172,7 +191,7 @@ class DilatedPattern:
         return cls(**fields)
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "segment_lengths": list(self.segment_lengths),
             "dilation_rates": list(self.dilation_rates),
             "query_dilation": self.query_dilation,
@@ -180,6 +199,9 @@ class DilatedPattern:
             "sink_tokens": self.sink_tokens,
             "window": self.window,
         }
+        if self.dense_kv_heads:  # absent means none: older readers and files agree
+            d["dense_kv_heads"] = list(self.dense_kv_heads)
+        return d
 
     @classmethod
     def from_yaml(cls, path: Union[str, Path]) -> "DilatedPattern":
@@ -215,6 +237,7 @@ class DilatedPattern:
         cfg = ", ".join(f"({w},{r})" for w, r in zip(self.segment_lengths, self.dilation_rates))
         extra = "" if self.window == "segment" else ", sliding"
         extra += f", sinks={self.sink_tokens}" if self.sink_tokens else ""
+        extra += f", dense kv heads {list(self.dense_kv_heads)}" if self.dense_kv_heads else ""
         return f"DilatedPattern[{cfg}; {self.query_dilation}, {self.ordering}{extra}]"
 
     # ------------------------------------------------------------------ properties
@@ -237,6 +260,32 @@ class DilatedPattern:
     @property
     def sliding(self) -> bool:
         return self.window == "sliding"
+
+    @property
+    def sparse_part(self) -> "DilatedPattern":
+        """The pattern without its dense heads (what the sparse engines compute)."""
+        return self if not self.dense_kv_heads else _without_dense(self)
+
+    def check_kv_heads(self, num_kv_heads: int) -> None:
+        """``ValueError`` unless every dense key/value head exists (``< num_kv_heads``)."""
+        bad = [j for j in self.dense_kv_heads if j >= num_kv_heads]
+        if bad:
+            raise ValueError(f"dense_kv_heads {list(self.dense_kv_heads)} name key/value head(s) "
+                             f"{bad}, but the model has {num_kv_heads} (valid: 0..{num_kv_heads - 1})")
+
+    def dense_query_heads(self, num_heads: int, num_kv_heads: Optional[int]) -> torch.Tensor:
+        """``[num_heads]`` bool: query heads that read a dense key/value head."""
+        if not self.dense_kv_heads:
+            return torch.zeros(num_heads, dtype=torch.bool)
+        if num_kv_heads is None:
+            raise ValueError("this pattern has dense_kv_heads: pass num_kv_heads (the number of "
+                             "key/value heads) so query heads can be mapped to them")
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads "
+                             f"({num_kv_heads})")
+        self.check_kv_heads(num_kv_heads)
+        kv = torch.arange(num_heads) // (num_heads // num_kv_heads)
+        return torch.isin(kv, torch.tensor(self.dense_kv_heads, dtype=kv.dtype))
 
     @property
     def reach(self) -> int:
@@ -348,15 +397,23 @@ class DilatedPattern:
         """The sink rule: key position ``< sink_tokens`` (any query, any head)."""
         return torch.as_tensor(k_pos) < self.sink_tokens
 
-    def allowed(self, head, q_pos, k_pos) -> torch.Tensor:
+    def allowed(self, head, q_pos, k_pos, *, num_heads: Optional[int] = None,
+                num_kv_heads: Optional[int] = None) -> torch.Tensor:
         """Allowed-pair rule on broadcastable integer tensors (no causality, no documents):
-        the union of the configs and the sink rule."""
+        the union of the configs, the sink rule and the dense heads (those need ``num_heads``
+        and ``num_kv_heads`` to map a query head to its key/value head)."""
         out = None
         for i in range(self.num_configs):
             ok = self.config_allowed(i, head, q_pos, k_pos)
             out = ok if out is None else (out | ok)
         if self.sink_tokens:
             out = out | self.sink_allowed(k_pos)
+        if self.dense_kv_heads:
+            if num_heads is None:
+                raise ValueError("this pattern has dense_kv_heads: pass num_heads and "
+                                 "num_kv_heads so query heads can be mapped to them")
+            dense = self.dense_query_heads(num_heads, num_kv_heads).to(out.device)
+            out = out | dense[torch.as_tensor(head, device=out.device)]
         return out
 
     def build_mask(
@@ -368,19 +425,21 @@ class DilatedPattern:
         causal: bool = True,
         q_doc_ids: Optional[torch.Tensor] = None,
         k_doc_ids: Optional[torch.Tensor] = None,
+        num_kv_heads: Optional[int] = None,
     ) -> torch.Tensor:
         """Dense boolean mask ``[B, H, Sq, Sk]`` (True = attend) for given positions.
 
         Positions are ``[S]`` or ``[B, S]`` integer tensors. Document ids (same shapes) forbid
         pairs across documents; a key whose document id is negative is padding and never allowed.
-        This is O(Sq*Sk): it is for references, tests and small masks.
+        ``num_kv_heads``: needed when the pattern has dense heads. This is O(Sq*Sk): it is for
+        references, tests and small masks.
         """
         qp = _as_2d(q_positions)
         kp = _as_2d(k_positions)
         h = torch.arange(num_heads, device=qp.device).view(1, num_heads, 1, 1)
         qp4 = qp[:, None, :, None]
         kp4 = kp[:, None, None, :]
-        mask = self.allowed(h, qp4, kp4)
+        mask = self.allowed(h, qp4, kp4, num_heads=num_heads, num_kv_heads=num_kv_heads)
         if causal:
             mask = mask & (kp4 <= qp4)
         if q_doc_ids is not None or k_doc_ids is not None:
@@ -399,12 +458,16 @@ class DilatedPattern:
         k_positions: Optional[torch.Tensor] = None,
         q_doc_ids: Optional[torch.Tensor] = None,
         k_doc_ids: Optional[torch.Tensor] = None,
+        num_heads: Optional[int] = None,
+        num_kv_heads: Optional[int] = None,
     ) -> Callable:
         """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for this pattern.
 
         With no positions, index == position. Position / document tensors are ``[S]`` or
         ``[B, S]`` and are indexed with the storage indices FlexAttention passes in.
+        ``num_heads`` / ``num_kv_heads``: needed when the pattern has dense heads.
         """
+        dense = self.dense_query_heads(num_heads, num_kv_heads) if self.dense_kv_heads else None
         qp = None if q_positions is None else _as_2d(q_positions)
         kp = None if k_positions is None else _as_2d(k_positions)
         qd = None if q_doc_ids is None else _as_2d(q_doc_ids)
@@ -434,6 +497,8 @@ class DilatedPattern:
                 ok = c if ok is None else (ok | c)
             if sink:
                 ok = ok | (s < sink)
+            if dense is not None:
+                ok = ok | dense.to(h.device if isinstance(h, torch.Tensor) else "cpu")[h]
             if causal:
                 ok = ok & (s <= p)
             if qd is not None:
@@ -444,6 +509,7 @@ class DilatedPattern:
 
         cfg = "_".join(f"w{w}r{r}" for w, r in configs)
         extra = ("_sliding" if sliding else "") + (f"_sink{sink}" if sink else "")
+        extra += "".join(f"_dense{j}" for j in self.dense_kv_heads)
         mask_mod.__name__ = (f"dilated_{cfg}_{self.query_dilation}{extra}"
                              f"{'_causal' if causal else ''}")
         return mask_mod
@@ -456,6 +522,7 @@ class DilatedPattern:
         *,
         causal: bool = True,
         q_len: Optional[int] = None,
+        num_kv_heads: Optional[int] = None,
     ) -> list:
         """Exact number of allowed (query, key) pairs per query head, without materialising S².
 
@@ -464,7 +531,8 @@ class DilatedPattern:
         segment (sliding: inside every window) in every config, ``p ≡ s`` modulo the lcm of its
         rates", whose per-query count is closed form; queries are grouped by their class vector
         so every head is one lookup. Sinks: the ``min(k, ...)`` sink keys, plus the configs'
-        pairs counted on keys ``>= k`` only (each key once).
+        pairs counted on keys ``>= k`` only (each key once). A query head of a dense key/value
+        head (``num_kv_heads`` needed then) counts every (causal) pair.
         """
         seq_len = int(seq_len)
         if seq_len < 0:
@@ -474,19 +542,44 @@ class DilatedPattern:
         q_len = seq_len if q_len is None else int(q_len)
         if not 0 <= q_len <= seq_len:
             raise ValueError(f"q_len must be in [0, seq_len={seq_len}], got {q_len}")
-        key = self._key[:3] + self._key[4:]
-        return list(_count_pairs_cached(key, seq_len, num_heads, causal, q_len))
+        dense = self.dense_query_heads(num_heads, num_kv_heads).tolist()
+        key = self._key[:3] + self._key[4:6]  # the rule without the layout and dense heads
+        sparse = _count_pairs_cached(key, seq_len, num_heads, causal, q_len)
+        first = seq_len - q_len  # dense: keys 0..p (causal) or all, for p in [first, seq_len)
+        full = (first + 1 + seq_len) * q_len // 2 if causal else q_len * seq_len
+        return [full if d else n for d, n in zip(dense, sparse)]
 
     def count_pairs_total(self, seq_len: int, num_heads: int, **kw) -> int:
+        """Sum of :meth:`count_pairs` over the query heads (same arguments)."""
         return int(sum(self.count_pairs(seq_len, num_heads, **kw)))
 
     def attention_flops(self, seq_len: int, num_heads: int, head_dim: int, *, causal=True,
-                        backward: bool = False, batch: int = 1) -> float:
+                        backward: bool = False, batch: int = 1,
+                        num_kv_heads: Optional[int] = None) -> float:
         """Useful FLOPs (allowed pairs only): 4·D per pair forward (QKᵀ and PV), 2.5× that for
         the backward (the FlashAttention-2 convention)."""
-        pairs = self.count_pairs_total(seq_len, num_heads, causal=causal)
+        pairs = self.count_pairs_total(seq_len, num_heads, causal=causal,
+                                       num_kv_heads=num_kv_heads)
         f = 4.0 * head_dim * pairs * batch
         return f * 2.5 if backward else f
+
+
+@lru_cache(maxsize=256)
+def _without_dense(pattern: "DilatedPattern") -> "DilatedPattern":
+    return pattern.replace(dense_kv_heads=[])
+
+
+def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:
+    """Warn about a config that allows no pair another config does not (e.g. windows given in
+    decreasing order, ``[32, 16]`` with rates ``[1, 2]``): accepted, but it only costs time."""
+    for i, j in itertools.permutations(range(len(w)), 2):
+        same = (w[i], r[i]) == (w[j], r[j])
+        if (same and i > j) or (not same and r[i] % r[j] == 0 and
+                                (w[j] >= w[i] if sliding else w[j] % w[i] == 0)):
+            warnings.warn(f"pattern config {i} (w={w[i]}, r={r[i]}) is covered by config {j} "
+                          f"(w={w[j]}, r={r[j]}): it allows no pair the pattern would not allow "
+                          f"without it; remove it", UserWarning, stacklevel=4)
+            return
 
 
 def _as_2d(t) -> torch.Tensor:

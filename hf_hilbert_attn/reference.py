@@ -33,7 +33,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, patte
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     mask = pattern.build_mask(a.hq, a.q_positions, a.k_positions, causal=causal,
-                              q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids)  # [B', Hq, Sq, Sk]
+                              q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
+                              num_kv_heads=a.hkv)  # [B', Hq, Sq, Sk]
     group = a.hq // a.hkv
     qf = q.to(dtype)
     kf = k.to(dtype).repeat_interleave(group, dim=1)

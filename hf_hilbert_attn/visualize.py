@@ -7,7 +7,7 @@ counts from :meth:`DilatedPattern.count_pairs`; nothing here restates the rule.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -32,7 +32,8 @@ def ascii_mask(pattern: DilatedPattern, length: int, *, head: int = 0, causal: b
     if head < 0:
         raise ValueError(f"head must be >= 0, got {head}")
     pos = torch.arange(length)
-    m = pattern.build_mask(head + 1, pos, pos, causal=causal)[0, head]  # [S, S]
+    # dense key/value heads: shown as for one key/value head per query head (MHA)
+    m = pattern.build_mask(head + 1, pos, pos, causal=causal, num_kv_heads=head + 1)[0, head]
     width = len(str(length - 1))
     lines = []
     for p in range(length):
@@ -43,7 +44,7 @@ def ascii_mask(pattern: DilatedPattern, length: int, *, head: int = 0, causal: b
 
 
 def pattern_summary(pattern: DilatedPattern, length: int, num_heads: int = 1, *,
-                    causal: bool = True) -> Dict:
+                    causal: bool = True, num_kv_heads: Optional[int] = None) -> Dict:
     """Sparsity and cost of ``pattern`` at ``length`` tokens.
 
     Returns:
@@ -56,9 +57,10 @@ def pattern_summary(pattern: DilatedPattern, length: int, num_heads: int = 1, *,
         raise ValueError(f"length must be >= 1, got {length}")
     if num_heads < 1:
         raise ValueError(f"heads must be >= 1, got {num_heads}")
-    pairs = pattern.count_pairs(length, num_heads, causal=causal)
+    kv = num_heads if num_kv_heads is None else num_kv_heads  # dense heads: MHA unless told
+    pairs = pattern.count_pairs(length, num_heads, causal=causal, num_kv_heads=kv)
     dense = length * (length + 1) // 2 if causal else length * length
-    last = pattern.count_pairs(length, 1, causal=causal, q_len=1)[0]
+    last = pattern.count_pairs(length, num_heads, causal=causal, q_len=1, num_kv_heads=kv)[0]
     density = sum(pairs) / (dense * num_heads)
     return dict(
         length=length, num_heads=num_heads, causal=causal, pairs_per_head=pairs,
@@ -86,14 +88,16 @@ def _block_density(pattern: DilatedPattern, length: int, head: int, causal: bool
         step = max(1, block // rows_per_tile) | 1
         offsets = (torch.arange(rows_per_tile) * step) % block
     # An allowed pair shares a segment of some config, so |p - s| < the longest segment:
-    # only the key tiles within that reach of the query tile are evaluated.
-    reach = -(-pattern.max_segment // block)
+    # only the key tiles within that reach of the query tile are evaluated (a dense head: all).
+    dense = head in pattern.dense_kv_heads  # shown as MHA: query head h reads key/value head h
+    reach = n if dense else -(-pattern.max_segment // block)
     for i in range(n):
         q = i * block + offsets
         q = q[q < length]
         lo, hi = max(0, i - reach), min(n, i + reach + 1)
         k = keys[lo * block:min(length, hi * block)]
-        m = pattern.allowed(head, q[:, None], k[None, :])
+        m = pattern.allowed(head, q[:, None], k[None, :], num_heads=head + 1,
+                            num_kv_heads=head + 1)
         if causal:
             m = m & (k[None, :] <= q[:, None])
         m = torch.nn.functional.pad(m.float(), (0, (hi - lo) * block - k.numel()))

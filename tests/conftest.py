@@ -258,3 +258,100 @@ def pytest_runtest_makereport(item, call):
         for key, value in item.user_properties:
             if key == "seed":
                 report.sections.append(("seed", f"rerun with HF_HILBERT_TEST_SEED={value}"))
+
+
+# ------------------------------------------------------------ tolerances from the arithmetic
+# Every tolerance in tests/ comes from the arithmetic the check compares, never from what one
+# machine printed (issue 27: a bound read off one machine failed on another CPU). Two rules:
+#
+# 1. Another order of the same sum (`reorder_tol`). Blocking, threads, ring shards, an LSE
+#    merge or a reduction over ranks add the same float terms in another order. Each order is
+#    within (n-1)·u·Σ|x_i| of the exact sum (u = eps/2; Higham, "Accuracy and Stability of
+#    Numerical Algorithms", (4.4)), so two orders differ by at most (n-1)·eps·Σ|x_i|: relative
+#    to the value itself where the terms have one sign (a mean of losses, a softmax
+#    denominator, a convex combination of bounded values), else relative to Σ|x_i|. Typical
+#    differences are ~sqrt(n)·eps; a test that must never fail at random uses the worst case.
+# 2. Same error size as the baseline (`assert_error_within`): where a float32 result chains many
+#    sums (a model's gradients), its error against a float64 run of the same computation
+#    ("exact") is at most FACTOR times the error of the float32 baseline it should equal (the
+#    one-process model, the plain op), plus a floor of rule 1 for entries the baseline happens
+#    to get exact — flash-attention's test rule. The float32 baseline measures the arithmetic's
+#    error on this machine, so the bound moves with the CPU instead of being read off one.
+EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23,
+       "float64": 2.0 ** -52, "tf32": 2.0 ** -10}  # tf32: a GPU's float32 dots, 10-bit mantissa
+FACTOR = 2.0
+
+
+def eps(dtype="float32") -> float:
+    """Machine epsilon of ``dtype`` (a torch dtype or its name)."""
+    return EPS[str(dtype).replace("torch.", "")]
+
+
+def reorder_tol(n: int, dtype="float32") -> float:
+    """Rule 1: the most two sums of the same ``n`` terms in ``dtype``, added in different orders,
+    can differ, relative to ``Σ|x_i|`` (the sum itself for terms of one sign)."""
+    return max(int(n) - 1, 1) * eps(dtype)
+
+
+# |x| of the suite's torch.randn inputs: P(|x| > 6) = 2e-9 per entry
+RANDN_MAX = 6.0
+
+
+def attention_tol(n_keys: int, head_dim: int, dtype="float32") -> float:
+    """Rule 1 for attention (output, lse and gradients) in ``dtype`` against its float64
+    reference on randn inputs, relative to ``max(1, max|want|)`` (``helpers.assert_close``).
+
+    Every entry is a sum over at most ``n_keys`` keys (for dK/dV: queries) of terms built from
+    ``head_dim``-term dot products (scores; dP = dO·V; delta = rowsum(dO∘O)); blocking, chunks,
+    an online softmax or an LSE merge add them in another order, which moves the entry by at
+    most about ``(n_keys + 2·head_dim)·eps`` times the size of its terms (first order), and the
+    terms carry randn entries (at most ``RANDN_MAX``) where the scale is at least 1.
+    """
+    return (n_keys + 2 * head_dim) * eps(dtype) * RANDN_MAX
+
+
+# |lse| of the suite's attention on randn inputs: log(keys) <= 9 (4096 keys) plus the largest
+# score, scale·|q|·|k| <= (sqrt(d) + 4)**2 / sqrt(d) <= 22 for head_dim <= 128 (|q| of a randn
+# row is within 4 of sqrt(d), 6 sigma)
+LSE_MAX = 31.0
+
+
+def lse_float32_tol(lse_max: float = 0.0) -> float:
+    """An lse returned in float32 for float64 inputs (the op's contract) is the float64 value
+    rounded once: relative error <= eps/2, and what flows through it (a backward that reads it,
+    ``P = exp(s - lse)``) picks up ``|lse|·eps/2`` relative; relative to ``max(1, |want|)`` with
+    ``|lse| <= lse_max``."""
+    return eps("float32") / 2 * max(1.0, lse_max)
+
+
+def model_tol(*sums: int, dtype="float32") -> float:
+    """Rule 1 for two runs of one small model's function (another attention order, chunked
+    prefill, shards, a cache) compared in a value relative to its size (a loss, perplexity or
+    NLL: a mean of per-token terms of one sign; logits relative to their largest): each run is
+    within ``reorder_tol`` of the exact value for its sums of ``sum(sums)`` terms (the tokens
+    averaged, the keys of an attention row, the features of a layer; the suite's tiny random
+    models do not amplify a relative error through their 2 layers), so twice that apart."""
+    return 2 * reorder_tol(sum(sums), dtype)
+
+
+# A value read back from a results CSV, written with "%.6g": within half a unit of its 6th digit
+CSV_6G = 5e-6
+
+
+def assert_error_within(name, got, baseline, exact, floor=0.0, factor=FACTOR, what=""):
+    """Rule 2: ``max|got - exact| <= factor * max|baseline - exact| + floor`` (max over the
+    tensor; ``exact`` is the float64 run of the same computation). Compared in float64; the
+    message gives both errors and where ``got``'s is worst."""
+    import torch
+
+    got, baseline, exact = (torch.as_tensor(t).detach().double() for t in (got, baseline, exact))
+    err = (got - exact).abs()
+    err_base = float((baseline - exact).abs().max()) if exact.numel() else 0.0
+    bound = factor * err_base + floor
+    worst = float(err.max()) if err.numel() else 0.0
+    if not worst <= bound:  # also fails on NaN
+        at = [int(i) for i in torch.unravel_index(err.argmax(), err.shape)] if err.dim() else []
+        raise AssertionError(
+            f"{what} {name}: error vs float64 {worst:.3g} at {at} > {factor:g} x baseline's "
+            f"{err_base:.3g} + floor {floor:.3g} (got {float(got.flatten()[err.argmax()]):.9g}, "
+            f"exact {float(exact.flatten()[err.argmax()]):.9g})".strip())

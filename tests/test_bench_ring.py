@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from _dist import run_distributed
+from conftest import eps
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "examples" / "benchmarks"
 PATTERN_YAML = "segment_lengths: [8, 128]\ndilation_rates: [1, 4]\nquery_dilation: per_head\n"
@@ -71,10 +72,11 @@ def test_bench_ring_two_ranks_then_one(tmp_path):
     assert len(two) == 12 and len(_by(corr, world_size=1)) == 4
     for r in two:
         # the CPU path computes every block in float32; the ring's extra error is the bf16
-        # rounding of each block's output before the merge
+        # rounding of each block's output before the merge: the bf16 inputs' and result's
+        # roundings (3 eps(bf16), test_benchmarks.BF16_TOL) plus one more per block
         assert r["ok"] == "True", r
-        assert float(r["ring_rel"]) < 2e-2, r
-        assert float(r["ring_vs_single_rel"]) < 2e-2, r
+        assert float(r["ring_rel"]) < 3.5 * eps("bfloat16"), r
+        assert float(r["ring_vs_single_rel"]) < 3.5 * eps("bfloat16"), r
 
     scal = _rows(out / "bench_ring_scaling_cpu.csv")
     assert len(_by(scal, world_size=2)) == 3 and len(_by(scal, world_size=1)) == 1

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Qwen2C
 
 from hf_hilbert_attn import DilatedPattern, PatternCache, configure, prefill
 from hf_hilbert_attn.integrations.cache import cache_kwarg, prefill_chunks
+from conftest import attention_tol, eps, model_tol
 from helpers import random_pattern
 
 VOCAB = 96
@@ -64,9 +65,10 @@ def test_every_step_matches_the_full_cache_and_memory_stays_bounded(family, patt
     got, stored = run(model, ids, cache, chunk, steps)
     want, _ = run(model, ids, DynamicCache(config=model.config), 37, steps)
     scale = want.abs().max()
+    tol = model_tol(37 + steps, 64)  # attention rows of every key so far, 64 features
     for t in range(got.shape[1]):
         err = (got[:, t] - want[:, t]).abs().max()
-        assert err <= 1e-5 * scale, f"position {t}: max |diff| {err:.3g} (chunk {chunk})"
+        assert err <= tol * scale, f"position {t}: max |diff| {err:.3g} (chunk {chunk})"
     # Bounded by the pattern, and the bound is reached: flat over a long generation.
     bound = cache.max_stored_tokens
     assert bound <= pattern.sink_tokens + pattern.max_segment - 1 + cache.align - 1
@@ -79,7 +81,7 @@ def test_every_step_matches_the_full_cache_and_memory_stays_bounded(family, patt
     dense = tiny(family, DilatedPattern.dense(1 << 20))
     dense.load_state_dict(model.state_dict())
     ref, _ = run(dense, ids, DynamicCache(config=dense.config), 37, 4)
-    assert (ref[:, 37:] - want[:, 37:41]).abs().max() > 1e-4
+    assert (ref[:, 37:] - want[:, 37:41]).abs().max() > tol * scale
 
 
 def test_generate_with_pattern_cache_and_chunked_prefill():
@@ -93,7 +95,7 @@ def test_generate_with_pattern_cache_and_chunked_prefill():
         out = model.generate(ids, **{cache_kwarg(model): PatternCache(model)}, **extra, **kw)
         assert torch.equal(out.sequences, ref.sequences), extra
         for a, b in zip(out.logits, ref.logits):
-            assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+            assert (a - b).abs().max() <= model_tol(65, 64) * b.abs().max()  # 65 keys at most
     # prefill() then generate(): generate feeds only the token the cache has not seen
     cache = prefill(model, ids[:, :-1], chunk_tokens=13)
     assert isinstance(cache, PatternCache) and cache.get_seq_length() == 44
@@ -163,7 +165,8 @@ def test_eval_chunked_prefill_is_the_same_perplexity_and_passkey_answer(monkeypa
         want = perplexity.window_nll(model, ids, scored, prefill_chunk=None)
         for chunk in (7, 13):
             got = perplexity.window_nll(model, ids, scored, prefill_chunk=chunk)
-            assert got == pytest.approx(want, rel=1e-5), (scored, chunk)
+            # the NLL of `scored` tokens, through rows of at most 61 keys
+            assert got == pytest.approx(want, rel=model_tol(scored, 61, 64)), (scored, chunk)
     # "auto": windows longer than DEFAULT_PREFILL_CHUNK run chunked, through a PatternCache
     monkeypatch.setattr(perplexity, "DEFAULT_PREFILL_CHUNK", 16)
     assert perplexity.resolve_prefill_chunk(model, 61) == 16
@@ -180,7 +183,7 @@ def test_eval_chunked_prefill_is_the_same_perplexity_and_passkey_answer(monkeypa
     tokens = torch.randint(3, VOCAB, (100,))
     res = perplexity.evaluate_perplexity(model, tokens, 60, 20)
     ref = perplexity.evaluate_perplexity(model, tokens, 60, 20, prefill_chunk=None)
-    assert seen and res.nll_sum == pytest.approx(ref.nll_sum, rel=1e-5)
+    assert seen and res.nll_sum == pytest.approx(ref.nll_sum, rel=model_tol(100, 60, 64))
     # passkey: generate through a PatternCache with chunked prefill, same text as without
     tok = build_char_tokenizer()
     model = tiny("llama", DilatedPattern([8, 16], [1, 2], sink_tokens=1))
@@ -255,7 +258,10 @@ def test_attention_over_dropped_keys_equals_the_reference(backend):
             kpos = torch.cat([torch.arange(sinks), torch.arange(first, first + n_tail)])
             want = reference_attention(q, k, v, pattern, k_positions=kpos,
                                        q_positions=torch.arange(q_start, q_start + sq))
-            assert (got - want).abs().max() < 2e-5, (pattern, sq, first)
+            # float32, both: each within the sums' bound of the exact result
+            tol = 2 * attention_tol(sinks + n_tail, 16)
+            assert (got - want).abs().max() < tol * max(1.0, float(want.abs().max())), (
+                pattern, sq, first)
 
 
 @pytest.mark.gpu
@@ -277,4 +283,5 @@ def test_gpu_pattern_cache_decode_matches_dynamic_cache():
             assert max(layer.keys.shape[-2] for layer in cache.layers) <= \
                 cache.max_stored_tokens < 300
     err = (logits["pattern"] - logits["dynamic"]).abs().max()
-    assert err <= 3e-2 * logits["dynamic"].abs().max(), err
+    # a bf16 model rounds its activations at every stage (2 layers and the head): ~4 eps(bf16)
+    assert err <= 4 * eps("bfloat16") * logits["dynamic"].abs().max(), err

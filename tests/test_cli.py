@@ -86,7 +86,7 @@ def test_show_pattern_long_length_skips_ascii(capsys):
     (["eval", "--depths", "1.5"], r"a needle depth must be in \[0, 1\], got 1.5"),
     (["eval", "--pattern", "nope"], "unknown pattern 'nope'"),
     (["eval", "/no/such/model"], "model path not found: /no/such/model"),
-    (["eval", "--corpus", "/no/such.txt"], "corpus file not found: /no/such.txt"),
+    (["eval", "--corpus", "/no/such.txt"], "corpus file or directory not found: /no/such.txt"),
     (["eval", "--lengths", "64", "--stride", "64"], "stride must be < every length"),
     (["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
     (["bench", "model"], "choose what to run: --preset 135m: .*; --preset 1b: .*; --preset tiny: "),

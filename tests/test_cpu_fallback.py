@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn import chunked
 from hf_hilbert_attn.inputs import check_inputs
+from conftest import RANDN_MAX, attention_tol, lse_float32_tol
 from helpers import assert_close, random_pattern
 
 # Scaled-down shipped patterns (hf_hilbert_attn/patterns/*.yaml): longnet_lm's rates 6 and 12
@@ -77,6 +78,7 @@ def check(pattern, b=2, hq=6, hkv=2, s=301, d=40, dtype=torch.float32, causal=Tr
     if lse_grad:
         want_o = grads(ref, q, k, v, dout, None)
         base = [bb.double() - wo + w for bb, wo, w in zip(base, want_o, want)]
+    # floor (conftest rule 2): a few roundings of the result where SDPA happens to be exact
     ulp = 16 * torch.finfo(dtype).eps
     for name, g, w, bb in zip(("out", "dq", "dk", "dv"), got, want, base):
         assert g.dtype == dtype
@@ -148,7 +150,9 @@ def test_left_to_the_blockwise_path():
         assert chunked._fast_plan(DEFAULT, a, True, q) is None
         assert not chunked._document_runs(DEFAULT, a, True, q)
         got = dilated_attention(q, k, v, DEFAULT, backend="torch", **kw)
-        assert_close("out", got, reference_attention(q, k, v, DEFAULT, **kw), 2e-5)
+        # two float32 computations (chunked, dense): each within attention_tol of the exact
+        assert_close("out", got, reference_attention(q, k, v, DEFAULT, **kw),
+                     2 * attention_tol(90, 16))
 
 
 @pytest.mark.parametrize("pattern", [LONGNET, DEFAULT], ids=["longnet", "default"])
@@ -173,8 +177,12 @@ def test_documents_and_padding(pattern):
     want = grads(lambda q, k, v: reference_attention(q, k, v, pattern, return_lse=True,
                                                      dtype=torch.float64, **kw),
                  q, k, v, dout, dlse)
+    # float64, but lse comes back as float32 (its gradient too): one rounding of |lse|, carried
+    # by terms of randn size into the gradients
+    lse = reference_attention(q, k, v, pattern, return_lse=True, dtype=torch.float64, **kw)[1]
+    tol = lse_float32_tol(float(lse[torch.isfinite(lse)].abs().max())) * RANDN_MAX
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-        assert_close(name, g, w, 1e-6)  # lse comes back as float32 (its gradient too)
+        assert_close(name, g, w, tol)
     assert float(got[0][1, :, 0].abs().max()) == 0.0
 
 

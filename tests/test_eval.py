@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from conftest import CSV_6G, model_tol, reorder_tol
 from hf_hilbert_attn.evaluation import (
     EvalConfig,
     evaluate_passkey,
@@ -81,11 +82,14 @@ def test_eval_writes_table_csv_and_pngs(eval_run):
 def test_eval_sdpa_equals_hilbert_dense(eval_run):
     _, res = eval_run
     ppl = {(r["method"], r["length"]): r["value"] for r in res["rows"] if r["task"] == "perplexity"}
+    # the same function through other sums: ~400 tokens' NLL, rows of <= 128 keys, 64 features;
+    # exp turns the mean NLL's relative error into |log ppl| times it
+    tol = model_tol(400, 128, 64) * max(1.0, math.log(max(ppl.values())))
     for L in (64, 128):
-        assert ppl[("hilbert_dilated:dense", L)] == pytest.approx(ppl[("sdpa", L)], rel=1e-5)
+        assert ppl[("hilbert_dilated:dense", L)] == pytest.approx(ppl[("sdpa", L)], rel=tol)
     # "tiny" (dense within 64 tokens) is dense at L=64 but not at L=128: the pattern is applied.
-    assert ppl[("hilbert_dilated:tiny", 64)] == pytest.approx(ppl[("sdpa", 64)], rel=1e-5)
-    assert ppl[("hilbert_dilated:tiny", 128)] != pytest.approx(ppl[("sdpa", 128)], rel=1e-5)
+    assert ppl[("hilbert_dilated:tiny", 64)] == pytest.approx(ppl[("sdpa", 64)], rel=tol)
+    assert ppl[("hilbert_dilated:tiny", 128)] != pytest.approx(ppl[("sdpa", 128)], rel=tol)
 
 
 # ----------------------------------------------------------------------------- perplexity
@@ -115,7 +119,8 @@ def test_window_nll_matches_transformers_loss(tiny_model):
         labels[0, :57 - scored] = -100
         with torch.no_grad():
             loss = tiny_model(input_ids=ids, labels=labels).loss
-        assert window_nll(tiny_model, ids, scored) == pytest.approx(float(loss) * scored, rel=1e-5)
+        assert window_nll(tiny_model, ids, scored) == pytest.approx(
+            float(loss) * scored, rel=model_tol(scored, 57, 64))
 
 
 def test_perplexity_equals_per_window_sum(tiny_model):
@@ -130,7 +135,9 @@ def test_perplexity_equals_per_window_sum(tiny_model):
             manual -= float(logp[t - 1, ids[0, t]])
             count += 1
     assert res.scored_tokens == count == 149
-    assert res.perplexity == pytest.approx(math.exp(manual / count), rel=1e-5)
+    # exp of a 149-token mean: the mean's relative error times |log ppl| (float64 sum here)
+    rel = model_tol(149, 40, 64) * max(1.0, manual / count)
+    assert res.perplexity == pytest.approx(math.exp(manual / count), rel=rel)
 
 
 # ----------------------------------------------------------------------------- passkey
@@ -219,7 +226,7 @@ def test_load_corpus_text_jsonl_parquet(tmp_path, tok):
         load_corpus([str(tmp_path / "a.jsonl")])
     with pytest.raises(ValueError, match="all be of one kind"):
         load_corpus([str(tmp_path / "0.txt"), str(tmp_path / "a.jsonl")])
-    with pytest.raises(FileNotFoundError, match="corpus file not found"):
+    with pytest.raises(FileNotFoundError, match="corpus file or directory not found"):
         load_corpus([str(tmp_path / "missing.txt")])
     ids = tokenize_corpus(tok, docs, 1000)
     assert ids.numel() == sum(len(d) + 1 for d in docs)  # chars + one EOS per document
@@ -267,11 +274,13 @@ def test_chunked_loss_matches_full_loss():
     loss = chunked_lm_loss(h, w, y, chunk=8)
     ref = torch.nn.functional.cross_entropy((h @ w.t()).flatten(0, 1), y.flatten(),
                                             ignore_index=-100)
-    assert loss.item() == pytest.approx(ref.item(), rel=1e-10)
+    # float64, chunks of 8 vs the whole: the 69-token mean, 50-way softmax, 16-term dots
+    tol = 2 * reorder_tol(69 + 50 + 16, torch.float64)
+    assert loss.item() == pytest.approx(ref.item(), rel=tol)
     g = torch.autograd.grad(loss, (h, w))
     g_ref = torch.autograd.grad(ref, (h, w))
     for a, b in zip(g, g_ref):
-        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, rtol=0, atol=tol * max(1.0, float(b.abs().max())))
 
 
 def test_bench_model_tiny_smoke(tmp_path, capsys):
@@ -316,7 +325,8 @@ def test_bench_model_compiled_layers_same_loss(tmp_path):
     with torch.no_grad():
         a = eager(input_ids=ids, labels=ids).loss
         b = comp(input_ids=ids, labels=ids).loss
-    assert b.item() == pytest.approx(a.item(), rel=1e-5)
+    # compiled vs eager: fused kernels add the same sums in another order
+    assert b.item() == pytest.approx(a.item(), rel=model_tol(70, 70, 64))
     rc = main(["--preset", "tiny", "--impls", "hilbert_dilated", "--lengths", "64", "--iters",
                "1", "--warmup", "1", "--compile", "--no-plots", "--out-dir", str(tmp_path),
                "--no-progress"])
@@ -353,7 +363,9 @@ def test_sequence_parallel_perplexity_equals_single_process(tmp_path):
                                  plots=False, progress=False))["rows"]
     assert len(sp) == len(single) == 1
     assert int(sp[0]["scored_tokens"]) == single[0]["scored_tokens"] == 299
-    assert float(sp[0]["value"]) == pytest.approx(single[0]["value"], rel=1e-5)
+    # the ring and the shards' NLL sums in another order, and the CSV's 6 digits
+    rel = model_tol(300, 128, 64) * max(1.0, math.log(single[0]["value"])) + CSV_6G
+    assert float(sp[0]["value"]) == pytest.approx(single[0]["value"], rel=rel)
 
 
 # ----------------------------------------------------------------------------- resume, small corpus
@@ -391,7 +403,7 @@ def test_eval_writes_each_cell_and_resumes(tmp_path, monkeypatch):
     assert [(r["method"], r["length"]) for r in res["rows"]] == \
         [(r["method"], r["length"]) for r in whole]
     for a, b in zip(res["rows"], whole):
-        assert a["value"] == pytest.approx(b["value"], rel=1e-5)
+        assert a["value"] == pytest.approx(b["value"], rel=2 * CSV_6G)  # resumed from the CSV
     assert any("resumed: 2 cell(s)" in n for n in res["notes"])
     assert len(_rows(tmp_path / "part")) == 4
     calls.clear()

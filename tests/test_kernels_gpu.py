@@ -54,7 +54,8 @@ def _torch_same_dtype(q, k, v, pattern, causal, **kw):
     qd = kw.get("q_doc_ids", kd)
     kp = kw.get("k_positions", kp)
     qp = kw.get("q_positions", kp if "k_positions" in kw and sq == sk else qp)
-    mask = pattern.build_mask(hq, qp, kp, causal=causal, q_doc_ids=qd, k_doc_ids=kd)
+    mask = pattern.build_mask(hq, qp, kp, causal=causal, q_doc_ids=qd, k_doc_ids=kd,
+                              num_kv_heads=hkv)
     kk = k.repeat_interleave(hq // hkv, 1)
     vv = v.repeat_interleave(hq // hkv, 1)
     s = (q @ kk.transpose(-1, -2)) * q.shape[-1] ** -0.5

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import CSV_6G, model_tol
 from hf_hilbert_attn import DilatedPattern
 from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer, build_default_model
 from hf_hilbert_attn.evaluation.passkey import (
@@ -178,7 +179,10 @@ def test_perplexity_batched_equals_one_window_at_a_time(tiny):
         got = perplexity_batched(tiny, tokens, L, stride, max_batch_tokens=3 * L)
         assert (got.scored_tokens, got.processed_tokens, got.windows) == \
             (ref.scored_tokens, ref.processed_tokens, ref.windows)
-        assert got.perplexity == pytest.approx(ref.perplexity, rel=1e-5)
+        # batched windows add the same NLL terms in another order (233 tokens, rows of <= 100
+        # keys, 64 features); exp turns the mean's relative error into |log ppl| times it
+        rel = model_tol(233, 100, 64) * max(1.0, math.log(ref.perplexity))
+        assert got.perplexity == pytest.approx(ref.perplexity, rel=rel)
 
 
 @pytest.mark.parametrize("pattern", [
@@ -339,12 +343,16 @@ def test_study_pattern_applied_and_finetune_changes_weights(study):
     ppl = {(r["method"], r["stage"], r["length"]): float(r["value"]) for r in _csv(out)
            if r["task"] == "perplexity"}
     # SMALL is dense up to 64 tokens, dilated beyond
-    assert ppl[("small", "base", "64")] == pytest.approx(ppl[("sdpa", "base", "64")], rel=1e-5)
-    assert ppl[("small", "base", "128")] != pytest.approx(ppl[("sdpa", "base", "128")], rel=1e-5)
+    # the same function through other sums (400 tokens, rows of <= 128 keys), and the CSV's digits
+    rel = model_tol(400, 128, 64) * max(1.0, math.log(ppl[("sdpa", "base", "64")])) + 2 * CSV_6G
+    assert ppl[("small", "base", "64")] == pytest.approx(ppl[("sdpa", "base", "64")], rel=rel)
+    assert ppl[("small", "base", "128")] != pytest.approx(ppl[("sdpa", "base", "128")], rel=rel)
     for m in ("sdpa", "small"):
         assert ppl[(m, "finetuned", "64")] != pytest.approx(ppl[(m, "base", "64")], rel=1e-4)
     # same data order, steps, lr and seed, and the same function at 64 tokens: the fine-tunes
-    # of sdpa and of SMALL (trained at 64 tokens) end in the same weights
+    # of sdpa and of SMALL (trained at 64 tokens) end in the same weights. Not a bound of the
+    # arithmetic: AdamW moves a weight whose float32 gradient is within rounding of 0 by up
+    # to lr in one run and not the other; 1e-4 is what two AdamW steps at lr 1e-2 leave.
     assert ppl[("small", "finetuned", "64")] == pytest.approx(ppl[("sdpa", "finetuned", "64")],
                                                               rel=1e-4)
 
@@ -355,8 +363,9 @@ def test_study_dense_pattern_equals_sdpa(dirs):
                                  tasks=("perplexity",), plots=False))
     ppl = {(r["method"], r["length"]): r["value"] for r in res["rows"]}
     assert len(ppl) == 4 and res["errors"] == []
-    for L in (64, 128):
-        assert ppl[("dense", L)] == pytest.approx(ppl[("sdpa", L)], rel=1e-5)
+    for L in (64, 128):  # the same function through other sums (400 tokens, <= 128 keys)
+        rel = model_tol(400, L, 64) * max(1.0, math.log(ppl[("sdpa", L)]))
+        assert ppl[("dense", L)] == pytest.approx(ppl[("sdpa", L)], rel=rel)
 
 
 def test_study_resumes_and_checks_settings(study, dirs):

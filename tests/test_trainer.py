@@ -9,6 +9,7 @@ order), packed rows through ``DataCollatorWithFlattening``, checkpoint + resume 
 """
 
 import concurrent.futures
+import math
 import os
 import warnings
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from _dist import run_distributed
+from conftest import assert_error_within, model_tol, reorder_tol
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,7 +26,7 @@ VOCAB = 96
 PATTERN = dict(segment_lengths=[8, 32, 64], dilation_rates=[1, 2, 4])
 
 
-def _model(seed=0, attn="hilbert_dilated"):
+def _model(seed=0, attn="hilbert_dilated", dtype=torch.float32):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     import hf_hilbert_attn
@@ -33,7 +35,7 @@ def _model(seed=0, attn="hilbert_dilated"):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).to(dtype)
     if attn == "hilbert_dilated":
         hf_hilbert_attn.configure(model, hf_hilbert_attn.DilatedPattern(**PATTERN))
     return model
@@ -52,7 +54,8 @@ def _rows(n, lengths, seed):
 
 
 class _Grabber:
-    """Callback: every optimizer step's gradients (after DDP's all-reduce) as one float64 array."""
+    """Callback: every optimizer step's gradients (after DDP's all-reduce), one float64 array per
+    parameter."""
 
     def __init__(self):
         from transformers import TrainerCallback
@@ -61,8 +64,8 @@ class _Grabber:
 
         class CB(TrainerCallback):
             def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-                grabber.grads.append(np.concatenate(
-                    [p.grad.detach().double().flatten().numpy() for p in model.parameters()]))
+                grabber.grads.append({n: p.grad.detach().double().numpy()
+                                      for n, p in model.named_parameters()})
 
         self.grads, self.callback = [], CB()
 
@@ -96,11 +99,11 @@ def _trainer(world, **kw):
 
 
 # ------------------------------------------------------------------------------- scenarios
-def _plain(world, tmp):
+def _plain(world, tmp, dtype=torch.float32):
     from transformers import default_data_collator
 
     grab = _Grabber()
-    tr = _trainer(world, model=_model(), args=_args(f"{tmp}/plain{world}",
+    tr = _trainer(world, model=_model(dtype=dtype), args=_args(f"{tmp}/plain{world}{dtype}",
                                                    gradient_accumulation_steps=2,
                                                    per_device_eval_batch_size=2),
                   train_dataset=_rows(12, [61], 1), eval_dataset=_rows(4, [61], 2),
@@ -110,14 +113,14 @@ def _plain(world, tmp):
     return {"losses": _losses(tr), "grads": grab.grads, "eval_loss": ev["eval_loss"]}
 
 
-def _packed(world, tmp):
+def _packed(world, tmp, dtype=torch.float32):
     from transformers import DataCollatorWithFlattening
 
     grab = _Grabber()
     # activation checkpointing under SP: the backward recomputes the ring forward
-    args = _args(f"{tmp}/packed{world}", per_device_train_batch_size=3,
+    args = _args(f"{tmp}/packed{world}{dtype}", per_device_train_batch_size=3,
                  gradient_checkpointing=world > 1)
-    tr = _trainer(world, model=_model(), args=args,
+    tr = _trainer(world, model=_model(dtype=dtype), args=args,
                   train_dataset=_rows(12, [13, 29, 40, 7, 22], 3),
                   data_collator=DataCollatorWithFlattening(), callbacks=[grab.callback])
     tr.train()
@@ -173,7 +176,7 @@ def _errors(world, tmp):
     return out
 
 
-def _sft(world, tmp):
+def _sft(world, tmp, dtype=torch.float32):
     from trl import SFTConfig, SFTTrainer
 
     from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer
@@ -183,7 +186,8 @@ def _sft(world, tmp):
     rows = [{"input_ids": r["input_ids"]} for r in _rows(12, [21, 34, 9, 40], 6)]
     from datasets import Dataset
 
-    args = SFTConfig(output_dir=f"{tmp}/sft{world}", per_device_train_batch_size=3, max_steps=3,
+    args = SFTConfig(output_dir=f"{tmp}/sft{world}{dtype}", per_device_train_batch_size=3,
+                     max_steps=3,
                      learning_rate=0.2, optim="sgd", logging_steps=1, save_strategy="no", report_to="none",
                      use_cpu=True, seed=0, disable_tqdm=True, max_grad_norm=0.0,
                      padding_free=True, max_length=None, bf16=False)  # TRL's default is bf16
@@ -192,7 +196,7 @@ def _sft(world, tmp):
     grab = _Grabber()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tr = cls(model=_model(), args=args, train_dataset=Dataset.from_list(rows),
+        tr = cls(model=_model(dtype=dtype), args=args, train_dataset=Dataset.from_list(rows),
                  processing_class=tok, callbacks=[grab.callback], **kw)
         tr.train()
     return {"losses": _losses(tr), "grads": grab.grads}
@@ -287,8 +291,13 @@ def _worker(rank, world, tmp, with_trl):
         out["resume"] = _resume(world, tmp)
     else:
         out["collator"] = _collator()
+        # the same runs in float64: what both float32 runs approximate (conftest rule 2)
+        out["plain64"] = _plain(world, tmp, torch.float64)
+        out["packed64"] = _packed(world, tmp, torch.float64)
     if with_trl:
         out["sft"] = _sft(world, tmp)
+        if world == 1:
+            out["sft64"] = _sft(world, tmp, torch.float64)
     if rank > 0:  # rank 0's results are checked; the others must log the same losses
         out = {k: {"losses": v["losses"]} for k, v in out.items() if "losses" in v}
     return out
@@ -316,28 +325,44 @@ def runs(tmp_path_factory):
     return one, two[0]
 
 
-def _check_steps(one, two, what):
-    assert len(one["losses"]) == len(two["losses"]) == 3, (one["losses"], two["losses"])
-    # close: same data and weights; the ring and the shard-wise loss sum in another order
-    np.testing.assert_allclose(two["losses"], one["losses"], rtol=2e-6, atol=0,
-                               err_msg=f"{what}: losses per step, 2 processes vs 1")
-    assert len(one["grads"]) == len(two["grads"]) == 3
-    for step, (g1, g2) in enumerate(zip(one["grads"], two["grads"])):
-        bad = np.flatnonzero(~np.isclose(g2, g1, rtol=1e-4, atol=1e-6))
-        assert bad.size == 0, (f"{what}: step {step}: {bad.size} gradient entries differ, first "
-                               f"{bad[:5]}: {g2[bad[:5]]} vs {g1[bad[:5]]}")
+# Tokens in an optimizer step's loss, at most: what the loss and every gradient sum over
+PLAIN_TOKENS = 2 * 2 * 61  # 2 rows of 61 per micro-batch, 2 accumulated
+PACKED_TOKENS = 3 * 40  # 3 rows of at most 40
+SFT_TOKENS = 3 * 40  # likewise
+
+
+def _check_steps(one, two, exact, what, n):
+    """Close: same data and weights; the ring and the shard-wise loss add the same float32 terms
+    in another order, so the 2-process error against the float64 run is the 1-process run's
+    size (conftest rule 2), with a floor of the ``n``-token sum in another order (rule 1)."""
+    assert len(one["losses"]) == len(two["losses"]) == len(exact["losses"]) == 3
+    for step in range(3):
+        at = f"{what}: step {step}"
+        assert_error_within("loss", two["losses"][step], one["losses"][step],
+                            exact["losses"][step], what=at,
+                            floor=reorder_tol(n) * abs(exact["losses"][step]))
+    assert len(one["grads"]) == len(two["grads"]) == len(exact["grads"]) == 3
+    for step, (g1, g2, g64) in enumerate(zip(one["grads"], two["grads"], exact["grads"])):
+        for name, w in g64.items():
+            assert_error_within(f"grad of {name}", g2[name], g1[name], w,
+                                what=f"{what}: step {step}",
+                                floor=reorder_tol(n) * float(np.abs(w).max()))
     assert one["losses"][0] != one["losses"][-1]  # it trained
 
 
 def test_sp2_trainer_equals_one_process(runs):
     one, two = runs
-    _check_steps(one["plain"], two["plain"], "gradient accumulation 2, padded odd length")
-    assert two["plain"]["eval_loss"] == pytest.approx(one["plain"]["eval_loss"], rel=2e-6)
+    _check_steps(one["plain"], two["plain"], one["plain64"], "gradient accumulation 2, padded odd "
+                 "length", PLAIN_TOKENS)
+    assert_error_within("eval_loss", two["plain"]["eval_loss"], one["plain"]["eval_loss"],
+                        one["plain64"]["eval_loss"],
+                        floor=reorder_tol(4 * 61) * abs(one["plain64"]["eval_loss"]))
 
 
 def test_sp2_trainer_packed_rows(runs):
     one, two = runs
-    _check_steps(one["packed"], two["packed"], "DataCollatorWithFlattening")
+    _check_steps(one["packed"], two["packed"], one["packed64"], "DataCollatorWithFlattening",
+                 PACKED_TOKENS)
 
 
 def test_sp2_trainer_checkpoint_resume(runs):
@@ -352,7 +377,8 @@ def test_sp2_trainer_checkpoint_resume(runs):
 
 def test_sp_trainer_errors(runs):
     errors = {**runs[0]["errors"], **runs[1]["errors"]}
-    expect = {"sp2_of_1": "sp_size must divide the world size 1, got 2","sp3": "sp_size must divide the world size 2, got 3",
+    assert errors["sp2_of_1"] is None  # one process: the plain Trainer (docs/trainer.md)
+    expect = {"sp3": "sp_size must divide the world size 2, got 3",
               "sdpa": "needs a model loaded with attn_implementation='hilbert_dilated', got 'sdpa'",
               "smoothing": "label_smoothing_factor",
               "tokens": "average_tokens_across_devices=True",
@@ -365,7 +391,15 @@ def test_sp_trainer_errors(runs):
 def test_example_finetune_trainer(runs):
     one, two = runs
     assert len(one["example"]["losses"]) == 3
-    np.testing.assert_allclose(two["example"]["losses"], one["example"]["losses"], rtol=2e-6)
+    # the first step: same weights, the same 63 tokens through rows of at most 64 keys and 64
+    # features, summed in another order (conftest.model_tol). Later steps follow AdamW at lr 0.1,
+    # which moves a weight whose float32 gradient is within rounding of 0 by up to lr in one run
+    # and not the other: not bounded by the arithmetic, so they are only checked to be logged
+    # (the SGD runs above compare every step).
+    first_one, first_two = one["example"]["losses"][0], two["example"]["losses"][0]
+    assert abs(first_two - first_one) <= model_tol(63, 64, 64) * abs(first_one), (
+        two["example"]["losses"], one["example"]["losses"])
+    assert len(two["example"]["losses"]) == 3 and all(map(math.isfinite, two["example"]["losses"]))
     for res in (one["example"], two["example"]):
         assert res["pattern"] == [16, 32, 64] and res["tokenizer"], res
 
@@ -379,4 +413,5 @@ def test_sp_collator_pre_shifted_labels(runs):
 @pytest.mark.skipif(not _has_trl(), reason="TRL is not installed")
 def test_sp2_sft_trainer_equals_one_process(runs):
     one, two = runs
-    _check_steps(one["sft"], two["sft"], "SFTTrainer, padding-free")
+    _check_steps(one["sft"], two["sft"], one["sft64"], "SFTTrainer, padding-free",
+                 SFT_TOKENS)

@@ -25,6 +25,7 @@ from transformers import (
 )
 
 import hf_hilbert_attn
+from conftest import eps, model_tol
 from hf_hilbert_attn import DilatedPattern, configure
 from hf_hilbert_attn.integrations import transformers as integ
 
@@ -88,7 +89,13 @@ def loss_logits_grads(model, ids, **kw):
     return out.loss.detach(), out.logits.detach(), grads
 
 
-def assert_rel_close(actual, expected, rel=1e-5, what=""):
+# Two runs of one tiny model's function through other sums (our attention vs SDPA, packed vs
+# separate, cached decode vs full): <= 2 x 64 tokens, rows of <= 64 keys, 128 features
+# (conftest.model_tol), relative to the tensor's largest entry
+MODEL_REL = model_tol(2 * 64, 64, 128)
+
+
+def assert_rel_close(actual, expected, rel=MODEL_REL, what=""):
     # Relative to the tensor's scale: elementwise rtol is meaningless for entries near 0.
     scale = expected.abs().max().clamp_min(1e-12)
     err = (actual - expected).abs().max()
@@ -161,11 +168,15 @@ def test_autocast_mixed_precision_matches_sdpa():
     configure(model, DENSE)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = loss_logits_grads(model, ids)
-    # both in bf16: the difference is bf16 rounding of two summation orders
-    assert_rel_close(got[0], ref[0], rel=2e-2, what="loss")
-    assert_rel_close(got[1], ref[1], rel=5e-2, what="logits")
+    # both in bf16: the difference is bf16 rounding of two summation orders. Autocast rounds
+    # every matmul's inputs and output to bf16 (half an eps each): the loss, a mean of one-sign
+    # terms, keeps ~2.5 eps(bf16) of it; logits go through ~6 such roundings (2 layers of
+    # attention and MLP, the head), the gradients back through twice as many
+    bf16 = eps("bfloat16")
+    assert_rel_close(got[0], ref[0], rel=2.5 * bf16, what="loss")
+    assert_rel_close(got[1], ref[1], rel=6.5 * bf16, what="logits")
     for name in ref[2]:
-        assert_rel_close(got[2][name], ref[2][name], rel=0.1, what=f"grad {name}")
+        assert_rel_close(got[2][name], ref[2][name], rel=13 * bf16, what=f"grad {name}")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -226,7 +237,7 @@ def test_packed_sequences_equal_separate_documents(family):
     position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
     got = model(packed, position_ids=position_ids).logits[0]
     ref = torch.cat([model(d).logits[0] for d in docs])
-    assert_rel_close(got, ref, rel=1e-5, what="packed vs separate logits")
+    assert_rel_close(got, ref, what="packed vs separate logits")
     # The restarts matter: without them the documents would see each other.
     unpacked = model(packed).logits[0]
     assert (unpacked[lengths[0]:] - ref[lengths[0]:]).abs().max() > 1e-3
@@ -276,7 +287,7 @@ def test_cached_generate_matches_full_forward(family, options, cache):
     full_mask = torch.cat([mask, torch.ones(3, new, dtype=mask.dtype)], dim=1)
     full = model(seq, attention_mask=full_mask, position_ids=generate_position_ids(full_mask)).logits
     for t, step_logits in enumerate(out.logits):
-        assert_rel_close(step_logits, full[:, prompt_len + t - 1], rel=1e-5, what=f"step {t}")
+        assert_rel_close(step_logits, full[:, prompt_len + t - 1], what=f"step {t}")
     # The pattern matters here (so wrong key positions could not pass unnoticed).
     dense = copy.deepcopy(model)
     configure(dense, DENSE)
@@ -532,7 +543,7 @@ def test_bad_patterns_raise():
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="dilation_rates must contain a 1"):
         configure(model, {"segment_lengths": [8, 16], "dilation_rates": [2, 4]})
-    with pytest.raises(TypeError, match="pattern must be a DilatedPattern, a dict, a YAML path or None"):
+    with pytest.raises(TypeError, match="pattern must be a DilatedPattern, a dict, a YAML path"):
         configure(model, 42)
     with pytest.raises(FileNotFoundError, match="no_such.yaml"):
         configure(model, "no_such.yaml")
@@ -558,8 +569,10 @@ def test_gpu_cached_generate_matches_full_forward(cache):
     full = model(out.sequences, attention_mask=full_mask,
                  position_ids=generate_position_ids(full_mask)).logits
     for t, step_logits in enumerate(out.logits):
-        # Triton may use TF32 for float32 dots: looser than the CPU tests.
-        assert_rel_close(step_logits, full[:, prompt_len + t - 1], rel=1e-2, what=f"step {t}")
+        # Triton may use TF32 for float32 dots: a rounding of each input (eps(tf32)/2) per dot,
+        # through ~6 dots per logit (conftest.EPS)
+        assert_rel_close(step_logits, full[:, prompt_len + t - 1], rel=10 * eps("tf32"),
+                         what=f"step {t}")
     configure(model, DENSE)
     dense = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
                            pad_token_id=0, cache_implementation=cache)
@@ -591,6 +604,7 @@ def test_compiled_layer_is_two_graphs_around_the_position_call(monkeypatch):
     where = {f.name for b in explained.break_reasons for f in b.user_stack[-1:]}
     assert where == {"hilbert_dilated_attention_forward"}, where
     got = torch.compile(layer)(x, **kw)
-    torch.testing.assert_close(got[0] if isinstance(got, tuple) else got,
-                               want[0] if isinstance(want, tuple) else want)
+    # compiled around our op: the layer's other ops fused, so their sums in another order
+    assert_rel_close(got[0] if isinstance(got, tuple) else got,
+                     want[0] if isinstance(want, tuple) else want, what="compiled layer")
     torch._dynamo.reset()

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import DilatedPattern, dilated_attention, reference_attention
-from ..evaluation._args import InputError, report_input_errors
+from ..evaluation._args import InputError, report_input_errors, results_dir, show_progress
 from . import common as C
 from .baselines import (
     GATHER_LABEL,
@@ -397,7 +397,8 @@ def run_table(args, device, csv_path=None) -> List[dict]:
     shapes = [(pn, pat, S, hkv, D) for pn, pat in patterns for hkv in args.kv_heads
               for D in args.head_dims for S in args.seq_lens]
     rows = []
-    bar = tqdm(total=len(shapes) * len(args.impls), desc="bench_attention", file=sys.stderr)
+    bar = tqdm(total=len(shapes) * len(args.impls), desc="bench_attention", file=sys.stderr,
+               disable=not show_progress())
     for i, (pname, pat, S, hkv, D) in enumerate(shapes):
         if args.heads % hkv:
             raise InputError(f"--heads {args.heads} is not a multiple of --kv-heads {hkv}")
@@ -657,7 +658,7 @@ def parse_args(argv=None, prog: Optional[str] = None):
                    help="backend= of dilated_attention for our rows (torch: CPU smoke runs)")
     p.add_argument("--gather-kernel", choices=["auto", "flash", "math"], default="auto",
                    help="segment kernel of gather-sdpa (auto: fused flash op, self-checked)")
-    p.add_argument("--out-dir", default="outputs/bench_attention")
+    p.add_argument("--out-dir", default=results_dir("bench_attention"))
     p.add_argument("--tag", default="", help="suffix for the output file names")
     p.add_argument("--quick", action="store_true",
                    help="short timing budgets (and S=16K unless --seq-lens is given)")

@@ -51,15 +51,18 @@ def environment(device) -> Dict[str, str]:
 
 
 def parse_size(text: str) -> int:
-    """``"16K"`` → 16384, ``"1M"`` → 1048576, ``"3000"`` → 3000 (binary K/M/G).
+    """``"16K"`` → 16384, ``"1M"`` → 1048576, ``"3000"`` → 3000 (binary K/M/G): the commands'
+    one length parser, :func:`hf_hilbert_attn.evaluation._args.parse_length`.
 
     Raises:
         ValueError: for anything else, naming the text.
     """
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
-    if not m:
-        raise ValueError(f"not a size: {text!r}; expected e.g. 16384, 16K or 1M")
-    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    from ..evaluation._args import LengthError, parse_length
+
+    n = parse_length(text)
+    if n < 0:
+        raise LengthError(f"expected a length like 4096, 4K or 1M, got {text!r}")
+    return n
 
 
 def fmt_size(n: int) -> str:

@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..evaluation._args import results_dir
 from . import common as C
 
 SHAPES = ("9/3x64", "32/8x128")  # SmolLM2-135M's heads, and a 1B-style shape
@@ -62,7 +63,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                    help="torch.set_num_threads (default: as is)")
     p.add_argument("--model", action="store_true",
                    help="also a tiny Llama forward per length, hilbert_dilated vs sdpa")
-    p.add_argument("--out", default="outputs/bench_cpu", help="folder for the CSV and Markdown")
+    p.add_argument("--out", default=results_dir("bench_cpu"),
+                   help="folder for the CSV and Markdown (default %(default)s)")
     p.add_argument("--tag", default="", help="suffix for the output file names")
     p.add_argument("--seed", type=int, default=0)
     return p

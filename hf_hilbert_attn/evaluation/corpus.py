@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "builtin_corpus",
+    "corpus_files",
     "load_corpus",
     "build_char_tokenizer",
     "build_default_model",
@@ -79,6 +80,36 @@ def builtin_corpus(num_chars: int = 200_000, seed: int = 0) -> List[str]:
     return docs
 
 
+_SUFFIXES = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
+             ".parquet": "parquet"}
+
+
+def corpus_files(paths: Sequence[str]) -> List[str]:
+    """``paths`` with every directory replaced by its corpus files (``.txt``/``.text``/``.md``,
+    ``.json``/``.jsonl``, ``.parquet``; sorted by name; not recursive; other files skipped, as
+    the fine-tune's ``--data`` reads a directory).
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: a directory holds no corpus file.
+    """
+    files: List[str] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(str(f) for f in path.iterdir() if f.is_file()
+                           and f.suffix.lower() in _SUFFIXES)
+            if not found:
+                raise ValueError(f"corpus directory {p} holds no {'/'.join(_SUFFIXES)} file "
+                                 f"(subdirectories are not read)")
+            files.extend(found)
+        elif path.is_file():
+            files.append(str(p))
+        else:
+            raise FileNotFoundError(f"corpus file or directory not found: {p}")
+    return files
+
+
 def load_corpus(
     paths: Optional[Sequence[str]] = None,
     *,
@@ -88,7 +119,8 @@ def load_corpus(
     """Documents from local text / jsonl / parquet files, or the built-in corpus.
 
     Args:
-        paths: local files, all of one kind: ``.txt``/``.text``/``.md`` → each file is ONE
+        paths: local files or directories of them (:func:`corpus_files`), all of one kind:
+            ``.txt``/``.text``/``.md`` → each file is ONE
             document, read whole as UTF-8 with its newlines (a line per document, as
             ``datasets``' "text" builder reads by default, drops the newlines and puts an EOS
             between lines: SmolLM2-135M's perplexity on held-out Shakespeare at 1K context
@@ -103,16 +135,13 @@ def load_corpus(
 
     Raises:
         FileNotFoundError: a path does not exist.
-        ValueError: mixed or unknown file kinds, an empty file, a text file that is not UTF-8,
-            a missing text column, or no text at all.
+        ValueError: mixed or unknown file kinds, a directory without corpus files, an empty
+            file, a text file that is not UTF-8, a missing text column, or no text at all.
     """
     if not paths:
         return builtin_corpus(num_chars)
-    kinds = set()
-    for p in paths:
-        if not Path(p).is_file():
-            raise FileNotFoundError(f"corpus file not found: {p}")
-        kinds.add(_file_kind(p))
+    paths = corpus_files(paths)
+    kinds = {_file_kind(p) for p in paths}
     if len(kinds) != 1:
         raise ValueError(f"corpus files must all be of one kind, got {sorted(kinds)} for {list(paths)}")
     for p in paths:
@@ -147,12 +176,8 @@ def load_corpus(
 
 def _file_kind(path: str) -> str:
     suffix = Path(path).suffix.lower()
-    if suffix in (".txt", ".text", ".md"):
-        return "text"
-    if suffix in (".json", ".jsonl"):
-        return "json"
-    if suffix == ".parquet":
-        return "parquet"
+    if suffix in _SUFFIXES:
+        return _SUFFIXES[suffix]
     raise ValueError(
         f"unknown corpus file kind {suffix!r} for {path}; accepted: .txt/.text/.md, "
         f".json/.jsonl, .parquet"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -37,6 +37,7 @@ __all__ = [
     "teacher_forced_answer",
     "passkey_teacher_forced",
     "evaluate_passkey_teacher_forced",
+    "teacher_forced_predictions",
 ]
 
 # Short fixed parts, so that even a character-level tokenizer fits them into 128 tokens.
@@ -296,45 +297,94 @@ def passkey_teacher_forced(model, tokenizer, prompts: Sequence[PasskeyPrompt], *
     if any(p.input_ids.shape[1] != L for p in prompts):
         raise ValueError(f"teacher-forced passkey prompts must share one length, got "
                          f"{sorted({p.input_ids.shape[1] for p in prompts})}")
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     answers = [teacher_forced_answer(tokenizer, p.key) for p in prompts]
+    preds = teacher_forced_predictions(
+        model, [p.input_ids[0] for p in prompts], answers, pad_id=_pad_id(tokenizer),
+        max_batch_tokens=max_batch_tokens, prefill_chunk=prefill_chunk, progress=progress)
     out = []
-    longest = max(len(a) for a in answers)
-    step = resolve_prefill_chunk(model, L + longest, prefill_chunk)
-    per_batch = 1 if step else max(1, max_batch_tokens // (L + longest))
-    for start in range(0, len(prompts), per_batch):
-        batch, ans = prompts[start:start + per_batch], answers[start:start + per_batch]
-        n_max = max(len(a) for a in ans)
-        ids = torch.full((len(batch), L + n_max), pad if pad is not None else 0, dtype=torch.long)
-        for i, (p, a) in enumerate(zip(batch, ans)):
-            ids[i, :L] = p.input_ids[0]
-            ids[i, L:L + len(a)] = torch.tensor(a, dtype=torch.long)
-        keep = n_max + 1  # logits at positions L-1 .. L-1+n_max: predictions of a_1 .. a_n, t
-        if step:  # one prompt: chunks, each keeping the logits from position L-1 on
+    for p, a, (got, _) in zip(prompts, answers, preds):
+        n = len(a)
+        miss = next((j for j in range(n) if got[j] != a[j]), None)
+        if miss is None:
+            text = tokenizer.decode(list(a) + got[n:n + 1], skip_special_tokens=True)
+            correct = score_passkey(text, p.key)
+            shown = got[:n + 1]
+        else:
+            correct, shown = False, got[:miss + 1]
+        out.append(dict(key=p.key, depth=p.depth, length=L, correct=bool(correct),
+                        answer=tokenizer.decode(shown, skip_special_tokens=True)))
+    return out
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return pad if pad is not None else 0
+
+
+@torch.inference_mode()
+def teacher_forced_predictions(model, prompts: Sequence, answers: Sequence[Sequence[int]], *,
+                               pad_id: int = 0, max_batch_tokens: int = 65536,
+                               prefill_chunk="auto", log_probs: bool = False,
+                               progress=None) -> List[Tuple[List[int], Optional[List[float]]]]:
+    """The machinery of teacher-forced scoring: for each prompt ``p`` (token ids, any length)
+    followed by its answer ``a_1..a_n``, the argmax tokens after ``p + a_1..a_j`` for
+    ``j = 0..n`` (``n + 1`` tokens: the predictions of ``a_1..a_n`` and of the token after the
+    answer) and, with ``log_probs``, ``log P(a_j | p + a_<j)`` for ``j = 1..n`` (float32).
+
+    Prompts are sorted by length and batched, ``[B, T]`` with ``B * T <= max_batch_tokens``
+    (at least one per forward), right-padded with ``pad_id``: a causal model's logits at a
+    position never see later positions, so the padding changes nothing that is read. Only the
+    logits from the shortest prompt's last position on are kept (``logits_to_keep``). Prompts
+    longer than the resolved ``prefill_chunk`` (:func:`~.perplexity.resolve_prefill_chunk`) run
+    one at a time as a chunked prefill (same logits; memory bounded by the pattern).
+
+    Returns:
+        One ``(argmax ids, log-probs or None)`` per prompt, in the order given.
+    """
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    seqs = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+    if not seqs:
+        return []
+    device = next(model.parameters()).device
+    total = [len(s) + len(a) for s, a in zip(seqs, answers)]
+    step = resolve_prefill_chunk(model, max(total), prefill_chunk)
+    order = sorted(range(len(seqs)), key=lambda i: total[i])
+    out: List = [None] * len(seqs)
+    i = 0
+    while i < len(order):  # a batch: consecutive prompts (by length) within max_batch_tokens
+        j = i + 1
+        while not step and j < len(order) and (j + 1 - i) * total[order[j]] <= max_batch_tokens:
+            j += 1
+        idx = order[i:j]
+        T = max(total[k] for k in idx)
+        lo = min(len(seqs[k]) for k in idx) - 1  # first position whose logits are read
+        ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
+        for r, k in enumerate(idx):
+            ids[r, :total[k]] = torch.cat([seqs[k], torch.as_tensor(list(answers[k]),
+                                                                    dtype=torch.long)])
+        if step:  # one prompt: chunks, each keeping the logits from position lo on
             logits = torch.cat([lg for _, _, lg in prefill_chunks(
-                model, ids.to(device), chunk_tokens=step, logits_from=L - 1) if lg is not None], 1)
+                model, ids.to(device), chunk_tokens=step, logits_from=lo) if lg is not None], 1)
         else:
             try:
-                logits = model(input_ids=ids.to(device), logits_to_keep=keep,
+                logits = model(input_ids=ids.to(device), logits_to_keep=T - lo,
                                use_cache=False).logits
             except TypeError:  # a model without logits_to_keep
                 logits = model(input_ids=ids.to(device), use_cache=False).logits
-        pred = logits[:, -keep:].argmax(-1).cpu()  # [B, keep]; index j predicts answer token j+1
-        for i, (p, a) in enumerate(zip(batch, ans)):
-            n = len(a)
-            got = pred[i, :n + 1].tolist()
-            miss = next((j for j in range(n) if got[j] != a[j]), None)
-            if miss is None:
-                text = tokenizer.decode(list(a) + got[n:n + 1], skip_special_tokens=True)
-                correct = score_passkey(text, p.key)
-                shown = got[:n + 1]
-            else:
-                correct, shown = False, got[:miss + 1]
-            out.append(dict(key=p.key, depth=p.depth, length=L, correct=bool(correct),
-                            answer=tokenizer.decode(shown, skip_special_tokens=True)))
-            if progress is not None:
-                progress.update(1)
+        logits = logits[:, -(T - lo):]  # [B, T - lo, V]: column c predicts position lo + c + 1
+        pred = logits.argmax(-1).cpu()
+        for r, k in enumerate(idx):
+            c0, n = len(seqs[k]) - 1 - lo, len(answers[k])
+            lp = None
+            if log_probs and n:
+                rows = torch.log_softmax(logits[r, c0:c0 + n].float(), -1)
+                target = torch.as_tensor(list(answers[k]), device=rows.device)
+                lp = rows.gather(-1, target[:, None])[:, 0].tolist()
+            out[k] = (pred[r, c0:c0 + n + 1].tolist(), lp)
+        if progress is not None:
+            progress.update(len(idx))
+        i = j
     return out
 
 

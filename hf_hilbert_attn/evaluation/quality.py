@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from ..pattern import DilatedPattern
 from ._args import (InputError, check_device, check_eval_grid, depth, length_type, nonneg_int,
-                    positive_int)
+                    positive_int, results_dir, show_progress)
 from .corpus import tokenize_corpus
 from .measure import Meter
 from .passkey import check_prompt_fits, evaluate_passkey_teacher_forced
@@ -284,7 +284,7 @@ class QualityConfig:
     corpus: str = ""
     methods: object = str(DEFAULT_METHODS)  # a YAML path or a list of method dicts
     methods_filter: Sequence[str] = ()
-    out: str = "quality_results"
+    out: str = results_dir("quality")
     lengths: Sequence[int] = (1024, 2048, 4096, 8192)
     ppl_tokens: int = 65536
     passkey_lengths: Sequence[int] = (1024, 2048, 4096, 8192)
@@ -697,7 +697,7 @@ def run_quality_study(cfg: QualityConfig) -> Dict:
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one bar per model load would bury ours
     try:
-        with tqdm(total=total, desc="quality", unit="cell", disable=not cfg.progress,
+        with tqdm(total=total, desc="quality", unit="cell", disable=not show_progress(cfg.progress),
                   dynamic_ncols=True, mininterval=2.0) as bar:
             for m, stage, cells, ft in plan:
                 _run_block(m, stage, cells, ft, tokens, tokenizer, study, bar)
@@ -995,7 +995,7 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "default: the packaged quality_study.yaml")
     p.add_argument("--methods-filter", nargs="+", default=[], metavar="LABEL",
                    help="run only these labels (shell globs, e.g. 'seg*' sdpa)")
-    p.add_argument("--out", default="quality_results", help="output directory")
+    p.add_argument("--out", default=results_dir("quality"), help="output directory (default %(default)s)")
     p.add_argument("--lengths", nargs="+", type=_len, default=[1024, 2048, 4096, 8192],
                    help="perplexity context lengths (default 1k 2k 4k 8k; 16k 32k accepted)")
     p.add_argument("--ppl-tokens", type=positive_int, default=65536,

@@ -19,7 +19,8 @@ from ..pattern import DilatedPattern
 from . import report
 from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
 from ._args import (InputError, InputNotFound, check_device, check_eval_grid, depth,
-                    length_type, positive_int, report_input_errors)
+                    length_type, positive_int, quiet_libraries_if_redirected,
+                    report_input_errors, results_dir, show_progress)
 from .measure import Meter
 from .passkey import check_prompt_fits, evaluate_passkey, hf_generate_fn
 from .perplexity import count_windows, evaluate_perplexity
@@ -41,10 +42,11 @@ BUILTIN_PATTERNS = {
 def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
     """A pattern from a YAML path, a shipped config name, a built-in name or an inline spec.
 
-    Accepted, in this order: an existing ``.yaml`` file; a name of ``hf_hilbert_attn/patterns/NAME.yaml`` (e.g.
-    ``dense``, ``longnet_lm``, ``default``); a built-in name (``tiny``, ``dense``); inline
-    ``"W1,W2,...:R1,R2,..."`` (segment lengths : dilation rates, per_head, natural), optionally
-    followed by ``:sliding`` (window kind) and ``:sinks=K`` (sink tokens).
+    Accepted, in this order: a ``.yaml`` file; a shipped pattern name
+    (``hf_hilbert_attn.patterns.names()``: ``default``, ``dense``, ``longnet_lm``, ...); a
+    built-in name (``tiny``); an inline spec, parsed by
+    :func:`hf_hilbert_attn.patterns.parse_inline` (``"W1,W2,...:R1,R2,..."``: segment lengths :
+    dilation rates, optionally followed by ``:sliding`` and ``:sinks=K``).
 
     Returns:
         ``(label, pattern)``; the label names it in tables and plots.
@@ -88,30 +90,15 @@ def _resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
         return spec, patterns.load(spec)
     if spec in BUILTIN_PATTERNS:
         return spec, BUILTIN_PATTERNS[spec]
-    if ":" in spec:
+    if ":" in spec:  # the one inline parser: hf_hilbert_attn.patterns.parse_inline
+        pattern = patterns.parse_inline(spec)
         w_text, r_text, *options = spec.split(":")
-        try:
-            w = [int(x) for x in w_text.split(",") if x.strip()]
-            r = [int(x) for x in r_text.split(",") if x.strip()]
-            extra = {}
-            for opt in options:
-                if opt in ("sliding", "segment"):
-                    extra["window"] = opt
-                elif opt.startswith("sinks="):
-                    extra["sink_tokens"] = int(opt[len("sinks="):])
-                else:
-                    raise ValueError(opt)
-        except ValueError:
-            raise ValueError(
-                f"inline pattern {spec!r} must be 'W1,W2,...:R1,R2,...' with integers, optionally "
-                "followed by ':sliding' and ':sinks=K'"
-            ) from None
         label = "_".join([w_text + "_r" + r_text] + options).replace(",", "-").replace("=", "")
-        return label, DilatedPattern(w, r, **extra)
+        return label, pattern
     raise ValueError(
         f"unknown pattern {spec!r}: give a .yaml file, a shipped pattern name "
         f"{patterns.names()}, a built-in name {sorted(BUILTIN_PATTERNS)}, or an inline "
-        f"'W1,W2:R1,R2' spec"
+        f"{patterns.INLINE_FORM}"
     )
 
 
@@ -147,7 +134,7 @@ class EvalConfig:
     max_new_tokens: int = 8
     device: str = "auto"
     dtype: str = "auto"
-    out_dir: str = "eval_results"
+    out_dir: str = results_dir("eval")
     sp_size: int = 1
     seed: int = 0
     plots: bool = True
@@ -313,7 +300,7 @@ def run_eval(cfg: EvalConfig) -> Dict:
                              f"shorter --lengths")
     model_name = cfg.model or "builtin-tiny-llama"
     common = dict(model=model_name, device=str(device), dtype=str(dtype).replace("torch.", ""))
-    disable = not cfg.progress or rank != 0
+    disable = not show_progress(cfg.progress) or rank != 0
     results = _Results(Path(cfg.out_dir), _settings(cfg, methods, common), fresh=cfg.fresh,
                        writer=rank == 0)
     if topo is not None:  # every rank has read the old rows before rank 0 writes new ones
@@ -483,8 +470,8 @@ def _validate(cfg: EvalConfig) -> None:
         raise InputError(f"sp_size must be >= 1, got {cfg.sp_size}")
     check_device(cfg.device)
     for p in cfg.corpus:
-        if not Path(p).is_file():
-            raise InputNotFound(f"corpus file not found: {p}")
+        if not Path(p).exists():
+            raise InputNotFound(f"corpus file or directory not found: {p}")
     if cfg.model is not None and not Path(cfg.model).exists():
         raise InputNotFound(
             f"model path not found: {cfg.model} (give a local directory saved with "
@@ -499,11 +486,13 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None,
                    help="local model directory (save_pretrained); omit for the built-in tiny "
                         "random-initialised Llama with a character tokenizer (a CPU smoke run)")
+    from .. import patterns
+
     p.add_argument("--pattern", action="append", dest="patterns", default=None,
-                   help="pattern for hilbert_dilated, repeatable: a YAML file, a configs/ name "
-                        "(dense, default, longnet_lm, pow2), a built-in name (tiny, dense) or "
-                        "inline 'W1,W2:R1,R2'. Default: dense and tiny for the built-in model, "
-                        "default for a model path")
+                   help=f"pattern for hilbert_dilated, repeatable: a shipped name "
+                        f"({', '.join(patterns.names())}), a built-in name (tiny), a YAML file or "
+                        f"inline {patterns.INLINE_FORM}. Default: dense and tiny for the built-in "
+                        f"model, default for a model path")
     p.add_argument("--no-sdpa", action="store_true", help="do not evaluate the sdpa baseline")
     p.add_argument("--tasks", nargs="+", choices=("perplexity", "passkey"),
                    default=["perplexity", "passkey"])
@@ -515,8 +504,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--ppl-tokens", type=positive_int, default=None,
                    help="tokens of the corpus to score (default 4 × the longest length)")
     p.add_argument("--corpus", nargs="+", default=[],
-                   help="local .txt/.jsonl/.parquet files read with `datasets` (default: a "
-                        "built-in generated corpus)")
+                   help="local .txt/.jsonl/.parquet files, or directories of them (each "
+                        "file inside, not recursive), e.g. the heldout/ of fetch-corpus (default: "
+                        "a built-in generated corpus)")
     p.add_argument("--text-field", default="text", help="text column of jsonl/parquet files")
     p.add_argument("--passkey-lengths", nargs="+", type=_length_arg, default=None)
     p.add_argument("--depths", nargs="+", type=depth, default=[0.0, 0.5, 1.0],
@@ -525,9 +515,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=positive_int, default=8)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, …")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    p.add_argument("--out-dir", default="eval_results",
-                   help="where results.md/.csv and PNGs go; results.csv is written after every "
-                        "cell, and a rerun with the same settings resumes from it")
+    p.add_argument("--out-dir", default=results_dir("eval"),
+                   help="where results.md/.csv and PNGs go (default %(default)s); results.csv "
+                        "is written after every cell, and a rerun with the same settings "
+                        "resumes from it")
     p.add_argument("--fresh", action="store_true",
                    help="discard OUT_DIR/results.csv instead of resuming from it")
     p.add_argument("--sp-size", type=positive_int, default=1,
@@ -575,4 +566,5 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         prog=prog, description=__doc__.split("\n")[0]))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_libraries_if_redirected()
     return report_input_errors(lambda: run_from_args(args, parser), parser.prog)

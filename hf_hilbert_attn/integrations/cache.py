@@ -79,6 +79,9 @@ class PatternCacheLayer(DynamicLayer):
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
         self.cumulative_length += key_states.shape[-2]
+        if self.pattern.dense_kv_heads:  # a dense head attends every key: drop none
+            self.keys, self.values = keys, values
+            return keys, values
         sinks = self.pattern.sink_tokens
         start = _keep_from(self.pattern, self.cumulative_length, self.num_heads, self.align)
         cut = max(0, start - sinks) - self.dropped
@@ -133,7 +136,8 @@ class PatternCache(Cache):
             at most the longest segment, so the attention stays on the kernels' fast path).
 
     ``max_stored_tokens`` bounds the keys each layer stores between steps (a step adds its own
-    queries' keys while it runs). Works with ``generate(past_key_values=...)`` and
+    queries' keys while it runs), except in layers with dense key/value heads
+    (``set_dense_kv_heads``): those keep every key, as a ``DynamicCache`` does. Works with ``generate(past_key_values=...)`` and
     :func:`prefill`; rows must not be padded.
     """
 
@@ -147,18 +151,25 @@ class PatternCache(Cache):
             raise ValueError(f"PatternCache needs attn_implementation='hilbert_dilated' (this "
                              f"model runs {attn!r}, which would read the dropped keys' slots as "
                              f"positions): use a DynamicCache, or hf_hilbert_attn.configure(model)")
+        from .transformers import get_pattern
+
         if pattern is None:
             if config is None:
                 raise ValueError("PatternCache needs a model (or config) or a pattern")
-            from .transformers import get_pattern
-
             pattern = get_pattern(config)
         self.pattern = as_pattern(pattern)
         num_layers = num_layers or getattr(config, "num_hidden_layers", None)
         num_heads = num_heads or getattr(config, "num_attention_heads", None)
         make = functools.partial(PatternCacheLayer, self.pattern, num_heads, align)
-        if num_layers:
-            super().__init__(layers=[make() for _ in range(num_layers)])
+        per_layer = isinstance(getattr(config, "hilbert_attn", None), dict) and \
+            "layer_dense_kv_heads" in config.hilbert_attn and self.pattern == get_pattern(config)
+        if per_layer and not num_layers:
+            raise ValueError("PatternCache: this model gives its layers their own dense heads; "
+                             "pass num_layers (or a config with num_hidden_layers)")
+        if num_layers:  # each layer its own pattern where a calibration chose its dense heads
+            super().__init__(layers=[
+                PatternCacheLayer(get_pattern(config, i), num_heads, align) if per_layer else make()
+                for i in range(num_layers)])
         else:
             super().__init__(layer_class_to_replicate=make)
         probe = make()

@@ -134,19 +134,26 @@ class SequenceParallelCollator:
         return shard
 
 
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 class SequenceParallelMixin:
     """Sequence parallelism for a ``transformers.Trainer`` subclass (put it first in the bases).
 
     Extra keyword arguments:
         sp_size: ranks per sequence (default: every process; 1 turns the mixin off). The rest of
-            the world is data parallel: ``world = dp × sp_size``.
+            the world is data parallel: ``world = dp × sp_size``. In one process (no process
+            group, or a world of 1) any ``sp_size`` gives the plain Trainer, with a warning.
         sp_layout: how a sequence is cut over the group (default ``"auto"``, see
             :func:`hf_hilbert_attn.sharding.resolve_layout`).
 
     Raises (one-line ``ValueError``, the same on every rank):
-        ``sp_size`` does not divide the world size; the model's attention is not
-        ``hilbert_dilated``; Trainer's own context/sequence parallelism is configured;
-        ``average_tokens_across_devices=False``, ``label_smoothing_factor > 0``,
+        ``sp_size`` does not divide the world size (of two or more processes); the model's
+        attention is not ``hilbert_dilated``; Trainer's own context/sequence parallelism is
+        configured; ``average_tokens_across_devices=False``, ``label_smoothing_factor > 0``,
         ``compute_loss_func``, or a model whose forward takes no ``num_items_in_batch`` (the
         token-reduced loss needs Trainer's token count and the model's own loss).
     """
@@ -164,6 +171,13 @@ class SequenceParallelMixin:
                 "SequenceParallelTrainer shards sequences itself: remove cp_size/sp_size from "
                 "parallelism_config (Trainer's context parallelism patches SDPA only) and pass "
                 "sp_size= to the trainer")
+        if sp_size not in (None, 1) and _world_size() == 1:
+            # a script written for `torchrun --nproc_per_node N` run as one process: the plain
+            # Trainer (documented), said once rather than refused
+            logger.warning("sp_size=%s with one process: training as the plain Trainer (launch %s "
+                           "processes with torchrun or accelerate launch for sequence "
+                           "parallelism)", sp_size, sp_size)
+            sp_size = None
         topo = sequence_parallel_topology(None, sp_size)
         self.sp_topology: SPTopology = topo
         self.sp_layout = sp_layout

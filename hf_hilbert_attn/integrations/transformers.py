@@ -12,6 +12,9 @@ true positions and document ids (``inputs.model_positions``) and calls
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -31,7 +34,8 @@ from .cache import attend_pattern_cache, check_unpadded
 from .transformers_checks import check_call, check_config, check_mask_function
 
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedMaskInfo", "configure", "get_pattern",
-           "hilbert_dilated_attention_forward", "hilbert_dilated_mask", "register"]
+           "hilbert_dilated_attention_forward", "hilbert_dilated_mask", "register",
+           "set_dense_kv_heads"]
 
 ATTN_IMPLEMENTATION = "hilbert_dilated"
 
@@ -43,8 +47,11 @@ _NOTES = {
     "the default (patterns/default.yaml: dense up to 2048 tokens, then sliding dilated windows up "
     "to 64K and one sink token). Measured on a trained 135M model it stays within 2.3 % of dense "
     "perplexity up to 8K tokens, but exact retrieval of a detail more than 2048 tokens back "
-    "degrades (passkey 17/30 at 4K, 6/30 at 8K). Call hf_hilbert_attn.configure(model, pattern) to "
-    "choose one ('dense' for exact attention); docs/usage.md, 'Choosing a pattern'.",
+    "degrades (passkey 12/20 at 4K, 4/20 at 8K) unless some heads stay dense: `hf-hilbert-attn "
+    "calibrate MODEL_DIR` chooses them in about a second on a GPU (20/20 and 14/20 there). Call "
+    "hf_hilbert_attn.configure(model, pattern) to choose a pattern ('dense' for exact attention; "
+    "the shipped ones: hf_hilbert_attn.patterns.names(), each drawn by `hf-hilbert-attn "
+    "show-pattern NAME`).",
     "unused": "hf_hilbert_attn: this model's config has a 'hilbert_attn' pattern but the model runs "
     "sdpa (Transformers does not save the attention implementation; from_pretrained without "
     "attn_implementation picks sdpa): dense attention, not the pattern. Load it with "
@@ -53,12 +60,25 @@ _NOTES = {
 _NOTED = set()
 
 
+# A note names the user's line: the first caller outside these packages (a forward passes
+# through a dozen frames of torch and transformers; a fixed stacklevel lands in one of them).
+_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep
+                  for m in (torch, transformers, sys.modules[__name__.split(".")[0]]))
+
+
+def _user_stacklevel() -> int:
+    level, frame = 2, sys._getframe(2)  # 1: _note_once, 2: its caller
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _note_once(key: str) -> None:
     # Once per process, and not while torch.compile traces (the eager first call says it).
     if key in _NOTED or torch.compiler.is_compiling():
         return
     _NOTED.add(key)
-    warnings.warn(_NOTES[key], UserWarning, stacklevel=4)
+    warnings.warn(_NOTES[key], UserWarning, stacklevel=_user_stacklevel())
 
 
 def reset_notes() -> None:
@@ -66,19 +86,92 @@ def reset_notes() -> None:
     _NOTED.clear()
 
 
-def get_pattern(config) -> DilatedPattern:
-    """The pattern a model with this config uses: ``config.hilbert_attn``, else the default
-    (:data:`DEFAULT_PATTERN`, ``patterns/default.yaml``; said once, with its cost)."""
+# config.hilbert_attn's per-layer entry: one list of dense key/value heads per decoder layer
+# (a calibration's choice, DESIGN.md "Dense key/value heads"); beside the pattern's own fields.
+LAYER_DENSE = "layer_dense_kv_heads"
+
+
+def get_pattern(config, layer_idx: Optional[int] = None) -> DilatedPattern:
+    """The pattern a model with this config uses in layer ``layer_idx``: ``config.hilbert_attn``,
+    else the default (:data:`DEFAULT_PATTERN`, ``patterns/default.yaml``; said once, with its
+    cost). A per-layer list of dense key/value heads (:func:`set_dense_kv_heads`) replaces the
+    pattern's own ``dense_kv_heads`` in its layer (``layer_idx`` None: the shared pattern)."""
     raw = getattr(config, "hilbert_attn", None)
     if raw is not None and not isinstance(raw, (dict, DilatedPattern)):
         raise TypeError(f"config.hilbert_attn must be a dict (DilatedPattern.to_dict()), got "
                         f"{type(raw).__name__}: {raw!r}")
     if raw is None:
         _note_once("default")
-    return as_pattern(raw)
+    if not isinstance(raw, dict) or LAYER_DENSE not in raw:
+        return as_pattern(raw)
+    layers = raw[LAYER_DENSE]
+    base = as_pattern({k: v for k, v in raw.items() if k != LAYER_DENSE})
+    if layer_idx is None:
+        return base
+    if not isinstance(layers, (list, tuple)) or not 0 <= layer_idx < len(layers):
+        raise ValueError(f"config.hilbert_attn[{LAYER_DENSE!r}] must list the dense key/value "
+                         f"heads of every layer; layer {layer_idx} is missing (got {layers!r})")
+    return _with_dense(base, tuple(layers[layer_idx]))
 
 
-def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bool = True):
+@functools.lru_cache(maxsize=1024)
+def _with_dense(base: DilatedPattern, heads: tuple) -> DilatedPattern:
+    return base.replace(dense_kv_heads=list(heads))
+
+
+def _model_configs(model) -> list:
+    # The model's config and every sub-model's (composite models), each once.
+    if not hasattr(model, "config"):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    configs = {id(model.config): model.config}
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if isinstance(cfg, transformers.PretrainedConfig):
+            configs.setdefault(id(cfg), cfg)
+    return list(configs.values())
+
+
+def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
+    """Give each decoder layer of ``model`` its own dense key/value heads (a calibration's choice,
+    ``hf-hilbert-attn calibrate``), stored in ``config.hilbert_attn`` so ``save_pretrained`` /
+    ``from_pretrained`` keep it.
+
+    ``per_layer``: one list of key/value head indices per layer (``[]``: none), or a dict
+    ``{layer: [heads]}`` (other layers none), or None to remove the per-layer choice. The pattern
+    is the model's (:func:`get_pattern`; the default if it has none). Returns ``model``. Raises
+    ``ValueError`` naming a bad layer or head.
+    """
+    configs = _model_configs(model)
+    cfg = model.config
+    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None)
+    heads = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", None) \
+        or getattr(cfg, "n_head", None)
+    raw = getattr(cfg, "hilbert_attn", None)
+    base = get_pattern(cfg) if raw is not None else as_pattern(None)
+    d = base.to_dict()
+    if per_layer is not None:
+        if isinstance(per_layer, dict):
+            bad = [i for i in per_layer if not (isinstance(i, int) and 0 <= i < layers)]
+            if bad:
+                raise ValueError(f"layers {bad} do not exist: the model has {layers} (0..{layers - 1})")
+            per_layer = [list(per_layer.get(i, ())) for i in range(layers)]
+        per_layer = [sorted(int(j) for j in hs) for hs in per_layer]
+        if len(per_layer) != layers:
+            raise ValueError(f"per_layer must list the dense key/value heads of all {layers} "
+                             f"layers, got {len(per_layer)} entries")
+        for i, hs in enumerate(per_layer):
+            try:
+                base.replace(dense_kv_heads=hs).check_kv_heads(heads)
+            except ValueError as e:
+                raise ValueError(f"layer {i}: {e}") from None
+        d[LAYER_DENSE] = per_layer
+    for c in configs:
+        c.hilbert_attn = d
+    return model
+
+
+def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bool = True,
+              keep_dense_heads: bool = True):
     """Give ``model`` a dilated attention pattern, stored where ``save_pretrained`` keeps it.
 
     Writes ``pattern.to_dict()`` to ``model.config.hilbert_attn`` and to the config of every
@@ -87,21 +180,22 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     ``pattern``: a :class:`DilatedPattern`, its dict, a YAML path, a shipped name (``"longnet_lm"``;
     ``hf_hilbert_attn.patterns.names()``) or None (the default). ``set_attn_implementation``:
     also call ``model.set_attn_implementation("hilbert_dilated")``. Returns ``model`` (changed in
-    place). Raises ``ValueError`` for an invalid pattern or a config with sliding-window layers,
-    ``TypeError`` for a model without ``config``.
+    place). ``keep_dense_heads``: a calibration's per-layer dense heads already in the config
+    (:func:`set_dense_kv_heads`, ``hf-hilbert-attn calibrate``) stay with the new pattern — they
+    say which heads of this model retrieve, whatever the sparse pattern (docs/decisions.md,
+    "Shipped retrieval defaults"); False drops them. Raises ``ValueError`` for an invalid pattern
+    or a config with sliding-window layers, ``TypeError`` for a model without ``config``.
     """
     pattern = as_pattern(pattern)
-    if not hasattr(model, "config"):
-        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
-    configs = {id(model.config): model.config}
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if isinstance(cfg, transformers.PretrainedConfig):
-            configs.setdefault(id(cfg), cfg)
-    for cfg in configs.values():
+    configs = _model_configs(model)
+    for cfg in configs:
         check_config(cfg)
-    for cfg in configs.values():
+    old = getattr(model.config, "hilbert_attn", None)
+    layers = old.get(LAYER_DENSE) if keep_dense_heads and isinstance(old, dict) else None
+    for cfg in configs:
         cfg.hilbert_attn = pattern.to_dict()
+        if layers is not None:
+            cfg.hilbert_attn[LAYER_DENSE] = [list(h) for h in layers]
     if set_attn_implementation:
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -192,8 +286,9 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     """
     (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
     check_call(module, dropout, causal, b, sq, sk, attention_mask, DilatedMaskInfo, kwargs)
-    pattern = get_pattern(module.config)
+    pattern = get_pattern(module.config, getattr(module, "layer_idx", None))
     group = _ring.get_sequence_parallel_group()
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
         return attend_pattern_cache(query, key, value, pattern, attention_mask, causal,
@@ -224,6 +319,20 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
         k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _layer_sizes(info, config, sq: int, sk: int):
+    """The mask of this layer of a :class:`PatternCache` whose layers store different key counts.
+
+    Transformers describes one mask per forward, from the first layer's cache. With per-layer
+    dense heads (:func:`set_dense_kv_heads`) a PatternCache keeps every key in layers with dense
+    heads and drops old ones elsewhere; both store ``[sinks | tail]`` with the tail ending at
+    the newest query, so this layer's dropped count is ``q_offset + Sq - Sk``."""
+    if (isinstance(info, DilatedMaskInfo) and info.kv_length != sk and info.padding_mask is None
+            and isinstance(info.q_offset, int) and info.q_offset + sq >= sk
+            and LAYER_DENSE in (getattr(config, "hilbert_attn", None) or {})):
+        return DilatedMaskInfo(info.q_offset, info.q_length, sk, None, info.q_offset + sq - sk)
+    return info
 
 
 @torch.compiler.disable

@@ -24,6 +24,8 @@ from typing import Optional
 
 import torch
 
+from ..plan_cache import PlanCache
+
 MAX_SPREAD = 4  # position range / sequence length above which the mapped plan is refused
 W_CAP = 1 << 30  # positions are < 2**30; a longer segment behaves identically
 
@@ -94,16 +96,35 @@ def _period(pattern) -> int:
     return per
 
 
+# Plans by positions: every layer of a forward or decode step plans the same positions, and
+# planning explicit ones reads them on the host (min / max / arange tests: six device syncs and
+# the tables' kernels per call). Made once, reused while the tensors are unchanged (plan_cache);
+# at most 16 plans (mapped ones hold position -> storage tables on the device).
+_PLANS = PlanCache(8, per_key=2)
+
+
 def plan_positions(a, pattern=None) -> tuple:
     """Build the :class:`PositionPlan` for checked inputs ``a`` (``inputs.AttnInputs``).
 
     Natural (no table) when queries and keys each sit at consecutive positions (any start, the
     same in every row); else a position -> storage table. With ``pattern`` given, positions are
     taken relative to the largest multiple of its period at or below the smallest position.
+    Explicit positions and document ids are planned once per (positions, document ids, period)
+    and the plan reused while those tensors are unchanged (``plan_cache``); callers must not
+    modify a returned plan (``dataclasses.replace`` makes a changed copy).
 
     Returns:
         ``(plan, None)`` or ``(None, reason)`` when the kernels cannot take these positions.
     """
+    if a.natural_positions and a.q_doc_ids is None:
+        return _plan_positions(a, pattern)
+    key = ("positions", _period(pattern), a.natural_positions, a.sq, a.sk)
+    return _PLANS.get_or_make(key, (a.q_positions, a.k_positions, a.q_doc_ids, a.k_doc_ids),
+                              lambda: _plan_positions(a, pattern))
+
+
+def _plan_positions(a, pattern) -> tuple:
+    """:func:`plan_positions` without the memo."""
     qp, kp = a.q_positions, a.k_positions
     qdoc = None if a.q_doc_ids is None else a.q_doc_ids.to(torch.int32).contiguous()
     kdoc = None if a.k_doc_ids is None else a.k_doc_ids.to(torch.int32).contiguous()

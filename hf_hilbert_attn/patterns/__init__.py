@@ -2,7 +2,10 @@
 
 The YAML files beside this module are installed with the package (``pip install .``), so a
 name such as ``"longnet_lm"`` works from anywhere: ``configure(model, "longnet_lm")``, the
-CLI's ``--pattern longnet_lm``, ``show-pattern longnet_lm``. ``default.yaml`` is the pattern
+CLI's ``--pattern longnet_lm``, ``show-pattern longnet_lm``. A pattern can also be written
+inline (:data:`INLINE_FORM`, e.g. ``"256,1024:1,4:sliding:sinks=1"``); :func:`as_pattern` is the
+one parser of every form, for ``configure``, the CLI, the eval, the benchmarks and the
+fine-tune. ``default.yaml`` is the pattern
 of a model whose config has no ``hilbert_attn`` entry (why this one: ``docs/decisions.md``,
 "Quality on a trained model").
 """
@@ -16,7 +19,8 @@ from typing import List, Union
 
 from ..pattern import DilatedPattern
 
-__all__ = ["PATTERN_DIR", "DEFAULT_PATTERN", "names", "path", "load", "default", "as_pattern"]
+__all__ = ["PATTERN_DIR", "DEFAULT_PATTERN", "INLINE_FORM", "names", "path", "load", "default",
+           "parse_inline", "as_pattern"]
 
 PATTERN_DIR = Path(__file__).resolve().parent
 PatternLike = Union[DilatedPattern, dict, str, os.PathLike, None]
@@ -50,6 +54,45 @@ def default() -> DilatedPattern:
 DEFAULT_PATTERN = default().to_dict()
 
 
+# The inline form: segment lengths : dilation rates, then options (window kind, sink tokens).
+INLINE_FORM = "'W1,W2,...:R1,R2,...[:sliding|:segment][:sinks=K]'"
+
+
+def _ints(text: str, what: str, spec: str) -> List[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"inline pattern {spec!r}: {what} must be comma-separated integers, got "
+                         f"{text!r} (form {INLINE_FORM})") from None
+
+
+def parse_inline(spec: str) -> DilatedPattern:
+    """The pattern of an inline spec (:data:`INLINE_FORM`): ``"256,1024:1,4"`` is
+    ``DilatedPattern([256, 1024], [1, 4])``; ``:sliding`` / ``:segment`` set ``window``,
+    ``:sinks=K`` sets ``sink_tokens``; the other fields keep their defaults.
+
+    Raises:
+        ValueError: naming the spec and the part that is not of the form, or the pattern's own
+        validation error (e.g. a rate larger than its segment).
+    """
+    if ":" not in spec:
+        raise ValueError(f"inline pattern {spec!r} has no ':' between segment lengths and "
+                         f"dilation rates (form {INLINE_FORM})")
+    w_text, r_text, *options = spec.split(":")
+    w = _ints(w_text, "segment lengths", spec)
+    r = _ints(r_text, "dilation rates", spec)
+    extra: dict = {}
+    for opt in (o.strip() for o in options):
+        if opt in ("sliding", "segment"):
+            extra["window"] = opt
+        elif opt.startswith("sinks=") and opt[6:].strip().isdigit():
+            extra["sink_tokens"] = int(opt[6:])
+        else:
+            raise ValueError(f"inline pattern {spec!r}: option {opt!r} is not one of sliding, "
+                             f"segment, sinks=K (form {INLINE_FORM})")
+    return DilatedPattern(w, r, **extra)
+
+
 def _freeze(d: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()))
 
@@ -61,8 +104,9 @@ def _from_frozen(frozen: tuple) -> DilatedPattern:
 
 def as_pattern(pattern: PatternLike) -> DilatedPattern:
     """A :class:`DilatedPattern` from a pattern, its dict, a YAML path, a shipped name
-    (:func:`names`), or ``None`` (:func:`default`). Dicts are cached per distinct content, so
-    a per-layer call costs a dict walk.
+    (:func:`names`), an inline spec (:func:`parse_inline`, e.g. ``"256,1024:1,4:sinks=1"``), or
+    ``None`` (:func:`default`). Dicts are cached per distinct content, so a per-layer call costs
+    a dict walk.
 
     Raises:
         ValueError: an invalid pattern or an unknown name; FileNotFoundError: a missing
@@ -80,7 +124,9 @@ def as_pattern(pattern: PatternLike) -> DilatedPattern:
             return DilatedPattern.from_yaml(file)
         if isinstance(pattern, str) and pattern in names():
             return load(pattern)
-        raise ValueError(f"unknown pattern {str(pattern)!r}: give a YAML file or a shipped "
-                         f"pattern name {names()}")
-    raise TypeError(f"pattern must be a DilatedPattern, a dict, a YAML path or None (or a shipped "
-                    f"pattern name), got {type(pattern).__name__}")
+        if isinstance(pattern, str) and ":" in pattern:
+            return parse_inline(pattern)
+        raise ValueError(f"unknown pattern {str(pattern)!r}: give a YAML file, a shipped "
+                         f"pattern name {names()} or an inline {INLINE_FORM}")
+    raise TypeError(f"pattern must be a DilatedPattern, a dict, a YAML path, a shipped pattern "
+                    f"name, an inline spec or None, got {type(pattern).__name__}")

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from ..dense_heads import with_dense_heads
 from ..inputs import AttnInputs, check_inputs
 from ..numerics import accum_dtype, call_under_autocast, merge_partials
 from ..ops import (attention_forward_into, dilated_attention, dilated_attention_backward,
                    position_plan, with_documents)
 from ..pattern import DilatedPattern
-from .comm import GradExchange, KVExchange, agree, all_gather
+from .comm import GradExchange, KVExchange, agree, all_gather, weak_group
 from .plan import Piece, Pieces, PlanCache, RingPlan, plan_pieces, plan_ring
 
 __all__ = ["ring_attention", "local_attention", "cached_plan"]
@@ -41,7 +42,7 @@ class _Ctx:
     pattern: DilatedPattern
     causal: bool
     scale: float
-    group: object
+    group: Callable[[], object]  # weak_group(...): called for the group, None once destroyed
     plan: RingPlan
     q_pos: torch.Tensor  # [B, Sq] int64
     k_pos: torch.Tensor  # [B, Sk] int64
@@ -93,7 +94,7 @@ def _ring_forward(ctx: _Ctx, q, k, v):
     out = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
     merged = {}  # query run -> (out, lse) in acc of its rows (runs with several pieces)
-    xchg = KVExchange(k, v, ctx.plan, ctx.group)
+    xchg = KVExchange(k, v, ctx.plan, ctx.group())
     xchg.post(1)
     for j in range(ctx.plan.world):
         xchg.post(j + 1)  # next step's transfer runs while this step computes
@@ -139,9 +140,9 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     kv_dtype = k.dtype if direct_kv else acc
     dk = torch.zeros(k.shape, dtype=kv_dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=kv_dtype, device=v.device)
-    xchg = KVExchange(k, v, ctx.plan, ctx.group)
+    xchg = KVExchange(k, v, ctx.plan, ctx.group())
     xchg.post(1)
-    grads = GradExchange(dk, dv, ctx.plan, ctx.group, acc)
+    grads = GradExchange(dk, dv, ctx.plan, ctx.group(), acc)
     for j in range(ctx.plan.world):
         xchg.post(j + 1)
         blk = _block_inputs(ctx, xchg, j, k, v)
@@ -241,9 +242,9 @@ def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, 
         return done
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     plan = RingPlan(0, 1, a.hkv)
-    ctx = _Ctx(pattern, causal, a.scale, None, plan, a.q_positions, a.k_positions, a.q_doc_ids,
-               a.k_doc_ids, backend, plan_pieces(pattern, causal, plan, a.q_positions,
-                                                 a.k_positions))
+    ctx = _Ctx(pattern, causal, a.scale, weak_group(None), plan, a.q_positions, a.k_positions,
+               a.q_doc_ids, a.k_doc_ids, backend,
+               plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions))
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out
 
@@ -303,6 +304,8 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     done = call_under_autocast(ring_attention, q, k, v, pattern, **kw)
     if done is not None:
         return done
+    if pattern.dense_kv_heads:  # a sparse ring over every head and a dense one over those heads
+        return with_dense_heads(ring_attention, q, k, v, pattern, **kw)
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
     # Every layer of a model calls this with the same positions: reuse the plan when every rank
@@ -317,7 +320,9 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                          all_kd)
         entry = _PLANS.store(group, key, (qp, kp, kd), plan,
                              plan_pieces(pattern, causal, plan, qp, kp))
-    ctx = _Ctx(pattern, causal, a.scale, group, entry.plan, qp, kp, a.q_doc_ids, kd, backend,
-               entry.pieces)
+    # the autograd graph holds the group weakly: an output kept to the end of a script must not
+    # keep the process group alive past destroy_process_group() (comm.weak_group)
+    ctx = _Ctx(pattern, causal, a.scale, weak_group(group), entry.plan, qp, kp, a.q_doc_ids, kd,
+               backend, entry.pieces)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out

@@ -4,6 +4,8 @@
   attention runs its ring over.
 * :func:`agree` — one small ``all_gather`` of shapes / pattern / dtype, so ranks that disagree
   raise a ``ValueError`` on *every* rank instead of hanging in a mismatched send/recv.
+* :func:`weak_group` — what the ring keeps of its group past a call (the autograd graph of an
+  output must not keep the process group alive past ``destroy_process_group()``).
 * :class:`KVExchange` — step ``j``'s needed K and V entries to ``rank + j``, from ``rank - j``
   (``batch_isend_irecv``), double-buffered; :class:`GradExchange` — a received block's dK/dV
   back to the rank owning those keys.
@@ -18,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+import weakref
 import zlib
-from typing import List
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,7 +31,7 @@ from ..pattern import DilatedPattern
 from .plan import RingPlan, Step
 
 __all__ = ["sequence_parallel", "get_sequence_parallel_group", "agree", "all_gather",
-           "KVExchange", "GradExchange"]
+           "weak_group", "KVExchange", "GradExchange"]
 
 _ACTIVE_GROUP = []
 
@@ -113,6 +116,29 @@ def all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------- exchanges
+def weak_group(group) -> Callable[[], Optional[object]]:
+    """A weak reference to ``group`` (None: a callable returning None).
+
+    The ring's autograd context lives as long as the caller keeps an output (a script's result
+    held to the end). A strong reference there kept the process group, its gloo worker threads
+    and sockets alive past ``destroy_process_group()`` into interpreter teardown, where a gloo
+    job was seen to abort ("terminate called without an active exception", exit -6; issue 27).
+    The group's owner keeps it alive while it is in use.
+    """
+    return (lambda: None) if group is None else weakref.ref(group)
+
+
+def _live(group, plan: RingPlan):
+    """``group``, or a clear error where a multi-rank plan lost its group (destroyed between the
+    forward and the backward)."""
+    if group is None and plan.world > 1:
+        raise RuntimeError(
+            f"ring attention: the process group of this {plan.world}-rank ring was destroyed "
+            "before its exchange (a backward after destroy_process_group()?); run the "
+            "backward while the group exists")
+    return group
+
+
 def _post(sends, recvs, group):
     """Post point-to-point ops ``(tensor, group_peer, tag)``; returns the Work handles."""
     ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group, tag)
@@ -151,7 +177,7 @@ class KVExchange:
     """Double-buffered K/V exchange: ``post(j)`` starts step ``j``, ``block(j)`` waits for it."""
 
     def __init__(self, k, v, plan: RingPlan, group):
-        self.k, self.v, self.plan, self.group = k, v, plan, group
+        self.k, self.v, self.plan, self.group = k, v, plan, _live(group, plan)
         self.pending = {}
 
     def post(self, j: int):
@@ -188,7 +214,8 @@ class GradExchange:
     (from ``dst``), both in ``dtype``; at most two steps of buffers stay alive."""
 
     def __init__(self, dk: torch.Tensor, dv: torch.Tensor, plan: RingPlan, group, dtype):
-        self.dk, self.dv, self.plan, self.group, self.dtype = dk, dv, plan, group, dtype
+        self.dk, self.dv, self.plan, self.dtype = dk, dv, plan, dtype
+        self.group = _live(group, plan)
         self.pending = []  # (works, dk_in, dv_in, step, keep-alive)
 
     def step(self, j: int, gk_blk, gv_blk):

@@ -328,7 +328,9 @@ class CachedPlan:
 
 
 class PlanCache:
-    """The last plan per process group (held weakly: a destroyed group's plan goes with it).
+    """The last plans per process group (held weakly: a destroyed group's plans go with it), one
+    per key (pattern, heads, causal, device) — a layer with dense heads runs two rings, one
+    sparse and one dense, so two keys alternate — and at most ``PER_GROUP`` keys.
 
     Every layer of a model calls ring attention with the same positions, so the plan made for
     the first layer serves the others; a rank uses it only if every rank of the group still has
@@ -336,23 +338,31 @@ class PlanCache:
     take the same branch.
     """
 
+    PER_GROUP = 4
+
     def __init__(self):
         self._by_group = weakref.WeakKeyDictionary()
 
     def lookup(self, group, key: tuple, inputs) -> Optional[CachedPlan]:
         """The group's cached plan if it was made for ``key`` and equal ``inputs``, else None."""
-        entry = self._by_group.get(group)
+        entry = self._by_group.get(group, {}).get(key)
         return entry if entry is not None and entry.matches(key, inputs) else None
 
     def store(self, group, key: tuple, inputs, plan: RingPlan, pieces: Pieces) -> CachedPlan:
-        """Keep ``plan`` as the group's plan (copies of ``inputs``: callers may change theirs)."""
+        """Keep ``plan`` as the group's plan for ``key`` (copies of ``inputs``: callers may change
+        theirs)."""
         kept = tuple(None if t is None else t.clone() for t in inputs)
-        entry = self._by_group[group] = CachedPlan(key, kept, plan, pieces)
+        plans = self._by_group.setdefault(group, {})
+        plans.pop(key, None)
+        while len(plans) >= self.PER_GROUP:
+            plans.pop(next(iter(plans)))  # the oldest key
+        entry = plans[key] = CachedPlan(key, kept, plan, pieces)
         return entry
 
     def get(self, group) -> Optional[CachedPlan]:
         """The group's last plan, whatever it was made for (None if none)."""
-        return self._by_group.get(group)
+        plans = self._by_group.get(group)
+        return next(reversed(plans.values())) if plans else None
 
     def __len__(self) -> int:
         """Groups with a plan."""

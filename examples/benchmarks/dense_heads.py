@@ -1,0 +1,83 @@
+"""What dense key/value heads cost, side by side in one run (GPU).
+
+    python examples/benchmarks/dense_heads.py --seq 4096 16384 65536 --csv dense_heads.csv
+
+For each length, forward+backward (bf16, causal, B = 1) of:
+
+* ``sparse``  the pattern alone, every head;
+* ``hybrid``  the pattern with ``--dense`` of its key/value heads dense (the op runs the sparse
+  pattern over every head and plain attention over the dense heads' slice: dense_heads.py);
+* ``sdpa_slice``  SDPA (FlashAttention) causal on the dense heads' slice alone — the fastest
+  dense path for the same heads;
+* ``sdpa``  SDPA on every head (dense attention, the baseline a user compares with).
+
+``dense efficiency`` = ``sdpa_slice / (hybrid - sparse)``: how fast the dense heads run inside the
+op compared with the fastest dense path for those heads (1.0 = as fast).
+"""
+
+import argparse
+import csv
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from hf_hilbert_attn import dilated_attention
+from hf_hilbert_attn.patterns import as_pattern
+
+
+def _fwd_bwd(fn, q, k, v):
+    def run():
+        out = fn(q, k, v)
+        out.backward(torch.ones_like(out))
+    return triton.testing.do_bench(run, warmup=20, rep=200, return_mode="median",
+                                   grad_to_none=[q, k, v])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seq", type=int, nargs="+", default=[4096, 16384, 65536])
+    ap.add_argument("--hq", type=int, default=32)
+    ap.add_argument("--hkv", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--pattern", default="default")
+    ap.add_argument("--dense", type=int, nargs="+", default=[0, 5], help="dense kv heads")
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args(argv)
+    sparse = as_pattern(args.pattern)
+    hybrid = sparse.replace(dense_kv_heads=args.dense)
+    g = args.hq // args.hkv
+    qi = torch.tensor([j * g + i for j in sorted(args.dense) for i in range(g)], device="cuda")
+    ki = torch.tensor(sorted(args.dense), device="cuda")
+    rows = []
+    print(f"{torch.cuda.get_device_name()}  {args.pattern} + dense kv heads {args.dense} "
+          f"(Hq {args.hq}, Hkv {args.hkv}, D {args.dim}, bf16, fwd+bwd ms)")
+    print(f"{'S':>7} {'sparse':>8} {'hybrid':>8} {'sdpa_slice':>10} {'sdpa':>8} "
+          f"{'dense eff.':>10} {'hybrid/sdpa':>11}")
+    for s in args.seq:
+        mk = lambda h: torch.randn(1, h, s, args.dim, device="cuda", dtype=torch.bfloat16,  # noqa: E731
+                                   requires_grad=True)
+        q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
+        qs, ks, vs = (t.detach()[:, idx].clone().requires_grad_() for t, idx in
+                      ((q, qi), (k, ki), (v, ki)))
+        t_s = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, sparse), q, k, v)
+        t_h = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, hybrid), q, k, v)
+        sdpa = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True,  # noqa: E731
+                                                              enable_gqa=True)
+        t_d = _fwd_bwd(sdpa, qs, ks, vs)
+        t_f = _fwd_bwd(sdpa, q, k, v)
+        eff = t_d / max(t_h - t_s, 1e-9)
+        rows.append(dict(gpu=torch.cuda.get_device_name(), pattern=args.pattern,
+                         dense=" ".join(map(str, args.dense)), seq=s, hq=args.hq, hkv=args.hkv,
+                         dim=args.dim, sparse_ms=t_s, hybrid_ms=t_h, sdpa_slice_ms=t_d,
+                         sdpa_ms=t_f, dense_efficiency=eff, hybrid_over_sdpa=t_h / t_f))
+        print(f"{s:>7} {t_s:8.3f} {t_h:8.3f} {t_d:10.3f} {t_f:8.3f} {eff:10.2f} {t_h / t_f:11.2f}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

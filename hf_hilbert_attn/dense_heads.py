@@ -1,0 +1,59 @@
+"""Dense key/value heads (``DilatedPattern.dense_kv_heads``): the one place that splits them off.
+
+Query head ``h`` reads key/value head ``h // G`` (``G = Hq // Hkv``). The query heads of a dense
+key/value head attend every key: plain attention, which every engine already runs fastest as
+the one-config pattern ``[(2**30, 1)]`` (SDPA / FlashAttention where nothing else applies: see
+``ops.dilated_attention``). So a call with dense heads is two calls of an attention function
+that knows nothing of them:
+
+* the sparse pattern (``pattern.sparse_part``) over **all** heads — per_head dilation classes are
+  ``h % r`` of the absolute head index, so the sparse heads cannot be gathered into a smaller
+  call without renumbering them; the dense heads' share of that call is discarded;
+* the dense pattern over the dense heads' slice, whose result replaces theirs.
+
+Every pair of a dense head is in the dense call, so the union rule holds (a key counts once).
+Autograd routes each head's gradient to the call whose output it kept; the engines, the kernel
+planners and the ring planner never see dense heads.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .pattern import DilatedPattern
+
+# Plain attention for any position below 2**30 (the kernels' position limit).
+DENSE = DilatedPattern([1 << 30], [1])
+
+
+def _select(t: torch.Tensor, idx: torch.Tensor, heads: tuple) -> torch.Tensor:
+    # A run of consecutive heads is a view; anything else a gather (small next to attention).
+    if len(heads) == heads[-1] - heads[0] + 1:
+        return t.narrow(1, heads[0], len(heads))
+    return t.index_select(1, idx)
+
+
+def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     pattern: DilatedPattern, *, return_lse: bool = False, **kwargs):
+    """``attend(q, k, v, pattern, return_lse=..., **kwargs)`` for a pattern with dense heads, from
+    two calls of ``attend`` on patterns without them (module docstring).
+
+    ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``; ``attend`` returns ``out`` or ``(out, lse)`` with
+    heads in dimension 1 (``lse [B, Hq, Sq]``). Returns the same, for ``pattern``.
+    """
+    hq, hkv = q.shape[1], k.shape[1]
+    pattern.check_kv_heads(hkv)
+    g = hq // hkv
+    qh = tuple(j * g + i for j in pattern.dense_kv_heads for i in range(g))  # grouped by kv head
+    qi = torch.tensor(qh, dtype=torch.int64, device=q.device)
+    kvi = torch.tensor(pattern.dense_kv_heads, dtype=torch.int64, device=q.device)
+    dense = attend(_select(q, qi, qh), _select(k, kvi, pattern.dense_kv_heads),
+                   _select(v, kvi, pattern.dense_kv_heads), DENSE, return_lse=return_lse, **kwargs)
+    if len(pattern.dense_kv_heads) == hkv:
+        return dense
+    sparse = attend(q, k, v, pattern.sparse_part, return_lse=return_lse, **kwargs)
+    if not return_lse:
+        return sparse.index_copy(1, qi, dense)
+    return sparse[0].index_copy(1, qi, dense[0]), sparse[1].index_copy(1, qi, dense[1])

@@ -1,0 +1,115 @@
+"""A bounded memo for host work that depends on positions only (plans), shared by the PyTorch
+path (``chunked.py``) and the kernels' host planning (``kernels/_plan.py``).
+
+Every layer of a forward, and every layer of a decode step, calls attention with the same
+positions, so the plan made for the first layer serves the others (FlashInfer's ``plan()`` /
+``run()`` split). A plan is looked up by a key of plain values (pattern, shapes, flags) and
+the position / document-id tensors it was made from:
+
+* a CPU tensor of at most ``SMALL`` elements (decode positions are ``[1, 1]``) is keyed by
+  its content;
+* any other tensor by its shape, dtype and device, and on a hit checked against the tensor
+  the plan was made from: the same object with the same version counter (no copy, no device
+  sync), else equal content (one comparison with a copy kept by the entry). Inference tensors
+  keep no version counter, so they are always compared by content.
+
+A stale plan is never returned: a tensor changed in place has a new version and is compared
+by content. Nothing is cached while ``torch.compile`` traces or a ``torch.func`` transform
+runs (the tensors are fakes or wrappers, and a memo would put guards on every layer). A plan
+made in inference mode holds inference tensors, which autograd cannot save, so the mode is
+part of every key.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Callable, Optional, Sequence
+
+import torch
+
+__all__ = ["PlanCache", "caching_enabled"]
+
+SMALL = 64  # CPU tensors up to this many elements are keyed by their content
+
+
+def caching_enabled() -> bool:
+    """Whether plans may be memoised now (eager execution, no transform)."""
+    return not torch.compiler.is_compiling() and \
+        not torch._C._are_functorch_transforms_active()
+
+
+def _fingerprint(t: Optional[torch.Tensor]):
+    if t is None:
+        return None
+    content = tuple(t.reshape(-1).tolist()) if t.device.type == "cpu" and t.numel() <= SMALL \
+        else None
+    return (tuple(t.shape), t.dtype, t.device, content)
+
+
+class _Guard:
+    """What a cached plan was made from, for one tensor too large to key by content."""
+
+    __slots__ = ("ref", "version", "copy")
+
+    def __init__(self, t: torch.Tensor):
+        self.ref = weakref.ref(t)
+        self.version = None if t.is_inference() else t._version
+        self.copy = t.detach().clone()
+
+    def matches(self, t: torch.Tensor) -> bool:
+        if self.version is not None and self.ref() is t and t._version == self.version:
+            return True
+        if not torch.equal(self.copy, t):
+            return False
+        # the same content in another tensor (or after an in-place write that restored it):
+        # the next call with this tensor is an identity hit
+        self.ref, self.version = weakref.ref(t), None if t.is_inference() else t._version
+        return True
+
+
+def _guards(tensors: Sequence[Optional[torch.Tensor]], prints) -> tuple:
+    return tuple(None if t is None or p[3] is not None else _Guard(t)
+                 for t, p in zip(tensors, prints))
+
+
+class PlanCache:
+    """At most ``size`` keys, least recently used dropped first; per key at most ``per_key``
+    plans (tensors of one shape with different content)."""
+
+    def __init__(self, size: int, per_key: int = 4):
+        self.size, self.per_key = size, per_key
+        self._entries: "OrderedDict[tuple, list]" = OrderedDict()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._entries.values())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def get_or_make(self, key: tuple, tensors: Sequence[Optional[torch.Tensor]],
+                    make: Callable[[], object]):
+        """The plan for ``key`` and ``tensors`` (a sequence of tensors or None), made by
+        ``make()`` when none is cached (and then kept, unless caching is off now)."""
+        if not caching_enabled():
+            return make()
+        prints = tuple(_fingerprint(t) for t in tensors)
+        full = (key, torch.is_inference_mode_enabled(), prints)
+        bucket = self._entries.get(full)
+        if bucket is not None:
+            for n, (guards, plan) in enumerate(bucket):
+                if all(g is None or g.matches(t) for g, t in zip(guards, tensors)):
+                    self._entries.move_to_end(full)
+                    if n:
+                        bucket.insert(0, bucket.pop(n))
+                    return plan
+        plan = make()
+        if bucket is None:
+            bucket = self._entries[full] = []
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(full)
+        bucket.insert(0, (_guards(tensors, prints), plan))
+        del bucket[self.per_key:]
+        return plan

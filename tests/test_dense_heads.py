@@ -1,0 +1,283 @@
+"""Dense key/value heads (DESIGN.md §1): the rule, its counts, every engine against the reference,
+the per-layer model configuration, the bounded cache and the ring.
+
+float64 inputs on the PyTorch path are float64 end to end (the lse is returned as float32, as
+the op's contract says), so outputs and gradients agree with the float64 reference to rounding:
+1e-10 is ~1e6 ulps of headroom, far below any error a wrong pair would make (O(1e-2) and up).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import hf_hilbert_attn
+from hf_hilbert_attn import (DilatedPattern, PatternCache, configure, dilated_attention,
+                             reference_attention, set_dense_kv_heads)
+from hf_hilbert_attn.integrations.transformers import get_pattern
+
+from _dist import run_distributed
+from helpers import random_pattern
+from test_transformers import tiny_model, tokens
+
+ATOL = 1e-10
+
+
+def _dense_pattern(rng: random.Random, hkv: int, **kw) -> DilatedPattern:
+    base = random_pattern(rng, max_w=30, min_w=2, max_rate=5, window=None, sinks=None, **kw)
+    heads = rng.sample(range(hkv), rng.randint(1, hkv))
+    return base.replace(dense_kv_heads=heads)
+
+
+# ------------------------------------------------------------------------------ the rule
+def test_validation_and_serialisation(tmp_path):
+    for bad in ([-1], [0, 0], ["a"], 3, None, [1.5]):
+        with pytest.raises(ValueError, match="dense_kv_heads"):
+            DilatedPattern([8], [1], dense_kv_heads=bad)
+    p = DilatedPattern([8, 16], [1, 2], dense_kv_heads=[2, 0])
+    assert p.dense_kv_heads == (0, 2)
+    assert p == DilatedPattern([8, 16], [1, 2], dense_kv_heads=(0, 2))
+    assert p != p.sparse_part and p.sparse_part.dense_kv_heads == ()
+    assert DilatedPattern.from_yaml(tmp_path / "p.yaml") == p if p.to_yaml(tmp_path / "p.yaml") else 0
+    # a dict without the field (written before it existed) means no dense heads
+    assert "dense_kv_heads" not in p.sparse_part.to_dict()
+    assert DilatedPattern.from_dict(p.sparse_part.to_dict()).dense_kv_heads == ()
+    q = torch.randn(1, 4, 8, 16)
+    kv = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"key/value head\(s\) \[2\].*has 2"):
+        dilated_attention(q, kv, kv, p)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        p.count_pairs(16, 4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_count_pairs_and_mask_mod_match_the_mask(causal):
+    rng = random.Random(torch.initial_seed())
+    for _ in range(4):
+        hkv = rng.choice([1, 2, 3])
+        hq = hkv * rng.choice([1, 2])
+        p = _dense_pattern(rng, hkv)
+        s, q_len = rng.randint(5, 40), None
+        pos = torch.arange(s)
+        m = p.build_mask(hq, pos, pos, causal=causal, num_kv_heads=hkv)[0]  # [H, S, S]
+        assert p.count_pairs(s, hq, causal=causal, num_kv_heads=hkv) == m.sum((1, 2)).tolist()
+        q_len = rng.randint(1, s)
+        assert p.count_pairs(s, hq, causal=causal, q_len=q_len, num_kv_heads=hkv) == \
+            m[:, s - q_len:].sum((1, 2)).tolist()
+        dense = p.dense_query_heads(hq, hkv)
+        full = torch.ones(s, s, dtype=torch.bool).tril() if causal else torch.ones(s, s).bool()
+        assert all(torch.equal(m[h], full) for h in range(hq) if dense[h]), p
+        mm = p.mask_mod(causal, num_heads=hq, num_kv_heads=hkv)
+        h, qi, ki = torch.meshgrid(torch.arange(hq), pos, pos, indexing="ij")
+        assert torch.equal(mm(torch.zeros_like(h), h, qi, ki), m), p
+
+
+# ------------------------------------------------------------------------ engines vs reference
+def _inputs(b, hq, hkv, s, d, dtype=torch.float64, sq=None):
+    sq = sq or s
+    return [torch.randn(b, h, n, d, dtype=dtype).requires_grad_()
+            for h, n in ((hq, sq), (hkv, s), (hkv, s))]
+
+
+def _compare(p, q, k, v, tol, **kw):
+    out, lse = dilated_attention(q, k, v, p, return_lse=True, **kw)
+    kw.pop("backend", None)
+    ref, ref_lse = reference_attention(q, k, v, p, return_lse=True, dtype=torch.float64, **kw)
+    dout = torch.randn_like(ref)
+    got = torch.autograd.grad((out * dout).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * dout).sum(), (q, k, v))
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=0, msg=lambda m: f"out {p}\n{m}")
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    torch.testing.assert_close(lse[fin].double(), ref_lse[fin], atol=1e-5, rtol=1e-6)  # float32
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g.double(), w.double(), atol=tol, rtol=0,
+                                   msg=lambda m: f"{name} {p}\n{m}")
+
+
+def test_torch_path_matches_reference_gqa_docs_padding_positions():
+    rng = random.Random(torch.initial_seed())
+    for case in range(6):
+        hkv = rng.choice([1, 2, 3])
+        hq, b, s = hkv * rng.choice([1, 2, 3]), rng.choice([1, 2]), rng.choice([17, 33, 50])
+        p = _dense_pattern(rng, hkv)
+        q, k, v = _inputs(b, hq, hkv, s, 8)
+        kw = dict(causal=rng.random() < 0.7)
+        if case % 3 == 1:  # packed documents with restarting positions and a padded tail
+            cut = rng.randint(1, s - 2)
+            docs = torch.tensor([0] * cut + [1] * (s - cut - 1) + [-1])
+            pos = torch.cat([torch.arange(cut), torch.arange(s - cut)])
+            kw.update(q_positions=pos, k_positions=pos, q_doc_ids=docs.clamp_min(0), k_doc_ids=docs)
+        elif case % 3 == 2:  # any storage order (a Hilbert layout, a ring shard)
+            pos = torch.randperm(s)
+            kw.update(q_positions=pos, k_positions=pos)
+        _compare(p, q, k, v, ATOL, **kw)
+    # decode: the last queries of a longer key row
+    p = DilatedPattern([8, 16], [1, 4], sink_tokens=1, dense_kv_heads=[1])
+    q, k, v = _inputs(2, 4, 2, 40, 8, sq=3)
+    _compare(p, q, k, v, ATOL)
+
+
+def test_triton_interpreter_matches_reference():
+    # float32 through the kernels in the interpreter (exact arithmetic there, see test_kernels)
+    p = DilatedPattern([8, 16], [1, 2], window="sliding", sink_tokens=1, dense_kv_heads=[0])
+    q, k, v = _inputs(1, 4, 2, 37, 16, dtype=torch.float32)
+    _compare(p, q, k, v, 2e-5, backend="triton")
+
+
+def test_sdpa_serves_calls_the_pattern_makes_dense(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(k) or real(*a, **k))
+    p = DilatedPattern([64, 256], [1, 4], sink_tokens=1)
+    q, k, v = _inputs(2, 4, 2, 50, 8)
+    out = dilated_attention(q, k, v, p)  # 50 <= 64: every pair allowed
+    assert len(calls) == 1 and calls[0]["enable_gqa"] and calls[0]["is_causal"]
+    torch.testing.assert_close(out, reference_attention(q, k, v, p, dtype=torch.float64),
+                               atol=ATOL, rtol=0)
+    q1 = q[:, :, -1:].detach()
+    dilated_attention(q1, k, v, p)  # decode: one query, no mask needed
+    assert len(calls) == 2 and not calls[1]["is_causal"]
+    dilated_attention(q, k, v, p, backend="torch")  # an engine named: no shortcut
+    dilated_attention(q, k, v, p, return_lse=True)  # SDPA has no lse
+    dilated_attention(*_inputs(1, 4, 2, 80, 8), p)  # not dense at 80
+    assert len(calls) == 2
+    # dense heads of a sparse pattern take SDPA for their slice
+    dilated_attention(*_inputs(1, 4, 2, 80, 8), p.replace(dense_kv_heads=[1]))
+    assert len(calls) == 3 and calls[2]["enable_gqa"]
+
+
+def test_piece_level_entry_points_refuse_dense_heads():
+    from hf_hilbert_attn.ops import attention_forward_into
+
+    p = DilatedPattern([8], [1], dense_kv_heads=[0])
+    q, k, v = (t.detach() for t in _inputs(1, 2, 1, 8, 8))
+    with pytest.raises(ValueError, match="without dense_kv_heads"):
+        attention_forward_into(q, k, v, p, out=torch.empty_like(q), lse=q.new_empty(1, 2, 8))
+
+
+# ------------------------------------------------------------------------------- the model
+SMALL = DilatedPattern([8, 16], [1, 4], window="sliding", sink_tokens=1)
+
+
+def test_per_layer_dense_heads_reach_their_layers_and_round_trip(tmp_path, monkeypatch):
+    model = configure(tiny_model("llama"), SMALL)  # 2 layers, 4 query / 2 kv heads
+    ids = tokens(2, 45)
+    sparse = model(ids).logits
+    set_dense_kv_heads(model, [[1], []])
+    assert [get_pattern(model.config, i).dense_kv_heads for i in (0, 1)] == [(1,), ()]
+    seen = []
+    real = hf_hilbert_attn.integrations.transformers.dilated_attention
+    monkeypatch.setattr(hf_hilbert_attn.integrations.transformers, "dilated_attention",
+                        lambda *a, **k: seen.append(a[3].dense_kv_heads) or real(*a, **k))
+    hybrid = model(ids).logits
+    assert seen == [(1,), ()]
+    assert (hybrid - sparse).abs().max() > 1e-3
+    model.save_pretrained(tmp_path)
+    back = type(model).from_pretrained(tmp_path, attn_implementation="hilbert_dilated").eval()
+    assert back.config.hilbert_attn["layer_dense_kv_heads"] == [[1], []]
+    torch.testing.assert_close(back(ids).logits, hybrid, atol=1e-5, rtol=1e-5)
+    # every head dense in every layer is plain attention
+    set_dense_kv_heads(model, {0: [0, 1], 1: [0, 1]})
+    dense = model(ids).logits
+    model.set_attn_implementation("sdpa")
+    torch.testing.assert_close(dense, model(ids).logits, atol=1e-4, rtol=1e-4)
+    for bad, match in (([[0]], "all 2 layers"), ([[2], []], "layer 0.*head"),
+                       ({5: [0]}, "layers \\[5\\]")):
+        with pytest.raises(ValueError, match=match):
+            set_dense_kv_heads(model, bad)
+    # a new pattern keeps the calibration (which heads retrieve), unless told otherwise
+    configure(model, "dense")
+    assert model.config.hilbert_attn["layer_dense_kv_heads"] == [[0, 1], [0, 1]]
+    configure(model, SMALL, keep_dense_heads=False)
+    assert "layer_dense_kv_heads" not in model.config.hilbert_attn
+    set_dense_kv_heads(model, [[1], []])
+    set_dense_kv_heads(model, None)
+    assert "layer_dense_kv_heads" not in model.config.hilbert_attn
+
+
+def test_pattern_cache_keeps_dense_layers_whole_and_matches_full_forward():
+    model = configure(tiny_model("llama"), SMALL)
+    set_dense_kv_heads(model, [[0], []])
+    ids = tokens(1, 60)
+    full = model(ids).logits
+    cache = PatternCache(model)
+    out = model(ids[:, :40], past_key_values=cache, use_cache=True)
+    for t in range(40, 60):
+        out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        torch.testing.assert_close(out.logits[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
+    assert cache.stored_tokens(0) == 60  # the dense layer keeps every key
+    assert cache.stored_tokens(1) <= cache.max_stored_tokens < 60  # the other stays bounded
+
+
+# -------------------------------------------------------------------------------- the ring
+def _ring_case(rank, world, seed):
+    from hf_hilbert_attn.ring import ring_attention
+    from hf_hilbert_attn.sharding import shard_positions
+
+    g = torch.Generator().manual_seed(seed)
+    p = DilatedPattern([6, 20], [1, 3], window="sliding", sink_tokens=1, dense_kv_heads=[1])
+    b, hq, hkv, s, d = 1, 4, 2, 48, 8
+    q, k, v = (torch.randn(b, h, s, d, dtype=torch.float64, generator=g).requires_grad_()
+               for h in (hq, hkv, hkv))
+    dout = torch.randn(b, hq, s, d, dtype=torch.float64, generator=g)
+    ref = reference_attention(q, k, v, p, dtype=torch.float64)
+    want = torch.autograd.grad((ref * dout).sum(), (q, k, v))
+    idx = shard_positions(s, world, "zigzag", p)[rank]
+    ql, kl, vl = (t.detach()[:, :, idx].clone().requires_grad_() for t in (q, k, v))
+    out = ring_attention(ql, kl, vl, p, group=torch.distributed.group.WORLD, q_positions=idx,
+                         k_positions=idx)
+    out2 = ring_attention(ql, kl, vl, p, group=torch.distributed.group.WORLD, q_positions=idx,
+                          k_positions=idx)  # the next layer: both rings' plans are reused
+    torch.testing.assert_close(out, ref.detach()[:, :, idx], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out2, out, atol=0, rtol=0)
+    got = torch.autograd.grad((out * dout[:, :, idx]).sum(), (ql, kl, vl))
+    # dk/dv of this shard's keys: the reference's rows (queries of every rank contribute)
+    torch.testing.assert_close(got[0], want[0][:, :, idx], atol=ATOL, rtol=0)
+    return [gg.tolist() for gg in got[1:]], idx.tolist()
+
+
+@pytest.mark.multiprocess
+def test_ring_with_dense_heads_matches_reference():
+    seed = int(torch.initial_seed()) % (1 << 31)
+    res = run_distributed(_ring_case, 2, seed, timeout=240)
+    # each rank's dk/dv are its own keys' whole gradients (remote queries' shares sent back)
+    g = torch.Generator().manual_seed(seed)
+    p = DilatedPattern([6, 20], [1, 3], window="sliding", sink_tokens=1, dense_kv_heads=[1])
+    q, k, v = (torch.randn(1, h, 48, 8, dtype=torch.float64, generator=g).requires_grad_()
+               for h in (4, 2, 2))
+    dout = torch.randn(1, 4, 48, 8, dtype=torch.float64, generator=g)
+    want = torch.autograd.grad((reference_attention(q, k, v, p, dtype=torch.float64) * dout).sum(),
+                               (k, v))
+    for (dk, dv), idx in res:
+        torch.testing.assert_close(torch.tensor(dk, dtype=torch.float64), want[0][:, :, idx], atol=ATOL, rtol=0)
+        torch.testing.assert_close(torch.tensor(dv, dtype=torch.float64), want[1][:, :, idx], atol=ATOL, rtol=0)
+
+
+def test_a_covered_config_is_accepted_with_a_warning():
+    with pytest.warns(UserWarning, match=r"config 1 \(w=16, r=2\) is covered by config 0"):
+        DilatedPattern([32, 16], [1, 2])  # decreasing windows: the second adds nothing
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DilatedPattern([32, 16], [2, 1])  # here each config adds pairs
+        DilatedPattern([16, 32], [1, 2], window="sliding")
+
+
+def test_show_pattern_of_a_model_directory(tmp_path, capsys):
+    from hf_hilbert_attn.cli import main
+
+    model = configure(tiny_model("llama"), SMALL)
+    set_dense_kv_heads(model, [[1], []])
+    model.save_pretrained(tmp_path)
+    assert main(["show-pattern", str(tmp_path), "--length", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "dense key/value heads by layer (layer:[heads]): 0:[1]  (1 of 4)" in out
+    # layer 0: query heads 2 and 3 (kv head 1) dense; layer 1 none
+    full, per = 64 * 65 // 2, SMALL.count_pairs(64, 4)
+    want = (per[0] + per[1] + 2 * full + sum(per)) / (8 * full)
+    assert f"{want:.2%} of dense" in out

@@ -2,6 +2,7 @@
 that decode to their items and are right) and teacher-forced scoring (oracle and wrong models,
 per-item credit, batching that changes nothing)."""
 
+import csv
 import math
 import re
 from collections import Counter
@@ -222,3 +223,17 @@ def test_evaluate_summarize_and_report(char, words, tmp_path):
     pngs = plot_ruler(rows, tmp_path)
     assert [p.name for p in pngs] == ["ruler_tasks.png", "ruler_depths.png"]
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_eval_ruler_task_writes_csv_and_heat_maps(tmp_path):
+    # `hf-hilbert-attn eval --tasks ruler`: every task, per method, at the passkey lengths
+    from hf_hilbert_attn.cli import main
+    from hf_hilbert_attn.evaluation.ruler import TASKS
+
+    assert main(["eval", "--tasks", "ruler", "--lengths", "512", "--depths", "0.5", "--trials",
+                 "1", "--no-sdpa", "--pattern", "tiny", "--out-dir", str(tmp_path)]) == 0
+    rows = list(csv.DictReader((tmp_path / "ruler.csv").open()))
+    assert {r["method"] for r in rows} == {"hilbert_dilated:tiny"}
+    assert sorted({r["task"] for r in rows}) == sorted(TASKS)
+    assert {int(r["length"]) for r in rows} == {512}
+    assert (tmp_path / "ruler" / "hilbert_dilated_tiny" / "ruler_tasks.png").stat().st_size > 0

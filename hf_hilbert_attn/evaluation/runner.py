@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -309,13 +310,16 @@ def run_eval(cfg: EvalConfig) -> Dict:
         notes.append(f"resumed: {len(results.done)} cell(s) read from {results.csv}")
         logger.info("resuming in %s: %d finished cell(s) kept", cfg.out_dir, len(results.done))
 
+    ruler_rows: List[Dict] = []
     for method in methods:
         todo = [(t, L) for t in ("perplexity", "passkey") if t in cfg.tasks
                 for L in (cfg.lengths if t == "perplexity" else cfg.passkey_lengths)
                 if (method.label, t, L) not in results.done]
-        if not todo:
+        if not todo and "ruler" not in cfg.tasks:
             continue
         model = load_model(cfg, method, tokenizer, device, dtype)
+        if "ruler" in cfg.tasks and rank == 0:
+            _ruler(model, tokenizer, cfg, method, Path(cfg.out_dir), ruler_rows, disable)
         for task, L in todo:
             if task == "perplexity":
                 stride = cfg.stride or max(1, L // 2)
@@ -361,6 +365,17 @@ def run_eval(cfg: EvalConfig) -> Dict:
     out = report.write_eval_report(rows, cfg.out_dir, notes=notes, plots=cfg.plots,
                                    title=f"{model_name} on {device.type} ({common['dtype']})")
     out["files"]["settings"] = results.settings_path
+    if ruler_rows:
+        from .ruler import plot_ruler, write_ruler_csv
+
+        out["files"]["ruler"] = write_ruler_csv(ruler_rows, Path(cfg.out_dir) / "ruler.csv",
+                                                extra=("method",))
+        for label in dict.fromkeys(r["method"] for r in ruler_rows) if cfg.plots else ():
+            mine = [r for r in ruler_rows if r["method"] == label]  # heat maps per method
+            folder = Path(cfg.out_dir) / "ruler" / re.sub(r"[^\w.-]+", "_", label)
+            for path in plot_ruler(mine, folder,
+                                   title=f"{model_name}, {label}"):
+                out["files"][f"{path.stem}_{label}"] = path
     out["notes"] = notes
     out["rows"] = rows
     return out
@@ -453,8 +468,26 @@ def _sp_perplexity(model, tokens, L, stride, topo, pattern, bar):
     return PerplexityResult(L, stride, nll, scored_total, processed, windows)
 
 
+EVAL_TASKS = ("perplexity", "passkey", "ruler")
+
+
+def _ruler(model, tokenizer, cfg: EvalConfig, method, results_dir: Path, rows: List[Dict],
+           disable: bool) -> None:
+    """The RULER-style tasks of one method (``--tasks ruler``): one row per prompt into ``rows``
+    (written with the heat maps once every method ran)."""
+    from tqdm.auto import tqdm
+
+    from .ruler import TASKS, evaluate_ruler
+
+    n = len(TASKS) * len(cfg.passkey_lengths) * len(cfg.depths) * cfg.trials
+    with tqdm(total=n, desc=f"{method.label} ruler", disable=disable, leave=False) as bar:
+        res = evaluate_ruler(model, tokenizer, lengths=cfg.passkey_lengths, depths=cfg.depths,
+                             trials=cfg.trials, seed=cfg.seed, progress=bar)
+    rows += [dict(r, method=method.label) for r in res]
+
+
 def _validate(cfg: EvalConfig) -> None:
-    check_eval_grid(cfg.tasks, ("perplexity", "passkey"), cfg.lengths, cfg.passkey_lengths,
+    check_eval_grid(cfg.tasks, EVAL_TASKS, cfg.lengths, cfg.passkey_lengths,
                     cfg.depths, cfg.trials, error=InputError)
     if cfg.stride is not None and cfg.stride < 1:
         raise InputError(f"stride must be >= 1, got {cfg.stride}")
@@ -494,8 +527,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         f"inline {patterns.INLINE_FORM}. Default: dense and tiny for the built-in "
                         f"model, default for a model path")
     p.add_argument("--no-sdpa", action="store_true", help="do not evaluate the sdpa baseline")
-    p.add_argument("--tasks", nargs="+", choices=("perplexity", "passkey"),
-                   default=["perplexity", "passkey"])
+    p.add_argument("--tasks", nargs="+", choices=EVAL_TASKS, default=["perplexity", "passkey"],
+                   help="ruler: the RULER-style retrieval tasks (evaluation.ruler) at the passkey "
+                        "lengths and depths, teacher-forced; ruler.csv and heat maps")
     p.add_argument("--lengths", nargs="+", type=_length_arg, default=None,
                    help="context lengths for perplexity (and passkey unless --passkey-lengths); "
                         "default 128 256 512 (built-in) or 2k 4k 8k 16k")

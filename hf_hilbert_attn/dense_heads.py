@@ -18,6 +18,7 @@ planners and the ring planner never see dense heads.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -26,6 +27,15 @@ from .pattern import DilatedPattern
 
 # Plain attention for any position below 2**30 (the kernels' position limit).
 DENSE = DilatedPattern([1 << 30], [1])
+
+
+@functools.lru_cache(maxsize=64)
+def _head_index(dense_kv_heads: tuple, g: int, device: torch.device, inference: bool):
+    """The dense heads' query heads (grouped by key/value head) as a tuple and as an index, and
+    the key/value heads' index, made once per layout (no host-to-device copy per call)."""
+    qh = tuple(j * g + i for j in dense_kv_heads for i in range(g))
+    return (qh, torch.tensor(qh, dtype=torch.int64, device=device),
+            torch.tensor(dense_kv_heads, dtype=torch.int64, device=device))
 
 
 def _select(t: torch.Tensor, idx: torch.Tensor, heads: tuple) -> torch.Tensor:
@@ -45,10 +55,9 @@ def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torc
     """
     hq, hkv = q.shape[1], k.shape[1]
     pattern.check_kv_heads(hkv)
-    g = hq // hkv
-    qh = tuple(j * g + i for j in pattern.dense_kv_heads for i in range(g))  # grouped by kv head
-    qi = torch.tensor(qh, dtype=torch.int64, device=q.device)
-    kvi = torch.tensor(pattern.dense_kv_heads, dtype=torch.int64, device=q.device)
+    # inference tensors cannot be saved for autograd: one cache entry per mode
+    qh, qi, kvi = _head_index(pattern.dense_kv_heads, hq // hkv, q.device,
+                              torch.is_inference_mode_enabled())
     dense = attend(_select(q, qi, qh), _select(k, kvi, pattern.dense_kv_heads),
                    _select(v, kvi, pattern.dense_kv_heads), DENSE, return_lse=return_lse, **kwargs)
     if len(pattern.dense_kv_heads) == hkv:

@@ -281,3 +281,13 @@ def test_show_pattern_of_a_model_directory(tmp_path, capsys):
     full, per = 64 * 65 // 2, SMALL.count_pairs(64, 4)
     want = (per[0] + per[1] + 2 * full + sum(per)) / (8 * full)
     assert f"{want:.2%} of dense" in out
+
+
+def test_inference_mode_then_autograd():
+    # the head indices are cached per layout: one made under inference_mode must not reach a
+    # call that records autograd (inference tensors cannot be saved for backward)
+    p = DilatedPattern([8, 16], [1, 2], dense_kv_heads=[0])
+    q, k, v = _inputs(1, 4, 2, 40, 8)
+    with torch.inference_mode():
+        dilated_attention(q.detach(), k.detach(), v.detach(), p)
+    _compare(p, q, k, v, ATOL)

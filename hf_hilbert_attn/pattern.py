@@ -146,7 +146,8 @@ class DilatedPattern:
             raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
         dense = self.dense_kv_heads
         if isinstance(dense, (int, str)) or dense is None:
-            raise ValueError(f"dense_kv_heads must be a list of key/value head indices, got {dense!r}")
+            raise ValueError(f"dense_kv_heads must be a list of key/value head indices, "
+                             f"got {dense!r}")
         dense = _as_int_tuple("dense_kv_heads", dense) if len(tuple(dense)) else ()
         if any(j < 0 for j in dense):
             raise ValueError(f"dense_kv_heads must be >= 0, got {list(dense)}")

@@ -62,7 +62,8 @@ def test_padded_row_equals_row_alone_every_shipped_pattern(name, side):
     model = configure(tiny_model("llama"), scaled(name))
     ids, mask = tokens(3, LENGTH), _masks(side)
     for pos in (None, generate_position_ids(mask)):
-        _check(model, ids, mask, pos, f"{name}/{side}/position_ids={'given' if pos is not None else 'none'}")
+        given = "given" if pos is not None else "none"
+        _check(model, ids, mask, pos, f"{name}/{side}/position_ids={given}")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -137,8 +137,8 @@ class PatternCache(Cache):
 
     ``max_stored_tokens`` bounds the keys each layer stores between steps (a step adds its own
     queries' keys while it runs), except in layers with dense key/value heads
-    (``set_dense_kv_heads``): those keep every key, as a ``DynamicCache`` does. Works with ``generate(past_key_values=...)`` and
-    :func:`prefill`; rows must not be padded.
+    (``set_dense_kv_heads``): those keep every key, as a ``DynamicCache`` does. Works with
+    ``generate(past_key_values=...)`` and :func:`prefill`; rows must not be padded.
     """
 
     def __init__(self, model=None, *, pattern=None, num_layers: Optional[int] = None,

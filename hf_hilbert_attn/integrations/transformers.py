@@ -153,7 +153,8 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
         if isinstance(per_layer, dict):
             bad = [i for i in per_layer if not (isinstance(i, int) and 0 <= i < layers)]
             if bad:
-                raise ValueError(f"layers {bad} do not exist: the model has {layers} (0..{layers - 1})")
+                raise ValueError(f"layers {bad} do not exist: the model has {layers} "
+                                 f"(0..{layers - 1})")
             per_layer = [list(per_layer.get(i, ())) for i in range(layers)]
         per_layer = [sorted(int(j) for j in hs) for hs in per_layer]
         if len(per_layer) != layers:
@@ -166,7 +167,7 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
                 raise ValueError(f"layer {i}: {e}") from None
         d[LAYER_DENSE] = per_layer
     for c in configs:
-        c.hilbert_attn = d
+        c.hilbert_attn = dict(d)
     return model
 
 

@@ -464,6 +464,8 @@ def run_scaling(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> "Sin
             ok_r, err_r = agree(d, ring)
             peak = _peak_gib(d)
             ring_ms = timed_ms(d, ring, args.warmup, args.reps) if ok_r else None
+            if ok_r and args.profile:
+                profile_ring(args, d, ring, f"T{C.fmt_size(T)}_W{d.world}_{layout}")
             sent = {"fwd": 0, "bwd": 0}
             gathered = {"fwd": 0, "bwd": 0}
             if ok_r and d.world > 1:
@@ -501,6 +503,28 @@ def run_scaling(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> "Sin
             tensors.clear()
             C.free_memory(d.device)
     return rows
+
+
+def profile_ring(args, d: Dist, ring: Callable[[], object], tag: str) -> None:
+    """One more ring fwd+bwd under ``torch.profiler`` on every rank: the per-rank table of device
+    and host time by op (kernels, NCCL, copies), sorted by device time, written to
+    ``<out-dir>/profile_<tag>_rank<r>.txt``. Where a rank's step time goes: compute per kernel,
+    waits in NCCL, launches."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    sync(d)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if d.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        with record_function("ring_fwd_bwd"):
+            ring()
+        if d.device.type == "cuda":
+            torch.cuda.synchronize(d.device)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    key = "self_cuda_time_total" if d.device.type == "cuda" else "self_cpu_time_total"
+    text = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
+    (out / f"profile_{tag}_rank{d.rank}.txt").write_text(text)
+    sync(d)
 
 
 def _pct(num, den):
@@ -814,6 +838,8 @@ def parse_args(argv=None):
                    help="comma list (default 32K,128K)")
     g.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     g.add_argument("--reps", type=int, default=10, help="timed calls; the median is reported")
+    g.add_argument("--profile", action="store_true",
+                   help="also profile one ring fwd+bwd per rank (profile_*_rank<r>.txt)")
     g = p.add_argument_group("max-len")
     g.add_argument("--max-len-start", type=C.parse_size, default=C.parse_size("128K"),
                    help="first tokens per GPU (default 128K)")

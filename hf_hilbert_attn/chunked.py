@@ -14,6 +14,7 @@ from .inputs import document_ranges
 from .numerics import accum_dtype, finite_or_zero, merge_partials
 from .pattern import DilatedPattern
 from .plan_cache import PlanCache
+from .pruning import for_ranges
 
 __all__ = ["chunked_attention", "CHUNK_Q", "CHUNK_K"]
 
@@ -1274,6 +1275,9 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     if b == 0 or sq == 0 or k.shape[2] == 0:  # nothing to attend: empty / all -inf rows
         out = q.new_zeros(b, hq, sq, v.shape[-1]) + 0 * q.sum() + 0 * k.sum() + 0 * v.sum()
         return out, q.new_full((b, hq, sq), float("-inf"), dtype=accum_dtype(q.dtype))
+    if a.natural_positions:  # keys at 0..Sk-1, queries the last Sq of them
+        sk = k.shape[2]
+        pattern = for_ranges(pattern, sk - sq, sk - 1, 0, sk - 1, causal)
     plan = _fast_plan(pattern, a, causal, q)
     if plan is not None:
         return _FastAttention.apply(q, k, v, plan, a.scale)

@@ -14,6 +14,7 @@ from typing import Optional, Union
 import torch
 import triton
 
+from ..pruning import for_ranges
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
@@ -410,6 +411,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return out, lse
+    pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
 
     def build():
         prio, launch, sinks = _launches(pattern, plan, causal)
@@ -496,6 +498,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         _check_target(name, g, t.shape, t.dtype)
     if SQ == 0 or SK == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
     # lse and delta rows [B, Hq, Sq]: Triton specialises the kernels on whether their strides
     # divide by 16, so a length that is not a multiple of 16 reads padded rows (a small copy of
     # lse) and one compile serves every length

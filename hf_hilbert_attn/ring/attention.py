@@ -87,6 +87,40 @@ def _piece_args(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
                 plan=with_documents(_kernel_plan(ctx, pc, q, k, v, qp, kp), qd, kd))
 
 
+def _run_rows(run, pc: Piece):
+    """(rows of the run, the piece's rows within it, whether the piece covers the run)."""
+    lo, hi, _ = run
+    return hi - lo, slice(pc.qs - lo, pc.qe - lo), (pc.qs, pc.qe) == (lo, hi)
+
+
+def _merge_piece(merged: dict, run, pc: Piece, o_b, l_b) -> None:
+    """Merge a piece's ``(out, lse)`` (accumulation dtype) into its run's; a piece may cover
+    only some rows of the run (the others keep out = 0, lse = -inf until a piece reaches them)."""
+    n, rows, whole = _run_rows(run, pc)
+    if pc.run not in merged:
+        if whole:
+            merged[pc.run] = (o_b, l_b)
+            return
+        merged[pc.run] = (o_b.new_zeros(o_b.shape[:2] + (n, o_b.shape[-1])),
+                          l_b.new_full(l_b.shape[:2] + (n,), float("-inf")))
+    o, m = merged[pc.run]
+    if whole:
+        merged[pc.run] = merge_partials(o, m, o_b, l_b)
+    else:
+        o[:, :, rows], m[:, :, rows] = merge_partials(o[:, :, rows], m[:, :, rows], o_b, l_b)
+
+
+def _add_piece(sums: dict, run, pc: Piece, g, acc) -> None:
+    """Add a piece's dq rows into its run's sum (accumulation dtype ``acc``)."""
+    n, rows, whole = _run_rows(run, pc)
+    if pc.run not in sums:
+        sums[pc.run] = (g.to(acc) if whole
+                        else g.new_zeros(g.shape[:2] + (n, g.shape[-1]), dtype=acc))
+        if whole:
+            return
+    sums[pc.run][:, :, rows] += g
+
+
 def _ring_forward(ctx: _Ctx, q, k, v):
     """Merged ``(out [B, Hq, Sq, Dv] in q.dtype, lse [B, Hq, Sq])``, lse in float32 (float64
     for float64 inputs). Rows no piece reaches keep ``out = 0, lse = -inf``."""
@@ -113,9 +147,7 @@ def _ring_forward(ctx: _Ctx, q, k, v):
             o_b, l_b = attention_forward_into(
                 qb, kb_, vb_, out=qb.new_empty(qb.shape[:3] + (vb_.shape[-1],)),
                 lse=qb.new_empty(qb.shape[:3], dtype=acc), **args)
-            o_b = o_b.to(acc)
-            merged[pc.run] = (o_b, l_b) if pc.run not in merged else merge_partials(
-                *merged[pc.run], o_b, l_b)
+            _merge_piece(merged, ctx.pieces.qruns[pc.run], pc, o_b.to(acc), l_b)
     for run, (o, m) in merged.items():
         lo, hi, _ = ctx.pieces.qruns[run]
         out[:, :, lo:hi] = o.to(q.dtype)
@@ -166,10 +198,8 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
                     dk=dk[:, :, rk] if direct_k else None,
                     dv=dv[:, :, rk] if direct_k else None,
                     **_piece_args(ctx, pc, kpos, kdoc, qb, kb_, vb_))
-                if not direct_q and pc.run in dq_acc:
-                    dq_acc[pc.run] += gq.to(acc)
-                elif not direct_q:
-                    dq_acc[pc.run] = gq.to(acc)
+                if not direct_q:
+                    _add_piece(dq_acc, pieces.qruns[pc.run], pc, gq, acc)
                 if j > 0:
                     gk_blk[:, :, rk] += gk.to(acc)
                     gv_blk[:, :, rk] += gv.to(acc)

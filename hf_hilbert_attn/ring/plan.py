@@ -252,10 +252,29 @@ def interacts(pattern: DilatedPattern, causal: bool, q_rng: Tuple[int, int],
     return any(max(qa // w, ka // w) <= min(qb // w, kb // w) for w in pattern.segment_lengths)
 
 
+def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -> Tuple[int, int]:
+    """The positions ``[lo, hi]`` outside which no query has an allowed pair with a key in
+    ``k_rng`` (a superset: classes are ignored): within the longest window of a key (sliding),
+    in a segment holding a key (segments), anywhere after a sink; causal: not before the
+    first key."""
+    ka, kb = k_rng
+    big = 1 << 62
+    if ka < pattern.sink_tokens:
+        lo, hi = -big, big
+    elif pattern.sliding:
+        lo, hi = ka - pattern.max_segment + 1, kb + pattern.max_segment - 1
+    else:
+        lo = min(ka // w * w for w in pattern.segment_lengths)
+        hi = max((kb // w + 1) * w - 1 for w in pattern.segment_lengths)
+    return (max(lo, ka) if causal else lo), hi
+
+
 @dataclass(eq=False)
 class Piece:
     """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` against key rows
-    ``[ks, ke)`` of the step's block.
+    ``[ks, ke)`` of the step's block. The query rows are the part of run ``run`` whose
+    positions can reach the keys (a sliding window's reach into the previous shard: the first
+    ``w_max`` rows, not the whole shard).
 
     The kernels' position plan of the piece is made on its first call that goes to the kernels
     and kept here, with the cached ring plan, so later layers and the backward plan nothing
@@ -292,10 +311,21 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
     run whose positions its key range can reach.
     """
     qruns = run_ranges(q_pos)
+    consecutive = _runs(q_pos) is not None  # run rows hold positions first, first + 1, ...
 
     def reach(ks, ke, krng):
-        return [Piece(qs, qe, ks, ke, i) for i, (qs, qe, qrng) in enumerate(qruns)
-                if interacts(pattern, causal, qrng, krng)]
+        out = []
+        for i, (qs, qe, qrng) in enumerate(qruns):
+            if not interacts(pattern, causal, qrng, krng):
+                continue
+            if consecutive:  # only the rows whose positions can reach the keys
+                lo, hi = _query_span(pattern, causal, krng)
+                first = qrng[0]
+                qs, qe = max(qs, qs + lo - first), min(qe, qs + hi - first + 1)
+                if qs >= qe:
+                    continue
+            out.append(Piece(qs, qe, ks, ke, i))
+        return out
 
     steps = [[pc for ks, ke, krng in run_ranges(k_pos) for pc in reach(ks, ke, krng)]]
     for st in plan.steps:

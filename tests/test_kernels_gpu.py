@@ -237,6 +237,62 @@ def test_launchers_write_into_views():
         assert torch.equal(g[:, :, rows], r)
 
 
+@NATURAL
+def test_relaunch_without_binding_follows_alignment():
+    # A planned call launched again goes straight to the compiled kernels (kernels/_launch.py)
+    # while every tensor keeps its dtype and 16-byte alignment: fresh data of the same layout
+    # gives the right result, and lse rows at a storage offset that is not 16-byte aligned take
+    # the kernels compiled for that (not the aligned ones).
+    from hf_hilbert_attn.inputs import check_inputs
+    from hf_hilbert_attn.kernels import _launch, dilated_fwd, plan_positions
+
+    if not _launch.fast_launches_enabled():
+        pytest.skip("this Triton's JITFunction.run differs: every launch binds")
+    before = _launch.fast_launches
+    for _ in range(2):
+        _check(LONGNET_SMALL, s=1025)
+    assert _launch.fast_launches > before
+    s, n = 1025, 1200
+    q = torch.randn(1, 4, s, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 2, s, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, 2, s, 128, device="cuda", dtype=torch.bfloat16)
+    a = check_inputs(q, k, v, LONGNET_SMALL)
+    plan, _ = plan_positions(a, LONGNET_SMALL)
+    ref_o, ref_l = dilated_fwd(q, k, v, LONGNET_SMALL, a.scale, True, plan)
+    for start in (32, 33, 32, 33):  # lse rows at 128 and 132 bytes: aligned, then not
+        o = torch.full((1, 4, n, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+        l = torch.full((1, 4, n), float("nan"), device="cuda")
+        dilated_fwd(q, k, v, LONGNET_SMALL, a.scale, True, plan, out=o[:, :, start:start + s],
+                    lse=l[:, :, start:start + s])
+        assert torch.equal(o[:, :, start:start + s], ref_o)
+        assert torch.equal(l[:, :, start:start + s], ref_l)
+
+
+@NATURAL
+def test_captured_in_a_cuda_graph():
+    # Forward and backward replayed from CUDA graphs (what torch.compile's "reduce-overhead"
+    # mode and make_graphed_callables do): planning happens in the eager warm-up, the captured
+    # call only launches (no host sync), and a replay on new data equals the eager call.
+    def attend(q, k, v):
+        return dilated_attention(q, k, v, LONGNET_SMALL)
+
+    shapes = [(1, 4, 1025, 128), (1, 2, 1025, 128), (1, 2, 1025, 128)]
+    args = [torch.randn(sh, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for sh in shapes]
+    graphed = torch.cuda.make_graphed_callables(attend, tuple(args))
+    for _ in range(2):
+        x = [torch.randn(sh, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+             for sh in shapes]
+        dout = torch.randn(shapes[0], device="cuda", dtype=torch.bfloat16)
+        got = graphed(*x)
+        g_got = torch.autograd.grad(got, x, dout)
+        want = attend(*x)
+        g_want = torch.autograd.grad(want, x, dout)
+        assert torch.equal(got, want)
+        for a, b in zip(g_got, g_want):
+            assert torch.equal(a, b)
+
+
 def test_local_attention_and_autocast():
     # a zigzag-like shard through the ring's local pieces equals the op; under autocast the
     # mixed float32 q/k and bf16 v of a RoPE'd model run in bf16

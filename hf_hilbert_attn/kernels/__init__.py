@@ -20,6 +20,7 @@ from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
 from ._common import LOG2E as _LOG2E
 from ._fwd import _fwd_kernel
+from ._launch import launch
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
                     fwd_max_registers, plan_positions, union_keys)
 
@@ -117,7 +118,7 @@ def _run(launches, fresh: bool) -> None:
     if fresh:
         _compile_together(launches)
     for fn, grid, args, kwargs in launches:
-        fn[grid](*args, **kwargs)
+        launch(fn, grid, args, kwargs)
 
 
 def _earlier(npri: int) -> bool:

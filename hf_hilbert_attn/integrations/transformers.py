@@ -24,7 +24,6 @@ from transformers.masking_utils import AttentionMaskInterface
 from .. import ring as _ring
 from ..inputs import model_positions
 from ..ops import dilated_attention
-from ..pattern import DilatedPattern
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from .cache import attend_pattern_cache, check_unpadded
 from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern

@@ -259,3 +259,33 @@ def test_dynamo_comes_through_transformers_not_through_us(fresh_import):
             f for f in frames if "importlib" not in f)
     assert _importer(["<frozen importlib._bootstrap>", str(PACKAGE / "ring" / "attention.py"),
                       "/x/torch/compiler/__init__.py", "/x/probe"]).endswith("attention.py")
+
+
+@pytest.mark.parametrize("first_call", ["eager", "compiled"])
+def test_disable_lazily_is_an_opaque_call_under_compile(first_call):
+    # what replaced the ring's module-level @torch.compiler.disable: the same graph break, the
+    # wrapped function never traced, whether its first call is eager or under torch.compile
+    import torch
+
+    from hf_hilbert_attn.compiler import disable_lazily
+
+    compiling = []
+
+    @disable_lazily
+    def opaque(x):
+        compiling.append(torch.compiler.is_compiling())
+        return x * int(x.sum().item() > 0)  # data-dependent: would break a traced graph itself
+
+    def f(x):
+        return opaque(x + 1) * 2
+
+    torch._dynamo.reset()
+    x = torch.randn(5)
+    if first_call == "eager":
+        opaque(x)
+    assert torch.equal(torch.compile(f, backend="eager")(x), f(x))
+    explained = torch._dynamo.explain(f)(x)
+    reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert len(reasons) == 1 and "disable" in reasons[0], reasons
+    assert compiling and not any(compiling), compiling
+    torch._dynamo.reset()

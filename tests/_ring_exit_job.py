@@ -6,9 +6,10 @@ ring forward and backward on its zigzag shard, checks its rows against the singl
 keeps its output (and so the autograd graph) alive to the end, destroys the process group and
 exits.
 
-``python tests/_ring_exit_job.py --forked-runs N [job options]`` runs the same job N times, each
-as two ranks forked from this process after its imports (a rank costs a fork, not an interpreter
-and the imports), and each rank still exits as a script does, through interpreter teardown.
+``python tests/_ring_exit_job.py --forked-runs N [job options]`` runs the same job N times at
+once, each as two ranks forked from this process after its imports (a rank costs a fork, not an
+interpreter and the imports), and each rank still exits as a script does, through interpreter
+teardown.
 Exits 1 if any rank of any run exited non-zero (or died of a signal), saying which.
 
 Issue 27: this exited with -6 ("terminate called without an active exception") in about half
@@ -94,10 +95,9 @@ def _free_port() -> int:
 
 
 def forked_runs(runs: int, argv) -> int:
-    failed = []
+    ranks = {}  # (run, rank) -> pid; every run at once, each on a port of its own
     for run in range(runs):
         env = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        pids = []
         for rank in range(2):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -105,11 +105,12 @@ def forked_runs(runs: int, argv) -> int:
             if pid == 0:  # this rank leaves by SystemExit, up through the caller: a script's exit
                 os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
                 sys.exit(main(argv))
-            pids.append(pid)
-        for rank, pid in enumerate(pids):
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            if code:
-                failed.append(f"run {run} rank {rank}: exit {code}")
+            ranks[run, rank] = pid
+    failed = []
+    for (run, rank), pid in ranks.items():
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code:
+            failed.append(f"run {run} rank {rank}: exit {code}")
     print("\n".join(failed) or f"{runs} forked runs: every rank exited 0", file=sys.stderr)
     return 1 if failed else 0
 

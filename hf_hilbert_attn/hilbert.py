@@ -295,11 +295,13 @@ def storage_positions(seq_len: int, pattern: DilatedPattern, ordering: Optional[
 
 
 def storage_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[int] = None,
-                     device: Device = None) -> str:
-    """The layout ``pattern.ordering`` gives ``seq_len`` tokens: ``"natural"`` or ``"hilbert"``
-    (``"auto"`` through :func:`resolve_ordering`; a pattern of rate 1 only has nothing to
-    reorder)."""
-    ordering = pattern.ordering
+                     device: Device = None, ordering: Optional[str] = None) -> str:
+    """The layout ``ordering`` (default ``pattern.ordering``) gives ``seq_len`` tokens:
+    ``"natural"`` or ``"hilbert"`` (``"auto"`` through :func:`resolve_ordering`; a pattern of
+    rate 1 only has nothing to reorder)."""
+    ordering = pattern.ordering if ordering is None else ordering
+    if ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
     if ordering == "auto":
         ordering = resolve_ordering(pattern, seq_len, head_dim, device)
     return "natural" if pattern.max_rate == 1 else ordering

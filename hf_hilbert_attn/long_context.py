@@ -9,7 +9,8 @@ With gradient checkpointing, what a step keeps grows with the sequence ``S`` in 
 * the MLP of the layer being recomputed, about four ``[S, intermediate]`` tensors —
   :func:`tile_mlp` runs the MLP and its backward ``chunk_tokens`` rows at a time;
 * the logits, ``[S, vocab]`` — :func:`lm_loss`: Liger-Kernel's fused linear cross-entropy on
-  CUDA where it is installed, else :func:`hf_hilbert_attn.training.chunked_lm_loss`.
+  CUDA where it is installed, else :func:`hf_hilbert_attn.training.chunked_lm_loss` (both in
+  :mod:`hf_hilbert_attn.training`).
 
 Each option changes where and when values are computed, never what: loss and gradients equal
 the plain model's to float rounding (tests/test_long_context.py).
@@ -18,19 +19,18 @@ the plain model's to float rounding (tests/test_long_context.py).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from .training import chunked_lm_loss
+# The loss lives with the other training helpers (below this module); named here as well
+# because it is the third of the long-sequence memory options.
+from .training import LOSS_BACKENDS, liger_available, lm_loss
 
 __all__ = ["tile_mlp", "offload_checkpoints", "OffloadStats", "offload_stats", "lm_loss",
            "liger_available", "LOSS_BACKENDS"]
-
-LOSS_BACKENDS = ("auto", "liger", "chunked")
 
 
 def _decoder_layers(model, what: str):
@@ -377,47 +377,3 @@ def offload_stats(model) -> Optional[OffloadStats]:
         if off is not None:
             return off.stats
     return None
-
-
-# ------------------------------------------------------------------------------------ loss
-def liger_available() -> bool:
-    """Liger-Kernel (``pip install liger-kernel``) is importable."""
-    return importlib.util.find_spec("liger_kernel") is not None
-
-
-def _liger_loss(hidden, weight, labels, num_items=None):
-    from liger_kernel.transformers.fused_linear_cross_entropy import (
-        LigerFusedLinearCrossEntropyLoss,
-    )
-
-    h = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-    y = labels.reshape(-1)
-    n = (y != -100).sum().clamp(min=1) if num_items is None else num_items
-    # Sum, then divide, so a sequence-parallel shard can divide by the global count; the
-    # weight gradient accumulated in float32 as chunked_lm_loss's GEMMs do.
-    total = LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="sum",
-                                             accum_dtype=torch.float32)(weight, h, y)
-    return total.to(torch.promote_types(total.dtype, torch.float32)) / n
-
-
-def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 2048,
-            num_items=None, backend: str = "auto") -> torch.Tensor:
-    """Mean next-token cross-entropy from the final hidden states, never the whole logits.
-
-    ``backend``: ``"liger"`` — Liger-Kernel's fused linear cross-entropy (CUDA only; computes
-    the gradients chunk by chunk during the forward); ``"chunked"`` —
-    :func:`~hf_hilbert_attn.training.chunked_lm_loss` with ``chunk`` positions at a time;
-    ``"auto"`` — Liger where installed and ``hidden`` is on CUDA, else chunked. Arguments and
-    result as :func:`~hf_hilbert_attn.training.chunked_lm_loss` (a float32 scalar).
-    """
-    if backend not in LOSS_BACKENDS:
-        raise ValueError(f"loss backend must be one of {', '.join(LOSS_BACKENDS)}, got {backend!r}")
-    if backend == "liger":
-        if hidden.device.type != "cuda":
-            raise ValueError(f"loss backend 'liger' needs a CUDA device, got {hidden.device.type}")
-        if not liger_available():
-            raise ImportError("loss backend 'liger' needs Liger-Kernel: pip install liger-kernel")
-    if backend == "liger" or (backend == "auto" and hidden.device.type == "cuda"
-                              and liger_available()):
-        return _liger_loss(hidden, weight, labels, num_items)
-    return chunked_lm_loss(hidden, weight, labels, chunk, num_items=num_items)

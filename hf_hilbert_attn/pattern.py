@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import combinations
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Union
 
 import torch
+
+from . import counting
 
 QUERY_DILATION_MODES = ("per_head", "all")
 ORDERINGS = ("natural", "hilbert", "auto")
@@ -80,8 +80,10 @@ class DilatedPattern:
         dilation_rates: ``r_i`` for each config, ``1 <= r_i <= w_i``.
         query_dilation: ``"per_head"`` (head ``h`` uses class ``h % r_i``; LongNet) or ``"all"``
             (every query uses every config with its own class).
-        ordering: storage layout of tokens: ``"natural"``, ``"hilbert"`` or ``"auto"``. A layout
-            never changes the function computed.
+        ordering: storage layout of tokens: ``"natural"``, ``"hilbert"`` or ``"auto"``; the op
+            honours it for self-attention over ``0..S-1``. A layout, not part of the rule: it
+            never changes the function, so patterns differing only in it are equal (same hash,
+            same counts).
         sink_tokens: ``k >= 0``: keys at positions ``< k`` (of the query's own document) are
             allowed for every query and head (attention sinks; 0 = none).
         window: ``"segment"`` (fixed segments of ``w_i``, LongNet) or ``"sliding"`` (config
@@ -97,7 +99,7 @@ class DilatedPattern:
     segment_lengths: tuple
     dilation_rates: tuple
     query_dilation: str = "per_head"
-    ordering: str = "natural"
+    ordering: str = field(default="natural", compare=False)
     sink_tokens: int = 0
     window: str = "segment"
     dense_kv_heads: tuple = ()
@@ -164,8 +166,8 @@ class DilatedPattern:
         object.__setattr__(self, "dilation_rates", r)
         object.__setattr__(self, "sink_tokens", sink)
         object.__setattr__(self, "dense_kv_heads", dense)
-        object.__setattr__(self, "_key", (w, r, self.query_dilation, self.ordering, sink,
-                                          self.window, dense))
+        # the rule's identity (equality, hash): every field but the storage layout
+        object.__setattr__(self, "_key", (w, r, self.query_dilation, sink, self.window, dense))
 
     # ------------------------------------------------------------------ construction / IO
     @classmethod
@@ -265,7 +267,7 @@ class DilatedPattern:
     @property
     def sparse_part(self) -> "DilatedPattern":
         """The pattern without its dense heads (what the sparse engines compute)."""
-        return self if not self.dense_kv_heads else _without_dense(self)
+        return self if not self.dense_kv_heads else _without_dense(self, self.ordering)
 
     def check_kv_heads(self, num_kv_heads: int) -> None:
         """``ValueError`` unless every dense key/value head exists (``< num_kv_heads``)."""
@@ -516,39 +518,16 @@ class DilatedPattern:
         return mask_mod
 
     # ------------------------------------------------------------------ counting
-    def count_pairs(
-        self,
-        seq_len: int,
-        num_heads: int,
-        *,
-        causal: bool = True,
-        q_len: Optional[int] = None,
-        num_kv_heads: Optional[int] = None,
-    ) -> list:
+    def count_pairs(self, seq_len: int, num_heads: int, *, causal: bool = True,
+                    q_len: Optional[int] = None, num_kv_heads: Optional[int] = None) -> list:
         """Exact number of allowed (query, key) pairs per query head, without materialising S².
 
         Keys are positions ``0..seq_len-1``; queries are the last ``q_len`` positions (default:
-        all). Inclusion–exclusion over subsets of configs: a subset's intersection is "same
-        segment (sliding: inside every window) in every config, ``p ≡ s`` modulo the lcm of its
-        rates", whose per-query count is closed form; queries are grouped by their class vector
-        so every head is one lookup. Sinks: the ``min(k, ...)`` sink keys, plus the configs'
-        pairs counted on keys ``>= k`` only (each key once). A query head of a dense key/value
-        head (``num_kv_heads`` needed then) counts every (causal) pair.
+        all). A query head of a dense key/value head (``num_kv_heads`` needed then) counts every
+        (causal) pair. How: :mod:`hf_hilbert_attn.counting`.
         """
-        seq_len = int(seq_len)
-        if seq_len < 0:
-            raise ValueError(f"seq_len must be >= 0, got {seq_len}")
-        if num_heads < 1:
-            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
-        q_len = seq_len if q_len is None else int(q_len)
-        if not 0 <= q_len <= seq_len:
-            raise ValueError(f"q_len must be in [0, seq_len={seq_len}], got {q_len}")
-        dense = self.dense_query_heads(num_heads, num_kv_heads).tolist()
-        key = self._key[:3] + self._key[4:6]  # the rule without the layout and dense heads
-        sparse = _count_pairs_cached(key, seq_len, num_heads, causal, q_len)
-        first = seq_len - q_len  # dense: keys 0..p (causal) or all, for p in [first, seq_len)
-        full = (first + 1 + seq_len) * q_len // 2 if causal else q_len * seq_len
-        return [full if d else n for d, n in zip(dense, sparse)]
+        return counting.count_pairs(self, seq_len, num_heads, causal=causal, q_len=q_len,
+                                    num_kv_heads=num_kv_heads)
 
     def count_pairs_total(self, seq_len: int, num_heads: int, **kw) -> int:
         """Sum of :meth:`count_pairs` over the query heads (same arguments)."""
@@ -559,14 +538,13 @@ class DilatedPattern:
                         num_kv_heads: Optional[int] = None) -> float:
         """Useful FLOPs (allowed pairs only): 4·D per pair forward (QKᵀ and PV), 2.5× that for
         the backward (the FlashAttention-2 convention)."""
-        pairs = self.count_pairs_total(seq_len, num_heads, causal=causal,
-                                       num_kv_heads=num_kv_heads)
-        f = 4.0 * head_dim * pairs * batch
-        return f * 2.5 if backward else f
+        return counting.attention_flops(self, seq_len, num_heads, head_dim, causal=causal,
+                                        backward=backward, batch=batch, num_kv_heads=num_kv_heads)
 
 
 @lru_cache(maxsize=256)
-def _without_dense(pattern: "DilatedPattern") -> "DilatedPattern":
+def _without_dense(pattern: "DilatedPattern", ordering: str) -> "DilatedPattern":
+    # ordering in the key: equal patterns may carry different layouts, the result keeps its own
     return pattern.replace(dense_kv_heads=[])
 
 
@@ -590,83 +568,3 @@ def _as_2d(t) -> torch.Tensor:
     if t.dim() != 2:
         raise ValueError(f"positions / document ids must be [S] or [B, S], got shape {tuple(t.shape)}")
     return t
-
-
-@lru_cache(maxsize=256)
-def _count_pairs_cached(key, seq_len, num_heads, causal, q_len):
-    w_all, r_all, mode, sink, window = key
-    per_head = mode == "per_head"
-    sliding = window == "sliding"
-    k = len(w_all)
-    totals = [0] * num_heads
-    if seq_len == 0 or q_len == 0:
-        return tuple(totals)
-    chunk = 1 << 20
-    for start in range(seq_len - q_len, seq_len, chunk):
-        p = torch.arange(start, min(seq_len, start + chunk), dtype=torch.int64)
-        if sink:  # the sink keys [0, min(k, ..)); the configs count keys >= k below
-            n_sink = int((torch.clamp(p + 1, max=sink) if causal else
-                          torch.full_like(p, min(sink, seq_len))).sum())
-            for h in range(num_heads):
-                totals[h] += n_sink
-        for size in range(1, k + 1):
-            sign = 1 if size % 2 else -1
-            for subset in combinations(range(k), size):
-                ws = [w_all[j] for j in subset]
-                rs = [r_all[j] for j in subset]
-                m = math.lcm(*rs)
-                lo = torch.zeros_like(p)
-                hi = torch.full_like(p, seq_len - 1)
-                for w in ws:
-                    if sliding:
-                        s0, s1 = p - (w - 1), p + (w - 1)
-                    else:
-                        s0 = (p // w) * w
-                        s1 = s0 + w - 1
-                    lo = torch.maximum(lo, s0)
-                    hi = torch.minimum(hi, s1)
-                if causal:
-                    hi = torch.minimum(hi, p)
-                # keys s in [lo, hi] with s ≡ p (mod m); p itself lies in [lo, hi] (hi >= p).
-                # Above the sinks only: lo >= k (then p may lie below lo: count from lo up).
-                lo = torch.maximum(lo, torch.full_like(lo, sink)) if sink else lo
-                first = p - torch.div(p - lo, m, rounding_mode="floor") * m  # s ≡ p, >= lo
-                cnt = torch.where(hi >= first, torch.div(hi - first, m, rounding_mode="floor") + 1,
-                                  torch.zeros_like(p))
-                if not per_head:
-                    total = int(cnt.sum())
-                    for h in range(num_heads):
-                        totals[h] += sign * total
-                    continue
-                # per_head: the query must be in class h % r_j of every config j in the subset.
-                if sliding or all(w % r == 0 for w, r in zip(ws, rs)):
-                    # classes are p % r_j: the head's classes hold iff p ≡ h (mod m) (CRT; h is
-                    # a solution), so one bincount of p % m serves every head
-                    sums = torch.bincount(p % m, weights=cnt.to(torch.float64), minlength=m)
-                    sums = sums.round().to(torch.int64).tolist()
-                    for h in range(num_heads):
-                        totals[h] += sign * sums[h % m]
-                    continue
-                # rates not dividing their segments: group queries by their class vector, a
-                # mixed-radix code (or, when that table would be large, the distinct vectors)
-                radix = math.prod(rs)
-                if radix <= 1 << 16:
-                    code = torch.zeros_like(p)
-                    for w, r, rad in zip(ws, rs, itertools.accumulate((1,) + tuple(rs[:-1]),
-                                                                      operator.mul)):
-                        code += ((p % w) % r) * rad
-                    sums = torch.bincount(code, weights=cnt.to(torch.float64), minlength=radix)
-                    sums = sums.round().to(torch.int64).tolist()
-                    for h in range(num_heads):
-                        c = sum((h % r) * rad for r, rad in zip(
-                            rs, itertools.accumulate((1,) + tuple(rs[:-1]), operator.mul)))
-                        totals[h] += sign * sums[c]
-                    continue
-                cls = torch.stack([(p % w) % r for w, r in zip(ws, rs)])  # [|subset|, n]
-                vecs, inv = torch.unique(cls, dim=1, return_inverse=True)
-                sums = torch.bincount(inv, weights=cnt.to(torch.float64), minlength=vecs.shape[1])
-                by_vec = dict(zip(map(tuple, vecs.t().tolist()),
-                                  sums.round().to(torch.int64).tolist()))
-                for h in range(num_heads):
-                    totals[h] += sign * by_vec.get(tuple(h % r for r in rs), 0)
-    return tuple(totals)

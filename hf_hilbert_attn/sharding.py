@@ -172,10 +172,11 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         A new dict: ``input_ids`` ``[B, L]``; ``position_ids`` ``[B, L]`` (true positions;
         padding continues after the last position so it is never attended causally);
         ``hilbert_doc_ids`` (global document ids, -1 on padding) when ``position_ids`` restart
-        (packed documents) or the layout is ``"hilbert"`` (positions out of order); ``labels`` and ``shift_labels`` — both the *already shifted*
-        labels of this shard, -100 on padding — so that ``model(**shard)`` computes the shard's loss without shifting
-        again; ``attention_mask`` (0 on padding) when the batch had one; and
-        ``num_items`` — the number of non-ignored labels of this shard (a 0-dim tensor).
+        (packed documents) or the layout is ``"hilbert"`` (positions out of order); ``labels``
+        and ``shift_labels`` — both the *already shifted* labels of this shard, -100 on
+        padding — so that ``model(**shard)`` computes the shard's loss without shifting again;
+        ``attention_mask`` (0 on padding) when the batch had one; and ``num_items`` — the
+        number of non-ignored labels of this shard (a 0-dim tensor).
 
     Raises:
         ValueError: unknown layout, missing ``input_ids``, inconsistent shapes.
@@ -186,7 +187,7 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, S], got shape {tuple(ids.shape)}")
     rank, world = _rank_world(group)
-    bsz, s = ids.shape
+    s = ids.shape[1]
     layout = resolve_layout(layout, s, world, pattern)
     _check_layout(layout, pattern)
     pos_table = shard_positions(s, world, layout, pattern, pad_to_multiple)
@@ -194,34 +195,10 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     idx = pos_table[rank].to(ids.device)  # [L] indices into the padded sequence
 
     def pad(x, value, dim=1):
-        if x.shape[dim] != s:
-            raise ValueError(f"every sequence tensor must have length {s} at dim {dim}, got "
-                             f"shape {tuple(x.shape)}")
-        if sp == s:
-            return x
-        shape = list(x.shape)
-        shape[dim] = sp - s
-        return torch.cat([x, x.new_full(shape, value)], dim=dim)
+        return _pad_sequence(x, s, sp, value, dim)
 
-    out = {}
-    out["input_ids"] = pad(ids, pad_token_id).index_select(1, idx)
-    pos = batch.get("position_ids")
-    if pos is None:
-        full_pos = torch.arange(sp, device=ids.device).expand(bsz, sp)
-    else:
-        pos = pos.expand(bsz, s) if pos.dim() == 1 else pos
-        last = pos[:, -1:] + 1
-        full_pos = torch.cat([pos, last + torch.arange(sp - s, device=pos.device)], dim=1)
-    out["position_ids"] = full_pos.index_select(1, idx)
-    docs = None if pos is None else restart_documents(pos)
-    if docs is not None or layout == "hilbert":
-        # Packed documents (positions restart): a shard cannot see where documents start, so
-        # pass global document ids (padding: -1, never attended) to the attention. Hilbert
-        # shards store positions out of order, which the attention cannot tell from restarts
-        # without them either.
-        if docs is None:
-            docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
-        out["hilbert_doc_ids"] = pad(docs, -1).index_select(1, idx)
+    out = {"input_ids": pad(ids, pad_token_id).index_select(1, idx)}
+    out.update(_positions_and_docs(batch.get("position_ids"), ids, sp, idx, layout == "hilbert"))
     labels = batch.get("labels")
     if labels is not None:
         sh = pad(shift_labels(labels), IGNORE_INDEX).index_select(1, idx)
@@ -237,6 +214,41 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
             out[key] = pad(val, 0, seq_dim).index_select(seq_dim, idx.to(val.device))
         else:
             out[key] = val
+    return out
+
+
+def _pad_sequence(x: torch.Tensor, s: int, sp: int, value, dim: int) -> torch.Tensor:
+    """``x`` (length ``s`` at ``dim``) padded with ``value`` to the sharded length ``sp``."""
+    if x.shape[dim] != s:
+        raise ValueError(f"every sequence tensor must have length {s} at dim {dim}, got "
+                         f"shape {tuple(x.shape)}")
+    if sp == s:
+        return x
+    shape = list(x.shape)
+    shape[dim] = sp - s
+    return torch.cat([x, x.new_full(shape, value)], dim=dim)
+
+
+def _positions_and_docs(pos, ids: torch.Tensor, sp: int, idx: torch.Tensor,
+                        out_of_order: bool) -> dict:
+    """A shard's ``position_ids`` and, where it needs them, ``hilbert_doc_ids``."""
+    bsz, s = ids.shape
+    if pos is None:
+        full_pos = torch.arange(sp, device=ids.device).expand(bsz, sp)
+    else:
+        pos = pos.expand(bsz, s) if pos.dim() == 1 else pos
+        last = pos[:, -1:] + 1
+        full_pos = torch.cat([pos, last + torch.arange(sp - s, device=pos.device)], dim=1)
+    out = {"position_ids": full_pos.index_select(1, idx)}
+    docs = None if pos is None else restart_documents(pos)
+    if docs is not None or out_of_order:
+        # Packed documents (positions restart): a shard cannot see where documents start, so
+        # pass global document ids (padding: -1, never attended) to the attention. Hilbert
+        # shards store positions out of order, which the attention cannot tell from restarts
+        # without them either.
+        if docs is None:
+            docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
+        out["hilbert_doc_ids"] = _pad_sequence(docs, s, sp, -1, 1).index_select(1, idx)
     return out
 
 

@@ -5,12 +5,18 @@ checkpointing, and a next-token loss that never materialises the whole ``[S, voc
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Dict
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MODEL_SHAPES", "enable_checkpointing", "chunked_lm_loss", "CausalLMWithLoss"]
+from .sharding import shift_labels as _shift  # forward's argument has the name
+
+__all__ = ["MODEL_SHAPES", "enable_checkpointing", "chunked_lm_loss", "lm_loss", "liger_available",
+           "LOSS_BACKENDS", "CausalLMWithLoss"]
+
+LOSS_BACKENDS = ("auto", "liger", "chunked")
 
 # LlamaConfig fields of the random-initialised models the benchmark and the fine-tune build.
 MODEL_SHAPES: Dict[str, Dict] = {
@@ -87,13 +93,56 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     return total / n
 
 
+def liger_available() -> bool:
+    """Liger-Kernel (``pip install liger-kernel``) is importable."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def _liger_loss(hidden, weight, labels, num_items=None):
+    from liger_kernel.transformers.fused_linear_cross_entropy import (
+        LigerFusedLinearCrossEntropyLoss,
+    )
+
+    h = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    y = labels.reshape(-1)
+    n = (y != -100).sum().clamp(min=1) if num_items is None else num_items
+    # Sum, then divide, so a sequence-parallel shard can divide by the global count; the
+    # weight gradient accumulated in float32 as chunked_lm_loss's GEMMs do.
+    total = LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="sum",
+                                             accum_dtype=torch.float32)(weight, h, y)
+    return total.to(torch.promote_types(total.dtype, torch.float32)) / n
+
+
+def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 2048,
+            num_items=None, backend: str = "auto") -> torch.Tensor:
+    """Mean next-token cross-entropy from the final hidden states, never the whole logits.
+
+    ``backend``: ``"liger"`` — Liger-Kernel's fused linear cross-entropy (CUDA only; computes
+    the gradients chunk by chunk during the forward); ``"chunked"`` —
+    :func:`chunked_lm_loss` with ``chunk`` positions at a time;
+    ``"auto"`` — Liger where installed and ``hidden`` is on CUDA, else chunked. Arguments and
+    result as :func:`chunked_lm_loss` (a float32 scalar).
+    """
+    if backend not in LOSS_BACKENDS:
+        raise ValueError(f"loss backend must be one of {', '.join(LOSS_BACKENDS)}, got {backend!r}")
+    if backend == "liger":
+        if hidden.device.type != "cuda":
+            raise ValueError(f"loss backend 'liger' needs a CUDA device, got {hidden.device.type}")
+        if not liger_available():
+            raise ImportError("loss backend 'liger' needs Liger-Kernel: pip install liger-kernel")
+    if backend == "liger" or (backend == "auto" and hidden.device.type == "cuda"
+                              and liger_available()):
+        return _liger_loss(hidden, weight, labels, num_items)
+    return chunked_lm_loss(hidden, weight, labels, chunk, num_items=num_items)
+
+
 class CausalLMWithLoss(torch.nn.Module):
     """A causal LM plus its loss in one module, so DDP sees the whole step.
 
     ``loss_chunk > 0`` computes the cross-entropy from the final hidden states ``loss_chunk``
     positions at a time (:func:`chunked_lm_loss`): at long context the full ``[S, vocab]``
     float32 logits would otherwise dominate memory (128K tokens x 128K vocabulary = 64 GiB).
-    ``loss_backend`` picks :func:`hf_hilbert_attn.long_context.lm_loss`'s backend (``"liger"``:
+    ``loss_backend`` picks :func:`lm_loss`'s backend (``"liger"``:
     Liger-Kernel's fused linear cross-entropy on CUDA; ``"auto"``: Liger where installed on CUDA).
     It assumes ``logits = lm_head(hidden)`` (Llama, Qwen2, Mistral, GPT-2); models that scale
     or soft-cap logits are refused.
@@ -114,12 +163,8 @@ class CausalLMWithLoss(torch.nn.Module):
         if not self.loss_chunk:
             return self.lm(labels=labels, shift_labels=shift_labels,
                            num_items_in_batch=num_items_in_batch, use_cache=False, **inputs).loss
-        from .sharding import shift_labels as shift
-
         base = getattr(self.lm, self.lm.base_model_prefix)
         hidden = base(use_cache=False, **inputs).last_hidden_state
-        y = shift_labels if shift_labels is not None else shift(labels)
-        from .long_context import lm_loss
-
+        y = shift_labels if shift_labels is not None else _shift(labels)
         return lm_loss(hidden, self.lm.get_output_embeddings().weight, y, self.loss_chunk,
                        num_items=num_items_in_batch, backend=self.loss_backend)

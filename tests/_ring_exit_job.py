@@ -1,10 +1,16 @@
 """A small gloo ring-attention job for ``torchrun``, written as a user's script would be.
 
 ``python -m torch.distributed.run --nproc_per_node 2 tests/_ring_exit_job.py [--op ring|dilated]
-[--no-destroy] [--release-outputs]`` (``test_ring_exit.py`` runs it several times): each rank
-runs a float64 ring forward and backward on its zigzag shard, checks its rows against the
-single-process op, keeps its output (and so the autograd graph) alive to the end, destroys the
-process group and exits.
+[--no-destroy] [--release-outputs]`` (``test_ring_exit.py`` runs it): each rank runs a float64
+ring forward and backward on its zigzag shard, checks its rows against the single-process op,
+keeps its output (and so the autograd graph) alive to the end, destroys the process group and
+exits.
+
+``python tests/_ring_exit_job.py --forked-runs N [job options]`` runs the same job N times at
+once, each as two ranks forked from this process after its imports (a rank costs a fork, not an
+interpreter and the imports), and each rank still exits as a script does, through interpreter
+teardown.
+Exits 1 if any rank of any run exited non-zero (or died of a signal), saying which.
 
 Issue 27: this exited with -6 ("terminate called without an active exception") in about half
 the runs, because the ring's autograd context held the process group, so the group, its gloo
@@ -80,5 +86,37 @@ def main(argv=None) -> int:
     return 0
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def forked_runs(runs: int, argv) -> int:
+    ranks = {}  # (run, rank) -> pid; every run at once, each on a port of its own
+    for run in range(runs):
+        env = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        for rank in range(2):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # this rank leaves by SystemExit, up through the caller: a script's exit
+                os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+                sys.exit(main(argv))
+            ranks[run, rank] = pid
+    failed = []
+    for (run, rank), pid in ranks.items():
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code:
+            failed.append(f"run {run} rank {rank}: exit {code}")
+    print("\n".join(failed) or f"{runs} forked runs: every rank exited 0", file=sys.stderr)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
+    if "--forked-runs" in sys.argv:
+        at = sys.argv.index("--forked-runs")
+        sys.exit(forked_runs(int(sys.argv[at + 1]), sys.argv[1:at] + sys.argv[at + 2:]))
     sys.exit(main())

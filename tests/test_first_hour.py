@@ -355,9 +355,7 @@ def test_lm_eval_runs_a_hilbert_dilated_model_offline(tmp_path):
         return out
 
     ours = loglik("hilbert_dilated")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "has a 'hilbert_attn' pattern but runs sdpa": wanted
-        sdpa = loglik("sdpa")
+    sdpa = loglik("sdpa")
     assert min(abs(ours[i] - sdpa[i]) for i in ours) > 0.05, (ours, sdpa)  # the pattern matters
     for i in ours:  # float32 sums of ~10 log-probs, batched vs alone: agree to rounding
         assert got[i] == pytest.approx(ours[i], abs=1e-3), (i, got[i], ours[i], sdpa[i])

@@ -172,12 +172,29 @@ def test_hash_and_equality():
     b = DilatedPattern((8, 32), (1, 4))
     assert a == b and hash(a) == hash(b)
     assert len({a, b}) == 1 and {a: 1}[b] == 1
-    assert a != DilatedPattern([8, 32], [1, 4], ordering="hilbert")
     assert a != DilatedPattern([8, 32], [1, 4], query_dilation="all")
     assert a != DilatedPattern([8, 32], [1, 2])
     assert a != a.to_dict()
     with pytest.raises(AttributeError):
         a.segment_lengths = (1,)  # frozen
+
+
+def test_ordering_is_a_layout_not_part_of_the_rule():
+    # Equal rules compare equal whatever their storage layout (DESIGN.md §2: a layout never
+    # changes the function); the layout stays readable and is saved.
+    a = DilatedPattern([8, 32], [1, 4], sink_tokens=1)
+    for ordering in ("hilbert", "auto"):
+        b = DilatedPattern([8, 32], [1, 4], sink_tokens=1, ordering=ordering)
+        assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+        assert b.ordering == ordering and b.to_dict()["ordering"] == ordering
+        assert DilatedPattern.from_dict(b.to_dict()).ordering == ordering
+        for causal in (True, False):
+            assert b.count_pairs(77, 5, causal=causal) == a.count_pairs(77, 5, causal=causal)
+        assert b.attention_flops(77, 5, 16) == a.attention_flops(77, 5, 16)
+    # what is derived from a pattern keeps its layout, even where an equal pattern was cached
+    d = dict(dense_kv_heads=[0])
+    assert DilatedPattern([8, 32], [1, 4], **d).sparse_part.ordering == "natural"
+    assert DilatedPattern([8, 32], [1, 4], ordering="hilbert", **d).sparse_part.ordering == "hilbert"
 
 
 # ------------------------------------------------------------------------------ counting

@@ -6,9 +6,12 @@ process group, so a script that keeps its output to the end kept the group, its 
 sockets alive past ``destroy_process_group()``. The ring now holds the group weakly
 (``ring.comm.weak_group``).
 
-* Under ``torchrun``: ``_ring_exit_job.py`` run ``RUNS`` times; every rank of every run must exit
-  0. A 50 % abort survives six runs with probability 0.5**6 = 1.6 %; the job also exits 3 on the
-  cause itself (group still referenced after ``destroy_process_group()``), every run.
+* ``_ring_exit_job.py`` once under ``torchrun``, as users launch it, and ``FORKED_RUNS`` times
+  as two ranks forked from one process that imported once (a rank then costs a fork, not an
+  interpreter and the imports; each still exits through interpreter teardown): every rank of
+  every run must exit 0. A 50 % abort survives six runs with probability 0.5**6 = 1.6 %; the job
+  also exits 3 on the cause itself (group still referenced after ``destroy_process_group()``),
+  every run (also when forked).
 * In-process: after the group is destroyed, the graph of a ring output no longer holds it, and a
   backward through it raises a clear error instead of posting on a dead group.
 """
@@ -30,7 +33,7 @@ from hf_hilbert_attn.sharding import shard_positions
 
 pytestmark = pytest.mark.multiprocess
 
-RUNS = 6
+FORKED_RUNS = 5  # + the torchrun run: six, as when each run was a torchrun job
 JOB = os.path.join(os.path.dirname(__file__), "_ring_exit_job.py")
 
 
@@ -38,17 +41,24 @@ def _torchrun(*job_args) -> subprocess.CompletedProcess:
     # --standalone: a free port per job, so parallel jobs (and test runs) never collide
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            "2", JOB, *job_args]
+    return _run(cmd)
+
+
+def _run(cmd) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 
 
-def test_ring_job_exits_cleanly_under_torchrun():
-    # three jobs at a time: one job's ranks wait in rendezvous while another's compute
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        runs = list(pool.map(lambda _: _torchrun(), range(RUNS)))
-    failed = [(i, r.returncode, (r.stdout + r.stderr)[-1500:]) for i, r in enumerate(runs)
+def test_ring_job_exits_cleanly_under_torchrun_and_forked():
+    # the torchrun job and the forked runs side by side
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        torchrun = pool.submit(_torchrun)
+        forked = pool.submit(_run, [sys.executable, JOB, "--forked-runs", str(FORKED_RUNS)])
+        runs = [torchrun.result(), forked.result()]
+    failed = [(what, r.returncode, (r.stdout + r.stderr)[-1500:])
+              for what, r in zip(("torchrun", f"{FORKED_RUNS} forked runs"), runs)
               if r.returncode != 0]
-    assert not failed, "\n".join(f"--- run {i}: exit {rc}\n{tail}" for i, rc, tail in failed)
+    assert not failed, "\n".join(f"--- {what}: exit {rc}\n{tail}" for what, rc, tail in failed)
 
 
 def _destroyed_group_is_released(rank, world):

@@ -389,20 +389,32 @@ def test_config_round_trip(tmp_path):
     assert torch.equal(loaded(ids).logits, ref)
 
 
-def test_loaded_without_attn_implementation_warns(tmp_path):
+def test_loaded_without_attn_implementation_runs_sdpa_and_prefill_says_so(tmp_path):
     # Transformers does not save the attention implementation: a model saved with hilbert_dilated
-    # comes back as sdpa. It keeps running sdpa (the user's choice at load time), and says so once.
+    # comes back as sdpa, and keeps running it (the user's choice at load time). Registering
+    # touches no other implementation's function (D36), so its forward says nothing; our own
+    # entry point, prefill, says once that the pattern is not used.
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from hf_hilbert_attn.integrations.cache import prefill
+
+    hf_hilbert_attn.register()
+    for mapping in (AttentionMaskInterface._global_mapping, AttentionMaskInterface()):
+        assert mapping["sdpa"] is sdpa_mask
     model = configure(tiny_model("llama"), SMALL)
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert loaded.config._attn_implementation == "sdpa"
     integ.reset_notes()
-    with pytest.warns(UserWarning, match="has a 'hilbert_attn' pattern but the model runs sdpa"):
-        loaded(tokens(1, 20))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        loaded(tokens(1, 20))  # once per process
-        tiny_model("llama")(tokens(1, 20))  # no pattern: nothing to say
+        loaded(tokens(1, 20))
+    with pytest.warns(UserWarning, match="has a 'hilbert_attn' pattern but the model runs sdpa"):
+        prefill(loaded, tokens(1, 20))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prefill(loaded, tokens(1, 20))  # once per process
+        prefill(tiny_model("llama"), tokens(1, 20))  # no pattern: nothing to say
 
 
 def test_configure_accepts_shipped_names():

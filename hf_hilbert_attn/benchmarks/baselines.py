@@ -486,7 +486,7 @@ def _single_config(pattern: DilatedPattern, w: int, r: int) -> DilatedPattern:
     config's pairs alone. Skips validation on purpose: in per_head mode a lone config with
     ``r > 1`` is a legal *part* of a union but not a legal pattern (some queries see nothing)."""
     single = copy.copy(pattern)
-    key = ((int(w),), (int(r),), pattern.query_dilation, pattern.ordering, 0, pattern.window)
+    key = ((int(w),), (int(r),), pattern.query_dilation, 0, pattern.window, pattern.dense_kv_heads)
     object.__setattr__(single, "segment_lengths", key[0])
     object.__setattr__(single, "dilation_rates", key[1])
     object.__setattr__(single, "sink_tokens", 0)  # the configs alone, as the gather computes

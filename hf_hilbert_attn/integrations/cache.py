@@ -40,6 +40,7 @@ from ..numerics import merge_partials
 from ..ops import dilated_attention
 from ..pattern import DilatedPattern
 from ..patterns import as_pattern
+from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern, note_once
 
 __all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
            "attend_with_dropped_keys", "attend_pattern_cache", "check_unpadded",
@@ -151,8 +152,6 @@ class PatternCache(Cache):
             raise ValueError(f"PatternCache needs attn_implementation='hilbert_dilated' (this "
                              f"model runs {attn!r}, which would read the dropped keys' slots as "
                              f"positions): use a DynamicCache, or hf_hilbert_attn.configure(model)")
-        from .transformers import get_pattern
-
         if pattern is None:
             if config is None:
                 raise ValueError("PatternCache needs a model (or config) or a pattern")
@@ -162,7 +161,7 @@ class PatternCache(Cache):
         num_heads = num_heads or getattr(config, "num_attention_heads", None)
         make = functools.partial(PatternCacheLayer, self.pattern, num_heads, align)
         per_layer = isinstance(getattr(config, "hilbert_attn", None), dict) and \
-            "layer_dense_kv_heads" in config.hilbert_attn and self.pattern == get_pattern(config)
+            LAYER_DENSE in config.hilbert_attn and self.pattern == get_pattern(config)
         if per_layer and not num_layers:
             raise ValueError("PatternCache: this model gives its layers their own dense heads; "
                              "pass num_layers (or a config with num_hidden_layers)")
@@ -184,7 +183,8 @@ class PatternCache(Cache):
 
 # --------------------------------------------------------------------------------- attention
 @functools.lru_cache(maxsize=64)
-def _without_sinks(pattern: DilatedPattern) -> DilatedPattern:
+def _without_sinks(pattern: DilatedPattern, ordering: str) -> DilatedPattern:
+    # ordering in the key: equal patterns may carry different layouts, the result keeps its own
     return pattern.replace(sink_tokens=0)
 
 
@@ -209,7 +209,7 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
     if first + sk - sinks != q_start + sq:
         raise ValueError(f"PatternCache layout mismatch: {sk} keys (tail from {first}) for "
                          f"queries at {q_start}..{q_start + sq - 1}")
-    body = _without_sinks(pattern)
+    body = _without_sinks(pattern, pattern.ordering)
     tail_k, tail_v = key[:, :, sinks:], value[:, :, sinks:]
     positions = {}
     if first % pattern.shift_period:  # not a shift of the natural order: say where they are
@@ -259,10 +259,17 @@ def cache_kwarg(model) -> str:
 
 def uses_pattern_attention(model) -> bool:
     """True if ``model`` runs ``hilbert_dilated`` attention (so a :class:`PatternCache` fits)."""
-    from .transformers import ATTN_IMPLEMENTATION
-
     config = getattr(model, "config", None)
     return getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+
+
+def _default_cache(model) -> Cache:
+    if uses_pattern_attention(model):
+        return PatternCache(model)
+    attn = getattr(model.config, "_attn_implementation", None)
+    if getattr(model.config, "hilbert_attn", None) is not None:  # saved with us, loaded without
+        note_once("unused", attn=attn)
+    return DynamicCache(config=model.config)
 
 
 @torch.inference_mode()
@@ -282,8 +289,7 @@ def prefill_chunks(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAUL
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if cache is None:
-        cache = PatternCache(model) if uses_pattern_attention(model) else \
-            DynamicCache(config=model.config)
+        cache = _default_cache(model)
     device = next(model.parameters()).device
     for begin in range(0, input_ids.shape[1], chunk_tokens):
         end = min(begin + chunk_tokens, input_ids.shape[1])
@@ -300,8 +306,7 @@ def prefill(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAULT_PREFI
     ``model.generate(ids_with_one_more_token, attention_mask=..., past_key_values=cache)``:
     generate feeds only the tokens the cache has not seen."""
     if cache is None:
-        cache = PatternCache(model) if uses_pattern_attention(model) else \
-            DynamicCache(config=model.config)
+        cache = _default_cache(model)
     for _ in prefill_chunks(model, input_ids, chunk_tokens=chunk_tokens, cache=cache):
         pass
     return cache

@@ -12,10 +12,6 @@ true positions and document ids (``inputs.model_positions``) and calls
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -23,100 +19,23 @@ import torch
 import transformers
 from packaging import version
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface
 
 from .. import ring as _ring
 from ..inputs import model_positions
 from ..ops import dilated_attention
-from ..pattern import DilatedPattern
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from .cache import attend_pattern_cache, check_unpadded
+from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern
+from .model_config import reset_notes  # noqa: F401  (re-exported: tests reset the notes here)
 from .transformers_checks import check_call, check_config, check_mask_function
 
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedMaskInfo", "configure", "get_pattern",
            "hilbert_dilated_attention_forward", "hilbert_dilated_mask", "register",
            "set_dense_kv_heads"]
 
-ATTN_IMPLEMENTATION = "hilbert_dilated"
-
 if version.parse(transformers.__version__) < version.parse("5.0"):  # checked once, at import
     raise ImportError(f"hf_hilbert_attn needs transformers>=5.0, found {transformers.__version__}")
-
-_NOTES = {
-    "default": "hf_hilbert_attn: this model's config has no 'hilbert_attn' pattern, so it uses "
-    "the default (patterns/default.yaml: dense up to 2048 tokens, then sliding dilated windows up "
-    "to 64K and one sink token). Measured on a trained 135M model it stays within 2.3 % of dense "
-    "perplexity up to 8K tokens, but exact retrieval of a detail more than 2048 tokens back "
-    "degrades (passkey 12/20 at 4K, 4/20 at 8K) unless some heads stay dense: `hf-hilbert-attn "
-    "calibrate MODEL_DIR` chooses them in about a second on a GPU (20/20 and 14/20 there). Call "
-    "hf_hilbert_attn.configure(model, pattern) to choose a pattern ('dense' for exact attention; "
-    "the shipped ones: hf_hilbert_attn.patterns.names(), each drawn by `hf-hilbert-attn "
-    "show-pattern NAME`).",
-    "unused": "hf_hilbert_attn: this model's config has a 'hilbert_attn' pattern but the model runs "
-    "sdpa (Transformers does not save the attention implementation; from_pretrained without "
-    "attn_implementation picks sdpa): dense attention, not the pattern. Load it with "
-    "attn_implementation='hilbert_dilated' to use the pattern.",
-}
-_NOTED = set()
-
-
-# A note names the user's line: the first caller outside these packages (a forward passes
-# through a dozen frames of torch and transformers; a fixed stacklevel lands in one of them).
-_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep
-                  for m in (torch, transformers, sys.modules[__name__.split(".")[0]]))
-
-
-def _user_stacklevel() -> int:
-    level, frame = 2, sys._getframe(2)  # 1: _note_once, 2: its caller
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        level, frame = level + 1, frame.f_back
-    return level
-
-
-def _note_once(key: str) -> None:
-    # Once per process, and not while torch.compile traces (the eager first call says it).
-    if key in _NOTED or torch.compiler.is_compiling():
-        return
-    _NOTED.add(key)
-    warnings.warn(_NOTES[key], UserWarning, stacklevel=_user_stacklevel())
-
-
-def reset_notes() -> None:
-    """Let each once-per-process note be said again (tests)."""
-    _NOTED.clear()
-
-
-# config.hilbert_attn's per-layer entry: one list of dense key/value heads per decoder layer
-# (a calibration's choice, DESIGN.md "Dense key/value heads"); beside the pattern's own fields.
-LAYER_DENSE = "layer_dense_kv_heads"
-
-
-def get_pattern(config, layer_idx: Optional[int] = None) -> DilatedPattern:
-    """The pattern a model with this config uses in layer ``layer_idx``: ``config.hilbert_attn``,
-    else the default (:data:`DEFAULT_PATTERN`, ``patterns/default.yaml``; said once, with its
-    cost). A per-layer list of dense key/value heads (:func:`set_dense_kv_heads`) replaces the
-    pattern's own ``dense_kv_heads`` in its layer (``layer_idx`` None: the shared pattern)."""
-    raw = getattr(config, "hilbert_attn", None)
-    if raw is not None and not isinstance(raw, (dict, DilatedPattern)):
-        raise TypeError(f"config.hilbert_attn must be a dict (DilatedPattern.to_dict()), got "
-                        f"{type(raw).__name__}: {raw!r}")
-    if raw is None:
-        _note_once("default")
-    if not isinstance(raw, dict) or LAYER_DENSE not in raw:
-        return as_pattern(raw)
-    layers = raw[LAYER_DENSE]
-    base = as_pattern({k: v for k, v in raw.items() if k != LAYER_DENSE})
-    if layer_idx is None:
-        return base
-    if not isinstance(layers, (list, tuple)) or not 0 <= layer_idx < len(layers):
-        raise ValueError(f"config.hilbert_attn[{LAYER_DENSE!r}] must list the dense key/value "
-                         f"heads of every layer; layer {layer_idx} is missing (got {layers!r})")
-    return _with_dense(base, tuple(layers[layer_idx]))
-
-
-@functools.lru_cache(maxsize=1024)
-def _with_dense(base: DilatedPattern, heads: tuple) -> DilatedPattern:
-    return base.replace(dense_kv_heads=list(heads))
 
 
 def _model_configs(model) -> list:
@@ -341,23 +260,14 @@ def _eager_dilated_attention(*args, **kwargs):
     return dilated_attention(*args, **kwargs)
 
 
-def _sdpa_mask_noting_pattern(*args, config=None, **kwargs):
-    """Transformers' ``sdpa_mask``, unchanged, plus a once-per-process note when the config carries
-    a ``hilbert_attn`` pattern SDPA does not apply (saved with hilbert_dilated, loaded without)."""
-    if getattr(config, "hilbert_attn", None) is not None:
-        _note_once("unused")
-    return sdpa_mask(*args, config=config, **kwargs)
-
-
 def register() -> None:
     """Register ``"hilbert_dilated"`` with ``AttentionInterface`` and ``AttentionMaskInterface``.
 
     Idempotent (called by ``import hf_hilbert_attn``). Afterwards
     ``from_pretrained(..., attn_implementation="hilbert_dilated")`` and
-    ``model.set_attn_implementation("hilbert_dilated")`` work. The ``"sdpa"`` mask function is
-    wrapped to warn once when a model with a ``hilbert_attn`` pattern runs SDPA instead.
+    ``model.set_attn_implementation("hilbert_dilated")`` work. Registers our own names only:
+    no other implementation's function is touched (docs/decisions.md D36).
     """
     AttentionInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_mask)
-    AttentionMaskInterface.register("sdpa", _sdpa_mask_noting_pattern)
 

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..compiler import disable_lazily
 from ..dense_heads import with_dense_heads
 from ..inputs import AttnInputs, check_inputs
 from ..numerics import accum_dtype, call_under_autocast, merge_partials
@@ -291,7 +292,7 @@ def cached_plan(group) -> Optional[RingPlan]:
 
 # Collectives, a plan cache and direct kernel launches: torch.compile runs it as one opaque
 # call (a graph break) instead of tracing into the Triton launches.
-@torch.compiler.disable
+@disable_lazily  # not torch.compiler.disable: that imports dynamo at import
 def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
     """Dilated attention over a sequence sharded across the ranks of ``group``.

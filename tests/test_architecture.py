@@ -1,0 +1,291 @@
+"""The package's shape (issue 25): imports point one way, modules and functions stay small, the
+library stays small, and importing it loads neither the tools nor, through our own code, dynamo.
+
+Everything here reads the source with ``ast`` (module- and function-level imports alike; only
+imports under ``if TYPE_CHECKING:`` are left out), or imports the package in a fresh interpreter.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_hilbert_attn"
+TOOLS = PACKAGE / "tools"  # the layer above the library (evaluation, benchmarks, CLI, ...)
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+MAX_LIBRARY_LINES = 9000
+# Other branches of issue 25 bring their files under the limits; the lead drops this mark once
+# they are merged.
+SIZES_PENDING = pytest.mark.xfail(strict=False, reason="issue 25: the modules of the tools / "
+                                  "planning branches are split there; green once merged")
+
+
+def _modules() -> dict:
+    """``{dotted name: (path, is_package)}`` for every module of the package."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return out
+
+
+MODULES = _modules()
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, (path, _) in MODULES.items()}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Every import statement, at any depth, except those under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                stack.extend(child.orelse)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child
+            stack.append(child)
+
+
+def _owner(name: str):
+    # the module a dotted name lives in: itself, or the nearest enclosing module
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name if name in MODULES else None
+
+
+def _targets(module: str, is_package: bool, node) -> set:
+    """The package's modules one import statement of ``module`` loads (a package's own
+    ``__init__`` counts as the package; the parents a submodule import runs implicitly do not)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = module.split(".")[:len(module.split(".")) - (not is_package) - (node.level - 1)]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        # `from pkg import name`: the submodule pkg.name if there is one, else pkg itself
+        names = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in MODULES else prefix
+                 for a in node.names]
+    return {_owner(n) for n in names if n.split(".")[0] == PACKAGE.name} - {None, module}
+
+
+def import_graph() -> dict:
+    return {name: set().union(*[_targets(name, pkg, n) for n in _imports(TREES[name])])
+            for name, (_, pkg) in MODULES.items()}
+
+
+def find_cycle(graph: dict):
+    """One import cycle as a list ``[a, b, ..., a]``, or None."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_import_graph_has_no_cycles():
+    graph = import_graph()
+    assert "hf_hilbert_attn.ops" in graph["hf_hilbert_attn"]  # the parser sees the imports
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_cycle_finder_reports_a_function_level_cycle():
+    # what the test above relies on: a lazy import inside a function still closes a cycle
+    a = ast.parse("import os\nfrom . import b\n")
+    b = ast.parse(textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from . import c
+        def f():
+            from .a import x
+    """))
+    graph = {"p.a": {"p.b"}, "p.b": set(), "p.c": {"p.b"}}
+    assert [n.module for n in _imports(a) if isinstance(n, ast.ImportFrom)] == [None]
+    assert {n.module for n in _imports(b)} == {"typing", "a"}  # not c: TYPE_CHECKING only
+    assert find_cycle(graph) is None
+    graph["p.b"].add("p.a")
+    assert find_cycle(graph) == ["p.a", "p.b", "p.a"]
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def _is_jit(fn) -> bool:
+    # @triton.jit, @jit, @triton.jit(...): the kernels are exempt from the function size
+    for d in fn.decorator_list:
+        d = d.func if isinstance(d, ast.Call) else d
+        if (isinstance(d, ast.Attribute) and d.attr == "jit") or \
+                (isinstance(d, ast.Name) and d.id == "jit"):
+            return True
+    return False
+
+
+def _long_functions(tree: ast.AST, path: Path) -> list:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_jit(node):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            n = node.end_lineno - first + 1
+            if n > MAX_FUNCTION_LINES:
+                out.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({n})")
+    return out
+
+
+@SIZES_PENDING
+def test_no_module_over_the_line_limit():
+    big = [f"{p.relative_to(PACKAGE.parent)} ({_lines(p)})" for p, _ in MODULES.values()
+           if _lines(p) > MAX_MODULE_LINES]
+    assert not big, f"modules over {MAX_MODULE_LINES} lines: " + ", ".join(big)
+
+
+@SIZES_PENDING
+def test_no_function_over_the_line_limit():
+    long = [f for name, (p, _) in MODULES.items() for f in _long_functions(TREES[name], p)]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (@triton.jit exempt): " + \
+        ", ".join(long)
+
+
+def test_size_checks_see_what_they_measure():
+    tree = ast.parse("import triton\n@triton.jit\ndef k():\n" + "    x = 1\n" * 100 +
+                     "def f():\n" + "    x = 1\n" * 80 + "def g():\n" + "    x = 1\n" * 79)
+    assert [s.split()[1] for s in _long_functions(tree, PACKAGE / "x.py")] == ["f"]
+
+
+@SIZES_PENDING
+def test_library_size():
+    library = sum(_lines(p) for p, _ in MODULES.values() if TOOLS not in p.parents)
+    assert library <= MAX_LIBRARY_LINES, f"the library has {library} lines (limit " \
+        f"{MAX_LIBRARY_LINES}; hf_hilbert_attn/tools/ not counted)"
+
+
+def _fresh_python(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(PACKAGE.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+_IMPORT_PROBE = """
+import sys, traceback
+
+class Probe:  # records who imports torch._dynamo first
+    stack = None
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch._dynamo" and Probe.stack is None:
+            Probe.stack = traceback.extract_stack()
+        return None
+
+sys.meta_path.insert(0, Probe())
+import hf_hilbert_attn
+print(hf_hilbert_attn.__file__)
+print(sorted(m for m in sys.modules if m.startswith("hf_hilbert_attn.tools")))
+for frame in Probe.stack or []:
+    print(frame.filename)
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_import():
+    """What ``import hf_hilbert_attn`` does in a fresh interpreter: (its file, the tools modules
+    it loaded, the stack that first imported ``torch._dynamo``)."""
+    where, tools, *frames = _fresh_python(_IMPORT_PROBE).splitlines()
+    assert Path(where).resolve().parent == PACKAGE, where  # this checkout, not an installed copy
+    return where, tools, frames
+
+
+def test_import_loads_no_tool(fresh_import):
+    tools = fresh_import[1]
+    assert tools == "[]", f"import hf_hilbert_attn loaded tools: {tools}"
+
+
+def _importer(frames: list) -> str:
+    """The file whose import statement asked for the module: the innermost frame outside the
+    import machinery and torch (``torch.compiler.disable`` imports dynamo on its caller's
+    behalf)."""
+    torch_dir = os.sep + "torch" + os.sep
+    for f in reversed(frames[:-1]):  # the last frame is the probe itself
+        if "importlib" in f or torch_dir in f:
+            continue
+        return f
+    return ""
+
+
+def test_dynamo_comes_through_transformers_not_through_us(fresh_import):
+    # Transformers' masking_utils imports torch._dynamo, and registering with it is what import
+    # does (DESIGN.md §3), so dynamo gets loaded; but never by a line of ours (a module-level
+    # @torch.compiler.disable would: compiler.disable_lazily).
+    frames = fresh_import[2]
+    if not frames:
+        return  # nothing loaded dynamo at all
+    importer = _importer(frames)
+    assert str(PACKAGE) not in str(Path(importer).resolve()), \
+        "hf_hilbert_attn imports torch._dynamo itself:\n  " + "\n  ".join(
+            f for f in frames if "importlib" not in f)
+    assert _importer(["<frozen importlib._bootstrap>", str(PACKAGE / "ring" / "attention.py"),
+                      "/x/torch/compiler/__init__.py", "/x/probe"]).endswith("attention.py")
+
+
+@pytest.mark.parametrize("first_call", ["eager", "compiled"])
+def test_disable_lazily_is_an_opaque_call_under_compile(first_call):
+    # what replaced the ring's module-level @torch.compiler.disable: the same graph break, the
+    # wrapped function never traced, whether its first call is eager or under torch.compile
+    import torch
+
+    from hf_hilbert_attn.compiler import disable_lazily
+
+    compiling = []
+
+    @disable_lazily
+    def opaque(x):
+        compiling.append(torch.compiler.is_compiling())
+        return x * int(x.sum().item() > 0)  # data-dependent: would break a traced graph itself
+
+    def f(x):
+        return opaque(x + 1) * 2
+
+    torch._dynamo.reset()
+    x = torch.randn(5)
+    if first_call == "eager":
+        opaque(x)
+    assert torch.equal(torch.compile(f, backend="eager")(x), f(x))
+    explained = torch._dynamo.explain(f)(x)
+    reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert len(reasons) == 1 and "disable" in reasons[0], reasons
+    assert compiling and not any(compiling), compiling
+    torch._dynamo.reset()

@@ -15,8 +15,7 @@ layout computes the same function — layouts differ only in per-rank work and c
 * ``auto`` (the default, :func:`resolve_layout`): for segment windows, ``contiguous`` when every
   shard is a whole number of the pattern's longest segments (no segment crosses a shard: nothing
   but the sink tokens is sent and every rank does the same work), else ``zigzag``; for sliding
-  windows, ``contiguous`` when the longest window is at most a quarter of the sequence, else
-  ``zigzag``. Picked from the per-rank pair counts and send plans (:func:`pairs_per_rank`,
+  windows, ``contiguous`` when the longest window fits in the sequence, else ``zigzag``. Picked from the per-rank pair counts and send plans (:func:`pairs_per_rank`,
   ``ring.plan_ring``; ``examples/benchmarks/ring_volume.py``, ``docs/decisions.md``).
 
 Labels are shifted *before* sharding (``shift_labels[t] = labels[t + 1]``), so the token that
@@ -71,20 +70,21 @@ def resolve_layout(layout: str, seq_len: int, world_size: int,
       ``sink_tokens`` rows of the first shard to every later rank, which every layout must send
       — else ``zigzag`` (causal balance).
     * Sliding windows (no segment boundaries: every layout sends window keys across shards):
-      ``contiguous`` if ``4 * pattern.max_segment <= seq_len``. A query's work is the same
-      everywhere past the first window, so contiguous shards are as balanced as zigzag ones,
-      and each needs keys from one neighbour only (a zigzag chunk needs the end of the chunk
-      before it, held by another rank): measured at S = 16384 on 2, 4 and 8 ranks, max/mean
-      per-rank pairs equal to zigzag's (to the 0.1%) up to ``w = S / 4`` (1.01-1.14), with
-      48-55% of zigzag's K/V entries sent. Longer windows approach causal attention, where
-      contiguous shards fall behind (``w = S``, rate 1: 1.5-1.9 vs zigzag's 1.0): ``zigzag``.
+      ``contiguous`` if ``pattern.max_segment <= seq_len``. A query's work is the same
+      everywhere past the first window, so contiguous shards are nearly as balanced as zigzag
+      ones, and each needs keys from its neighbours only, where a zigzag chunk needs the end of
+      the chunk before it from another rank. Measured with the default pattern (windows to 64K;
+      ``bench_ring.py --mode scaling``, H200s): at 32K tokens per GPU on 4 GPUs contiguous
+      reached 55 % of one GPU / W and zigzag 47 %; on 2 GPUs (the longest window = the
+      sequence) 40.6 vs 40.2 ms, a tie. Longer windows than the sequence are causal
+      attention, where contiguous shards fall behind (1.5-1.9x max/mean work): ``zigzag``.
     * No pattern, or ``seq_len <= 0``: ``zigzag``.
     """
     if layout != "auto":
         return layout
     if pattern is not None and seq_len > 0:
         if pattern.sliding:
-            if 4 * pattern.max_segment <= seq_len:
+            if pattern.max_segment <= seq_len:
                 return "contiguous"
         elif seq_len % (world_size * pattern.max_segment) == 0:
             return "contiguous"

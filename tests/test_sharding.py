@@ -144,11 +144,12 @@ def test_auto_layout_rule_with_sinks_and_sliding_windows():
     pos = [t.unsqueeze(0) for t in shard_positions(256, 4, "auto", pat)]
     sent = [plan_ring(pat, 4, 2, True, r, pos, pos).entries_sent() for r in range(4)]
     assert sent == [3 * 2 * 3, 0, 0, 0], sent  # 3 sinks x 2 kv heads to each later rank
-    # sliding windows: contiguous while the longest window is at most a quarter of the sequence
+    # sliding windows: contiguous while the longest window fits in the sequence
     slide = DilatedPattern([64, 256], [1, 4], window="sliding", sink_tokens=2)
     assert resolve_layout("auto", 1024, 4, slide) == "contiguous"
-    assert resolve_layout("auto", 1023, 4, slide) == "zigzag"
-    assert resolve_layout("auto", 1024, 4, slide.replace(segment_lengths=[64, 257])) == "zigzag"
+    assert resolve_layout("auto", 256, 4, slide) == "contiguous"
+    assert resolve_layout("auto", 255, 4, slide) == "zigzag"
+    assert resolve_layout("auto", 1024, 4, slide.replace(segment_lengths=[64, 1025])) == "zigzag"
     assert resolve_layout("zigzag", 1024, 4, slide) == "zigzag"
     # the rule's claim: then contiguous shards are as balanced as zigzag ones and send less
     work, volume = {}, {}

@@ -12,16 +12,16 @@ import tarfile
 import pytest
 import torch
 
-from hf_hilbert_attn.cli import main
-from hf_hilbert_attn.evaluation import assets
-from hf_hilbert_attn.evaluation.assets import (
+from hf_hilbert_attn.tools.cli import main
+from hf_hilbert_attn.tools.evaluation import assets
+from hf_hilbert_attn.tools.evaluation.assets import (
     choose_heldout,
     group_works,
     split_works,
     strip_gutenberg,
     work_key,
 )
-from hf_hilbert_attn.evaluation.corpus import load_corpus, tokenize_corpus
+from hf_hilbert_attn.tools.evaluation.corpus import load_corpus, tokenize_corpus
 
 # ----------------------------------------------------------------------------- fake texts
 _LETTERS = "abcdefghiklmnoprstuvwy"
@@ -445,7 +445,7 @@ def test_real_heldout_shares_no_text_with_train(real_split):
 @needs_model
 @needs_corpus
 def test_real_model_on_heldout_text(real_model, real_split):
-    from hf_hilbert_attn.evaluation.perplexity import evaluate_perplexity
+    from hf_hilbert_attn.tools.evaluation.perplexity import evaluate_perplexity
 
     tok, model = real_model
     docs = load_corpus([str(CORPUS_DIR / f) for f in real_split["heldout"]["files"]])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hf_hilbert_attn import DilatedPattern
-from hf_hilbert_attn.cli import main
+from hf_hilbert_attn.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,10 +118,10 @@ def test_eval_command_runs_builtin(capsys, tmp_path):
 def test_console_module_exit_code():
     # A real process: the exit status a shell sees.
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    bad = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.cli", "show-pattern", "tiny",
+    bad = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.tools.cli", "show-pattern", "tiny",
                           "--length", "0"], capture_output=True, text=True, env=env, cwd=REPO)
     assert bad.returncode == 2 and "--length must be >= 1, got 0" in bad.stderr
-    ok = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.cli", "show-pattern", "tiny",
+    ok = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.tools.cli", "show-pattern", "tiny",
                          "--length", "8"], capture_output=True, text=True, env=env, cwd=REPO)
     assert ok.returncode == 0 and "allowed pairs per head   36\n" in ok.stdout
 
@@ -200,7 +200,7 @@ def test_input_error_exit_status_and_debug(tmp_path):
     # A real process: one line on stderr, exit status 1; --debug keeps the traceback.
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     (tmp_path / "empty.txt").write_text("")
-    argv = [sys.executable, "-m", "hf_hilbert_attn.cli", "eval", "--corpus",
+    argv = [sys.executable, "-m", "hf_hilbert_attn.tools.cli", "eval", "--corpus",
             str(tmp_path / "empty.txt"), "--tasks", "perplexity", "--lengths", "64",
             "--out-dir", str(tmp_path / "o")]
     bad = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)

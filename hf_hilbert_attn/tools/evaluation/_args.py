@@ -20,18 +20,33 @@ class InputNotFound(InputError, FileNotFoundError):
     """An input path (model, corpus, pattern file) that does not exist."""
 
 
+# A tool's own third-party package -> the extra that installs it (the library needs none of them).
+TOOL_EXTRAS = {"datasets": "tools", "tqdm": "tools", "matplotlib": "tools", "gguf": "assets",
+               "lm_eval": "lm-eval", "wonderwords": "ruler"}
+
+
+def missing_extra(e: ImportError) -> str | None:
+    """The install line for a tool's missing package, or None (not a tool's package: a bug)."""
+    top = (getattr(e, "name", None) or "").split(".")[0]
+    extra = TOOL_EXTRAS.get(top)
+    if extra is None or not isinstance(e, ModuleNotFoundError):
+        return None
+    return f'{top} is not installed: pip install "hf_hilbert_attn[{extra}]"'
+
+
 def report_input_errors(fn: Callable[[], int], prog: str, debug: bool = False) -> int:
-    """``fn()``; an :class:`InputError` leaves as ``SystemExit("PROG: error: MESSAGE")`` (one line
-    on stderr, exit status 1; under a launcher only rank 0 prints it). Any other exception keeps
-    its traceback: it is a bug."""
+    """``fn()``; an :class:`InputError` or a tool's missing package (:data:`TOOL_EXTRAS`) leaves as
+    ``SystemExit("PROG: error: MESSAGE")`` (one line on stderr, exit status 1; under a launcher
+    only rank 0 prints it). Any other exception keeps its traceback: it is a bug."""
     try:
         return fn()
-    except InputError as e:
-        if debug or os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
+    except (InputError, ModuleNotFoundError) as e:
+        message = str(e) if isinstance(e, InputError) else missing_extra(e)
+        if message is None or debug or os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
             raise
         if int(os.environ.get("RANK", "0")) != 0:
             raise SystemExit(1) from None
-        raise SystemExit(f"{prog or os.path.basename(sys.argv[0])}: error: {e}") from None
+        raise SystemExit(f"{prog or os.path.basename(sys.argv[0])}: error: {message}") from None
 
 
 # Every command writes its results under one folder of the working directory, one subfolder per

@@ -53,7 +53,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from .. import DilatedPattern, dilated_attention, reference_attention
+from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from ..evaluation._args import InputError, report_input_errors, results_dir, show_progress
 from . import common as C
 from .baselines import (

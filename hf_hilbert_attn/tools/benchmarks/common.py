@@ -52,7 +52,7 @@ def environment(device) -> Dict[str, str]:
 
 def parse_size(text: str) -> int:
     """``"16K"`` → 16384, ``"1M"`` → 1048576, ``"3000"`` → 3000 (binary K/M/G): the commands'
-    one length parser, :func:`hf_hilbert_attn.evaluation._args.parse_length`.
+    one length parser, :func:`hf_hilbert_attn.tools.evaluation._args.parse_length`.
 
     Raises:
         ValueError: for anything else, naming the text.

@@ -27,7 +27,7 @@ from typing import Iterator, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from ..integrations.cache import DEFAULT_PREFILL_CHUNK, prefill_chunks, uses_pattern_attention
+from hf_hilbert_attn.integrations.cache import DEFAULT_PREFILL_CHUNK, prefill_chunks, uses_pattern_attention
 
 __all__ = ["strided_windows", "window_nll", "PerplexityResult", "evaluate_perplexity",
            "resolve_prefill_chunk"]

@@ -5,15 +5,15 @@
         --finetune-steps 150 --out quality_results
 
 For every method of the methods file (``sdpa``, or ``hilbert_dilated`` with a pattern) and every
-stage (``base``: the model as given; ``finetuned``: after ``hf_hilbert_attn.finetune`` (``examples/finetune.py``) ran on
+stage (``base``: the model as given; ``finetuned``: after ``hf_hilbert_attn.tools.finetune`` (``examples/finetune.py``) ran on
 ``CORPUS/train`` with the same data order, steps, learning rate and seed for every method, the
 dense ``sdpa`` control included), it measures
 
 * perplexity at each ``--lengths`` on one held-out token stream (``CORPUS/heldout/*.txt``, one
   document per file, joined by EOS): windows of ``L`` tokens every ``L/2``, each token scored
-  once (:mod:`~hf_hilbert_attn.evaluation.perplexity`), the same windows for every method;
+  once (:mod:`~hf_hilbert_attn.tools.evaluation.perplexity`), the same windows for every method;
 * passkey accuracy at each ``--passkey-lengths`` × ``--depths`` × ``--trials``, teacher-forced
-  and batched (:func:`~hf_hilbert_attn.evaluation.passkey.passkey_teacher_forced`);
+  and batched (:func:`~hf_hilbert_attn.tools.evaluation.passkey.passkey_teacher_forced`);
 * the pattern's density (allowed / dense causal pairs) at each length, wall time, and for the
   fine-tune its seconds per step and tokens/s.
 
@@ -50,7 +50,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..pattern import DilatedPattern
+import hf_hilbert_attn
+from hf_hilbert_attn.pattern import DilatedPattern
+
 from ._args import (InputError, check_device, check_eval_grid, depth, length_type, nonneg_int,
                     positive_int, results_dir, show_progress)
 from .corpus import tokenize_corpus
@@ -65,7 +67,8 @@ __all__ = ["QualityMethod", "QualityConfig", "load_methods", "read_documents", "
            "perplexity_batched", "run_quality_study", "write_quality_report",
            "add_quality_arguments", "main"]
 
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the fine-tune subprocess imports from here
+# the fine-tune subprocess imports the package from here
+PACKAGE_PARENT = Path(hf_hilbert_attn.__file__).resolve().parents[1]
 DEFAULT_METHODS = Path(__file__).with_name("quality_study.yaml")  # installed with the package
 STAGES = ("base", "finetuned")
 TASKS = ("perplexity", "passkey")
@@ -244,7 +247,7 @@ def pattern_density(pattern: Optional[DilatedPattern], length: int, num_heads: i
 @torch.inference_mode()
 def perplexity_batched(model, tokens: torch.Tensor, length: int, stride: int, *,
                        max_batch_tokens: int = 65536, progress=None) -> PerplexityResult:
-    """:func:`~hf_hilbert_attn.evaluation.perplexity.evaluate_perplexity` with windows batched.
+    """:func:`~hf_hilbert_attn.tools.evaluation.perplexity.evaluate_perplexity` with windows batched.
 
     The windows (and so the scored tokens) are those of ``strided_windows``; windows of equal
     size and scored count run together, ``[B, L]`` with ``B * L <= max_batch_tokens``, and only
@@ -296,7 +299,7 @@ class QualityConfig:
     finetune_lr: float = 1e-4
     finetune_warmup: int = 10
     finetune_seq_len: int = 8192
-    finetune_args: str = ""  # more arguments for hf_hilbert_attn.finetune, e.g. "--loss-chunk 4096"
+    finetune_args: str = ""  # more arguments for hf_hilbert_attn.tools.finetune, e.g. "--loss-chunk 4096"
     batch_tokens: int = 65536
     dtype: str = "auto"
     device: str = "auto"
@@ -554,7 +557,7 @@ def _evaluate(model_path, method: QualityMethod, stage: str, cells, tokens, toke
 
 
 def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
-    """Fine-tune ``method`` from the base weights with ``hf_hilbert_attn.finetune`` (one process);
+    """Fine-tune ``method`` from the base weights with ``hf_hilbert_attn.tools.finetune`` (one process);
     returns ``OUT/finetune/<label>/final`` and records the step time and tokens/s."""
     cfg = study.cfg
     ft = study.out / "finetune" / method.label
@@ -567,7 +570,7 @@ def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
     if ft.exists():  # an interrupted fine-tune starts over
         shutil.rmtree(ft)
     ft.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "hf_hilbert_attn.finetune", "--model", str(Path(cfg.model).resolve()),
+    cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.finetune", "--model", str(Path(cfg.model).resolve()),
            "--data", str((Path(cfg.corpus) / "train").resolve()),
            "--attn-implementation", method.attn_implementation,
            "--seq-len", str(cfg.finetune_seq_len), "--max-steps", str(cfg.finetune_steps),
@@ -808,7 +811,7 @@ def quality_markdown(rows: Sequence[Dict], settings: Optional[Dict] = None,
     ft = [r for r in rows if r["task"] == "finetune"]
     if ft:
         ref_step = next((r["value"] for r in ft if r["method"] == ref), None)
-        parts.append("\n## Fine-tune (hf_hilbert_attn.finetune, one process; s/step and tokens/s "
+        parts.append("\n## Fine-tune (hf_hilbert_attn.tools.finetune, one process; s/step and tokens/s "
                      "exclude the first step)\n")
         body = [[r["method"], r["n"], r["length"], r["value"], r["tokens_per_s"],
                  f"{r['value'] / ref_step:.3f}" if ref_step else "", r["final_loss"],
@@ -1013,7 +1016,7 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--finetune-warmup", type=nonneg_int, default=10, help="linear warm-up steps")
     p.add_argument("--finetune-seq-len", type=_len, default=8192)
     p.add_argument("--finetune-args", default="",
-                   help="more arguments for hf_hilbert_attn.finetune, one string "
+                   help="more arguments for hf_hilbert_attn.tools.finetune, one string "
                         "(e.g. '--gradient-checkpointing --loss-chunk 4096')")
     p.add_argument("--batch-tokens", type=positive_int, default=65536,
                    help="tokens per eval forward (windows / passkey prompts batched up to it)")

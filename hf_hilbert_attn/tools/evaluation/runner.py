@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..pattern import DilatedPattern
+from hf_hilbert_attn.pattern import DilatedPattern
 from . import report
 from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
 from ._args import (InputError, InputNotFound, check_device, check_eval_grid, depth,
@@ -82,7 +82,7 @@ def _pattern_file(path: Path) -> DilatedPattern:
 
 
 def _resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
-    from .. import patterns
+    from hf_hilbert_attn import patterns
 
     path = Path(spec)
     if path.suffix in (".yaml", ".yml"):
@@ -275,7 +275,7 @@ def run_eval(cfg: EvalConfig) -> Dict:
         if not torch.distributed.is_initialized():
             raise InputError(f"--sp-size {cfg.sp_size} needs a process group: start the eval "
                              f"with `torchrun --nproc_per_node N` or `accelerate launch`")
-        from ..integrations.accelerate import sequence_parallel_topology
+        from hf_hilbert_attn.integrations.accelerate import sequence_parallel_topology
 
         topo = sequence_parallel_topology(None, cfg.sp_size)
         rank = torch.distributed.get_rank()
@@ -519,7 +519,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None,
                    help="local model directory (save_pretrained); omit for the built-in tiny "
                         "random-initialised Llama with a character tokenizer (a CPU smoke run)")
-    from .. import patterns
+    from hf_hilbert_attn import patterns
 
     p.add_argument("--pattern", action="append", dest="patterns", default=None,
                    help=f"pattern for hilbert_dilated, repeatable: a shipped name "

@@ -2,4 +2,4 @@
 ``hf-hilbert-attn bench attention``), the baselines it compares against (:mod:`.baselines`:
 gather → SDPA → LSE merge, FlexAttention) and the helpers every benchmark script shares
 (:mod:`.common`: timing, memory, CSV / PNG / markdown). The end-to-end model benchmark is
-:mod:`hf_hilbert_attn.evaluation.bench_model`."""
+:mod:`hf_hilbert_attn.tools.evaluation.bench_model`."""

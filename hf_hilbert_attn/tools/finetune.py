@@ -38,7 +38,7 @@ Retrieval mix (issue 26): ``--retrieval-mix F`` makes a fraction F of the steps 
 (spread evenly, phase set by ``--seed``; every row of such a step is one): RULER-style prompts of
 exactly ``--seq-len`` tokens (``--retrieval-tasks``, depths uniform in [0, 1], a seed of their
 own, never an evaluated prompt) with the answer and EOS at the end and the loss on the answer
-tokens only (:mod:`hf_hilbert_attn.evaluation.retrieval_train`). The text steps see the same
+tokens only (:mod:`hf_hilbert_attn.tools.evaluation.retrieval_train`). The text steps see the same
 text blocks in the same order as a run without the mix, fewer of them. A retrieval step's loss
 is the mean over its answer tokens, so it weighs as much as a text step; it is logged in
 ``train_log.jsonl`` with ``"retrieval": 1``. Bad arguments and inputs print one line,
@@ -60,8 +60,8 @@ import torch
 
 import hf_hilbert_attn
 from hf_hilbert_attn import patterns
-from hf_hilbert_attn.evaluation._args import InputError, InputNotFound
-from hf_hilbert_attn.evaluation.runner import resolve_pattern
+from hf_hilbert_attn.tools.evaluation._args import InputError, InputNotFound
+from hf_hilbert_attn.tools.evaluation.runner import resolve_pattern
 from hf_hilbert_attn.integrations.accelerate import (
     reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
 from hf_hilbert_attn.long_context import LOSS_BACKENDS, offload_checkpoints, tile_mlp
@@ -144,7 +144,7 @@ def parse_args(argv=None):
                    "loss on the answer only (0 <= F < 1; default 0)")
     p.add_argument("--retrieval-tasks", nargs="+", default=None, metavar="TASK",
                    help="tasks of the retrieval steps, cycled (default: passkey niah_single "
-                   "niah_multikey niah_multivalue; any of hf_hilbert_attn.evaluation.ruler's)")
+                   "niah_multikey niah_multivalue; any of hf_hilbert_attn.tools.evaluation.ruler's)")
     p.add_argument("--loss-backend", choices=LOSS_BACKENDS, default="auto",
                    help="with --loss-chunk > 0: liger (Liger-Kernel's fused linear cross-entropy, "
                    "CUDA), chunked, or auto (liger where installed on CUDA)")
@@ -179,7 +179,7 @@ def parse_args(argv=None):
         args.pattern = resolve_pattern(args.pattern)[1]  # an InputError names a bad one
     if not 0.0 <= args.retrieval_mix < 1.0:
         p.error(f"--retrieval-mix must be a fraction in [0, 1), got {args.retrieval_mix:g}")
-    from hf_hilbert_attn.evaluation.retrieval_train import TRAIN_TASKS, check_tasks
+    from hf_hilbert_attn.tools.evaluation.retrieval_train import TRAIN_TASKS, check_tasks
 
     try:
         args.retrieval_tasks = check_tasks(args.retrieval_tasks or TRAIN_TASKS)
@@ -285,13 +285,13 @@ class RetrievalMix:
     """The retrieval steps of ``--retrieval-mix``: which steps, and their ``[bs, S]`` rows.
 
     Row ``i`` of data-parallel rank ``d`` at the ``n``-th retrieval step is example
-    ``(n·dp + d)·bs + i`` of :func:`~hf_hilbert_attn.evaluation.retrieval_train.retrieval_block`
+    ``(n·dp + d)·bs + i`` of :func:`~hf_hilbert_attn.tools.evaluation.retrieval_train.retrieval_block`
     (a pure function of it), so resume stays exact.
     """
 
     def __init__(self, tokenizer, mix: float, tasks, seq_len: int, seed: int, documents=None):
-        from hf_hilbert_attn.evaluation.retrieval_train import TRAIN_SEED, RetrievalSchedule
-        from hf_hilbert_attn.evaluation.ruler import RulerGenerator
+        from hf_hilbert_attn.tools.evaluation.retrieval_train import TRAIN_SEED, RetrievalSchedule
+        from hf_hilbert_attn.tools.evaluation.ruler import RulerGenerator
 
         self.schedule = RetrievalSchedule(mix, seed)
         self.generator = RulerGenerator(tokenizer, documents=documents, seed=TRAIN_SEED + seed)
@@ -309,7 +309,7 @@ class RetrievalMix:
 
     def rows(self, indices):
         """``(input_ids, labels)`` ``[len(indices), S]`` of examples ``indices``."""
-        from hf_hilbert_attn.evaluation.retrieval_train import retrieval_block
+        from hf_hilbert_attn.tools.evaluation.retrieval_train import retrieval_block
 
         got = [retrieval_block(self.generator, i, self.seq_len, self.tasks)[:2] for i in indices]
         return torch.tensor([g[0] for g in got]), torch.tensor([g[1] for g in got])

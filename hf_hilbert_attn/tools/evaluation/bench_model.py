@@ -29,8 +29,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
-from ..training import MODEL_SHAPES, compile_layers, enable_checkpointing
+from hf_hilbert_attn.long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
+from hf_hilbert_attn.training import MODEL_SHAPES, compile_layers, enable_checkpointing
 from ._args import (InputError, check_device, length_type, positive_int, report_input_errors,
                     results_dir, show_progress)
 

@@ -13,7 +13,7 @@
     hf-hilbert-attn calibrate MODEL --budget F [--out DIR]   dense key/value heads for retrieval
     hf-hilbert-attn lm-eval run --model hf ...           lm-eval with hilbert_dilated registered
 
-Also runnable as ``python -m hf_hilbert_attn.cli``. Bad arguments print a message naming the
+Also runnable as ``python -m hf_hilbert_attn.tools.cli``. Bad arguments print a message naming the
 value and exit with status 2; a bad input found later (an empty corpus, a pattern file that is
 not YAML, a GPU command on a machine without one) and a failed fetch print one line,
 ``hf-hilbert-attn CMD: error: ...``, and exit with status 1. Tracebacks are kept for bugs;
@@ -64,7 +64,7 @@ def env_report(check_kernels: bool = True) -> List[str]:
     lines.append(f"triton kernels {_kernel_status(cuda, check_kernels)}")
     from transformers import AttentionInterface
 
-    from . import ATTN_IMPLEMENTATION
+    from hf_hilbert_attn import ATTN_IMPLEMENTATION
 
     reg = "yes" if ATTN_IMPLEMENTATION in AttentionInterface().valid_keys() else "no"
     lines.append(f"attn_implementation '{ATTN_IMPLEMENTATION}' registered: {reg}")
@@ -89,7 +89,7 @@ def _kernel_status(cuda: bool, check: bool) -> str:
     try:
         import torch
 
-        from . import DilatedPattern, dilated_attention, reference_attention
+        from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 
         pat = DilatedPattern([64, 256], [1, 4])
         q, k, v = (torch.randn(1, 4, 300, 64, device="cuda", dtype=torch.float16)
@@ -159,7 +159,7 @@ def _show_model_pattern(directory, length: int) -> int:
     from transformers import AutoConfig
 
     from .evaluation.calibrate import _shape, model_density
-    from .integrations.transformers import LAYER_DENSE, get_pattern
+    from hf_hilbert_attn.integrations.transformers import LAYER_DENSE, get_pattern
 
     config = AutoConfig.from_pretrained(str(directory))
     layers, hq, hkv = _shape(config)
@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluation.bench_model import add_bench_arguments
     from .evaluation.runner import add_eval_arguments
 
-    from . import __version__, patterns
+    from hf_hilbert_attn import __version__, patterns
 
     p = argparse.ArgumentParser(
         prog="hf-hilbert-attn",
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="arguments of the attention benchmark (see `-- --help`)")
     ba.set_defaults(func=_cmd_bench_attention)
     bc = bsub.add_parser("cpu", help="the PyTorch path vs causal SDPA on CPU, side by side",
-                         description="Same as python -m hf_hilbert_attn.benchmarks.cpu; "
+                         description="Same as python -m hf_hilbert_attn.tools.benchmarks.cpu; "
                                      "`bench cpu -- --help` lists its options.")
     bc.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the CPU benchmark")
     bc.set_defaults(func=_cmd_bench_cpu)
@@ -386,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     le = sub.add_parser("lm-eval", help="lm-evaluation-harness with hilbert_dilated registered "
                                         "(needs the lm-eval extra)",
-                        description="Same as python -m hf_hilbert_attn.lm_eval: registers "
+                        description="Same as python -m hf_hilbert_attn.tools.lm_eval: registers "
                                     "hilbert_dilated, then runs lm-eval with every argument "
                                     "that follows (`hf-hilbert-attn lm-eval --help` is "
                                     "lm-eval's help).")
@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "densely (retrieval), within a budget",
                         description="Calibrate a model's dense key/value heads on synthetic "
                                     "retrieval prompts and write them into its config.json "
-                                    "(hf_hilbert_attn.evaluation.calibrate).")
+                                    "(hf_hilbert_attn.tools.evaluation.calibrate).")
     add_calibrate_arguments(ca)
     ca.set_defaults(func=_cmd_calibrate)
     return p

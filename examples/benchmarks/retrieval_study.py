@@ -50,7 +50,8 @@ import hf_hilbert_attn as H
 from hf_hilbert_attn.tools.evaluation.calibrate import calibrate, model_density
 from hf_hilbert_attn.tools.evaluation.corpus import tokenize_corpus
 from hf_hilbert_attn.tools.evaluation.passkey import evaluate_passkey_teacher_forced
-from hf_hilbert_attn.tools.evaluation.quality import perplexity_batched, read_documents
+from hf_hilbert_attn.tools.evaluation.perplexity import perplexity_batched
+from hf_hilbert_attn.tools.evaluation.quality_data import read_documents
 from hf_hilbert_attn.tools.evaluation.report import markdown_table
 from hf_hilbert_attn.tools.evaluation.ruler import (TASKS, evaluate_ruler, plot_heatmap, summarize,
                                               word_list)

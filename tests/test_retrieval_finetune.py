@@ -87,7 +87,7 @@ def test_schedule_fraction_spread_and_determinism():
 
 
 def test_step_batch_keeps_the_text_order(tok):
-    from hf_hilbert_attn.tools.finetune import RetrievalMix, batch_for_step, step_batch
+    from hf_hilbert_attn.tools.finetune_data import RetrievalMix, batch_for_step, step_batch
 
     blocks = torch.arange(40 * 512).view(40, 512)
     mix = RetrievalMix(tok, 0.3, ("passkey", "niah_single"), 512, seed=0)
@@ -150,7 +150,8 @@ def test_short_blocks_are_padded_on_the_left(tok):
 
 def test_too_short_or_unknown_is_one_line(tok, capsys):
     from hf_hilbert_attn.tools.evaluation._args import InputError
-    from hf_hilbert_attn.tools.finetune import RetrievalMix, main
+    from hf_hilbert_attn.tools.finetune import main
+    from hf_hilbert_attn.tools.finetune_data import RetrievalMix
 
     with pytest.raises(InputError, match="--retrieval-tasks niah_multivalue at --seq-len 200: "
                                          "length .* is too short"):
@@ -183,7 +184,7 @@ def test_finetune_retrieval_mix_loss_on_the_answer_and_sequence_parallel(assets,
     from transformers import AutoModelForCausalLM
 
     import hf_hilbert_attn
-    from hf_hilbert_attn.tools.finetune import RetrievalMix
+    from hf_hilbert_attn.tools.finetune_data import RetrievalMix
 
     seed = next(s for s in range(50) if RetrievalSchedule(0.5, s).is_retrieval(0))
     one = _run([sys.executable, *_ft_args(assets, tmp_path / "one", seed)])

@@ -169,6 +169,25 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path):
     assert not (tmp_path / "o" / "results.md").exists()  # no table of a 6-token corpus
 
 
+def test_missing_tool_package_names_the_extra(capsys, tmp_path, monkeypatch):
+    # matplotlib draws --png; without it (None in sys.modules: import fails) one line says
+    # which extra installs it, and nothing is drawn
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    png = tmp_path / "mask.png"
+    msg = _input_error(capsys, "show-pattern", "tiny", "--length", "8", "--png", str(png))
+    assert msg == ('hf-hilbert-attn show-pattern: error: matplotlib is not installed: '
+                   'pip install "hf_hilbert_attn[tools]"'), msg
+    assert not png.exists()
+
+
+def test_library_import_loads_no_tool():
+    code = ("import sys, hf_hilbert_attn; "
+            "print(sorted(m for m in sys.modules if m.startswith('hf_hilbert_attn.tools')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_bad_yaml_pattern_is_one_line(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("segment_lengths: [1, 2\ndilation_rates: [1]\n")

@@ -314,7 +314,7 @@ def test_bench_model_compiled_layers_same_loss(tmp_path):
     # --compile: every decoder layer compiled (both implementations alike); same model, same
     # data -> the same loss as eager, and the rows say they were compiled
     from hf_hilbert_attn.tools.evaluation.bench_model import PRESETS, build_model, main
-    from hf_hilbert_attn.tools.evaluation.runner import resolve_pattern
+    from hf_hilbert_attn.tools.evaluation import resolve_pattern
 
     _, pat = resolve_pattern("tiny")
     kw = PRESETS["tiny"]["model"]

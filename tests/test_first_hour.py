@@ -36,7 +36,7 @@ def test_inline_pattern_is_one_form_everywhere():
     hf_hilbert_attn.configure(model, INLINE)  # refused before: only names, files and dicts
     assert model.config.hilbert_attn == want.to_dict()
     # the eval/show-pattern/bench resolver and the fine-tune take the same spec to the same pattern
-    from hf_hilbert_attn.tools.evaluation.runner import resolve_pattern
+    from hf_hilbert_attn.tools.evaluation import resolve_pattern
     from hf_hilbert_attn.tools.finetune import parse_args
 
     assert resolve_pattern(INLINE)[1] == want

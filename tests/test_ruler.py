@@ -14,9 +14,9 @@ from hf_hilbert_attn.tools.evaluation.corpus import (build_char_tokenizer, build
                                                builtin_corpus)
 from hf_hilbert_attn.tools.evaluation.passkey import teacher_forced_predictions
 from hf_hilbert_attn.tools.evaluation.ruler import (ALL_TASKS, DEPTH_FREE, TASKS, RulerGenerator,
-                                              evaluate_ruler, plot_ruler, ruler_samples,
-                                              score_samples, summarize, word_list,
-                                              write_ruler_csv)
+                                                    evaluate_ruler, ruler_samples, score_samples,
+                                                    word_list)
+from hf_hilbert_attn.tools.evaluation.ruler_report import plot_ruler, summarize, write_ruler_csv
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ from hf_hilbert_attn.tools.evaluation.passkey import evaluate_passkey_teacher_fo
 from hf_hilbert_attn.tools.evaluation.perplexity import perplexity_batched
 from hf_hilbert_attn.tools.evaluation.quality_data import read_documents
 from hf_hilbert_attn.tools.evaluation.report import markdown_table
-from hf_hilbert_attn.tools.evaluation.ruler import summarize
+from hf_hilbert_attn.tools.evaluation.ruler_report import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrieval_study as shared  # noqa: E402  (the row evaluation, log, lengths)

@@ -53,8 +53,8 @@ from hf_hilbert_attn.tools.evaluation.passkey import evaluate_passkey_teacher_fo
 from hf_hilbert_attn.tools.evaluation.perplexity import perplexity_batched
 from hf_hilbert_attn.tools.evaluation.quality_data import read_documents
 from hf_hilbert_attn.tools.evaluation.report import markdown_table
-from hf_hilbert_attn.tools.evaluation.ruler import (TASKS, evaluate_ruler, plot_heatmap, summarize,
-                                              word_list)
+from hf_hilbert_attn.tools.evaluation.ruler import TASKS, evaluate_ruler, word_list
+from hf_hilbert_attn.tools.evaluation.ruler_report import plot_heatmap, summarize
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 T0 = time.perf_counter()

@@ -15,7 +15,8 @@
 
 Also runnable as ``python -m hf_hilbert_attn.tools.cli``. Bad arguments print a message naming the
 value and exit with status 2; a bad input found later (an empty corpus, a pattern file that is
-not YAML, a GPU command on a machine without one) and a failed fetch print one line,
+not YAML, a GPU command on a machine without one), a failed fetch and a tool's missing package
+(``... is not installed: pip install "hf_hilbert_attn[tools]"``) print one line,
 ``hf-hilbert-attn CMD: error: ...``, and exit with status 1. Tracebacks are kept for bugs;
 ``--debug`` (or ``HF_HILBERT_DEBUG=1``) shows them for input errors too.
 """
@@ -111,7 +112,7 @@ def _cmd_env(args, parser) -> int:
 
 # ----------------------------------------------------------------------------- show-pattern
 def _cmd_show_pattern(args, parser) -> int:
-    from .evaluation.runner import resolve_pattern
+    from .evaluation._args import resolve_pattern
     from .visualize import ASCII_MAX_LENGTH, ascii_mask, pattern_summary, save_mask_png
 
     if args.length is not None and args.length < 1:
@@ -308,10 +309,9 @@ def _cmd_calibrate(args, parser) -> int:
 
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    from .evaluation.bench_model import add_bench_arguments
-    from .evaluation.runner import add_eval_arguments
+    from hf_hilbert_attn import __version__
 
-    from hf_hilbert_attn import __version__, patterns
+    from .evaluation.runner import add_eval_arguments
 
     p = argparse.ArgumentParser(
         prog="hf-hilbert-attn",
@@ -327,54 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not run a test kernel call on the GPU")
     e.set_defaults(func=_cmd_env)
 
-    s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
-    s.add_argument("pattern", nargs="?", default="default",
-                   help=f"a shipped pattern name ({', '.join(patterns.names())}), a built-in name "
-                        f"(tiny), a YAML file or inline {patterns.INLINE_FORM}, or a model "
-                        f"directory: its layers' dense heads and density (default: default)")
-    s.add_argument("--length", type=parse_length, default=None,
-                   help="sequence length in tokens, e.g. 4096 or 4k (default: the pattern's "
-                        "longest segment)")
-    s.add_argument("--heads", type=int, default=1, help="query heads to count (default 1)")
-    s.add_argument("--png", default=None, help="also draw the mask into this PNG")
-    s.add_argument("--png-heads", type=int, default=4, help="heads drawn in the PNG (max)")
-    s.add_argument("--ascii-max", type=_ascii_max, default=64,
-                   help="longest length drawn as ASCII (default 64)")
-    s.add_argument("--ascii-heads", type=int, default=1, help="heads drawn as ASCII (default 1)")
-    s.add_argument("--non-causal", action="store_true", help="bidirectional attention")
-    s.set_defaults(func=_cmd_show_pattern)
+    _add_show_pattern_parser(sub)
 
     ev = sub.add_parser("eval", help="long-context eval: perplexity vs length, passkey, speed",
                         description="Same as examples/eval_long_context.py.")
     add_eval_arguments(ev)
     ev.set_defaults(func=_cmd_eval)
 
-    b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end), 'bench attention' "
-                                       "(GPU), 'bench cpu', 'bench generate'")
-    bsub = b.add_subparsers(dest="bench_command", metavar="WHAT")
-    bsub.required = True
-    bm = bsub.add_parser("model", help="forward+backward of a whole model, sdpa vs hilbert_dilated",
-                         description="Same as examples/benchmarks/bench_model.py.")
-    add_bench_arguments(bm)
-    bm.set_defaults(func=_cmd_bench_model)
-    ba = bsub.add_parser("attention", help="the attention-op benchmark, ours vs SDPA, "
-                                           "FlexAttention and gather-SDPA (GPU)",
-                         description="Same as examples/benchmarks/bench_attention.py; "
-                                     "`bench attention -- --help` lists its options.")
-    ba.add_argument("rest", nargs=argparse.REMAINDER,
-                    help="arguments of the attention benchmark (see `-- --help`)")
-    ba.set_defaults(func=_cmd_bench_attention)
-    bc = bsub.add_parser("cpu", help="the PyTorch path vs causal SDPA on CPU, side by side",
-                         description="Same as python -m hf_hilbert_attn.tools.benchmarks.cpu; "
-                                     "`bench cpu -- --help` lists its options.")
-    bc.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the CPU benchmark")
-    bc.set_defaults(func=_cmd_bench_cpu)
-    from .evaluation.bench_generate import add_arguments as add_generate_arguments
-
-    bg = bsub.add_parser("generate", help="peak memory and tokens/s of generate() after a long "
-                                          "context: PatternCache vs DynamicCache")
-    add_generate_arguments(bg)
-    bg.set_defaults(func=_cmd_bench_generate)
+    _add_bench_parsers(sub)
 
     from .evaluation.quality import add_quality_arguments
 
@@ -405,6 +365,57 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_arguments(ca)
     ca.set_defaults(func=_cmd_calibrate)
     return p
+
+
+def _add_show_pattern_parser(sub) -> None:
+    from hf_hilbert_attn import patterns
+
+    s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
+    s.add_argument("pattern", nargs="?", default="default",
+                   help=f"a shipped pattern name ({', '.join(patterns.names())}), a built-in name "
+                        f"(tiny), a YAML file or inline {patterns.INLINE_FORM}, or a model "
+                        f"directory: its layers' dense heads and density (default: default)")
+    s.add_argument("--length", type=parse_length, default=None,
+                   help="sequence length in tokens, e.g. 4096 or 4k (default: the pattern's "
+                        "longest segment)")
+    s.add_argument("--heads", type=int, default=1, help="query heads to count (default 1)")
+    s.add_argument("--png", default=None, help="also draw the mask into this PNG")
+    s.add_argument("--png-heads", type=int, default=4, help="heads drawn in the PNG (max)")
+    s.add_argument("--ascii-max", type=_ascii_max, default=64,
+                   help="longest length drawn as ASCII (default 64)")
+    s.add_argument("--ascii-heads", type=int, default=1, help="heads drawn as ASCII (default 1)")
+    s.add_argument("--non-causal", action="store_true", help="bidirectional attention")
+    s.set_defaults(func=_cmd_show_pattern)
+
+
+def _add_bench_parsers(sub) -> None:
+    from .evaluation.bench_generate import add_arguments as add_generate_arguments
+    from .evaluation.bench_model import add_bench_arguments
+
+    b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end), 'bench attention' "
+                                       "(GPU), 'bench cpu', 'bench generate'")
+    bsub = b.add_subparsers(dest="bench_command", metavar="WHAT")
+    bsub.required = True
+    bm = bsub.add_parser("model", help="forward+backward of a whole model, sdpa vs hilbert_dilated",
+                         description="Same as examples/benchmarks/bench_model.py.")
+    add_bench_arguments(bm)
+    bm.set_defaults(func=_cmd_bench_model)
+    ba = bsub.add_parser("attention", help="the attention-op benchmark, ours vs SDPA, "
+                                           "FlexAttention and gather-SDPA (GPU)",
+                         description="Same as examples/benchmarks/bench_attention.py; "
+                                     "`bench attention -- --help` lists its options.")
+    ba.add_argument("rest", nargs=argparse.REMAINDER,
+                    help="arguments of the attention benchmark (see `-- --help`)")
+    ba.set_defaults(func=_cmd_bench_attention)
+    bc = bsub.add_parser("cpu", help="the PyTorch path vs causal SDPA on CPU, side by side",
+                         description="Same as python -m hf_hilbert_attn.tools.benchmarks.cpu; "
+                                     "`bench cpu -- --help` lists its options.")
+    bc.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the CPU benchmark")
+    bc.set_defaults(func=_cmd_bench_cpu)
+    bg = bsub.add_parser("generate", help="peak memory and tokens/s of generate() after a long "
+                                          "context: PatternCache vs DynamicCache")
+    add_generate_arguments(bg)
+    bg.set_defaults(func=_cmd_bench_generate)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

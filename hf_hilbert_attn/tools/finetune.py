@@ -66,8 +66,7 @@ from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
 from hf_hilbert_attn.training import (MODEL_SHAPES, CausalLMWithLoss, compile_layers,
                                       enable_checkpointing)
 
-from .evaluation._args import InputError, InputNotFound, missing_extra
-from .evaluation.runner import resolve_pattern
+from .evaluation._args import InputError, InputNotFound, missing_extra, resolve_pattern
 from .finetune_data import ByteTokenizer, RetrievalMix, load_texts, pack, step_batch
 
 logger = logging.getLogger("finetune")

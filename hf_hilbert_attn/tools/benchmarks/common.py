@@ -279,6 +279,6 @@ def plot_panels(rows: List[dict], path, *, panel_key: str, series_key: str, x_ke
 def load_pattern(spec: str) -> tuple:
     """``(name, pattern)`` of a shipped name (``longnet_lm``), a YAML path or an inline
     ``W1,W2:R1,R2`` spec; an unknown one is an ``InputError`` naming the choices."""
-    from ..evaluation.runner import resolve_pattern
+    from ..evaluation._args import resolve_pattern
 
     return resolve_pattern(spec)

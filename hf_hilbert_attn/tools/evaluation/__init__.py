@@ -8,9 +8,10 @@
 examples for fine-tuning: :func:`retrieval_examples`.
 """
 
+from ._args import resolve_pattern
 from .passkey import evaluate_passkey, make_passkey_prompt, score_passkey
 from .perplexity import evaluate_perplexity, strided_windows
-from .runner import EvalConfig, resolve_pattern, run_eval
+from .runner import EvalConfig, run_eval
 from .retrieval_train import retrieval_examples
 from .ruler import evaluate_ruler
 

@@ -1,5 +1,5 @@
-"""argparse value types and the input error shared by the eval, the benchmarks, the fine-tune
-example and the console command."""
+"""argparse value types, the pattern argument (:func:`resolve_pattern`) and the input error
+shared by the eval, the benchmarks, the fine-tune and the console command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import argparse
 import os
 import re
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Tuple
+
+from hf_hilbert_attn.pattern import DilatedPattern
 
 
 class InputError(ValueError):
@@ -185,3 +188,76 @@ def check_device(device: str) -> None:
         if d.index is not None and d.index >= torch.cuda.device_count():
             raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA "
                              f"device(s) here")
+
+
+# ----------------------------------------------------------------------------- patterns
+# Built-in patterns by name, beside the shipped YAMLs of hf_hilbert_attn/patterns/.
+# "tiny" suits the built-in model's 128–512-token contexts: dense within 64 tokens, then every
+# 4th token of a 256-token segment.
+BUILTIN_PATTERNS = {
+    "tiny": DilatedPattern([64, 256], [1, 4]),
+    "dense": DilatedPattern.dense(1 << 30),
+}
+
+
+def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
+    """A pattern from a YAML path, a shipped config name, a built-in name or an inline spec.
+
+    Accepted, in this order: a ``.yaml`` file; a shipped pattern name
+    (``hf_hilbert_attn.patterns.names()``: ``default``, ``dense``, ``longnet_lm``, ...); a
+    built-in name (``tiny``); an inline spec, parsed by
+    :func:`hf_hilbert_attn.patterns.parse_inline` (``"W1,W2,...:R1,R2,..."``: segment lengths :
+    dilation rates, optionally followed by ``:sliding`` and ``:sinks=K``).
+
+    Returns:
+        ``(label, pattern)``; the label names it in tables and plots.
+
+    Raises:
+        InputNotFound (a ``FileNotFoundError``): a path-like spec (ending in .yaml/.yml) that
+            does not exist.
+        InputError (a ``ValueError``): an unknown name, a malformed inline spec, a YAML file
+            that does not parse, or the pattern's own validation error (e.g.
+            ``dilation_rates[0] must be <= segment_lengths[0] …``).
+    """
+    try:
+        return _resolve_pattern(spec)
+    except FileNotFoundError as e:
+        raise InputNotFound(str(e)) from None
+    except (ValueError, TypeError) as e:  # the pattern's validation names the field
+        raise InputError(str(e)) from None
+
+
+def _pattern_file(path: Path) -> DilatedPattern:
+    import yaml
+
+    try:
+        return DilatedPattern.from_yaml(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise InputError(f"pattern file {path} is not valid YAML: {problem}{where}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise InputError(f"pattern file {path}: {e}") from None
+
+
+def _resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
+    from hf_hilbert_attn import patterns
+
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml"):
+        return path.stem, _pattern_file(path)
+    if spec in patterns.names():
+        return spec, patterns.load(spec)
+    if spec in BUILTIN_PATTERNS:
+        return spec, BUILTIN_PATTERNS[spec]
+    if ":" in spec:  # the one inline parser: hf_hilbert_attn.patterns.parse_inline
+        pattern = patterns.parse_inline(spec)
+        w_text, r_text, *options = spec.split(":")
+        label = "_".join([w_text + "_r" + r_text] + options).replace(",", "-").replace("=", "")
+        return label, pattern
+    raise ValueError(
+        f"unknown pattern {spec!r}: give a .yaml file, a shipped pattern name "
+        f"{patterns.names()}, a built-in name {sorted(BUILTIN_PATTERNS)}, or an inline "
+        f"{patterns.INLINE_FORM}"
+    )

@@ -128,7 +128,7 @@ def run_benchmark(args) -> Dict:
     """Run for parsed ``args`` (:func:`add_arguments`); writes ``bench_generate_<preset>_<gpu>``
     ``.csv`` and ``.md`` into ``args.out_dir`` and returns ``rows``, ``markdown``, ``files``."""
     from . import report
-    from .runner import resolve_pattern
+    from ._args import resolve_pattern
 
     preset = PRESETS[args.preset]
     device = torch.device(args.device if args.device != "auto"

@@ -480,7 +480,7 @@ def run_from_args(args, parser) -> int:
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype,
                                                  attn_implementation="hilbert_dilated")
     if args.pattern is not None:
-        from .runner import resolve_pattern
+        from ._args import resolve_pattern
 
         configure(model, resolve_pattern(args.pattern)[1])
     model.to(device).eval()

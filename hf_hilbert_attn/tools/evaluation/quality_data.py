@@ -99,7 +99,7 @@ def _read_yaml(path: Path):
 def _method(entry, at: str, seen: set, base_dir: Optional[Path]) -> QualityMethod:
     """One entry of the methods list, checked (``at`` names it in errors; ``seen``: the labels
     so far)."""
-    from .runner import resolve_pattern
+    from ._args import resolve_pattern
 
     if not isinstance(entry, dict):
         raise StudyError(f"{at} must be a mapping with label / attn_implementation / "

@@ -4,7 +4,8 @@ short fine-tune: perplexity by context length, teacher-forced passkey, density, 
     python examples/quality_study.py --model smollm2 --corpus shakespeare \
         --finetune-steps 150 --out quality_results
 
-Same as ``hf-hilbert-attn quality``; the logic lives in ``hf_hilbert_attn.tools.evaluation.quality``.
+Same as ``hf-hilbert-attn quality``; the logic lives in
+``hf_hilbert_attn.tools.evaluation.quality``.
 """
 
 import sys

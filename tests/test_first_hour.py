@@ -304,7 +304,8 @@ def test_cli_lm_eval_hands_everything_after_it_to_lm_eval(capsys):
 
 @pytest.mark.slow
 def test_lm_eval_runs_a_hilbert_dilated_model_offline(tmp_path):
-    """``python -m hf_hilbert_attn.tools.lm_eval`` in a fresh process (nothing imported our package):
+    """``python -m hf_hilbert_attn.tools.lm_eval`` in a fresh process (nothing imported our
+    package):
     a local task over a local JSON file, on a tiny random Llama saved with a sparse pattern.
     lm-eval's per-sample log-likelihoods must be the ones hilbert_dilated computes, which differ
     from sdpa's: the run used our attention with the saved pattern."""

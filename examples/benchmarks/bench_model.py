@@ -7,7 +7,8 @@ sequence each runs. Writes CSV + PNG + markdown tagged with the GPU name into ``
     python examples/benchmarks/bench_model.py --preset tiny           # CPU smoke test
 
 Same as ``hf-hilbert-attn bench model``; the logic lives in
-``hf_hilbert_attn.tools.evaluation.bench_model`` (its docstring explains the memory outside attention).
+``hf_hilbert_attn.tools.evaluation.bench_model`` (its docstring explains the memory outside
+attention).
 """
 
 import sys

@@ -6,8 +6,8 @@ item 5) One real model, one run:
 Rows: dense ``sdpa`` (the control); the default pattern; the default pattern with the dense
 key/value heads that ``needle_mass`` calibration picks at ``--budget`` (calibrated once, on the
 base model). Each is fine-tuned twice from the base weights with ``python -m
-hf_hilbert_attn.tools.finetune`` — ``--retrieval-mix 0`` and ``--retrieval-mix F`` — with the same
-steps, lr, warm-up, seed and so the same text blocks in the same order (the mixed run replaces
+hf_hilbert_attn.tools.finetune`` — ``--retrieval-mix 0`` and ``--retrieval-mix F`` — with the
+same steps, lr, warm-up, seed and so the same text blocks in the same order (the mixed run replaces
 a fraction F of the steps by retrieval steps; their prompts have a seed of their own, never an
 evaluated prompt). Every fine-tuned model is then measured: passkey at 2K / 4K / 8K (5 depths x
 4, teacher-forced, the quality study's prompts), RULER-style niah_single, niah_multikey,
@@ -151,7 +151,8 @@ class FineTune:
         self.dir = out / "finetune" / self.label
         self.final = self.dir / "final"
         self.proc, self.t0, self.seconds = None, None, None
-        self.cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.finetune", "--model", str(model_dir),
+        self.cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.finetune",
+                    "--model", str(model_dir),
                     "--data", str((Path(args.corpus) / "train").resolve()),
                     "--attn-implementation", "sdpa" if row == "dense" else "hilbert_dilated",
                     "--seq-len", str(cfg["seq_len"]), "--max-steps", str(cfg["steps"]),

@@ -151,7 +151,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    "loss on the answer only (0 <= F < 1; default 0)")
     p.add_argument("--retrieval-tasks", nargs="+", default=None, metavar="TASK",
                    help="tasks of the retrieval steps, cycled (default: passkey niah_single "
-                   "niah_multikey niah_multivalue; any of hf_hilbert_attn.tools.evaluation.ruler's)")
+                   "niah_multikey niah_multivalue; any of tools.evaluation.ruler's)")
     p.add_argument("--loss-backend", choices=LOSS_BACKENDS, default="auto",
                    help="with --loss-chunk > 0: liger (Liger-Kernel's fused linear cross-entropy, "
                    "CUDA), chunked, or auto (liger where installed on CUDA)")

@@ -110,7 +110,7 @@ class RetrievalMix:
     """The retrieval steps of ``--retrieval-mix``: which steps, and their ``[bs, S]`` rows.
 
     Row ``i`` of data-parallel rank ``d`` at the ``n``-th retrieval step is example
-    ``(n·dp + d)·bs + i`` of :func:`~hf_hilbert_attn.tools.evaluation.retrieval_train.retrieval_block`
+    ``(n·dp + d)·bs + i`` of :func:`~.evaluation.retrieval_train.retrieval_block`
     (a pure function of it), so resume stays exact.
     """
 

@@ -31,6 +31,7 @@ import torch
 
 from hf_hilbert_attn.long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
 from hf_hilbert_attn.training import MODEL_SHAPES, compile_layers, enable_checkpointing
+
 from ._args import (InputError, check_device, length_type, positive_int, report_input_errors,
                     results_dir, show_progress)
 

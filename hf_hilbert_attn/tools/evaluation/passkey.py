@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from hf_hilbert_attn.integrations.cache import prefill_chunks
+
 from .perplexity import resolve_prefill_chunk
 
 __all__ = [
@@ -124,7 +125,7 @@ def hf_generate_fn(model, tokenizer, max_new_tokens: int = 8, *,
     """A ``generate_fn`` for :func:`evaluate_passkey`: greedy ``model.generate`` on one prompt,
     returning only the newly generated text.
 
-    ``prefill_chunk`` (see :func:`~hf_hilbert_attn.tools.evaluation.perplexity.resolve_prefill_chunk`):
+    ``prefill_chunk`` (see :func:`~.perplexity.resolve_prefill_chunk`):
     ``"auto"`` generates a ``hilbert_dilated`` model through a ``PatternCache`` (the same
     tokens as the full cache; memory bounded by the pattern), prefilling prompts longer than
     ``DEFAULT_PREFILL_CHUNK`` in chunks (``generate(prefill_chunk_size=...)``); other models

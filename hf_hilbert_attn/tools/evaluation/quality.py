@@ -5,8 +5,8 @@
         --finetune-steps 150 --out quality_results
 
 For every method of the methods file (``sdpa``, or ``hilbert_dilated`` with a pattern) and every
-stage (``base``: the model as given; ``finetuned``: after ``hf_hilbert_attn.tools.finetune`` (``examples/finetune.py``) ran on
-``CORPUS/train`` with the same data order, steps, learning rate and seed for every method, the
+stage (``base``: the model as given; ``finetuned``: after ``hf_hilbert_attn.tools.finetune``
+(``examples/finetune.py``) ran on ``CORPUS/train`` with the same data order, steps, learning rate and seed for every method, the
 dense ``sdpa`` control included), it measures
 
 * perplexity at each ``--lengths`` on one held-out token stream (``CORPUS/heldout/*.txt``, one
@@ -114,7 +114,7 @@ class QualityConfig:
     finetune_lr: float = 1e-4
     finetune_warmup: int = 10
     finetune_seq_len: int = 8192
-    finetune_args: str = ""  # more arguments for hf_hilbert_attn.tools.finetune, e.g. "--loss-chunk 4096"
+    finetune_args: str = ""  # more arguments for tools.finetune, e.g. "--loss-chunk 4096"
     batch_tokens: int = 65536
     dtype: str = "auto"
     device: str = "auto"
@@ -333,8 +333,8 @@ def _evaluate(model_path, method: QualityMethod, stage: str, cells, tokens, toke
 
 
 def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
-    """Fine-tune ``method`` from the base weights with ``hf_hilbert_attn.tools.finetune`` (one process);
-    returns ``OUT/finetune/<label>/final`` and records the step time and tokens/s."""
+    """Fine-tune ``method`` from the base weights with ``hf_hilbert_attn.tools.finetune`` (one
+    process); returns ``OUT/finetune/<label>/final`` and records the step time and tokens/s."""
     cfg = study.cfg
     ft = study.out / "finetune" / method.label
     final = ft / "final"
@@ -346,7 +346,8 @@ def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
     if ft.exists():  # an interrupted fine-tune starts over
         shutil.rmtree(ft)
     ft.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.finetune", "--model", str(Path(cfg.model).resolve()),
+    cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.finetune",
+           "--model", str(Path(cfg.model).resolve()),
            "--data", str((Path(cfg.corpus) / "train").resolve()),
            "--attn-implementation", method.attn_implementation,
            "--seq-len", str(cfg.finetune_seq_len), "--max-steps", str(cfg.finetune_steps),

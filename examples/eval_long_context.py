@@ -5,12 +5,12 @@
     python examples/eval_long_context.py ./my-model --pattern longnet_lm \
         --lengths 4k 8k 16k 32k --corpus data/*.jsonl --out-dir eval_results
 
-Same as ``hf-hilbert-attn eval``; the logic lives in ``hf_hilbert_attn.evaluation``.
+Same as ``hf-hilbert-attn eval``; the logic lives in ``hf_hilbert_attn.tools.evaluation``.
 """
 
 import sys
 
-from hf_hilbert_attn.evaluation.runner import main
+from hf_hilbert_attn.tools.evaluation.runner import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="eval_long_context.py"))

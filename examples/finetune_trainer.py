@@ -94,7 +94,7 @@ def parse_args(argv=None):
 
 def load_texts(path, column):
     """The documents: each ``.txt`` file whole, or each ``.jsonl`` record's ``column``."""
-    from hf_hilbert_attn.evaluation.corpus import builtin_corpus
+    from hf_hilbert_attn.tools.evaluation.corpus import builtin_corpus
 
     if path is None:
         return builtin_corpus(60_000, seed=0)
@@ -130,7 +130,7 @@ def build_rows(docs, tok, args):
 def build_model(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer, build_default_model
+    from hf_hilbert_attn.tools.evaluation.corpus import build_char_tokenizer, build_default_model
 
     if args.model:
         tok = AutoTokenizer.from_pretrained(args.model)

@@ -1,5 +1,5 @@
 """Training helpers shared by the fine-tune example (``examples/finetune.py``) and the model
-benchmark (:mod:`hf_hilbert_attn.evaluation.bench_model`): model shapes, activation
+benchmark (:mod:`hf_hilbert_attn.tools.evaluation.bench_model`): model shapes, activation
 checkpointing, and a next-token loss that never materialises the whole ``[S, vocab]`` logits.
 """
 

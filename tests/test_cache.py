@@ -155,8 +155,8 @@ def test_shift_period_leaves_the_rule_unchanged():
 
 # ----------------------------------------------------------------------------- eval
 def test_eval_chunked_prefill_is_the_same_perplexity_and_passkey_answer(monkeypatch):
-    from hf_hilbert_attn.evaluation import passkey, perplexity
-    from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer
+    from hf_hilbert_attn.tools.evaluation import passkey, perplexity
+    from hf_hilbert_attn.tools.evaluation.corpus import build_char_tokenizer
     from hf_hilbert_attn.integrations import cache as cache_mod
 
     model = tiny("llama", DilatedPattern([8, 16], [1, 2], window="sliding", sink_tokens=1))
@@ -203,8 +203,8 @@ def test_eval_chunked_prefill_is_the_same_perplexity_and_passkey_answer(monkeypa
 def test_bench_generate_smoke(tmp_path, monkeypatch, capsys):
     import csv
 
-    from hf_hilbert_attn.cli import main
-    from hf_hilbert_attn.evaluation import bench_generate
+    from hf_hilbert_attn.tools.cli import main
+    from hf_hilbert_attn.tools.evaluation import bench_generate
     from hf_hilbert_attn.integrations import cache as cache_mod
 
     argv = ["bench", "generate", "--preset", "tiny", "--contexts", "40", "70", "--new-tokens",

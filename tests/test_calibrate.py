@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import hf_hilbert_attn as H
-from hf_hilbert_attn.evaluation import calibrate as cal
-from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer, build_default_model
-from hf_hilbert_attn.evaluation.ruler import RulerGenerator, word_list
+from hf_hilbert_attn.tools.evaluation import calibrate as cal
+from hf_hilbert_attn.tools.evaluation.corpus import build_char_tokenizer, build_default_model
+from hf_hilbert_attn.tools.evaluation.ruler import RulerGenerator, word_list
 
 ROOT = Path(__file__).resolve().parents[1]
 PATTERN = H.DilatedPattern([64, 256], [1, 4], sink_tokens=1, window="sliding")
@@ -116,7 +116,7 @@ def _save(tok, path):
 
 
 def test_cli_copy_and_in_place(tok, tmp_path):
-    from hf_hilbert_attn.cli import main
+    from hf_hilbert_attn.tools.cli import main
 
     src, out = tmp_path / "model", tmp_path / "calibrated"
     _save(tok, src)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hf_hilbert_attn import DilatedPattern
-from hf_hilbert_attn.cli import main
+from hf_hilbert_attn.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,10 +118,10 @@ def test_eval_command_runs_builtin(capsys, tmp_path):
 def test_console_module_exit_code():
     # A real process: the exit status a shell sees.
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    bad = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.cli", "show-pattern", "tiny",
+    bad = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.tools.cli", "show-pattern", "tiny",
                           "--length", "0"], capture_output=True, text=True, env=env, cwd=REPO)
     assert bad.returncode == 2 and "--length must be >= 1, got 0" in bad.stderr
-    ok = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.cli", "show-pattern", "tiny",
+    ok = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.tools.cli", "show-pattern", "tiny",
                          "--length", "8"], capture_output=True, text=True, env=env, cwd=REPO)
     assert ok.returncode == 0 and "allowed pairs per head   36\n" in ok.stdout
 
@@ -169,6 +169,25 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path):
     assert not (tmp_path / "o" / "results.md").exists()  # no table of a 6-token corpus
 
 
+def test_missing_tool_package_names_the_extra(capsys, tmp_path, monkeypatch):
+    # matplotlib draws --png; without it (None in sys.modules: import fails) one line says
+    # which extra installs it, and nothing is drawn
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    png = tmp_path / "mask.png"
+    msg = _input_error(capsys, "show-pattern", "tiny", "--length", "8", "--png", str(png))
+    assert msg == ('hf-hilbert-attn show-pattern: error: matplotlib is not installed: '
+                   'pip install "hf_hilbert_attn[tools]"'), msg
+    assert not png.exists()
+
+
+def test_library_import_loads_no_tool():
+    code = ("import sys, hf_hilbert_attn; "
+            "print(sorted(m for m in sys.modules if m.startswith('hf_hilbert_attn.tools')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_bad_yaml_pattern_is_one_line(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("segment_lengths: [1, 2\ndilation_rates: [1]\n")
@@ -200,7 +219,7 @@ def test_input_error_exit_status_and_debug(tmp_path):
     # A real process: one line on stderr, exit status 1; --debug keeps the traceback.
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     (tmp_path / "empty.txt").write_text("")
-    argv = [sys.executable, "-m", "hf_hilbert_attn.cli", "eval", "--corpus",
+    argv = [sys.executable, "-m", "hf_hilbert_attn.tools.cli", "eval", "--corpus",
             str(tmp_path / "empty.txt"), "--tasks", "perplexity", "--lengths", "64",
             "--out-dir", str(tmp_path / "o")]
     bad = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)

@@ -193,7 +193,7 @@ def test_plan_is_cached():
 
 
 def test_cpu_benchmark_smoke(tmp_path):
-    from hf_hilbert_attn.benchmarks import cpu
+    from hf_hilbert_attn.tools.benchmarks import cpu
 
     rows = cpu.main(["--lengths", "64", "96", "--shapes", "4/2x16", "--patterns", "longnet_lm",
                      "default", "--repeats", "1", "--backward", "--out", str(tmp_path)])

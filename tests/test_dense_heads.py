@@ -271,7 +271,7 @@ def test_a_covered_config_is_accepted_with_a_warning():
 
 
 def test_show_pattern_of_a_model_directory(tmp_path, capsys):
-    from hf_hilbert_attn.cli import main
+    from hf_hilbert_attn.tools.cli import main
 
     model = configure(tiny_model("llama"), SMALL)
     set_dense_kv_heads(model, [[1], []])

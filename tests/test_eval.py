@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import CSV_6G, model_tol, reorder_tol
-from hf_hilbert_attn.evaluation import (
+from hf_hilbert_attn.tools.evaluation import (
     EvalConfig,
     evaluate_passkey,
     evaluate_perplexity,
@@ -19,13 +19,13 @@ from hf_hilbert_attn.evaluation import (
     score_passkey,
     strided_windows,
 )
-from hf_hilbert_attn.evaluation.corpus import (
+from hf_hilbert_attn.tools.evaluation.corpus import (
     build_char_tokenizer,
     build_default_model,
     load_corpus,
     tokenize_corpus,
 )
-from hf_hilbert_attn.evaluation.perplexity import window_nll
+from hf_hilbert_attn.tools.evaluation.perplexity import window_nll
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_passkey_solvable_by_a_reader_and_not_by_guessing(tok):
 
 
 def test_passkey_real_model_runs_generate(tok, tiny_model):
-    from hf_hilbert_attn.evaluation.passkey import hf_generate_fn
+    from hf_hilbert_attn.tools.evaluation.passkey import hf_generate_fn
 
     gen = hf_generate_fn(tiny_model, tok, max_new_tokens=5)
     p = make_passkey_prompt(tok, 128, 0.5, "12345")
@@ -284,7 +284,7 @@ def test_chunked_loss_matches_full_loss():
 
 
 def test_bench_model_tiny_smoke(tmp_path, capsys):
-    from hf_hilbert_attn.evaluation.bench_model import main
+    from hf_hilbert_attn.tools.evaluation.bench_model import main
 
     rc = main(["--preset", "tiny", "--lengths", "64", "96", "--iters", "1", "--warmup", "0",
                "--max-len", "--max-len-start", "64", "--max-len-step", "32", "--max-len-cap",
@@ -313,8 +313,8 @@ def test_bench_model_tiny_smoke(tmp_path, capsys):
 def test_bench_model_compiled_layers_same_loss(tmp_path):
     # --compile: every decoder layer compiled (both implementations alike); same model, same
     # data -> the same loss as eager, and the rows say they were compiled
-    from hf_hilbert_attn.evaluation.bench_model import PRESETS, build_model, main
-    from hf_hilbert_attn.evaluation.runner import resolve_pattern
+    from hf_hilbert_attn.tools.evaluation.bench_model import PRESETS, build_model, main
+    from hf_hilbert_attn.tools.evaluation import resolve_pattern
 
     _, pat = resolve_pattern("tiny")
     kw = PRESETS["tiny"]["model"]
@@ -377,7 +377,7 @@ def _cfg(out, **kw):
 
 
 def test_eval_writes_each_cell_and_resumes(tmp_path, monkeypatch):
-    from hf_hilbert_attn.evaluation import runner
+    from hf_hilbert_attn.tools.evaluation import runner
 
     whole = run_eval(_cfg(tmp_path / "whole"))["rows"]
     calls = []
@@ -439,7 +439,7 @@ def test_txt_corpus_is_one_document_per_file(tmp_path, tok):
 
 
 def test_bad_yaml_pattern_is_an_input_error(tmp_path):
-    from hf_hilbert_attn.evaluation._args import InputError
+    from hf_hilbert_attn.tools.evaluation._args import InputError
 
     (tmp_path / "bad.yaml").write_text("segment_lengths: [1, 2\n")
     with pytest.raises(InputError, match="is not valid YAML: .* at line 2"):

@@ -227,7 +227,7 @@ def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path, one_proc
     # the built-in byte tokenizer is saved too: final/ evaluates as it is
     from transformers import AutoTokenizer
 
-    from hf_hilbert_attn.evaluation import EvalConfig, run_eval
+    from hf_hilbert_attn.tools.evaluation import EvalConfig, run_eval
 
     tok = AutoTokenizer.from_pretrained(part / "final")
     assert tok("héllo\n")["input_ids"] == list("héllo\n".encode()) and tok.eos_token_id == 256
@@ -296,7 +296,7 @@ def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):
     order, seed and lr) train to the same losses."""
     from transformers import AutoTokenizer
 
-    from hf_hilbert_attn.evaluation.corpus import (build_char_tokenizer, build_default_model,
+    from hf_hilbert_attn.tools.evaluation.corpus import (build_char_tokenizer, build_default_model,
                                                    builtin_corpus)
 
     tok = build_char_tokenizer()
@@ -321,7 +321,7 @@ def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):
         cfg = json.loads((final / "config.json").read_text())
         assert ("hilbert_attn" in cfg) == (impl == "hilbert_dilated"), cfg.get("hilbert_attn")
         if impl == "hilbert_dilated":  # final/ is a model the eval takes as it is
-            from hf_hilbert_attn.evaluation import EvalConfig, run_eval
+            from hf_hilbert_attn.tools.evaluation import EvalConfig, run_eval
 
             rows = run_eval(EvalConfig(model=str(final), tasks=("perplexity",), lengths=(64,),
                                        ppl_tokens=128, corpus=(str(tmp_path / "data" / "000.txt"),),

@@ -1,7 +1,8 @@
 """finetune's capacity flags: --weights-dtype bfloat16 and --compile (regional)."""
 import torch
 
-from hf_hilbert_attn.finetune import ByteTokenizer, build_model, parse_args
+from hf_hilbert_attn.tools.finetune import build_model, parse_args
+from hf_hilbert_attn.tools.finetune_data import ByteTokenizer
 
 
 def test_weights_dtype_and_compile_flags():

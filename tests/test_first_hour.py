@@ -15,14 +15,14 @@ import torch
 
 import hf_hilbert_attn
 from hf_hilbert_attn import DilatedPattern, patterns
-from hf_hilbert_attn.cli import main
+from hf_hilbert_attn.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 INLINE = "256,1024:1,4:sliding:sinks=1"
 
 
 def _tiny_model():
-    from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer, build_default_model
+    from hf_hilbert_attn.tools.evaluation.corpus import build_char_tokenizer, build_default_model
 
     tok = build_char_tokenizer()
     return build_default_model(tok), tok
@@ -36,8 +36,8 @@ def test_inline_pattern_is_one_form_everywhere():
     hf_hilbert_attn.configure(model, INLINE)  # refused before: only names, files and dicts
     assert model.config.hilbert_attn == want.to_dict()
     # the eval/show-pattern/bench resolver and the fine-tune take the same spec to the same pattern
-    from hf_hilbert_attn.evaluation.runner import resolve_pattern
-    from hf_hilbert_attn.finetune import parse_args
+    from hf_hilbert_attn.tools.evaluation import resolve_pattern
+    from hf_hilbert_attn.tools.finetune import parse_args
 
     assert resolve_pattern(INLINE)[1] == want
     assert parse_args(["--pattern", INLINE]).pattern == want
@@ -92,7 +92,7 @@ def test_default_pattern_note_points_at_the_users_line_and_installed_help():
 
 # ----------------------------------------------------------------------------- 6: --corpus DIR
 def test_eval_corpus_takes_a_directory(tmp_path, capsys):
-    from hf_hilbert_attn.evaluation.corpus import load_corpus
+    from hf_hilbert_attn.tools.evaluation.corpus import load_corpus
 
     d = tmp_path / "heldout"
     d.mkdir()
@@ -151,7 +151,7 @@ def test_sequence_parallel_trainer_in_one_process_is_the_plain_trainer(tmp_path,
 def test_fetch_model_checks_gguf_before_downloading(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    from hf_hilbert_attn.evaluation import assets
+    from hf_hilbert_attn.tools.evaluation import assets
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -184,7 +184,7 @@ def test_top_level_help_lists_every_bench_command(capsys):
     top = " ".join(capsys.readouterr().out.split())
     import argparse
 
-    from hf_hilbert_attn.cli import build_parser
+    from hf_hilbert_attn.tools.cli import build_parser
 
     def commands(parser):
         return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -207,10 +207,10 @@ def test_pattern_help_lists_the_shipped_names(capsys):
 
 
 def test_one_length_parser_for_every_command():
-    from hf_hilbert_attn.benchmarks import common
-    from hf_hilbert_attn.cli import build_parser
-    from hf_hilbert_attn.evaluation._args import parse_length
-    from hf_hilbert_attn.evaluation.bench_generate import parse_tokens
+    from hf_hilbert_attn.tools.benchmarks import common
+    from hf_hilbert_attn.tools.cli import build_parser
+    from hf_hilbert_attn.tools.evaluation._args import parse_length
+    from hf_hilbert_attn.tools.evaluation.bench_generate import parse_tokens
 
     assert parse_length("1M") == common.parse_size("1M") == parse_tokens("1m") == 1 << 20
     assert parse_length("4k") == parse_length("4K") == 4096
@@ -221,10 +221,10 @@ def test_one_length_parser_for_every_command():
 
 
 def test_every_tool_writes_under_one_results_root():
-    from hf_hilbert_attn.benchmarks import attention, cpu
-    from hf_hilbert_attn.cli import build_parser
-    from hf_hilbert_attn.evaluation.quality import QualityConfig
-    from hf_hilbert_attn.evaluation.runner import EvalConfig
+    from hf_hilbert_attn.tools.benchmarks import attention, cpu
+    from hf_hilbert_attn.tools.cli import build_parser
+    from hf_hilbert_attn.tools.evaluation.quality import QualityConfig
+    from hf_hilbert_attn.tools.evaluation.runner import EvalConfig
 
     p = build_parser()
     got = {
@@ -242,7 +242,7 @@ def test_every_tool_writes_under_one_results_root():
 
 
 def test_no_progress_bars_in_a_redirected_log(tmp_path, monkeypatch):
-    from hf_hilbert_attn.evaluation import _args
+    from hf_hilbert_attn.tools.evaluation import _args
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -253,7 +253,7 @@ def test_no_progress_bars_in_a_redirected_log(tmp_path, monkeypatch):
     log = io.StringIO()  # stderr sent to a file
     monkeypatch.setattr(sys, "stderr", log)
     assert not _args.show_progress()
-    from hf_hilbert_attn.evaluation.runner import EvalConfig, run_eval
+    from hf_hilbert_attn.tools.evaluation.runner import EvalConfig, run_eval
 
     run_eval(EvalConfig(patterns=("tiny",), include_sdpa=False, tasks=("perplexity",),
                         lengths=(64,), out_dir=str(tmp_path), plots=False))
@@ -304,7 +304,8 @@ def test_cli_lm_eval_hands_everything_after_it_to_lm_eval(capsys):
 
 @pytest.mark.slow
 def test_lm_eval_runs_a_hilbert_dilated_model_offline(tmp_path):
-    """``python -m hf_hilbert_attn.lm_eval`` in a fresh process (nothing imported our package):
+    """``python -m hf_hilbert_attn.tools.lm_eval`` in a fresh process (nothing imported our
+    package):
     a local task over a local JSON file, on a tiny random Llama saved with a sparse pattern.
     lm-eval's per-sample log-likelihoods must be the ones hilbert_dilated computes, which differ
     from sdpa's: the run used our attention with the saved pattern."""
@@ -326,7 +327,7 @@ def test_lm_eval_runs_a_hilbert_dilated_model_offline(tmp_path):
         "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "hf_hilbert_attn.lm_eval", "run", "--model", "hf",
+    cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.lm_eval", "run", "--model", "hf",
            "--model_args", f"pretrained={tmp_path / 'model'},attn_implementation=hilbert_dilated",
            "--tasks", "hilbert_tiny", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
            "--batch_size", "2", "--output_path", str(tmp_path / "out"), "--log_samples"]

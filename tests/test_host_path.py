@@ -14,7 +14,7 @@ import hf_hilbert_attn.kernels as kernels
 from hf_hilbert_attn import DilatedPattern, dilated_attention
 from hf_hilbert_attn import ops
 from hf_hilbert_attn.inputs import check_inputs
-from hf_hilbert_attn.kernels import aot
+from hf_hilbert_attn.tools import aot
 
 PATTERN = DilatedPattern([16, 32, 64], [1, 2, 4], sink_tokens=1)
 

@@ -434,7 +434,7 @@ def test_union_launches_with_and_without_mixed_programs():
     # rates dividing each other, segments multiples of the tiles: the union launches compile
     # without the per-pair code (MIXED False; forward, dq and dk/dv); a rate not dividing the
     # next needs it. Both kinds checked against the reference.
-    from hf_hilbert_attn.kernels import aot
+    from hf_hilbert_attn.tools import aot
 
     pat = DilatedPattern([64, 128, 256, 384], [1, 2, 4, 6])
     q = torch.randn(1, 2, 300, 16)

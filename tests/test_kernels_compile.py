@@ -3,7 +3,7 @@
 The interpreter tests run the kernels' Python but never lower it; a construct the GPU compiler
 rejects (a loop-carried value changing type, a layout it cannot convert) would pass them. Here
 the specializations one forward + backward launches are compiled ahead of time
-(``hf_hilbert_attn.kernels.aot``), each case in a subprocess without ``TRITON_INTERPRET``
+(``hf_hilbert_attn.tools.aot``), each case in a subprocess without ``TRITON_INTERPRET``
 (conftest sets it for this process before the kernels are defined), one test and one process per
 target group (importing the package is most of a run once Triton's cache holds the kernels), so
 pytest-xdist runs the two side by side:
@@ -56,7 +56,7 @@ def _calls(name, arch=None):
     import torch
 
     from hf_hilbert_attn import DilatedPattern
-    from hf_hilbert_attn.kernels import aot
+    from hf_hilbert_attn.tools import aot
 
     mode, dtype, d, causal, positions, env, *options = CASES[name]
     os.environ.update(env)
@@ -93,7 +93,7 @@ def _compile_group(group):
     """Runs in the subprocess (one per group: importing the package is most of a warm run):
     compile the group's cases for its targets, print the rows (and, for the Ampere group, the
     constexpr values its cases and all cases give) as JSON."""
-    from hf_hilbert_attn.kernels import aot
+    from hf_hilbert_attn.tools import aot
 
     why = aot.available()
     if why:
@@ -109,7 +109,7 @@ def _compile_group(group):
 
 def _flag_values(names):
     """Runs in the subprocess: {kernel: {flag: sorted values}} over the cases' launches."""
-    from hf_hilbert_attn.kernels.aot import constexpr_values, specialize
+    from hf_hilbert_attn.tools.aot import constexpr_values, specialize
 
     seen = {}
     for name in names:
@@ -179,7 +179,7 @@ def test_kernels_compile(group):
 
 
 def test_narrow_load_count_on_ptx():
-    from hf_hilbert_attn.kernels.aot import hopper_only, narrow_loads
+    from hf_hilbert_attn.tools.aot import hopper_only, narrow_loads
 
     wide = ("ld.global.v4.b32 {%r1, %r2, %r3, %r4}, [ %rd1 + 0 ];\n"
             "cp.async.cg.shared.global [ %r5 + 0 ], [ %rd2 + 0 ], 0x10, %r6;\n"

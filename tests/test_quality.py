@@ -1,4 +1,4 @@
-"""The quality study (hf_hilbert_attn.evaluation.quality) and teacher-forced passkey, on CPU.
+"""The quality study (hf_hilbert_attn.tools.evaluation.quality) and teacher-forced passkey, on CPU.
 
 The study runs end to end on the tiny random Llama of the built-in eval saved as a model
 directory, a fake corpus directory and two methods (sdpa and a small dilated pattern with one
@@ -17,13 +17,13 @@ import torch
 
 from conftest import CSV_6G, model_tol
 from hf_hilbert_attn import DilatedPattern
-from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer, build_default_model
-from hf_hilbert_attn.evaluation.passkey import (
+from hf_hilbert_attn.tools.evaluation.corpus import build_char_tokenizer, build_default_model
+from hf_hilbert_attn.tools.evaluation.passkey import (
     QUESTION, evaluate_passkey, evaluate_passkey_teacher_forced, hf_generate_fn,
     make_passkey_prompt, passkey_prompts, passkey_teacher_forced, score_passkey,
     teacher_forced_answer)
-from hf_hilbert_attn.evaluation.perplexity import evaluate_perplexity
-from hf_hilbert_attn.evaluation.quality import (
+from hf_hilbert_attn.tools.evaluation.perplexity import evaluate_perplexity
+from hf_hilbert_attn.tools.evaluation.quality import (
     DEFAULT_METHODS, QualityConfig, StudyError, load_methods, pattern_density,
     perplexity_batched, run_quality_study)
 
@@ -260,7 +260,7 @@ METHODS = [{"label": "sdpa", "attn_implementation": "sdpa"},
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory, tok):
-    from hf_hilbert_attn.evaluation.corpus import builtin_corpus
+    from hf_hilbert_attn.tools.evaluation.corpus import builtin_corpus
 
     root = tmp_path_factory.mktemp("quality")
     model_dir = root / "model"
@@ -382,7 +382,7 @@ def test_study_resumes_and_checks_settings(study, dirs):
 
 
 def test_report_only_redraws_from_the_csv(study, capsys):
-    from hf_hilbert_attn.cli import main
+    from hf_hilbert_attn.tools.cli import main
 
     out, res = study
     md = (out / "quality.md").read_text()
@@ -395,7 +395,7 @@ def test_report_only_redraws_from_the_csv(study, capsys):
 
 
 def test_study_goes_on_after_a_failing_method(dirs, tmp_path, monkeypatch):
-    from hf_hilbert_attn.evaluation import quality
+    from hf_hilbert_attn.tools.evaluation import quality
 
     load = quality._load_model
 
@@ -415,7 +415,7 @@ def test_study_goes_on_after_a_failing_method(dirs, tmp_path, monkeypatch):
 
 
 def test_study_bad_inputs_are_one_line_errors(dirs, tmp_path, capsys):
-    from hf_hilbert_attn.cli import main
+    from hf_hilbert_attn.tools.cli import main
 
     root, model_dir, corpus = dirs
     cases = [

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from conftest import model_tol
-from hf_hilbert_attn.evaluation.corpus import (build_char_tokenizer, build_default_model,
+from hf_hilbert_attn.tools.evaluation.corpus import (build_char_tokenizer, build_default_model,
                                                builtin_corpus)
-from hf_hilbert_attn.evaluation.passkey import passkey_prompts
-from hf_hilbert_attn.evaluation.retrieval_train import (TRAIN_SEED, TRAIN_TASKS,
+from hf_hilbert_attn.tools.evaluation.passkey import passkey_prompts
+from hf_hilbert_attn.tools.evaluation.retrieval_train import (TRAIN_SEED, TRAIN_TASKS,
                                                         RetrievalSchedule, check_tasks,
                                                         retrieval_block, retrieval_examples)
-from hf_hilbert_attn.evaluation.ruler import RulerGenerator
+from hf_hilbert_attn.tools.evaluation.ruler import RulerGenerator
 
 ROOT = Path(__file__).resolve().parents[1]
 PATTERN_YAML = "segment_lengths: [16, 64, 128]\ndilation_rates: [1, 2, 4]\n"
@@ -87,7 +87,7 @@ def test_schedule_fraction_spread_and_determinism():
 
 
 def test_step_batch_keeps_the_text_order(tok):
-    from hf_hilbert_attn.finetune import RetrievalMix, batch_for_step, step_batch
+    from hf_hilbert_attn.tools.finetune_data import RetrievalMix, batch_for_step, step_batch
 
     blocks = torch.arange(40 * 512).view(40, 512)
     mix = RetrievalMix(tok, 0.3, ("passkey", "niah_single"), 512, seed=0)
@@ -149,8 +149,9 @@ def test_short_blocks_are_padded_on_the_left(tok):
 
 
 def test_too_short_or_unknown_is_one_line(tok, capsys):
-    from hf_hilbert_attn.evaluation._args import InputError
-    from hf_hilbert_attn.finetune import RetrievalMix, main
+    from hf_hilbert_attn.tools.evaluation._args import InputError
+    from hf_hilbert_attn.tools.finetune import main
+    from hf_hilbert_attn.tools.finetune_data import RetrievalMix
 
     with pytest.raises(InputError, match="--retrieval-tasks niah_multivalue at --seq-len 200: "
                                          "length .* is too short"):
@@ -168,7 +169,7 @@ def test_too_short_or_unknown_is_one_line(tok, capsys):
 
 # ----------------------------------------------------------------------------- finetune.py
 def _ft_args(assets, out, seed, *extra):
-    return ["-m", "hf_hilbert_attn.finetune", "--model", str(assets / "model"), "--data",
+    return ["-m", "hf_hilbert_attn.tools.finetune", "--model", str(assets / "model"), "--data",
             str(assets / "corpus" / "train"), "--pattern", str(assets / "p.yaml"), "--seq-len",
             "256", "--max-steps", "3", "--save-every", "0", "--lr", "1e-3", "--seed", str(seed),
             "--retrieval-mix", "0.5", "--retrieval-tasks", "passkey", "niah_single",
@@ -183,7 +184,7 @@ def test_finetune_retrieval_mix_loss_on_the_answer_and_sequence_parallel(assets,
     from transformers import AutoModelForCausalLM
 
     import hf_hilbert_attn
-    from hf_hilbert_attn.finetune import RetrievalMix
+    from hf_hilbert_attn.tools.finetune_data import RetrievalMix
 
     seed = next(s for s in range(50) if RetrievalSchedule(0.5, s).is_retrieval(0))
     one = _run([sys.executable, *_ft_args(assets, tmp_path / "one", seed)])
@@ -243,7 +244,7 @@ def test_retrieval_examples_train_with_the_plain_trainer(assets, tok, tmp_path):
 
 # ----------------------------------------------------------------------------- quality, script
 def test_quality_passes_retrieval_mix_to_the_finetune(assets, tmp_path):
-    from hf_hilbert_attn.cli import main
+    from hf_hilbert_attn.tools.cli import main
 
     (tmp_path / "m.yaml").write_text(f"- {{label: small, pattern: {assets / 'p.yaml'}}}\n")
     code = main(["quality", "--model", str(assets / "model"), "--corpus",

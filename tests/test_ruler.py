@@ -10,13 +10,13 @@ from collections import Counter
 import pytest
 import torch
 
-from hf_hilbert_attn.evaluation.corpus import (build_char_tokenizer, build_default_model,
+from hf_hilbert_attn.tools.evaluation.corpus import (build_char_tokenizer, build_default_model,
                                                builtin_corpus)
-from hf_hilbert_attn.evaluation.passkey import teacher_forced_predictions
-from hf_hilbert_attn.evaluation.ruler import (ALL_TASKS, DEPTH_FREE, TASKS, RulerGenerator,
-                                              evaluate_ruler, plot_ruler, ruler_samples,
-                                              score_samples, summarize, word_list,
-                                              write_ruler_csv)
+from hf_hilbert_attn.tools.evaluation.passkey import teacher_forced_predictions
+from hf_hilbert_attn.tools.evaluation.ruler import (ALL_TASKS, DEPTH_FREE, TASKS, RulerGenerator,
+                                                    evaluate_ruler, ruler_samples, score_samples,
+                                                    word_list)
+from hf_hilbert_attn.tools.evaluation.ruler_report import plot_ruler, summarize, write_ruler_csv
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +227,8 @@ def test_evaluate_summarize_and_report(char, words, tmp_path):
 
 def test_eval_ruler_task_writes_csv_and_heat_maps(tmp_path):
     # `hf-hilbert-attn eval --tasks ruler`: every task, per method, at the passkey lengths
-    from hf_hilbert_attn.cli import main
-    from hf_hilbert_attn.evaluation.ruler import TASKS
+    from hf_hilbert_attn.tools.cli import main
+    from hf_hilbert_attn.tools.evaluation.ruler import TASKS
 
     assert main(["eval", "--tasks", "ruler", "--lengths", "512", "--depths", "0.5", "--trials",
                  "1", "--no-sdpa", "--pattern", "tiny", "--out-dir", str(tmp_path)]) == 0

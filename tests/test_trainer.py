@@ -179,7 +179,7 @@ def _errors(world, tmp):
 def _sft(world, tmp, dtype=torch.float32):
     from trl import SFTConfig, SFTTrainer
 
-    from hf_hilbert_attn.evaluation.corpus import build_char_tokenizer
+    from hf_hilbert_attn.tools.evaluation.corpus import build_char_tokenizer
     from hf_hilbert_attn.integrations.trainer import sequence_parallel_trainer
 
     tok = build_char_tokenizer()
@@ -244,7 +244,7 @@ def _example(world, tmp):
     import importlib.util
     import json
 
-    from hf_hilbert_attn.evaluation.corpus import builtin_corpus
+    from hf_hilbert_attn.tools.evaluation.corpus import builtin_corpus
 
     text, yaml = f"{tmp}/notes.txt", f"{tmp}/p.yaml"
     if world == 1:  # written once: the 2-process run reads them after its own other scenarios

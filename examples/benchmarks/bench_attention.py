@@ -6,12 +6,12 @@ against dense SDPA (cuDNN, flash), gather-SDPA and FlexAttention, per shape and 
         --seq-lens 256 --heads 4 --kv-heads 2 --head-dim 16 --quick   # CPU smoke run
 
 Same as ``hf-hilbert-attn bench attention``; the logic lives in
-``hf_hilbert_attn.benchmarks.attention`` (its docstring lists the columns and options).
+``hf_hilbert_attn.tools.benchmarks.attention`` (its docstring lists the columns and options).
 """
 
 import sys
 
-from hf_hilbert_attn.benchmarks.attention import LABELS, main  # noqa: F401  (LABELS: tests)
+from hf_hilbert_attn.tools.benchmarks.attention import LABELS, main  # noqa: F401  (LABELS: tests)
 
 if __name__ == "__main__":
     sys.exit(main(prog="bench_attention.py"))

@@ -7,12 +7,13 @@ sequence each runs. Writes CSV + PNG + markdown tagged with the GPU name into ``
     python examples/benchmarks/bench_model.py --preset tiny           # CPU smoke test
 
 Same as ``hf-hilbert-attn bench model``; the logic lives in
-``hf_hilbert_attn.evaluation.bench_model`` (its docstring explains the memory outside attention).
+``hf_hilbert_attn.tools.evaluation.bench_model`` (its docstring explains the memory outside
+attention).
 """
 
 import sys
 
-from hf_hilbert_attn.evaluation.bench_model import main
+from hf_hilbert_attn.tools.evaluation.bench_model import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="bench_model.py"))

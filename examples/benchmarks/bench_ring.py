@@ -77,7 +77,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention  # noqa: E402
-from hf_hilbert_attn.benchmarks import common as C  # noqa: E402
+from hf_hilbert_attn.tools.benchmarks import common as C  # noqa: E402
 from hf_hilbert_attn.ring import ring_attention  # noqa: E402
 
 from hf_hilbert_attn.ring import local_attention  # noqa: E402  (the shard-alone ideal)

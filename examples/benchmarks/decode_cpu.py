@@ -170,7 +170,7 @@ def main(argv=None) -> int:
         r["threads"] = torch.get_num_threads()
         print(f"{r['context']:>8} {r['attn']:>16} {r['cache']:>8} {r['ms_per_token']:>9.2f} "
               f"{r['min_ms']:>8.2f} {r['ratio_to_sdpa']:>7.2f}x")
-    from hf_hilbert_attn.evaluation.report import write_csv
+    from hf_hilbert_attn.tools.evaluation.report import write_csv
 
     path = write_csv(rows, Path(args.out_dir) / "decode_cpu.csv")
     print(f"wrote {path}")

@@ -7,7 +7,7 @@
 One forward and backward is recorded on CPU tensors (nothing runs), every distinct kernel
 specialization is compiled for ``--arch`` (with the tiles the launchers pick on that GPU) as
 Triton's JIT would specialise it, and ``ptxas -v`` reports registers per thread, spill
-stores/loads and the stack frame (``hf_hilbert_attn.kernels.aot``); ``shared`` must stay within
+stores/loads and the stack frame (``hf_hilbert_attn.tools.aot``); ``shared`` must stay within
 ``shared_limit``, and ``hopper_only`` counts sm_90-only instructions (none below sm_90).
 A kernel that spills sends part of its accumulators through local memory on every key tile:
 the first thing to check when a kernel runs far below the tensor-core rate. Timing still needs
@@ -51,7 +51,7 @@ def main(argv=None):
     import triton
 
     from hf_hilbert_attn import DilatedPattern
-    from hf_hilbert_attn.kernels import aot
+    from hf_hilbert_attn.tools import aot
 
     why = aot.available()
     if why:

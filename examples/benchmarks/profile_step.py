@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import hf_hilbert_attn  # noqa: E402
-from hf_hilbert_attn.evaluation.runner import resolve_pattern  # noqa: E402
+from hf_hilbert_attn.tools.evaluation import resolve_pattern  # noqa: E402
 
 
 def _step(model, opt, ids, autocast):

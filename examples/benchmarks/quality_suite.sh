@@ -13,7 +13,7 @@
 #   tests     GPU tests of the kernels (sinks and sliding windows included)
 #   kernel    kernel_timing.py at 64K: longnet_lm, longnet_lm + 4 sinks, the sliding candidates
 #   profile   profile_step.py: one SmolLM2 training step at 8K, sdpa vs patterns
-#   base      the quality study, base model (the packaged hf_hilbert_attn/evaluation/quality_study.yaml)
+#   base      the quality study, base model (the packaged hf_hilbert_attn/tools/evaluation/quality_study.yaml)
 #   finetune  the quality study after the same fine-tune of every method in FT_METHODS
 # WORK (default /tmp/hfa) holds the model, the corpus and the study's resumable results. OUT_DIR
 # gets suite.log and results.tgz (the study's tables, plots and CSV, fine-tune stats, timings).
@@ -28,7 +28,7 @@ mkdir -p "$OUT_DIR" "$WORK"
 LOG="$OUT_DIR/suite.log"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 step() { echo "=== $(date +%T) $*" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; }
-CLI="python -m hf_hilbert_attn.cli"
+CLI="python -m hf_hilbert_attn.tools.cli"
 Q="$CLI quality --model $WORK/smollm2 --corpus $WORK/shakespeare --out $WORK/quality --no-progress"
 Q="$Q --lengths 1k 2k 4k 8k 16k 32k --finetune-steps $FT_STEPS"
 

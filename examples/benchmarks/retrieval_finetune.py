@@ -6,8 +6,8 @@ item 5) One real model, one run:
 Rows: dense ``sdpa`` (the control); the default pattern; the default pattern with the dense
 key/value heads that ``needle_mass`` calibration picks at ``--budget`` (calibrated once, on the
 base model). Each is fine-tuned twice from the base weights with ``python -m
-hf_hilbert_attn.finetune`` — ``--retrieval-mix 0`` and ``--retrieval-mix F`` — with the same
-steps, lr, warm-up, seed and so the same text blocks in the same order (the mixed run replaces
+hf_hilbert_attn.tools.finetune`` — ``--retrieval-mix 0`` and ``--retrieval-mix F`` — with the
+same steps, lr, warm-up, seed and so the same text blocks in the same order (the mixed run replaces
 a fraction F of the steps by retrieval steps; their prompts have a seed of their own, never an
 evaluated prompt). Every fine-tuned model is then measured: passkey at 2K / 4K / 8K (5 depths x
 4, teacher-forced, the quality study's prompts), RULER-style niah_single, niah_multikey,
@@ -58,12 +58,13 @@ except ModuleNotFoundError:  # running from a checkout without `pip install -e .
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import hf_hilbert_attn as H
-from hf_hilbert_attn.evaluation.calibrate import calibrate, model_density
-from hf_hilbert_attn.evaluation.corpus import tokenize_corpus
-from hf_hilbert_attn.evaluation.passkey import evaluate_passkey_teacher_forced
-from hf_hilbert_attn.evaluation.quality import perplexity_batched, read_documents
-from hf_hilbert_attn.evaluation.report import markdown_table
-from hf_hilbert_attn.evaluation.ruler import summarize
+from hf_hilbert_attn.tools.evaluation.calibrate import calibrate, model_density
+from hf_hilbert_attn.tools.evaluation.corpus import tokenize_corpus
+from hf_hilbert_attn.tools.evaluation.passkey import evaluate_passkey_teacher_forced
+from hf_hilbert_attn.tools.evaluation.perplexity import perplexity_batched
+from hf_hilbert_attn.tools.evaluation.quality_data import read_documents
+from hf_hilbert_attn.tools.evaluation.report import markdown_table
+from hf_hilbert_attn.tools.evaluation.ruler_report import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrieval_study as shared  # noqa: E402  (the row evaluation, log, lengths)
@@ -142,7 +143,7 @@ def prepare_models(args, cfg, out: Path, device, dtype, need=("default", "calibr
 
 # ----------------------------------------------------------------------------- fine-tunes
 class FineTune:
-    """One ``python -m hf_hilbert_attn.finetune`` run, as a subprocess."""
+    """One ``python -m hf_hilbert_attn.tools.finetune`` run, as a subprocess."""
 
     def __init__(self, row: str, mix: float, model_dir: Path, args, cfg, out: Path):
         self.row, self.mix = row, mix
@@ -150,7 +151,8 @@ class FineTune:
         self.dir = out / "finetune" / self.label
         self.final = self.dir / "final"
         self.proc, self.t0, self.seconds = None, None, None
-        self.cmd = [sys.executable, "-m", "hf_hilbert_attn.finetune", "--model", str(model_dir),
+        self.cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.finetune",
+                    "--model", str(model_dir),
                     "--data", str((Path(args.corpus) / "train").resolve()),
                     "--attn-implementation", "sdpa" if row == "dense" else "hilbert_dilated",
                     "--seq-len", str(cfg["seq_len"]), "--max-steps", str(cfg["steps"]),
@@ -370,7 +372,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=3, help="fine-tunes at a time on the GPU")
     p.add_argument("--base", action="store_true", help="also evaluate the base models")
     p.add_argument("--finetune-args", default="",
-                   help="more arguments for hf_hilbert_attn.finetune, one string")
+                   help="more arguments for hf_hilbert_attn.tools.finetune, one string")
     p.add_argument("--ppl-tokens", type=int, default=65536, help="held-out tokens scored")
     p.add_argument("--batch-tokens", type=int, default=65536, help="tokens per eval forward")
     p.add_argument("--passkey-lengths", type=int, nargs="+", default=[2048, 4096, 8192])

@@ -10,7 +10,7 @@ every distance without dense heads: ``query_dilation: all`` and the rates capped
 heads per key/value head (``cap_g``) or at the query heads (``cap_hq``).
 
 Per row: passkey at 2K / 4K / 8K (5 depths x 4, teacher-forced, the quality study's prompts);
-every RULER-style task (``hf_hilbert_attn.evaluation.ruler``) at 4K and 8K (5 depths x
+every RULER-style task (``hf_hilbert_attn.tools.evaluation.ruler``) at 4K and 8K (5 depths x
 ``--ruler-trials``); perplexity at 4K / 8K / 16K on held-out text (windows every L/2); the
 causal-pair density at 64K over all layers, dense heads included. Writes ``retrieval.csv``,
 ``retrieval.md``, ``retrieval_heatmap.png`` and ``calibration_*.json`` into ``--out``; prints
@@ -47,13 +47,14 @@ except ModuleNotFoundError:  # running from a checkout without `pip install -e .
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import hf_hilbert_attn as H
-from hf_hilbert_attn.evaluation.calibrate import calibrate, model_density
-from hf_hilbert_attn.evaluation.corpus import tokenize_corpus
-from hf_hilbert_attn.evaluation.passkey import evaluate_passkey_teacher_forced
-from hf_hilbert_attn.evaluation.quality import perplexity_batched, read_documents
-from hf_hilbert_attn.evaluation.report import markdown_table
-from hf_hilbert_attn.evaluation.ruler import (TASKS, evaluate_ruler, plot_heatmap, summarize,
-                                              word_list)
+from hf_hilbert_attn.tools.evaluation.calibrate import calibrate, model_density
+from hf_hilbert_attn.tools.evaluation.corpus import tokenize_corpus
+from hf_hilbert_attn.tools.evaluation.passkey import evaluate_passkey_teacher_forced
+from hf_hilbert_attn.tools.evaluation.perplexity import perplexity_batched
+from hf_hilbert_attn.tools.evaluation.quality_data import read_documents
+from hf_hilbert_attn.tools.evaluation.report import markdown_table
+from hf_hilbert_attn.tools.evaluation.ruler import TASKS, evaluate_ruler, word_list
+from hf_hilbert_attn.tools.evaluation.ruler_report import plot_heatmap, summarize
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 T0 = time.perf_counter()
@@ -84,7 +85,7 @@ def settings(args) -> dict:
 def smoke_assets(root: Path):
     """A tiny random Llama (4 layers, 4 query / 2 kv heads) with a character tokenizer and a
     tiny sliding pattern, and a generated corpus: what --smoke runs on."""
-    from hf_hilbert_attn.evaluation.corpus import (build_char_tokenizer, build_default_model,
+    from hf_hilbert_attn.tools.evaluation.corpus import (build_char_tokenizer, build_default_model,
                                                    builtin_corpus)
 
     model_dir, corpus = root / "model", root / "corpus"
@@ -124,7 +125,7 @@ def coverage_patterns(base, hq: int, hkv: int) -> dict:
 
 def plan(cfg: dict, args, ppl_tokens: int, heads: int) -> str:
     """What the run will process, in tokens (forward only), to read the times against."""
-    from hf_hilbert_attn.evaluation.perplexity import strided_windows
+    from hf_hilbert_attn.tools.evaluation.perplexity import strided_windows
 
     pk = sum(L * len(DEPTHS) * cfg["passkey_trials"] for L in cfg["passkey"])
     ruler = len(TASKS) * len(cfg["ruler_depths"]) * cfg["ruler_trials"] * sum(cfg["ruler"])

@@ -1,5 +1,5 @@
-"""argparse value types and the input error shared by the eval, the benchmarks, the fine-tune
-example and the console command."""
+"""argparse value types, the pattern argument (:func:`resolve_pattern`) and the input error
+shared by the eval, the benchmarks, the fine-tune and the console command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import argparse
 import os
 import re
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Tuple
+
+from hf_hilbert_attn.pattern import DilatedPattern
 
 
 class InputError(ValueError):
@@ -20,18 +23,33 @@ class InputNotFound(InputError, FileNotFoundError):
     """An input path (model, corpus, pattern file) that does not exist."""
 
 
+# A tool's own third-party package -> the extra that installs it (the library needs none of them).
+TOOL_EXTRAS = {"datasets": "tools", "tqdm": "tools", "matplotlib": "tools", "gguf": "assets",
+               "lm_eval": "lm-eval", "wonderwords": "ruler"}
+
+
+def missing_extra(e: ImportError) -> str | None:
+    """The install line for a tool's missing package, or None (not a tool's package: a bug)."""
+    top = (getattr(e, "name", None) or "").split(".")[0]
+    extra = TOOL_EXTRAS.get(top)
+    if extra is None or not isinstance(e, ModuleNotFoundError):
+        return None
+    return f'{top} is not installed: pip install "hf_hilbert_attn[{extra}]"'
+
+
 def report_input_errors(fn: Callable[[], int], prog: str, debug: bool = False) -> int:
-    """``fn()``; an :class:`InputError` leaves as ``SystemExit("PROG: error: MESSAGE")`` (one line
-    on stderr, exit status 1; under a launcher only rank 0 prints it). Any other exception keeps
-    its traceback: it is a bug."""
+    """``fn()``; an :class:`InputError` or a tool's missing package (:data:`TOOL_EXTRAS`) leaves as
+    ``SystemExit("PROG: error: MESSAGE")`` (one line on stderr, exit status 1; under a launcher
+    only rank 0 prints it). Any other exception keeps its traceback: it is a bug."""
     try:
         return fn()
-    except InputError as e:
-        if debug or os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
+    except (InputError, ModuleNotFoundError) as e:
+        message = str(e) if isinstance(e, InputError) else missing_extra(e)
+        if message is None or debug or os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
             raise
         if int(os.environ.get("RANK", "0")) != 0:
             raise SystemExit(1) from None
-        raise SystemExit(f"{prog or os.path.basename(sys.argv[0])}: error: {e}") from None
+        raise SystemExit(f"{prog or os.path.basename(sys.argv[0])}: error: {message}") from None
 
 
 # Every command writes its results under one folder of the working directory, one subfolder per
@@ -170,3 +188,76 @@ def check_device(device: str) -> None:
         if d.index is not None and d.index >= torch.cuda.device_count():
             raise InputError(f"--device {device}: only {torch.cuda.device_count()} CUDA "
                              f"device(s) here")
+
+
+# ----------------------------------------------------------------------------- patterns
+# Built-in patterns by name, beside the shipped YAMLs of hf_hilbert_attn/patterns/.
+# "tiny" suits the built-in model's 128–512-token contexts: dense within 64 tokens, then every
+# 4th token of a 256-token segment.
+BUILTIN_PATTERNS = {
+    "tiny": DilatedPattern([64, 256], [1, 4]),
+    "dense": DilatedPattern.dense(1 << 30),
+}
+
+
+def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
+    """A pattern from a YAML path, a shipped config name, a built-in name or an inline spec.
+
+    Accepted, in this order: a ``.yaml`` file; a shipped pattern name
+    (``hf_hilbert_attn.patterns.names()``: ``default``, ``dense``, ``longnet_lm``, ...); a
+    built-in name (``tiny``); an inline spec, parsed by
+    :func:`hf_hilbert_attn.patterns.parse_inline` (``"W1,W2,...:R1,R2,..."``: segment lengths :
+    dilation rates, optionally followed by ``:sliding`` and ``:sinks=K``).
+
+    Returns:
+        ``(label, pattern)``; the label names it in tables and plots.
+
+    Raises:
+        InputNotFound (a ``FileNotFoundError``): a path-like spec (ending in .yaml/.yml) that
+            does not exist.
+        InputError (a ``ValueError``): an unknown name, a malformed inline spec, a YAML file
+            that does not parse, or the pattern's own validation error (e.g.
+            ``dilation_rates[0] must be <= segment_lengths[0] …``).
+    """
+    try:
+        return _resolve_pattern(spec)
+    except FileNotFoundError as e:
+        raise InputNotFound(str(e)) from None
+    except (ValueError, TypeError) as e:  # the pattern's validation names the field
+        raise InputError(str(e)) from None
+
+
+def _pattern_file(path: Path) -> DilatedPattern:
+    import yaml
+
+    try:
+        return DilatedPattern.from_yaml(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise InputError(f"pattern file {path} is not valid YAML: {problem}{where}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise InputError(f"pattern file {path}: {e}") from None
+
+
+def _resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
+    from hf_hilbert_attn import patterns
+
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml"):
+        return path.stem, _pattern_file(path)
+    if spec in patterns.names():
+        return spec, patterns.load(spec)
+    if spec in BUILTIN_PATTERNS:
+        return spec, BUILTIN_PATTERNS[spec]
+    if ":" in spec:  # the one inline parser: hf_hilbert_attn.patterns.parse_inline
+        pattern = patterns.parse_inline(spec)
+        w_text, r_text, *options = spec.split(":")
+        label = "_".join([w_text + "_r" + r_text] + options).replace(",", "-").replace("=", "")
+        return label, pattern
+    raise ValueError(
+        f"unknown pattern {spec!r}: give a .yaml file, a shipped pattern name "
+        f"{patterns.names()}, a built-in name {sorted(BUILTIN_PATTERNS)}, or an inline "
+        f"{patterns.INLINE_FORM}"
+    )

@@ -51,7 +51,7 @@ def build_model(shape: str, dtype: torch.dtype, device: torch.device, pattern, s
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import hf_hilbert_attn
-    from ..training import MODEL_SHAPES
+    from hf_hilbert_attn.training import MODEL_SHAPES
 
     config = LlamaConfig(max_position_embeddings=1 << 22, **MODEL_SHAPES[shape])
     torch.manual_seed(seed)
@@ -64,7 +64,7 @@ def build_model(shape: str, dtype: torch.dtype, device: torch.device, pattern, s
 def _make_cache(kind: str, model):
     from transformers import DynamicCache
 
-    from ..integrations.cache import PatternCache
+    from hf_hilbert_attn.integrations.cache import PatternCache
 
     return PatternCache(model) if kind == "pattern" else DynamicCache(config=model.config)
 
@@ -84,7 +84,7 @@ def measure_generate(model, kind: str, context: int, new_tokens: int, prefill_ch
                      device: torch.device, seed: int = 0) -> Dict:
     """Prefill ``context - 1`` tokens into a ``kind`` cache, then ``generate`` ``new_tokens``;
     a dict of timings and memory, status ``ok`` or ``OOM``."""
-    from ..integrations.cache import cache_kwarg, prefill
+    from hf_hilbert_attn.integrations.cache import cache_kwarg, prefill
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, model.config.vocab_size, (1, context), generator=gen).to(device)
@@ -128,7 +128,7 @@ def run_benchmark(args) -> Dict:
     """Run for parsed ``args`` (:func:`add_arguments`); writes ``bench_generate_<preset>_<gpu>``
     ``.csv`` and ``.md`` into ``args.out_dir`` and returns ``rows``, ``markdown``, ``files``."""
     from . import report
-    from .runner import resolve_pattern
+    from ._args import resolve_pattern
 
     preset = PRESETS[args.preset]
     device = torch.device(args.device if args.device != "auto"

@@ -52,7 +52,7 @@ def environment(device) -> Dict[str, str]:
 
 def parse_size(text: str) -> int:
     """``"16K"`` → 16384, ``"1M"`` → 1048576, ``"3000"`` → 3000 (binary K/M/G): the commands'
-    one length parser, :func:`hf_hilbert_attn.evaluation._args.parse_length`.
+    one length parser, :func:`hf_hilbert_attn.tools.evaluation._args.parse_length`.
 
     Raises:
         ValueError: for anything else, naming the text.
@@ -279,6 +279,6 @@ def plot_panels(rows: List[dict], path, *, panel_key: str, series_key: str, x_ke
 def load_pattern(spec: str) -> tuple:
     """``(name, pattern)`` of a shipped name (``longnet_lm``), a YAML path or an inline
     ``W1,W2:R1,R2`` spec; an unknown one is an ``InputError`` naming the choices."""
-    from ..evaluation.runner import resolve_pattern
+    from ..evaluation._args import resolve_pattern
 
     return resolve_pattern(spec)

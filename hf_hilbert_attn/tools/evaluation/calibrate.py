@@ -70,7 +70,7 @@ def per_layer_from(chosen: Sequence[Tuple[int, int]], layers: int) -> List[List[
 def model_density(config, length: int = 65536) -> float:
     """Allowed causal pairs / dense causal pairs at ``length`` of the model's pattern (its own,
     or the default), over every query head of every layer, dense heads included."""
-    from ..integrations.transformers import get_pattern
+    from hf_hilbert_attn.integrations.transformers import get_pattern
 
     layers, hq, hkv = _shape(config)
     dense = hq * length * (length + 1) // 2
@@ -141,7 +141,7 @@ def budget_heads(budget: float, layers: int, hkv: int) -> int:
 def default_lengths(model) -> Tuple[int, ...]:
     """Two and four times the pattern's first window (where the default pattern stops being
     dense), at most the model's trained length (``max_position_embeddings``)."""
-    from ..integrations.transformers import get_pattern
+    from hf_hilbert_attn.integrations.transformers import get_pattern
 
     w = get_pattern(model.config).segment_lengths[0]
     cap = getattr(model.config, "max_position_embeddings", None) or 4 * w
@@ -273,7 +273,7 @@ def _measure(model, tokenizer, samples, max_batch_tokens) -> Dict:
 
 
 def _ablation(model, tokenizer, samples, k: int, rescore: int, max_batch_tokens: int, progress):
-    from ..integrations.transformers import set_dense_kv_heads
+    from hf_hilbert_attn.integrations.transformers import set_dense_kv_heads
 
     layers, _, hkv = _shape(model.config)
     cands = [(i, j) for i in range(layers) for j in range(hkv)]
@@ -340,7 +340,7 @@ def calibrate(model, tokenizer, *, budget: float = 0.1, method: str = "needle_ma
     Returns:
         A :class:`CalibrationResult`.
     """
-    from ..integrations.transformers import LAYER_DENSE, set_dense_kv_heads
+    from hf_hilbert_attn.integrations.transformers import LAYER_DENSE, set_dense_kv_heads
 
     if method not in METHODS:
         raise ValueError(f"calibration method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -377,7 +377,7 @@ def calibrate(model, tokenizer, *, budget: float = 0.1, method: str = "needle_ma
 def _choose(model, tokenizer, samples, method, k, k_order, rescore, max_batch_tokens, show):
     from tqdm.auto import tqdm
 
-    from ..integrations.transformers import set_dense_kv_heads
+    from hf_hilbert_attn.integrations.transformers import set_dense_kv_heads
 
     layers, _, hkv = _shape(model.config)
     baseline, final = {}, {}
@@ -462,7 +462,7 @@ def run_from_args(args, parser) -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import configure
+    from hf_hilbert_attn import configure
     from ._args import InputError, check_device
 
     src = Path(args.model)
@@ -480,7 +480,7 @@ def run_from_args(args, parser) -> int:
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype,
                                                  attn_implementation="hilbert_dilated")
     if args.pattern is not None:
-        from .runner import resolve_pattern
+        from ._args import resolve_pattern
 
         configure(model, resolve_pattern(args.pattern)[1])
     model.to(device).eval()

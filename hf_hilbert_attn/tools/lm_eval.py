@@ -5,7 +5,7 @@ know ``hilbert_dilated`` there. This entry point registers it, then runs lm-eval
 line with the same arguments::
 
     pip install 'hf_hilbert_attn[lm-eval]'
-    python -m hf_hilbert_attn.lm_eval run --model hf \\
+    python -m hf_hilbert_attn.tools.lm_eval run --model hf \\
         --model_args pretrained=DIR,attn_implementation=hilbert_dilated --tasks TASKS ...
     hf-hilbert-attn lm-eval run --model hf ...          # the same
 

@@ -38,7 +38,7 @@ Retrieval mix (issue 26): ``--retrieval-mix F`` makes a fraction F of the steps 
 (spread evenly, phase set by ``--seed``; every row of such a step is one): RULER-style prompts of
 exactly ``--seq-len`` tokens (``--retrieval-tasks``, depths uniform in [0, 1], a seed of their
 own, never an evaluated prompt) with the answer and EOS at the end and the loss on the answer
-tokens only (:mod:`hf_hilbert_attn.evaluation.retrieval_train`). The text steps see the same
+tokens only (:mod:`hf_hilbert_attn.tools.evaluation.retrieval_train`). The text steps see the same
 text blocks in the same order as a run without the mix, fewer of them. A retrieval step's loss
 is the mean over its answer tokens, so it weighs as much as a text step; it is logged in
 ``train_log.jsonl`` with ``"retrieval": 1``. Bad arguments and inputs print one line,
@@ -51,7 +51,6 @@ import argparse
 import json
 import logging
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -60,14 +59,15 @@ import torch
 
 import hf_hilbert_attn
 from hf_hilbert_attn import patterns
-from hf_hilbert_attn.evaluation._args import InputError, InputNotFound
-from hf_hilbert_attn.evaluation.runner import resolve_pattern
 from hf_hilbert_attn.integrations.accelerate import (
     reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
 from hf_hilbert_attn.long_context import LOSS_BACKENDS, offload_checkpoints, tile_mlp
 from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
 from hf_hilbert_attn.training import (MODEL_SHAPES, CausalLMWithLoss, compile_layers,
                                       enable_checkpointing)
+
+from .evaluation._args import InputError, InputNotFound, missing_extra, resolve_pattern
+from .finetune_data import ByteTokenizer, RetrievalMix, load_texts, pack, step_batch
 
 logger = logging.getLogger("finetune")
 PROG = "finetune.py"
@@ -83,6 +83,13 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv=None):
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(p)
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    return args
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local model path (default: a tiny built-in Llama)")
     p.add_argument("--model-preset", choices=("1b",), default=None,
                    help="random-initialised model of a preset shape instead of --model "
@@ -144,11 +151,14 @@ def parse_args(argv=None):
                    "loss on the answer only (0 <= F < 1; default 0)")
     p.add_argument("--retrieval-tasks", nargs="+", default=None, metavar="TASK",
                    help="tasks of the retrieval steps, cycled (default: passkey niah_single "
-                   "niah_multikey niah_multivalue; any of hf_hilbert_attn.evaluation.ruler's)")
+                   "niah_multikey niah_multivalue; any of tools.evaluation.ruler's)")
     p.add_argument("--loss-backend", choices=LOSS_BACKENDS, default="auto",
                    help="with --loss-chunk > 0: liger (Liger-Kernel's fused linear cross-entropy, "
                    "CUDA), chunked, or auto (liger where installed on CUDA)")
-    args = p.parse_args(argv)
+
+
+def _check_args(p: argparse.ArgumentParser, args) -> None:
+    """Refuse bad combinations and values (one line each), resolve the pattern and the tasks."""
     if args.model and args.model_preset:
         p.error("--model and --model-preset exclude each other")
     if args.tiled_mlp < 0:
@@ -179,176 +189,12 @@ def parse_args(argv=None):
         args.pattern = resolve_pattern(args.pattern)[1]  # an InputError names a bad one
     if not 0.0 <= args.retrieval_mix < 1.0:
         p.error(f"--retrieval-mix must be a fraction in [0, 1), got {args.retrieval_mix:g}")
-    from hf_hilbert_attn.evaluation.retrieval_train import TRAIN_TASKS, check_tasks
+    from .evaluation.retrieval_train import TRAIN_TASKS, check_tasks
 
     try:
         args.retrieval_tasks = check_tasks(args.retrieval_tasks or TRAIN_TASKS)
     except ValueError as e:
         p.error(f"--retrieval-tasks: {e}")
-    return args
-
-
-# ---------------------------------------------------------------------------------- data
-def _byte_chars():
-    """Byte value -> a printable character standing for it (the byte-level alphabet of GPT-2
-    style tokenizers: printable Latin-1 bytes stand for themselves, the others are shifted
-    above 255), so every byte is one token whose id is the byte value."""
-    keep = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
-    shifted = [b for b in range(256) if b not in keep]
-    chars = {b: chr(b) for b in keep}
-    chars.update({b: chr(256 + i) for i, b in enumerate(shifted)})
-    return chars
-
-
-def ByteTokenizer():
-    """UTF-8 bytes as tokens (id = byte value), EOS = 256: the tokenizer of the tiny default
-    model, nothing to download. A ``PreTrainedTokenizerFast``, so ``final/`` keeps it and
-    loads with ``AutoTokenizer`` (``hf-hilbert-attn eval OUTPUT_DIR/final`` works)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: b for b, c in _byte_chars().items()}
-    vocab["<eos>"] = 256
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")])  # one token per byte
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>",
-                                   model_max_length=1 << 30)
-
-
-def generated_corpus(n_docs: int = 400, seed: int = 0) -> list:
-    """``n_docs`` short synthetic records (about 450 bytes each)."""
-    rng = random.Random(seed)
-    words = ("the cat dog bird sat ran flew on under over a mat log tree quickly slowly and then "
-             "red blue green one two three four five").split()
-    docs = []
-    for i in range(n_docs):
-        sent = [f"record {i}:"] + [rng.choice(words) for _ in range(rng.randint(20, 120))]
-        docs.append(" ".join(sent) + f" (key {rng.randint(0, 999)}).")
-    return docs
-
-
-def load_texts(path, text_field, min_bytes: int = 0):
-    """The documents, a list of strings.
-
-    ``.txt``: each file is one document, read whole (``datasets``' text builder would make every
-    line a document, and EOS between the lines of a play or a book is not what we train on).
-    ``.jsonl``/``.json``/``.parquet``: one document per record of ``text_field``, read with
-    ``datasets`` (the only kind that needs it).
-    """
-    if path is None:  # enough records for at least two blocks of the asked length
-        return generated_corpus(max(400, 2 * min_bytes // 300 + 1))
-    path = Path(path)
-    if not path.exists():
-        raise InputNotFound(f"--data not found: {path}")
-    files = sorted(path.iterdir()) if path.is_dir() else [path]
-    kinds = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-    by_kind = {}
-    for f in files:
-        if f.suffix in kinds:
-            by_kind.setdefault(kinds[f.suffix], []).append(str(f))
-    if len(by_kind) != 1:
-        raise InputError(f"--data needs files of one kind among {sorted(kinds)}, got "
-                         f"{[str(f) for f in files]}")
-    kind, data_files = next(iter(by_kind.items()))
-    if kind == "text":
-        docs = [Path(f).read_text(encoding="utf-8") for f in data_files]
-        docs = [d for d in docs if d.strip()]
-        if not docs:
-            raise InputError(f"--data {path}: every .txt file is empty")
-        return docs
-    import datasets
-
-    ds = datasets.load_dataset(kind, data_files=data_files, split="train")
-    if text_field not in ds.column_names:
-        raise InputError(f"no column {text_field!r} in {data_files}: {ds.column_names} (choose "
-                         f"one with --text-field)")
-    return [t for t in ds[text_field] if isinstance(t, str)]
-
-
-def pack(docs, tokenizer, seq_len: int) -> torch.Tensor:
-    """Documents joined with EOS, cut into ``[N, seq_len]`` blocks (remainder dropped)."""
-    ids = []
-    for start in range(0, len(docs), 1000):
-        for doc in tokenizer(docs[start:start + 1000])["input_ids"]:
-            ids.extend(doc)
-            ids.append(tokenizer.eos_token_id)
-    n = len(ids) // seq_len
-    if n == 0:
-        raise InputError(f"the corpus has {len(ids)} tokens, fewer than --seq-len {seq_len}")
-    return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
-
-
-class RetrievalMix:
-    """The retrieval steps of ``--retrieval-mix``: which steps, and their ``[bs, S]`` rows.
-
-    Row ``i`` of data-parallel rank ``d`` at the ``n``-th retrieval step is example
-    ``(n·dp + d)·bs + i`` of :func:`~hf_hilbert_attn.evaluation.retrieval_train.retrieval_block`
-    (a pure function of it), so resume stays exact.
-    """
-
-    def __init__(self, tokenizer, mix: float, tasks, seq_len: int, seed: int, documents=None):
-        from hf_hilbert_attn.evaluation.retrieval_train import TRAIN_SEED, RetrievalSchedule
-        from hf_hilbert_attn.evaluation.ruler import RulerGenerator
-
-        self.schedule = RetrievalSchedule(mix, seed)
-        self.generator = RulerGenerator(tokenizer, documents=documents, seed=TRAIN_SEED + seed)
-        self.tasks, self.seq_len = tuple(tasks), seq_len
-
-    def check(self) -> None:
-        """Build one example of each task now: a ``--seq-len`` too short for one is an
-        InputError before the model loads."""
-        for i in range(len(self.tasks)):
-            try:
-                self.rows([i])
-            except ValueError as e:
-                raise InputError(f"--retrieval-tasks {self.tasks[i]} at --seq-len "
-                                 f"{self.seq_len}: {e}") from None
-
-    def rows(self, indices):
-        """``(input_ids, labels)`` ``[len(indices), S]`` of examples ``indices``."""
-        from hf_hilbert_attn.evaluation.retrieval_train import retrieval_block
-
-        got = [retrieval_block(self.generator, i, self.seq_len, self.tasks)[:2] for i in indices]
-        return torch.tensor([g[0] for g in got]), torch.tensor([g[1] for g in got])
-
-    def batch(self, step: int, dp_rank: int, dp_size: int, bs: int):
-        n = self.schedule.before(step)
-        return self.rows([(n * dp_size + dp_rank) * bs + i for i in range(bs)])
-
-    def blocks_in(self, steps: int, per_step: int) -> int:
-        """Retrieval blocks (over every data-parallel rank) in steps ``0 .. steps-1``."""
-        return self.schedule.before(steps) * per_step
-
-
-def step_batch(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, bs: int, seed: int,
-               mix=None):
-    """``(input_ids, labels, is_retrieval)`` of a step: text blocks (labels = the ids) from
-    :func:`batch_for_step` at the step's place in the text order, or :class:`RetrievalMix`
-    rows (labels only on the answers) at a retrieval step."""
-    if mix is not None and mix.schedule.is_retrieval(step):
-        ids, labels = mix.batch(step, dp_rank, dp_size, bs)
-        return ids, labels, True
-    text_step = mix.schedule.text_step(step) if mix is not None else step
-    ids = batch_for_step(blocks, text_step, dp_rank, dp_size, bs, seed)
-    return ids, ids, False
-
-
-def batch_for_step(blocks: torch.Tensor, step: int, dp_rank: int, dp_size: int, bs: int,
-                   seed: int) -> torch.Tensor:
-    """The ``[bs, S]`` blocks of a data-parallel group at a step: a pure function of the step
-    (epoch permutations seeded by ``seed + epoch``), which is what makes resume exact."""
-    n = blocks.shape[0]
-    per_step = bs * dp_size
-    rows = []
-    for i in range(bs):
-        flat = step * per_step + dp_rank * bs + i
-        epoch, j = divmod(flat, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-        rows.append(int(perm[j]))
-    return blocks[rows]
 
 
 # ---------------------------------------------------------------------------------- model
@@ -455,35 +301,27 @@ def _fmt(x):
 
 
 def main(argv=None):
-    """Run the fine-tune; an :class:`InputError` (a bad argument or input) prints one line from
-    rank 0 only and exits with status 2 on every rank (``HF_HILBERT_DEBUG=1``: the traceback)."""
+    """Run the fine-tune; an :class:`InputError` (a bad argument or input) or a missing tool
+    package prints one line from rank 0 only and exits with status 2 on every rank
+    (``HF_HILBERT_DEBUG=1``: the traceback)."""
     try:
         _main(argv)
-    except InputError as e:
-        if os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
+    except (InputError, ModuleNotFoundError) as e:
+        message = str(e) if isinstance(e, InputError) else missing_extra(e)
+        if message is None or os.environ.get("HF_HILBERT_DEBUG", "") not in ("", "0"):
             raise
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
+            print(f"{PROG}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
 def _main(argv=None):
     args = parse_args(argv)
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("accelerate").setLevel(logging.WARNING)
-    # torchrun on a machine without CUDA: Accelerate needs cpu=True to pick MULTI_CPU (gloo)
-    cuda_here = torch.cuda.is_available()
-    accelerator = Accelerator(cpu=not cuda_here,
-                              mixed_precision=resolve_mixed_precision(args.mixed_precision,
-                                                                      cuda_here))
-    try:
-        topo = sequence_parallel_topology(accelerator, args.sp_size)
-    except ValueError as e:  # an --sp-size the world does not allow
-        raise InputError(str(e)) from None
+    accelerator, topo = _accelerator(args)
     out = Path(args.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -508,29 +346,68 @@ def _main(argv=None):
     model, opt = accelerator.prepare(model, opt)
     state = TrainState()
     accelerator.register_for_checkpointing(sched, state)
-
     if args.resume:
-        ckpt = latest_checkpoint(out) if args.resume == "latest" else Path(args.resume)
-        if ckpt is None or not ckpt.exists():
-            raise InputNotFound(f"--resume {args.resume}: no checkpoint "
-                                f"{'under ' + str(out / 'checkpoints') if ckpt is None else ckpt}")
-        accelerator.load_state(str(ckpt))
-        if accelerator.is_main_process:
-            logger.info("resumed from %s at step %d", ckpt, state.step)
+        _resume(args, out, accelerator, state)
     if accelerator.is_main_process:
-        logger.info("world %d = dp %d x sp %d (%s); %d blocks of %d tokens; %s; layout %s; "
-                    "mixed precision %s", accelerator.num_processes, topo.dp_size, topo.sp_size,
-                    topo.source, blocks.shape[0], args.seq_len,
-                    pattern if pattern is not None else "sdpa (dense)", args.layout,
-                    accelerator.mixed_precision)
-        if mix is not None:
-            logger.info("retrieval mix %g: %d of %d steps are retrieval steps (%d blocks; tasks "
-                        "%s)", args.retrieval_mix, mix.schedule.before(args.max_steps),
-                        args.max_steps, mix.blocks_in(args.max_steps, args.batch_size
-                                                      * topo.dp_size),
-                        " ".join(args.retrieval_tasks))
+        _log_start(args, accelerator, topo, blocks, pattern, mix)
 
-    log_path = out / "train_log.jsonl"
+    run = _train(args, accelerator, topo, (model, opt, sched), state, blocks, mix, pattern, out)
+    stats = _stats(args, accelerator, topo, run, state, mix, pattern)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _save_final(args, accelerator, model, tokenizer, out, stats, run["losses"], mix,
+                    args.batch_size * topo.dp_size)
+    # every rank leaves together: no rank tears the process group down while another still works
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+def _accelerator(args):
+    """The ``Accelerator`` and the sequence-parallel topology of this run."""
+    from accelerate import Accelerator
+
+    # torchrun on a machine without CUDA: Accelerate needs cpu=True to pick MULTI_CPU (gloo)
+    cuda_here = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not cuda_here,
+                              mixed_precision=resolve_mixed_precision(args.mixed_precision,
+                                                                      cuda_here))
+    try:
+        topo = sequence_parallel_topology(accelerator, args.sp_size)
+    except ValueError as e:  # an --sp-size the world does not allow
+        raise InputError(str(e)) from None
+    return accelerator, topo
+
+
+def _resume(args, out: Path, accelerator, state: TrainState) -> None:
+    ckpt = latest_checkpoint(out) if args.resume == "latest" else Path(args.resume)
+    if ckpt is None or not ckpt.exists():
+        raise InputNotFound(f"--resume {args.resume}: no checkpoint "
+                            f"{'under ' + str(out / 'checkpoints') if ckpt is None else ckpt}")
+    accelerator.load_state(str(ckpt))
+    if accelerator.is_main_process:
+        logger.info("resumed from %s at step %d", ckpt, state.step)
+
+
+def _log_start(args, accelerator, topo, blocks, pattern, mix) -> None:
+    logger.info("world %d = dp %d x sp %d (%s); %d blocks of %d tokens; %s; layout %s; "
+                "mixed precision %s", accelerator.num_processes, topo.dp_size, topo.sp_size,
+                topo.source, blocks.shape[0], args.seq_len,
+                pattern if pattern is not None else "sdpa (dense)", args.layout,
+                accelerator.mixed_precision)
+    if mix is not None:
+        logger.info("retrieval mix %g: %d of %d steps are retrieval steps (%d blocks; tasks "
+                    "%s)", args.retrieval_mix, mix.schedule.before(args.max_steps),
+                    args.max_steps, mix.blocks_in(args.max_steps, args.batch_size
+                                                  * topo.dp_size),
+                    " ".join(args.retrieval_tasks))
+
+
+def _train(args, accelerator, topo, training, state: TrainState, blocks, mix, pattern,
+           out: Path) -> dict:
+    """The steps up to ``--max-steps``: log, checkpoint; returns the losses and the timings."""
+    from tqdm.auto import tqdm
+
+    model, opt, sched = training
     tokens_per_step = args.seq_len * args.batch_size * topo.dp_size
     bar = tqdm(total=args.max_steps, initial=state.step, disable=not accelerator.is_main_process,
                desc="train", unit="step")
@@ -568,34 +445,50 @@ def _main(argv=None):
         else:
             tok0 += tokens_per_step
         if state.step % args.log_every == 0 or state.step == args.max_steps:
-            dt = time.perf_counter() - t0
-            rec = {"step": state.step, "loss": mean_loss, "lr": sched.get_last_lr()[0],
-                   "tokens_per_s": tok0 / dt if tok0 else None}
-            if mix is not None:
-                rec["retrieval"] = int(retrieval)
-            if cuda:
-                peak = torch.tensor(torch.cuda.max_memory_allocated(accelerator.device) / 2**30,
-                                    device=accelerator.device)
-                rec["peak_mem_gib_max_rank"] = accelerator.reduce(peak, reduction="max").item()
-            if accelerator.is_main_process:
-                with open(log_path, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                post = {"loss": f"{mean_loss:.4f}"}
-                if rec["tokens_per_s"]:  # none yet on the first (warm-up) step
-                    post["tok_s"] = f"{rec['tokens_per_s']:.0f}"
-                bar.set_postfix(post)
+            _log_step(args, accelerator, state.step, mean_loss, sched,
+                      tok0 / (time.perf_counter() - t0) if tok0 else None,
+                      retrieval if mix is not None else None, out / "train_log.jsonl", bar)
         bar.update(1)
         if args.save_every and (state.step % args.save_every == 0 or state.step == args.max_steps):
-            ckpt = out / "checkpoints" / f"step_{state.step}"
-            accelerator.save_state(str(ckpt))
+            accelerator.save_state(str(out / "checkpoints" / f"step_{state.step}"))
     t_end = time.perf_counter()
     bar.close()
+    return dict(t_start=t_start, t0=t0, t_end=t_end, tok0=tok0, first_seconds=first_seconds,
+                losses=losses, kinds=kinds, start_step=start_step, cuda=cuda,
+                tokens_per_step=tokens_per_step)
+
+
+def _log_step(args, accelerator, step: int, loss: float, sched, tokens_per_s, retrieval,
+              log_path: Path, bar) -> None:
+    """One line of ``train_log.jsonl`` (rank 0 writes it) and the progress bar's numbers."""
+    rec = {"step": step, "loss": loss, "lr": sched.get_last_lr()[0],
+           "tokens_per_s": tokens_per_s}
+    if retrieval is not None:
+        rec["retrieval"] = int(retrieval)
+    if accelerator.device.type == "cuda":
+        peak = torch.tensor(torch.cuda.max_memory_allocated(accelerator.device) / 2**30,
+                            device=accelerator.device)
+        rec["peak_mem_gib_max_rank"] = accelerator.reduce(peak, reduction="max").item()
+    if accelerator.is_main_process:
+        with open(log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        post = {"loss": f"{loss:.4f}"}
+        if rec["tokens_per_s"]:  # none yet on the first (warm-up) step
+            post["tok_s"] = f"{rec['tokens_per_s']:.0f}"
+        bar.set_postfix(post)
+
+
+def _stats(args, accelerator, topo, run: dict, state: TrainState, mix, pattern) -> dict:
+    """The content of ``train_stats.json``."""
+    losses, kinds, first_seconds = run["losses"], run["kinds"], run["first_seconds"]
+    t_start, t0, t_end, tok0 = run["t_start"], run["t0"], run["t_end"], run["tok0"]
+    tokens_per_step = run["tokens_per_step"]
     steps_run = len(losses)
     per_step = args.batch_size * topo.dp_size
-    retrieval_blocks = (mix.blocks_in(state.step, per_step) - mix.blocks_in(start_step, per_step)
-                        if mix is not None else 0)
+    retrieval_blocks = (mix.blocks_in(state.step, per_step)
+                        - mix.blocks_in(run["start_step"], per_step) if mix is not None else 0)
     timed_steps = steps_run - 1  # without the first (warm-up) step, when there is another
-    stats = {
+    return {
         "steps": steps_run, "max_steps": args.max_steps, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "world": accelerator.num_processes,
         "tokens_per_step": tokens_per_step, "seconds": t_end - t_start,
@@ -615,31 +508,32 @@ def _main(argv=None):
         "retrieval_loss_mean10": _mean_last([x for x, r in zip(losses, kinds) if r]),
         "mixed_precision": str(accelerator.mixed_precision), "device": str(accelerator.device),
         "peak_mem_gib": (torch.cuda.max_memory_allocated(accelerator.device) / 2**30
-                         if cuda else None),
+                         if run["cuda"] else None),
     }
 
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        final = out / "final"
-        lm = accelerator.unwrap_model(model).lm
-        lm.save_pretrained(final)
-        tokenizer.save_pretrained(final)  # so final/ loads (and evaluates) like any model
-        logger.info("saved %s (config.hilbert_attn = %s)", final,
-                    getattr(lm.config, "hilbert_attn", None))
-        if steps_run > 0:
-            logger.info("%d steps: %.4g s/step, %.4g tokens/s (%s the first step), final loss "
-                        "%.4f (mean of the last 10: %.4f)", steps_run, stats["seconds_per_step"],
-                        stats["tokens_per_s"], "without" if timed_steps > 0 else "with",
-                        losses[-1], stats["final_loss_mean10"])
-        if mix is not None:
-            logger.info("retrieval mix %g: %d of %d blocks were retrieval examples (mean loss of "
-                        "the last 10 retrieval steps %s, of text steps %s)", args.retrieval_mix,
-                        retrieval_blocks, steps_run * per_step,
-                        _fmt(stats["retrieval_loss_mean10"]), _fmt(stats["text_loss_mean10"]))
-        (out / "train_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
-    # every rank leaves together: no rank tears the process group down while another still works
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+
+def _save_final(args, accelerator, model, tokenizer, out: Path, stats: dict, losses, mix,
+                per_step: int) -> None:
+    """``OUTPUT_DIR/final`` (model + tokenizer), ``train_stats.json`` and the summary lines."""
+    final = out / "final"
+    lm = accelerator.unwrap_model(model).lm
+    lm.save_pretrained(final)
+    tokenizer.save_pretrained(final)  # so final/ loads (and evaluates) like any model
+    logger.info("saved %s (config.hilbert_attn = %s)", final,
+                getattr(lm.config, "hilbert_attn", None))
+    steps_run = stats["steps"]
+    if steps_run > 0:
+        logger.info("%d steps: %.4g s/step, %.4g tokens/s (%s the first step), final loss "
+                    "%.4f (mean of the last 10: %.4f)", steps_run, stats["seconds_per_step"],
+                    stats["tokens_per_s"],
+                    "without" if stats["timing_excludes_first_step"] else "with",
+                    losses[-1], stats["final_loss_mean10"])
+    if mix is not None:
+        logger.info("retrieval mix %g: %d of %d blocks were retrieval examples (mean loss of "
+                    "the last 10 retrieval steps %s, of text steps %s)", args.retrieval_mix,
+                    stats["retrieval_blocks"], steps_run * per_step,
+                    _fmt(stats["retrieval_loss_mean10"]), _fmt(stats["text_loss_mean10"]))
+    (out / "train_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
 
 
 if __name__ == "__main__":

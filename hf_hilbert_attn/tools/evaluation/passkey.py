@@ -23,7 +23,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..integrations.cache import prefill_chunks
+from hf_hilbert_attn.integrations.cache import prefill_chunks
+
 from .perplexity import resolve_prefill_chunk
 
 __all__ = [
@@ -124,14 +125,14 @@ def hf_generate_fn(model, tokenizer, max_new_tokens: int = 8, *,
     """A ``generate_fn`` for :func:`evaluate_passkey`: greedy ``model.generate`` on one prompt,
     returning only the newly generated text.
 
-    ``prefill_chunk`` (see :func:`~hf_hilbert_attn.evaluation.perplexity.resolve_prefill_chunk`):
+    ``prefill_chunk`` (see :func:`~.perplexity.resolve_prefill_chunk`):
     ``"auto"`` generates a ``hilbert_dilated`` model through a ``PatternCache`` (the same
     tokens as the full cache; memory bounded by the pattern), prefilling prompts longer than
     ``DEFAULT_PREFILL_CHUNK`` in chunks (``generate(prefill_chunk_size=...)``); other models
     keep ``generate``'s own cache. An int chunks every prompt longer than it; None: no
     chunking and no ``PatternCache``.
     """
-    from ..integrations.cache import PatternCache, cache_kwarg, uses_pattern_attention
+    from hf_hilbert_attn.integrations.cache import PatternCache, cache_kwarg, uses_pattern_attention
 
     device = next(model.parameters()).device
     bounded = prefill_chunk is not None and uses_pattern_attention(model)

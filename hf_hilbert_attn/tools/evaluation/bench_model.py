@@ -29,8 +29,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
-from ..training import MODEL_SHAPES, compile_layers, enable_checkpointing
+from hf_hilbert_attn.long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
+from hf_hilbert_attn.training import MODEL_SHAPES, compile_layers, enable_checkpointing
+
 from ._args import (InputError, check_device, length_type, positive_int, report_input_errors,
                     results_dir, show_progress)
 
@@ -251,7 +252,7 @@ def run_benchmark(args) -> Dict:
     from tqdm.auto import tqdm
 
     from . import report
-    from .runner import resolve_pattern
+    from ._args import resolve_pattern
 
     preset = PRESETS[args.preset]
     device = torch.device(args.device if args.device != "auto"
@@ -293,32 +294,14 @@ def run_benchmark(args) -> Dict:
                              compiled=bool(args.compile), tiled_mlp=args.tiled_mlp,
                              offload_checkpoints=bool(args.offload_checkpoints), **r))
         if args.max_len:
-            with tqdm(desc=f"max length {label}", disable=not bars) as pbar:
-                m = find_max_length(
-                    model, device, model_kwargs["vocab_size"],
-                    start=args.max_len_start or preset["max_len_start"],
-                    step=args.max_len_step or preset["max_len_step"], cap=args.max_len_cap,
-                    max_trial_s=args.max_trial_seconds, loss_mode=args.loss,
-                    loss_chunk=args.loss_chunk, progress=pbar)
-            max_rows.append(dict(gpu=gpu_name, preset=args.preset, method=label,
-                                 max_len=m["max_len"], limited_by=m["limited_by"],
-                                 peak_mem_gib=m["peak_mem_gib"], step_s=m["step_s"],
-                                 loss_mode=args.loss,
-                                 trials=" ".join(f"{n}:{s}" for n, s, _ in m["trials"])))
+            max_rows.append(_max_len_row(model, device, model_kwargs["vocab_size"], args, preset,
+                                         label, gpu_name, bars))
         del model
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
-    # Ratios against sdpa at the same length.
-    base = {r["seq_len"]: r for r in rows if r["method"] == "sdpa" and r["status"] == "ok"}
-    for r in rows:
-        b = base.get(r["seq_len"])
-        r["speedup_vs_sdpa"] = (r["tokens_per_s"] / b["tokens_per_s"]
-                                if b and r["status"] == "ok" else float("nan"))
-        r["memory_vs_sdpa"] = (r["peak_mem_gib"] / b["peak_mem_gib"]
-                               if b and r["status"] == "ok" else float("nan"))
-
+    _add_ratios(rows)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {"csv": report.write_csv(rows, out / f"bench_model_{args.preset}_{tag}.csv")}
@@ -332,6 +315,36 @@ def run_benchmark(args) -> Dict:
         files["png"] = _plot(rows, max_rows, out / f"bench_model_{args.preset}_{tag}.png",
                              f"{args.preset} model, fwd+bwd, grad ckpt — {gpu_name}")
     return dict(rows=rows, max_rows=max_rows, markdown=md, files=files)
+
+
+def _max_len_row(model, device, vocab_size: int, args, preset: Dict, label: str,
+                 gpu_name: str, bars: bool) -> Dict:
+    """The longest sequence one fwd+bwd step of ``model`` runs (``--max-len``)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(desc=f"max length {label}", disable=not bars) as pbar:
+        m = find_max_length(
+            model, device, vocab_size,
+            start=args.max_len_start or preset["max_len_start"],
+            step=args.max_len_step or preset["max_len_step"], cap=args.max_len_cap,
+            max_trial_s=args.max_trial_seconds, loss_mode=args.loss,
+            loss_chunk=args.loss_chunk, progress=pbar)
+    return dict(gpu=gpu_name, preset=args.preset, method=label,
+                max_len=m["max_len"], limited_by=m["limited_by"],
+                peak_mem_gib=m["peak_mem_gib"], step_s=m["step_s"],
+                loss_mode=args.loss,
+                trials=" ".join(f"{n}:{s}" for n, s, _ in m["trials"]))
+
+
+def _add_ratios(rows: List[Dict]) -> None:
+    """Tokens/s and peak memory as ratios to sdpa at the same length."""
+    base = {r["seq_len"]: r for r in rows if r["method"] == "sdpa" and r["status"] == "ok"}
+    for r in rows:
+        b = base.get(r["seq_len"])
+        r["speedup_vs_sdpa"] = (r["tokens_per_s"] / b["tokens_per_s"]
+                                if b and r["status"] == "ok" else float("nan"))
+        r["memory_vs_sdpa"] = (r["peak_mem_gib"] / b["peak_mem_gib"]
+                               if b and r["status"] == "ok" else float("nan"))
 
 
 def _markdown(rows, max_rows, model_kwargs, lengths, args, gpu_name, notes) -> str:
@@ -452,7 +465,7 @@ def run_preset(args, parser, presets, run, usage: str) -> int:
         parser.error(usage)
     try:
         check_device(args.device)
-        from .runner import resolve_pattern
+        from ._args import resolve_pattern
 
         resolve_pattern(args.pattern or presets[args.preset]["pattern"])
     except InputError as e:

@@ -70,7 +70,7 @@ class _Recorder:
 def recorded_launches():
     """Within the block the launchers record instead of launching; yields the list of
     ``(jit_fn, grid, args, kwargs)``."""
-    pkg = importlib.import_module(__package__)
+    pkg = importlib.import_module("hf_hilbert_attn.kernels")
     calls, saved = [], {n: getattr(pkg, n) for n in KERNELS}
     try:
         for n, fn in saved.items():
@@ -87,10 +87,10 @@ def launches(q, k, v, pattern, *, causal: bool = True, backward: bool = True,
     recorded, not run. ``arch``: with the tiles the launchers choose on that GPU (its shared
     memory, ``SHARED_LIMIT``), else the default ones. ``positions``: ``check_inputs`` keywords
     (positions, document ids)."""
-    from ..inputs import check_inputs
-    from . import dilated_bwd, dilated_fwd, plan_positions
+    from hf_hilbert_attn.inputs import check_inputs
+    from hf_hilbert_attn.kernels import dilated_bwd, dilated_fwd, plan_positions
 
-    pkg = importlib.import_module(__package__)
+    pkg = importlib.import_module("hf_hilbert_attn.kernels")
     a = check_inputs(q, k, v, pattern, **positions)
     plan, why = plan_positions(a, pattern)
     if plan is None:

@@ -34,7 +34,7 @@ _EVAL_FLOATS = ("depth", "value", "seconds", "tokens_per_s", "peak_mem_mb")
 
 def read_eval_csv(path) -> list:
     """The rows of an eval's ``results.csv`` with numbers converted back (empty cells stay
-    ``""``), as :func:`hf_hilbert_attn.evaluation.run_eval` made them."""
+    ``""``), as :func:`hf_hilbert_attn.tools.evaluation.run_eval` made them."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for r in rows:

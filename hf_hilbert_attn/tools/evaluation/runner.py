@@ -12,16 +12,17 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..pattern import DilatedPattern
+from hf_hilbert_attn.pattern import DilatedPattern
+
 from . import report
-from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
 from ._args import (InputError, InputNotFound, check_device, check_eval_grid, depth,
                     length_type, positive_int, quiet_libraries_if_redirected,
-                    report_input_errors, results_dir, show_progress)
+                    report_input_errors, resolve_pattern, results_dir, show_progress)
+from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
 from .measure import Meter
 from .passkey import check_prompt_fits, evaluate_passkey, hf_generate_fn
 from .perplexity import count_windows, evaluate_perplexity
@@ -30,78 +31,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["EvalConfig", "Method", "resolve_pattern", "run_eval", "add_eval_arguments",
            "config_from_args", "main"]
-
-# Built-in patterns by name, beside the shipped YAMLs of hf_hilbert_attn/patterns/.
-# "tiny" suits the built-in model's 128–512-token contexts: dense within 64 tokens, then every
-# 4th token of a 256-token segment.
-BUILTIN_PATTERNS = {
-    "tiny": DilatedPattern([64, 256], [1, 4]),
-    "dense": DilatedPattern.dense(1 << 30),
-}
-
-
-def resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
-    """A pattern from a YAML path, a shipped config name, a built-in name or an inline spec.
-
-    Accepted, in this order: a ``.yaml`` file; a shipped pattern name
-    (``hf_hilbert_attn.patterns.names()``: ``default``, ``dense``, ``longnet_lm``, ...); a
-    built-in name (``tiny``); an inline spec, parsed by
-    :func:`hf_hilbert_attn.patterns.parse_inline` (``"W1,W2,...:R1,R2,..."``: segment lengths :
-    dilation rates, optionally followed by ``:sliding`` and ``:sinks=K``).
-
-    Returns:
-        ``(label, pattern)``; the label names it in tables and plots.
-
-    Raises:
-        InputNotFound (a ``FileNotFoundError``): a path-like spec (ending in .yaml/.yml) that
-            does not exist.
-        InputError (a ``ValueError``): an unknown name, a malformed inline spec, a YAML file
-            that does not parse, or the pattern's own validation error (e.g.
-            ``dilation_rates[0] must be <= segment_lengths[0] …``).
-    """
-    try:
-        return _resolve_pattern(spec)
-    except FileNotFoundError as e:
-        raise InputNotFound(str(e)) from None
-    except (ValueError, TypeError) as e:  # the pattern's validation names the field
-        raise InputError(str(e)) from None
-
-
-def _pattern_file(path: Path) -> DilatedPattern:
-    import yaml
-
-    try:
-        return DilatedPattern.from_yaml(path)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise InputError(f"pattern file {path} is not valid YAML: {problem}{where}") from None
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise InputError(f"pattern file {path}: {e}") from None
-
-
-def _resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
-    from .. import patterns
-
-    path = Path(spec)
-    if path.suffix in (".yaml", ".yml"):
-        return path.stem, _pattern_file(path)
-    if spec in patterns.names():
-        return spec, patterns.load(spec)
-    if spec in BUILTIN_PATTERNS:
-        return spec, BUILTIN_PATTERNS[spec]
-    if ":" in spec:  # the one inline parser: hf_hilbert_attn.patterns.parse_inline
-        pattern = patterns.parse_inline(spec)
-        w_text, r_text, *options = spec.split(":")
-        label = "_".join([w_text + "_r" + r_text] + options).replace(",", "-").replace("=", "")
-        return label, pattern
-    raise ValueError(
-        f"unknown pattern {spec!r}: give a .yaml file, a shipped pattern name "
-        f"{patterns.names()}, a built-in name {sorted(BUILTIN_PATTERNS)}, or an inline "
-        f"{patterns.INLINE_FORM}"
-    )
-
 
 @dataclass(frozen=True)
 class Method:
@@ -259,8 +188,6 @@ def run_eval(cfg: EvalConfig) -> Dict:
             lengths, depths, patterns, device, corpus files, a corpus shorter than the longest
             length, or an output directory holding results of other settings.
     """
-    from tqdm.auto import tqdm
-
     cfg = cfg.resolved()
     _validate(cfg)
     device, dtype = _device_and_dtype(cfg)
@@ -268,37 +195,11 @@ def run_eval(cfg: EvalConfig) -> Dict:
     if not methods:
         raise InputError("nothing to evaluate: --no-sdpa and no --pattern")
     notes: List[str] = []
-
-    topo, rank = None, 0
-    if cfg.sp_size > 1:
-        _init_distributed(device)
-        if not torch.distributed.is_initialized():
-            raise InputError(f"--sp-size {cfg.sp_size} needs a process group: start the eval "
-                             f"with `torchrun --nproc_per_node N` or `accelerate launch`")
-        from ..integrations.accelerate import sequence_parallel_topology
-
-        topo = sequence_parallel_topology(None, cfg.sp_size)
-        rank = torch.distributed.get_rank()
-        notes.append(f"hilbert_dilated perplexity windows sharded over {cfg.sp_size} ranks (ring "
-                     f"attention); sdpa and passkey (generate) run unsharded on every rank")
-
+    topo, rank = _topology(cfg, device, notes)
     tokenizer = load_tokenizer(cfg)
     if "passkey" in cfg.tasks:  # fail before any model runs if the shortest prompt cannot fit
         check_prompt_fits(tokenizer, min(cfg.passkey_lengths), InputError)
-    tokens = None
-    if "perplexity" in cfg.tasks:
-        try:
-            docs = load_corpus(cfg.corpus, text_field=cfg.text_field,
-                               num_chars=max(200_000, 2 * cfg.ppl_tokens))
-        except FileNotFoundError as e:
-            raise InputNotFound(str(e)) from None
-        except ValueError as e:
-            raise InputError(str(e)) from None
-        tokens = tokenize_corpus(tokenizer, docs, cfg.ppl_tokens)
-        if tokens.numel() < max(cfg.lengths):
-            raise InputError(f"the corpus has {tokens.numel()} tokens, fewer than the longest "
-                             f"context length {max(cfg.lengths)}: give more text (--corpus) or "
-                             f"shorter --lengths")
+    tokens = _perplexity_tokens(cfg, tokenizer) if "perplexity" in cfg.tasks else None
     model_name = cfg.model or "builtin-tiny-llama"
     common = dict(model=model_name, device=str(device), dtype=str(dtype).replace("torch.", ""))
     disable = not show_progress(cfg.progress) or rank != 0
@@ -322,35 +223,11 @@ def run_eval(cfg: EvalConfig) -> Dict:
             _ruler(model, tokenizer, cfg, method, Path(cfg.out_dir), ruler_rows, disable)
         for task, L in todo:
             if task == "perplexity":
-                stride = cfg.stride or max(1, L // 2)
-                n_win = count_windows(int(tokens.numel()), L, stride)
-                with tqdm(total=n_win, desc=f"{method.label} ppl L={L}", disable=disable,
-                          leave=False) as bar, Meter(device) as m:
-                    if topo is None or method.pattern is None:
-                        res = evaluate_perplexity(model, tokens, L, stride, progress=bar)
-                    else:
-                        res = _sp_perplexity(model, tokens, L, stride, topo, method.pattern, bar)
-                results.add([dict(common, method=method.label, task="perplexity", length=L,
-                                  depth="", value=res.perplexity, stride=stride,
-                                  scored_tokens=res.scored_tokens,
-                                  processed_tokens=res.processed_tokens, seconds=m.seconds,
-                                  tokens_per_s=res.processed_tokens / max(m.seconds, 1e-9),
-                                  peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind)])
+                results.add(_perplexity_cell(model, method, L, tokens, cfg, topo, common, device,
+                                             disable))
             else:
-                gen = hf_generate_fn(model, tokenizer, cfg.max_new_tokens)
-                with tqdm(total=len(cfg.depths) * cfg.trials, desc=f"{method.label} passkey L={L}",
-                          disable=disable, leave=False) as bar, Meter(device) as m:
-                    res = evaluate_passkey(gen, tokenizer, L, cfg.depths, cfg.trials,
-                                           seed=cfg.seed, progress=bar)
-                total_tokens = sum(r["prompt_tokens"] for r in res)
-                results.add([dict(common, method=method.label, task="passkey", length=L,
-                                  depth=r["depth"], value=r["accuracy"], stride="",
-                                  scored_tokens=r["trials"], processed_tokens=r["prompt_tokens"],
-                                  seconds=m.seconds,
-                                  tokens_per_s=total_tokens / max(m.seconds, 1e-9),
-                                  peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind,
-                                  answers=" | ".join(a.replace("\n", " ") for a in r["answers"]))
-                             for r in res])
+                results.add(_passkey_cell(model, tokenizer, method, L, cfg, common, device,
+                                          disable))
         del model
         _free(device)
 
@@ -366,19 +243,97 @@ def run_eval(cfg: EvalConfig) -> Dict:
                                    title=f"{model_name} on {device.type} ({common['dtype']})")
     out["files"]["settings"] = results.settings_path
     if ruler_rows:
-        from .ruler import plot_ruler, write_ruler_csv
-
-        out["files"]["ruler"] = write_ruler_csv(ruler_rows, Path(cfg.out_dir) / "ruler.csv",
-                                                extra=("method",))
-        for label in dict.fromkeys(r["method"] for r in ruler_rows) if cfg.plots else ():
-            mine = [r for r in ruler_rows if r["method"] == label]  # heat maps per method
-            folder = Path(cfg.out_dir) / "ruler" / re.sub(r"[^\w.-]+", "_", label)
-            for path in plot_ruler(mine, folder,
-                                   title=f"{model_name}, {label}"):
-                out["files"][f"{path.stem}_{label}"] = path
+        out["files"].update(_ruler_files(ruler_rows, cfg, model_name))
     out["notes"] = notes
     out["rows"] = rows
     return out
+
+
+def _topology(cfg: EvalConfig, device, notes: List[str]):
+    """``(sequence-parallel topology or None, rank)``: a group only with ``sp_size > 1``."""
+    if cfg.sp_size <= 1:
+        return None, 0
+    _init_distributed(device)
+    if not torch.distributed.is_initialized():
+        raise InputError(f"--sp-size {cfg.sp_size} needs a process group: start the eval "
+                         f"with `torchrun --nproc_per_node N` or `accelerate launch`")
+    from hf_hilbert_attn.integrations.accelerate import sequence_parallel_topology
+
+    topo = sequence_parallel_topology(None, cfg.sp_size)
+    notes.append(f"hilbert_dilated perplexity windows sharded over {cfg.sp_size} ranks (ring "
+                 f"attention); sdpa and passkey (generate) run unsharded on every rank")
+    return topo, torch.distributed.get_rank()
+
+
+def _perplexity_tokens(cfg: EvalConfig, tokenizer) -> torch.Tensor:
+    """The held-out token stream; it must hold the longest context length."""
+    try:
+        docs = load_corpus(cfg.corpus, text_field=cfg.text_field,
+                           num_chars=max(200_000, 2 * cfg.ppl_tokens))
+    except FileNotFoundError as e:
+        raise InputNotFound(str(e)) from None
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    tokens = tokenize_corpus(tokenizer, docs, cfg.ppl_tokens)
+    if tokens.numel() < max(cfg.lengths):
+        raise InputError(f"the corpus has {tokens.numel()} tokens, fewer than the longest "
+                         f"context length {max(cfg.lengths)}: give more text (--corpus) or "
+                         f"shorter --lengths")
+    return tokens
+
+
+def _perplexity_cell(model, method, L: int, tokens, cfg: EvalConfig, topo, common: Dict, device,
+                     disable: bool) -> List[Dict]:
+    from tqdm.auto import tqdm
+
+    stride = cfg.stride or max(1, L // 2)
+    n_win = count_windows(int(tokens.numel()), L, stride)
+    with tqdm(total=n_win, desc=f"{method.label} ppl L={L}", disable=disable,
+              leave=False) as bar, Meter(device) as m:
+        if topo is None or method.pattern is None:
+            res = evaluate_perplexity(model, tokens, L, stride, progress=bar)
+        else:
+            res = _sp_perplexity(model, tokens, L, stride, topo, method.pattern, bar)
+    return [dict(common, method=method.label, task="perplexity", length=L,
+                 depth="", value=res.perplexity, stride=stride,
+                 scored_tokens=res.scored_tokens,
+                 processed_tokens=res.processed_tokens, seconds=m.seconds,
+                 tokens_per_s=res.processed_tokens / max(m.seconds, 1e-9),
+                 peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind)]
+
+
+def _passkey_cell(model, tokenizer, method, L: int, cfg: EvalConfig, common: Dict, device,
+                  disable: bool) -> List[Dict]:
+    from tqdm.auto import tqdm
+
+    gen = hf_generate_fn(model, tokenizer, cfg.max_new_tokens)
+    with tqdm(total=len(cfg.depths) * cfg.trials, desc=f"{method.label} passkey L={L}",
+              disable=disable, leave=False) as bar, Meter(device) as m:
+        res = evaluate_passkey(gen, tokenizer, L, cfg.depths, cfg.trials,
+                               seed=cfg.seed, progress=bar)
+    total_tokens = sum(r["prompt_tokens"] for r in res)
+    return [dict(common, method=method.label, task="passkey", length=L,
+                 depth=r["depth"], value=r["accuracy"], stride="",
+                 scored_tokens=r["trials"], processed_tokens=r["prompt_tokens"],
+                 seconds=m.seconds,
+                 tokens_per_s=total_tokens / max(m.seconds, 1e-9),
+                 peak_mem_mb=m.peak_bytes / 2**20, mem_kind=m.kind,
+                 answers=" | ".join(a.replace("\n", " ") for a in r["answers"]))
+            for r in res]
+
+
+def _ruler_files(ruler_rows: List[Dict], cfg: EvalConfig, model_name: str) -> Dict[str, Path]:
+    """``ruler.csv`` and, with plots, heat maps per method."""
+    from .ruler_report import plot_ruler, write_ruler_csv
+
+    files = {"ruler": write_ruler_csv(ruler_rows, Path(cfg.out_dir) / "ruler.csv",
+                                      extra=("method",))}
+    for label in dict.fromkeys(r["method"] for r in ruler_rows) if cfg.plots else ():
+        mine = [r for r in ruler_rows if r["method"] == label]
+        folder = Path(cfg.out_dir) / "ruler" / re.sub(r"[^\w.-]+", "_", label)
+        for path in plot_ruler(mine, folder, title=f"{model_name}, {label}"):
+            files[f"{path.stem}_{label}"] = path
+    return files
 
 
 # Settings that change the numbers: a resumed eval must use the same ones.
@@ -519,7 +474,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None,
                    help="local model directory (save_pretrained); omit for the built-in tiny "
                         "random-initialised Llama with a character tokenizer (a CPU smoke run)")
-    from .. import patterns
+    from hf_hilbert_attn import patterns
 
     p.add_argument("--pattern", action="append", dest="patterns", default=None,
                    help=f"pattern for hilbert_dilated, repeatable: a shipped name "

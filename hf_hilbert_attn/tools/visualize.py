@@ -11,7 +11,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from .pattern import DilatedPattern
+from hf_hilbert_attn.pattern import DilatedPattern
 
 __all__ = ["ascii_mask", "pattern_summary", "save_mask_png", "ASCII_MAX_LENGTH"]
 

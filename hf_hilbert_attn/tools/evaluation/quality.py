@@ -5,15 +5,15 @@
         --finetune-steps 150 --out quality_results
 
 For every method of the methods file (``sdpa``, or ``hilbert_dilated`` with a pattern) and every
-stage (``base``: the model as given; ``finetuned``: after ``hf_hilbert_attn.finetune`` (``examples/finetune.py``) ran on
-``CORPUS/train`` with the same data order, steps, learning rate and seed for every method, the
+stage (``base``: the model as given; ``finetuned``: after ``hf_hilbert_attn.tools.finetune``
+(``examples/finetune.py``) ran on ``CORPUS/train`` with the same data order, steps, learning rate and seed for every method, the
 dense ``sdpa`` control included), it measures
 
 * perplexity at each ``--lengths`` on one held-out token stream (``CORPUS/heldout/*.txt``, one
   document per file, joined by EOS): windows of ``L`` tokens every ``L/2``, each token scored
-  once (:mod:`~hf_hilbert_attn.evaluation.perplexity`), the same windows for every method;
+  once (:mod:`~hf_hilbert_attn.tools.evaluation.perplexity`), the same windows for every method;
 * passkey accuracy at each ``--passkey-lengths`` × ``--depths`` × ``--trials``, teacher-forced
-  and batched (:func:`~hf_hilbert_attn.evaluation.passkey.passkey_teacher_forced`);
+  and batched (:func:`~hf_hilbert_attn.tools.evaluation.passkey.passkey_teacher_forced`);
 * the pattern's density (allowed / dense causal pairs) at each length, wall time, and for the
   fine-tune its seconds per step and tokens/s.
 
@@ -22,19 +22,19 @@ are rewritten after each (method, stage); the plots (``quality_ppl.png``,
 ``quality_passkey.png``) are drawn at the end. A run stopped midway keeps what finished: run the
 same command again and it goes on where it stopped (``--fresh`` starts over), or draw what
 there is with ``--report-only OUT``.
+
+The methods file, the corpus and the CSV rows: :mod:`.quality_data`; the tables and plots:
+:mod:`.quality_report`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import fnmatch
 import gc
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -42,22 +42,24 @@ import subprocess
 import sys
 import time
 import traceback
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
-from ..pattern import DilatedPattern
+import hf_hilbert_attn
+from hf_hilbert_attn.pattern import DilatedPattern
+
 from ._args import (InputError, check_device, check_eval_grid, depth, length_type, nonneg_int,
                     positive_int, results_dir, show_progress)
 from .corpus import tokenize_corpus
 from .measure import Meter
 from .passkey import check_prompt_fits, evaluate_passkey_teacher_forced
-from .perplexity import PerplexityResult, strided_windows
-from .report import _plt, markdown_table
+from .perplexity import perplexity_batched
+from .quality_data import (STAGES, TASKS, QualityMethod, StudyError, _cell_key, _row, append_rows,
+                           filter_methods, load_methods, read_documents, read_rows)
+from .quality_report import write_quality_report
 
 logger = logging.getLogger(__name__)
 
@@ -65,163 +67,13 @@ __all__ = ["QualityMethod", "QualityConfig", "load_methods", "read_documents", "
            "perplexity_batched", "run_quality_study", "write_quality_report",
            "add_quality_arguments", "main"]
 
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the fine-tune subprocess imports from here
+# the fine-tune subprocess imports the package from here
+PACKAGE_PARENT = Path(hf_hilbert_attn.__file__).resolve().parents[1]
 DEFAULT_METHODS = Path(__file__).with_name("quality_study.yaml")  # installed with the package
-STAGES = ("base", "finetuned")
-TASKS = ("perplexity", "passkey")
-IMPLEMENTATIONS = ("sdpa", "hilbert_dilated")
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # also a directory name under OUT/finetune
-
-# quality.csv, long format: one row per finished cell (per depth for passkey).
-CSV_FIELDS = ["method", "stage", "task", "length", "depth", "value", "n", "correct", "density",
-              "seconds", "tokens_per_s", "final_loss", "peak_mem_mb", "attn_implementation",
-              "pattern", "dtype", "device", "answers"]
-_INT_FIELDS = ("length", "n", "correct")
-_FLOAT_FIELDS = ("value", "density", "seconds", "tokens_per_s", "final_loss", "peak_mem_mb")
 # Settings that change the numbers: a resumed run must use the same ones.
 _VALUE_SETTINGS = ("model", "corpus", "ppl_tokens", "depths", "trials", "seed", "dtype",
                    "finetune_steps", "finetune_lr", "finetune_warmup", "finetune_seq_len",
                    "finetune_args")
-
-
-class StudyError(InputError):
-    """A bad input of the study (directory, methods file, pattern, setting): one line, no trace."""
-
-
-# ----------------------------------------------------------------------------- methods
-@dataclass(frozen=True)
-class QualityMethod:
-    """One row of the methods file: an attention implementation and, for hilbert_dilated, its
-    pattern."""
-
-    label: str
-    attn_implementation: str
-    pattern: Optional[DilatedPattern] = None
-    pattern_name: str = ""  # how the file named it: a configs/ name, a path, or "inline"
-
-    @property
-    def pattern_text(self) -> str:
-        if self.pattern is None:
-            return "dense (sdpa)"
-        cfg = ",".join(str(w) for w in self.pattern.segment_lengths) + ":" + ",".join(
-            str(r) for r in self.pattern.dilation_rates)
-        extra = f" {self.pattern.window}" + (f" sinks={self.pattern.sink_tokens}"
-                                             if self.pattern.sink_tokens else "")
-        name = f"{self.pattern_name} " if self.pattern_name not in ("", "inline") else ""
-        return f"{name}[{cfg}]{extra}"
-
-
-def load_methods(spec, base_dir: Optional[Path] = None) -> List[QualityMethod]:
-    """Methods from a YAML file (``methods:`` list, or a bare list) or from a list of dicts.
-
-    Each entry: ``label`` (letters, digits, ``_ . + -``; unique), ``attn_implementation``
-    (``sdpa`` or ``hilbert_dilated``; default ``hilbert_dilated`` when a pattern is given, else
-    ``sdpa``) and, for hilbert_dilated, ``pattern``: a ``configs/`` name (``default``,
-    ``longnet_lm``, ...), a YAML path (relative paths are tried from the current directory, then
-    from the methods file's), or an inline dict with ``segment_lengths``, ``dilation_rates`` and
-    optionally ``query_dilation``, ``sink_tokens``, ``window``, ``ordering``.
-
-    Raises:
-        StudyError: a missing or unreadable file, or a bad entry (named by index and label).
-    """
-    from .runner import resolve_pattern
-
-    if isinstance(spec, (str, Path)):
-        path = Path(spec)
-        if not path.is_file():
-            raise StudyError(f"methods file not found: {path}")
-        import yaml
-
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise StudyError(f"methods file {path} is not valid YAML: "
-                             f"{str(e).splitlines()[0]}") from None
-        base_dir = path.resolve().parent
-        where = str(path)
-    else:
-        data, where = spec, "methods"
-    if isinstance(data, dict):
-        data = data.get("methods")
-    if not isinstance(data, list) or not data:
-        raise StudyError(f"{where} must hold a non-empty list 'methods:' of entries with label, "
-                         f"attn_implementation and pattern")
-    methods, seen = [], set()
-    for i, entry in enumerate(data):
-        at = f"{where}: methods[{i}]"
-        if not isinstance(entry, dict):
-            raise StudyError(f"{at} must be a mapping with label / attn_implementation / "
-                             f"pattern, got {entry!r}")
-        unknown = set(entry) - {"label", "attn_implementation", "pattern", "description"}
-        if unknown:
-            raise StudyError(f"{at}: unknown field(s) {sorted(unknown)}; known: label, "
-                             f"attn_implementation, pattern, description")
-        label = str(entry.get("label", ""))
-        if not _LABEL.match(label):
-            raise StudyError(f"{at}: label must be letters, digits, '_', '.', '+' or '-' "
-                             f"(it names a directory), got {label!r}")
-        at = f"{at} ({label})"
-        if label in seen:
-            raise StudyError(f"{at}: duplicate label")
-        seen.add(label)
-        spec_p = entry.get("pattern")
-        impl = entry.get("attn_implementation",
-                         "hilbert_dilated" if spec_p is not None else "sdpa")
-        if impl not in IMPLEMENTATIONS:
-            raise StudyError(f"{at}: attn_implementation must be one of {list(IMPLEMENTATIONS)}, "
-                             f"got {impl!r}")
-        if impl == "sdpa":
-            if spec_p is not None:
-                raise StudyError(f"{at}: sdpa takes no pattern (it is the dense control)")
-            methods.append(QualityMethod(label, impl))
-            continue
-        if spec_p is None:
-            raise StudyError(f"{at}: hilbert_dilated needs a pattern (a configs/ name, a YAML "
-                             f"path or an inline dict)")
-        try:
-            if isinstance(spec_p, dict):
-                pattern, name = DilatedPattern.from_dict(spec_p), "inline"
-            elif isinstance(spec_p, str):
-                p = Path(spec_p)
-                if p.suffix in (".yaml", ".yml") and not p.is_file() and base_dir is not None \
-                        and not p.is_absolute() and (base_dir / p).is_file():
-                    spec_p = str(base_dir / p)
-                name, pattern = resolve_pattern(spec_p)
-            else:
-                raise ValueError(f"pattern must be a name, a YAML path or a dict, got {spec_p!r}")
-        except (ValueError, FileNotFoundError) as e:
-            raise StudyError(f"{at}: {e}") from None
-        methods.append(QualityMethod(label, impl, pattern, name))
-    return methods
-
-
-def filter_methods(methods: Sequence[QualityMethod],
-                   patterns: Sequence[str]) -> List[QualityMethod]:
-    """The methods whose label matches any of ``patterns`` (shell globs); all when empty."""
-    if not patterns:
-        return list(methods)
-    keep = [m for m in methods if any(fnmatch.fnmatchcase(m.label, p) for p in patterns)]
-    if not keep:
-        raise StudyError(f"--methods-filter {list(patterns)} matches no label of "
-                         f"{[m.label for m in methods]}")
-    return keep
-
-
-# ----------------------------------------------------------------------------- data
-def read_documents(directory) -> List[str]:
-    """The ``.txt`` files of ``directory``, sorted by name, each one whole document.
-
-    Raises:
-        StudyError: no such directory or no non-empty ``.txt`` file in it.
-    """
-    d = Path(directory)
-    if not d.is_dir():
-        raise StudyError(f"corpus directory not found: {d}")
-    docs = [f.read_text(encoding="utf-8") for f in sorted(d.glob("*.txt")) if f.is_file()]
-    docs = [t for t in docs if t.strip()]
-    if not docs:
-        raise StudyError(f"{d} holds no non-empty .txt file (each .txt file is one document)")
-    return docs
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -239,40 +91,6 @@ def pattern_density(pattern: Optional[DilatedPattern], length: int, num_heads: i
         pairs = pattern.count_pairs_total(length, num_heads)
         _DENSITY[key] = pairs / (num_heads * length * (length + 1) / 2)
     return _DENSITY[key]
-
-
-@torch.inference_mode()
-def perplexity_batched(model, tokens: torch.Tensor, length: int, stride: int, *,
-                       max_batch_tokens: int = 65536, progress=None) -> PerplexityResult:
-    """:func:`~hf_hilbert_attn.evaluation.perplexity.evaluate_perplexity` with windows batched.
-
-    The windows (and so the scored tokens) are those of ``strided_windows``; windows of equal
-    size and scored count run together, ``[B, L]`` with ``B * L <= max_batch_tokens``, and only
-    the logits predicting scored tokens are kept (``logits_to_keep``; about
-    ``max_batch_tokens / 2 × vocab`` values at stride ``L/2``). The cross-entropy is float32.
-    """
-    device = next(model.parameters()).device
-    groups: "OrderedDict[Tuple[int, int], List[int]]" = OrderedDict()
-    for begin, end, scored in strided_windows(int(tokens.numel()), length, stride):
-        groups.setdefault((end - begin, scored), []).append(begin)
-    nll, scored_total, processed, windows = 0.0, 0, 0, 0
-    for (size, scored), begins in groups.items():
-        per = max(1, max_batch_tokens // size)
-        for i in range(0, len(begins), per):
-            chunk = begins[i:i + per]
-            ids = torch.stack([tokens[b:b + size] for b in chunk]).to(device)  # [B, size]
-            logits = model(input_ids=ids, logits_to_keep=scored + 1, use_cache=False).logits
-            logits = logits[:, -(scored + 1):-1].flatten(0, 1)  # [B * scored, V]
-            targets = ids[:, size - scored:].flatten()
-            for j in range(0, targets.numel(), 4096):
-                nll += float(F.cross_entropy(logits[j:j + 4096].float(), targets[j:j + 4096],
-                                             reduction="sum"))
-            scored_total += scored * len(chunk)
-            processed += size * len(chunk)
-            windows += len(chunk)
-            if progress is not None:
-                progress.update(len(chunk))
-    return PerplexityResult(length, stride, nll, scored_total, processed, windows)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -296,7 +114,7 @@ class QualityConfig:
     finetune_lr: float = 1e-4
     finetune_warmup: int = 10
     finetune_seq_len: int = 8192
-    finetune_args: str = ""  # more arguments for hf_hilbert_attn.finetune, e.g. "--loss-chunk 4096"
+    finetune_args: str = ""  # more arguments for tools.finetune, e.g. "--loss-chunk 4096"
     batch_tokens: int = 65536
     dtype: str = "auto"
     device: str = "auto"
@@ -375,45 +193,6 @@ def _method_record(m: QualityMethod) -> Dict:
     return dict(attn_implementation=m.attn_implementation,
                 pattern=m.pattern.to_dict() if m.pattern is not None else None,
                 pattern_name=m.pattern_name)
-
-
-# ----------------------------------------------------------------------------- CSV
-def _row(**kw) -> Dict:
-    row = {k: "" for k in CSV_FIELDS}
-    row.update(kw)
-    return row
-
-
-def append_rows(path: Path, rows: Sequence[Dict]) -> None:
-    """Append rows to the long-format CSV (header written on first use) and flush to disk."""
-    new = not path.exists() or path.stat().st_size == 0
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_rows(path) -> List[Dict]:
-    """The rows of a ``quality.csv``, numbers converted back (empty cells stay ``""``)."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
-        for k in _INT_FIELDS:
-            if r.get(k, "") != "":
-                r[k] = int(float(r[k]))
-        for k in _FLOAT_FIELDS + ("depth",):
-            if r.get(k, "") != "":
-                r[k] = float(r[k])
-    return rows
-
-
-def _cell_key(r: Dict) -> Tuple:
-    return (r["method"], r["stage"], r["task"], int(r["length"]),
-            "" if r["depth"] == "" else float(r["depth"]))
 
 
 # ----------------------------------------------------------------------------- the study
@@ -554,8 +333,8 @@ def _evaluate(model_path, method: QualityMethod, stage: str, cells, tokens, toke
 
 
 def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
-    """Fine-tune ``method`` from the base weights with ``hf_hilbert_attn.finetune`` (one process);
-    returns ``OUT/finetune/<label>/final`` and records the step time and tokens/s."""
+    """Fine-tune ``method`` from the base weights with ``hf_hilbert_attn.tools.finetune`` (one
+    process); returns ``OUT/finetune/<label>/final`` and records the step time and tokens/s."""
     cfg = study.cfg
     ft = study.out / "finetune" / method.label
     final = ft / "final"
@@ -567,7 +346,8 @@ def _finetune(method: QualityMethod, study: _Study, bar) -> Path:
     if ft.exists():  # an interrupted fine-tune starts over
         shutil.rmtree(ft)
     ft.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "hf_hilbert_attn.finetune", "--model", str(Path(cfg.model).resolve()),
+    cmd = [sys.executable, "-m", "hf_hilbert_attn.tools.finetune",
+           "--model", str(Path(cfg.model).resolve()),
            "--data", str((Path(cfg.corpus) / "train").resolve()),
            "--attn-implementation", method.attn_implementation,
            "--seq-len", str(cfg.finetune_seq_len), "--max-steps", str(cfg.finetune_steps),
@@ -713,276 +493,6 @@ def run_quality_study(cfg: QualityConfig) -> Dict:
     return out
 
 
-# ----------------------------------------------------------------------------- report
-def _ordered(values) -> List:
-    return list(OrderedDict.fromkeys(values))
-
-
-def _reference(rows) -> Optional[str]:
-    """The dense control: the first method that ran with sdpa."""
-    return next((r["method"] for r in rows if r["attn_implementation"] == "sdpa"), None)
-
-
-def _passkey_cells(rows):
-    """``{(method, stage, length): (correct, trials)}`` summed over depths."""
-    acc: Dict[Tuple, List[int]] = {}
-    for r in rows:
-        if r["task"] == "passkey":
-            c = acc.setdefault((r["method"], r["stage"], r["length"]), [0, 0])
-            c[0] += int(r["correct"])
-            c[1] += int(r["n"])
-    return acc
-
-
-def quality_markdown(rows: Sequence[Dict], settings: Optional[Dict] = None,
-                     errors: Sequence[str] = ()) -> str:
-    """The study's tables from its rows (see :func:`write_quality_report`)."""
-    parts = ["# Quality study: dilated patterns vs dense sdpa"]
-    if settings:
-        s = settings
-        parts.append(
-            f"\nModel `{s.get('model')}`, corpus `{s.get('corpus')}` (held-out stream "
-            f"{s.get('heldout_tokens', '?')} tokens), {s.get('dtype')}; passkey "
-            f"{len(s.get('depths', []))} depths x {s.get('trials')} trials, teacher-forced; "
-            f"fine-tune {s.get('finetune_steps')} steps of {s.get('finetune_seq_len')} tokens, "
-            f"lr {s.get('finetune_lr')}, warm-up {s.get('finetune_warmup')}, seed {s.get('seed')}"
-            + (f", extra `{s['finetune_args']}`" if s.get("finetune_args") else "") + ".")
-    ref = _reference(rows)
-    methods = _ordered(r["method"] for r in rows)
-    stages = [s for s in STAGES if any(r["stage"] == s for r in rows)]
-    meta = {r["method"]: r for r in rows}
-
-    dens = {(r["method"], r["length"]): r["density"] for r in rows
-            if r["task"] in TASKS and r["density"] != ""}
-    if dens:
-        lengths = sorted({L for _, L in dens})
-        parts.append("\n## Methods and density (allowed / dense causal pairs, all heads)\n")
-        body = [[m, meta[m]["attn_implementation"], meta[m]["pattern"]]
-                + [f"{100 * dens[(m, L)]:.2f} %" if (m, L) in dens else "" for L in lengths]
-                for m in methods]
-        parts.append(markdown_table(["method", "attention", "pattern"]
-                                    + [str(L) for L in lengths], body))
-
-    ppl = {(r["method"], r["stage"], r["length"]): r["value"] for r in rows
-           if r["task"] == "perplexity"}
-    if ppl:
-        lengths = sorted({k[2] for k in ppl})
-        n_scored = next(r["n"] for r in rows if r["task"] == "perplexity")
-        parts.append(f"\n## Perplexity by context length (held-out stream, windows of L every "
-                     f"L/2, each of {n_scored} tokens scored once)\n")
-        keys = [(m, s) for m in methods for s in stages
-                if any((m, s, L) in ppl for L in lengths)]
-        parts.append(markdown_table(["method", "stage"] + [str(L) for L in lengths],
-                                    [[m, s] + [f"{ppl[(m, s, L)]:.3f}" if (m, s, L) in ppl
-                                               else "" for L in lengths] for m, s in keys]))
-        if ref is not None:
-            parts.append(f"\nRatio to dense `{ref}` of the same stage (1.00 = as good as dense):\n")
-            body = []
-            for m, s in keys:
-                row = [m, s]
-                for L in lengths:
-                    a, b = ppl.get((m, s, L)), ppl.get((ref, s, L))
-                    row.append(f"{a / b:.3f}" if a is not None and b else "")
-                body.append(row)
-            parts.append(markdown_table(["method", "stage"] + [str(L) for L in lengths], body))
-
-    pk = _passkey_cells(rows)
-    if pk:
-        lengths = sorted({k[2] for k in pk})
-        depths = sorted({r["depth"] for r in rows if r["task"] == "passkey"})
-        parts.append(f"\n## Passkey retrieval (teacher-forced), correct / trials over depths "
-                     f"{', '.join(f'{d:g}' for d in depths)}\n")
-        keys = [(m, s) for m in methods for s in stages if any((m, s, L) in pk for L in lengths)]
-        body = [[m, s] + [f"{pk[(m, s, L)][0]}/{pk[(m, s, L)][1]}" if (m, s, L) in pk else ""
-                          for L in lengths] for m, s in keys]
-        parts.append(markdown_table(["method", "stage"] + [str(L) for L in lengths], body))
-        cell = {(r["method"], r["stage"], r["depth"], r["length"]): r for r in rows
-                if r["task"] == "passkey"}
-        parts.append("\nBy needle depth (correct / trials):\n")
-        body = [[m, s, f"{d:g}"] + [f"{cell[(m, s, d, L)]['correct']}/{cell[(m, s, d, L)]['n']}"
-                                    if (m, s, d, L) in cell else "" for L in lengths]
-                for m, s in keys for d in depths]
-        parts.append(markdown_table(["method", "stage", "depth"] + [str(L) for L in lengths],
-                                    body))
-
-    ft = [r for r in rows if r["task"] == "finetune"]
-    if ft:
-        ref_step = next((r["value"] for r in ft if r["method"] == ref), None)
-        parts.append("\n## Fine-tune (hf_hilbert_attn.finetune, one process; s/step and tokens/s "
-                     "exclude the first step)\n")
-        body = [[r["method"], r["n"], r["length"], r["value"], r["tokens_per_s"],
-                 f"{r['value'] / ref_step:.3f}" if ref_step else "", r["final_loss"],
-                 r["peak_mem_mb"] / 1024 if r["peak_mem_mb"] != "" else "", r["seconds"]]
-                for r in ft]
-        parts.append(markdown_table(["method", "steps", "seq len", "s/step", "tokens/s",
-                                     f"step time / {ref or 'sdpa'}'s", "loss (last 10 steps)",
-                                     "peak GiB", "wall s"], body))
-
-    wall: "OrderedDict[Tuple[str, str], float]" = OrderedDict()
-    seen = set()
-    for r in rows:  # a passkey cell's seconds are repeated on each of its depth rows
-        cell = (r["method"], r["stage"], r["task"], r["length"])
-        if r["task"] in TASKS and cell not in seen:
-            seen.add(cell)
-            wall[cell[:2]] = wall.get(cell[:2], 0.0) + r["seconds"]
-    if wall:
-        parts.append("\n## Eval wall time (seconds; model loading excluded)\n")
-        parts.append(markdown_table(["method", "stage", "seconds"],
-                                    [[m, s, v] for (m, s), v in wall.items()]))
-    if errors:
-        parts.append("\n## Failed\n\n" + "\n".join(f"- {e}" for e in errors))
-    return "\n".join(parts) + "\n"
-
-
-def _colors(methods, ref):
-    """Black for the dense control; tab10 without its grey (grey draws the stage legend)."""
-    import matplotlib
-
-    if len(methods) <= 10:
-        palette = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i != 7]
-    else:
-        palette = [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors)
-                   if i not in (14, 15)]
-    out, i = {}, 0
-    for m in methods:
-        if m == ref:
-            out[m] = "black"
-        else:
-            out[m] = palette[i % len(palette)]
-            i += 1
-    return out
-
-
-def _length_label(L: int) -> str:
-    return f"{L // 1024}K" if L % 1024 == 0 else str(L)
-
-
-def plot_quality_perplexity(rows: Sequence[Dict], path) -> Optional[Path]:
-    """Perplexity (left) and its ratio to dense sdpa (right) vs context length; one colour per
-    method, base solid, finetuned dashed, the dense control black and thick; log2 x axis."""
-    ppl = [r for r in rows if r["task"] == "perplexity"]
-    if not ppl:
-        return None
-    plt = _plt()
-    from matplotlib.lines import Line2D
-
-    ref = _reference(rows)
-    methods = _ordered(r["method"] for r in ppl)
-    colors = _colors(methods, ref)
-    val = {(r["method"], r["stage"], r["length"]): r["value"] for r in ppl}
-    fig, axes = plt.subplots(1, 2 if ref else 1, figsize=(13 if ref else 7.5, 5.0), squeeze=False)
-    for stage, style in (("base", "-"), ("finetuned", "--")):
-        for m in methods:
-            pts = sorted((L, v) for (mm, s, L), v in val.items() if mm == m and s == stage)
-            if not pts:
-                continue
-            kw = dict(color=colors[m], linestyle=style, marker="o",
-                      linewidth=3.0 if m == ref else 1.5, markersize=4, zorder=3 if m == ref else 2)
-            axes[0][0].plot([p[0] for p in pts], [p[1] for p in pts], **kw)
-            if ref:
-                rp = [(L, v / val[(ref, stage, L)]) for L, v in pts if (ref, stage, L) in val]
-                if rp:
-                    axes[0][1].plot([p[0] for p in rp], [p[1] for p in rp], **kw)
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    ax = axes[0][0]  # log y: a pattern at 4x dense must not flatten the dense curves
-    ax.set_yscale("log")
-    spread = max(val.values()) / max(min(val.values()), 1e-9)
-    subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if spread > 4 else (1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5,
-                                                              3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_ylabel("perplexity (log scale)")
-    ax.set_title("held-out perplexity")
-    if ref:
-        axes[0][1].axhline(1.0, color="grey", linewidth=0.8)
-        axes[0][1].set_ylabel(f"perplexity / {ref}'s (same stage)")
-        axes[0][1].set_title(f"ratio to dense {ref}")
-    lengths = sorted({r["length"] for r in ppl})
-    for ax in axes[0]:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [_length_label(L) for L in lengths])
-        ax.minorticks_off()
-        ax.set_xlabel("context length (tokens)")
-        ax.grid(True, alpha=0.3)
-    handles = [Line2D([], [], color=colors[m], linewidth=3.0 if m == ref else 1.5, label=m)
-               for m in methods]
-    handles += [Line2D([], [], color="grey", linestyle="-", label="base"),
-                Line2D([], [], color="grey", linestyle="--", label="finetuned")]
-    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                       fontsize=8, frameon=False)
-    fig.suptitle("Perplexity vs context length: dilated patterns against dense attention")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)
-
-
-def plot_quality_passkey(rows: Sequence[Dict], path) -> Optional[Path]:
-    """Passkey accuracy heat maps (method × length, mean over depths), one panel per stage."""
-    pk = _passkey_cells(rows)
-    if not pk:
-        return None
-    plt = _plt()
-    methods = _ordered(r["method"] for r in rows if r["task"] == "passkey")
-    stages = [s for s in STAGES if any(k[1] == s for k in pk)]
-    lengths = sorted({k[2] for k in pk})
-    fig, axes = plt.subplots(1, len(stages), squeeze=False,
-                             figsize=(2.6 + 0.9 * len(lengths) * len(stages),
-                                      1.4 + 0.38 * len(methods)))
-    im = None
-    for col, (ax, stage) in enumerate(zip(axes[0], stages)):
-        grid = [[pk[(m, stage, L)][0] / pk[(m, stage, L)][1] if (m, stage, L) in pk
-                 else float("nan") for L in lengths] for m in methods]
-        im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
-        for i, m in enumerate(methods):
-            for j, L in enumerate(lengths):
-                c = pk.get((m, stage, L))
-                ax.text(j, i, f"{c[0]}/{c[1]}" if c else "-", ha="center", va="center",
-                        fontsize=7)
-        ax.set_xticks(range(len(lengths)), [_length_label(L) for L in lengths])
-        ax.set_yticks(range(len(methods)), methods if col == 0 else [""] * len(methods))
-        ax.set_xlabel("context length")
-        ax.set_title(stage)
-    fig.colorbar(im, ax=list(axes[0]), label="accuracy (all depths)")
-    fig.suptitle("Passkey retrieval (teacher-forced)")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)
-
-
-def write_quality_report(out_dir, *, plots: bool = True, errors: Sequence[str] = (),
-                         missing_ok: bool = False) -> Dict:
-    """Redraw ``quality.md``, ``quality_ppl.png`` and ``quality_passkey.png`` from
-    ``OUT/quality.csv`` (and ``OUT/study.json`` for the settings line).
-
-    Returns:
-        ``{"markdown": str, "files": {name: Path}}``.
-
-    Raises:
-        StudyError: ``OUT/quality.csv`` does not exist (unless ``missing_ok``: no rows yet).
-    """
-    out = Path(out_dir)
-    csv_path = out / "quality.csv"
-    if not csv_path.is_file() and not missing_ok:
-        raise StudyError(f"no results to report: {csv_path} not found")
-    rows = read_rows(csv_path) if csv_path.is_file() else []
-    meta = out / "study.json"
-    settings = json.loads(meta.read_text())["settings"] if meta.is_file() else None
-    md = quality_markdown(rows, settings, errors)
-    (out / "quality.md").write_text(md)
-    files = {"csv": csv_path} if rows else {}
-    files["markdown"] = out / "quality.md"
-    if plots:
-        p = plot_quality_perplexity(rows, out / "quality_ppl.png")
-        if p:
-            files["ppl_png"] = p
-        p = plot_quality_passkey(rows, out / "quality_passkey.png")
-        if p:
-            files["passkey_png"] = p
-    return {"markdown": md, "files": files}
-
-
 # ----------------------------------------------------------------------------- command line
 def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _len = length_type("context length")
@@ -1013,7 +523,7 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--finetune-warmup", type=nonneg_int, default=10, help="linear warm-up steps")
     p.add_argument("--finetune-seq-len", type=_len, default=8192)
     p.add_argument("--finetune-args", default="",
-                   help="more arguments for hf_hilbert_attn.finetune, one string "
+                   help="more arguments for hf_hilbert_attn.tools.finetune, one string "
                         "(e.g. '--gradient-checkpointing --loss-chunk 4096')")
     p.add_argument("--batch-tokens", type=positive_int, default=65536,
                    help="tokens per eval forward (windows / passkey prompts batched up to it)")

@@ -14,7 +14,7 @@ prompt) is padded on the left, with labels -100 there.
 
 Two users:
 
-* ``python -m hf_hilbert_attn.finetune --retrieval-mix F``: :class:`RetrievalSchedule` makes a
+* ``python -m hf_hilbert_attn.tools.finetune --retrieval-mix F``: :class:`RetrievalSchedule` makes a
   fraction ``F`` of the steps retrieval steps (every row of such a step is an example), spread
   evenly with a phase set by the seed; the text blocks keep their order (the same sequence of
   text blocks as without the mix, fewer of them).

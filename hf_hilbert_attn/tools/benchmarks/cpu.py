@@ -7,7 +7,7 @@ time forward + backward of ``<out, dout>``. ``--model`` adds a tiny Llama's forw
 ``attn_implementation="hilbert_dilated"`` vs ``"sdpa"`` (random weights).
 
     hf-hilbert-attn bench cpu --lengths 1K 4K 8K 16K 32K --backward
-    python -m hf_hilbert_attn.benchmarks.cpu --lengths 4K 8K --shapes 9/3x64 --repeats 5
+    python -m hf_hilbert_attn.tools.benchmarks.cpu --lengths 4K 8K --shapes 9/3x64 --repeats 5
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _interleaved(fns: dict, repeats: int) -> dict:
 
 
 def _attention_fns(q, k, v, patterns, backward: bool):
-    from ..ops import dilated_attention
+    from hf_hilbert_attn.ops import dilated_attention
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

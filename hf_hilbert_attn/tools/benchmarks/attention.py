@@ -51,20 +51,14 @@ import time
 from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 
-from .. import DilatedPattern, dilated_attention, reference_attention
+from hf_hilbert_attn import DilatedPattern, reference_attention
+
 from ..evaluation._args import InputError, report_input_errors, results_dir, show_progress
 from . import common as C
-from .baselines import (
-    GATHER_LABEL,
-    FlexDilated,
-    build_gather_plan,
-    double_counted_reference,
-    gather_pairs,
-    gather_sdpa_attention,
-    gather_kernel_names,
-)
+from .baselines import GATHER_LABEL, double_counted_reference
+from .impls import SDPA, Flex, Gather, Unavailable, make_impl
+from .max_len import max_len_main
 
 LABELS = {
     "ours-natural": "ours natural",
@@ -91,249 +85,26 @@ def make_inputs(S, hq, hkv, D, dtype, device, seed):
     return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
 
 
-# ============================================================================= implementations
-class Impl:
-    """One row's function: ``fwd()`` returns the output in its storage order; ``natural(out)``
-    returns the last ``n`` queries in position order; the backward uses ``dout``."""
-
-    note = ""
-    build_s = float("nan")
-    compile_s = float("nan")
-
-    def __init__(self, ctx):
-        self.ctx = ctx
-        self.leaves = [ctx["q"], ctx["k"], ctx["v"]]
-        self.dout = ctx["do"]
-
-    def fwd(self):  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def natural(self, out, n):
-        return out[:, :, -n:]
-
-    def pairs(self):
-        """Pairs the row's own function computes (its own TFLOP/s)."""
-        return self.ctx["pattern_pairs"]
-
-    def own_reference(self):
-        return "pattern"
-
-
-class Ours(Impl):
-    def __init__(self, ctx, hilbert: bool):
-        super().__init__(ctx)
-        self.backend = ctx["args"].ours_backend
-        self.pos = None
-        if hilbert:
-            from hf_hilbert_attn.hilbert import hilbert_permutation
-
-            t0 = time.perf_counter()
-            perm, inv = hilbert_permutation(ctx["S"], ctx["pattern"], ctx["device"])
-            C.synchronize(ctx["device"])
-            self.build_s = time.perf_counter() - t0
-            self.pos, self.inv = perm, inv
-            # The layout is applied once, outside the timed region (it is how tokens are stored).
-            with torch.no_grad():
-                self.leaves = [t.detach()[:, :, perm].contiguous().requires_grad_()
-                               for t in (ctx["q"], ctx["k"], ctx["v"])]
-                self.dout = ctx["do"][:, :, perm].contiguous()
-            self.note = "permutation outside the timed region"
-
-    def fwd(self):
-        q, k, v = self.leaves
-        return dilated_attention(q, k, v, self.ctx["pattern"], causal=True, backend=self.backend,
-                                 q_positions=self.pos, k_positions=self.pos)
-
-    def natural(self, out, n):
-        if self.pos is None:
-            return out[:, :, -n:]
-        return out[:, :, self.inv[-n:]]
-
-
-class SDPA(Impl):
-    def __init__(self, ctx, backend_name: str):
-        super().__init__(ctx)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        if ctx["device"].type != "cuda":
-            raise Unavailable(f"{backend_name} SDPA needs CUDA")
-        self.sdpa_kernel = sdpa_kernel
-        self.backend = {"cudnn": SDPBackend.CUDNN_ATTENTION,
-                        "flash": SDPBackend.FLASH_ATTENTION}[backend_name]
-        self.group = ctx["hq"] // ctx["hkv"]
-        self.expand = False
-        self.note = "mha" if self.group == 1 else "gqa: enable_gqa=True (native)"
-
-    def fallback_to_expanded(self):
-        self.expand = True
-        self.note = "gqa: K/V expanded by repeat_interleave inside the timed region"
-
-    def fwd(self):
-        q, k, v = self.leaves
-        with self.sdpa_kernel([self.backend]):
-            if self.group == 1:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            if self.expand:
-                return F.scaled_dot_product_attention(
-                    q, k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1),
-                    is_causal=True)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-    def pairs(self):
-        S = self.ctx["S"]
-        return self.ctx["hq"] * S * (S + 1) // 2
-
-    def own_reference(self):
-        return "dense"
-
-
-class Gather(Impl):
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        t0 = time.perf_counter()
-        self.plan = build_gather_plan(ctx["pattern"], ctx["S"], ctx["hq"], ctx["hkv"], ctx["device"])
-        C.synchronize(ctx["device"])
-        self.build_s = time.perf_counter() - t0
-        self.kernel = ctx["args"].gather_kernel
-
-    def fwd(self):
-        q, k, v = self.leaves
-        return gather_sdpa_attention(q, k, v, self.ctx["pattern"], causal=True, plan=self.plan,
-                                     kernel=self.kernel)
-
-    def describe(self):
-        names = gather_kernel_names(self.ctx["q"], self.plan, causal=True, kernel=self.kernel)
-        self.note = "index tables built before timing; segment kernel: " + ", ".join(names)
-
-    def pairs(self):
-        return gather_pairs(self.ctx["pattern"], self.ctx["S"], self.ctx["hq"], causal=True)
-
-    def own_reference(self):
-        return "double-counted"
-
-
-class Flex(Impl):
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        if ctx["device"].type != "cuda":
-            raise Unavailable("compiled FlexAttention is benchmarked on CUDA only")
-        import torch._dynamo
-
-        # Every (shape, pattern) is a new graph: without a larger cache dynamo would fall back to
-        # eager flex_attention, which materialises the S x S scores.
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-            torch._dynamo.config.accumulated_cache_size_limit = max(
-                torch._dynamo.config.accumulated_cache_size_limit, 4096)
-        torch._dynamo.reset()  # compile time measured from scratch for each row
-        self.flex = FlexDilated(ctx["pattern"], ctx["S"], ctx["hq"], ctx["device"], causal=True)
-        self.build_s = self.flex.build_s
-        self.note = ("block mask (per head) built once, build_s = create_block_mask; "
-                     + ("mha" if ctx["hq"] == ctx["hkv"] else "gqa: enable_gqa=True"))
-
-    def fwd(self):
-        q, k, v = self.leaves
-        return self.flex(q, k, v)
-
-
-class Unavailable(Exception):
-    """The implementation cannot run here (no CUDA, missing module); recorded, not an error."""
-
-
-def make_impl(key, ctx):
-    if key == "ours-natural":
-        return Ours(ctx, hilbert=False)
-    if key == "ours-hilbert":
-        return Ours(ctx, hilbert=True)
-    if key == "sdpa-cudnn":
-        return SDPA(ctx, "cudnn")
-    if key == "sdpa-flash":
-        return SDPA(ctx, "flash")
-    if key == "gather-sdpa":
-        return Gather(ctx)
-    if key == "flex":
-        return Flex(ctx)
-    raise ValueError(f"unknown impl {key!r}; known: {list(LABELS)}")
-
-
 # ============================================================================= one row
 def run_row(key: str, ctx: dict) -> dict:
-    args, device = ctx["args"], ctx["device"]
+    """One implementation on one shape: first-call time, peak memory, errors vs the references,
+    fwd / bwd / fwd+bwd times and TFLOP/s. A failure (OOM, error, unavailable) is the row's
+    status, named with the stage it happened in."""
+    device = ctx["device"]
     row = dict(ctx["base"], impl=LABELS[key], impl_key=key, status="ok", note="")
-    fwd_flops = ctx["fwd_flops"]
     impl = None
-    stage = "setup"
+    at = {"stage": "setup"}
     try:
         impl = make_impl(key, ctx)
         row["build_s"] = impl.build_s
         row["own_pairs"] = impl.pairs()
-        leaves, dout = impl.leaves, impl.dout
-
-        def step():
-            impl.fwd().backward(dout)
-
-        # First call: Triton JIT / torch.compile / cuDNN plan creation; its time is reported.
-        stage = "first call"
-        for t in leaves:
-            t.grad = None
-        t0 = time.perf_counter()
-        try:
-            step()
-        except RuntimeError as e:
-            if isinstance(impl, SDPA) and impl.group > 1 and not impl.expand and not C.is_oom(e):
-                impl.fallback_to_expanded()
-                t0 = time.perf_counter()
-                step()
-            else:
-                raise
-        C.synchronize(device)
-        row["first_call_s"] = time.perf_counter() - t0
+        at["stage"] = "first call"
+        row["first_call_s"] = _first_call(impl, device)
         if isinstance(impl, Gather):
             impl.describe()
-
-        stage = "memory"
-        for t in leaves:
-            t.grad = None
-        holder = {}
-
-        def step_keep():
-            out = impl.fwd()
-            out.backward(dout)
-            holder["out"] = impl.natural(out.detach(), ctx["nq"]) if ctx["nq"] else None
-
-        mem = C.peak_memory_bytes(step_keep, device)
-        row["peak_extra_gib"] = mem["extra"] / 2**30 if device.type == "cuda" else None
-        row["peak_gib"] = ((mem["extra"] + ctx["input_bytes"]) / 2**30
-                           if device.type == "cuda" else None)
-        if ctx["nq"]:
-            out = holder.pop("out").float()
-            row["err_vs_pattern"] = _rel(out, ctx["refs"]["pattern"])
-            row["err_vs_own"] = _rel(out, ctx["refs"][impl.own_reference()])
-            row["own_function"] = {"pattern": "pattern", "dense": "dense causal",
-                                   "double-counted": "pattern, overlaps double-counted"}[
-                impl.own_reference()]
-            del out
-        for t in leaves:
-            t.grad = None
-
-        timing = dict(device=device, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
-                      grad_to_none=leaves, min_reps=1 if args.quick else 3)
-        stage = "fwd"
-        row["fwd_ms"] = C.bench_ms(impl.fwd, **timing)
-        stage = "bwd"
-        out = impl.fwd()
-        try:
-            row["bwd_ms"] = C.bench_ms(lambda: out.backward(dout, retain_graph=True), **timing)
-        except RuntimeError as e:
-            if C.is_oom(e):
-                raise
-            row["bwd_ms"] = None  # filled from fwd+bwd − fwd below
-            row["note"] = _join(row["note"], "bwd = (fwd+bwd) - fwd: " + C.short_error(e, 60))
-        del out
-        stage = "fwd+bwd"
-        row["fwd_bwd_ms"] = C.bench_ms(step, **timing)
-        if row.get("bwd_ms") is None:
-            row["bwd_ms"] = row["fwd_bwd_ms"] - row["fwd_ms"]
+        at["stage"] = "memory"
+        _memory_and_errors(impl, ctx, row)
+        _times(impl, ctx, row, at)
         if isinstance(impl, Flex):
             row["compile_s"] = row["first_call_s"]
     except Unavailable as e:
@@ -341,10 +112,10 @@ def run_row(key: str, ctx: dict) -> dict:
     except Exception as e:  # noqa: BLE001 - every failure is a row, the run goes on
         if C.is_oom(e):
             row["status"] = "OOM"
-            row["note"] = f"out of memory at {stage}"
+            row["note"] = f"out of memory at {at['stage']}"
         else:
             row["status"] = "error"
-            row["note"] = f"{stage}: {C.short_error(e)}"
+            row["note"] = f"{at['stage']}: {C.short_error(e)}"
     finally:
         if impl is not None:
             row["note"] = _join(impl.note, row["note"])
@@ -355,6 +126,7 @@ def run_row(key: str, ctx: dict) -> dict:
         impl = None
         C.free_memory(device)
 
+    fwd_flops = ctx["fwd_flops"]
     flops_fb = fwd_flops * (1 + BWD_FACTOR)
     own = 4.0 * ctx["D"] * row.get("own_pairs", ctx["pattern_pairs"])
     row["tflops_fwd"] = C.tflops(fwd_flops, row.get("fwd_ms"))
@@ -362,6 +134,75 @@ def run_row(key: str, ctx: dict) -> dict:
     row["own_tflops_fwd"] = C.tflops(own, row.get("fwd_ms"))
     row["own_tflops_fwd_bwd"] = C.tflops(own * (1 + BWD_FACTOR), row.get("fwd_bwd_ms"))
     return row
+
+
+def _first_call(impl, device) -> float:
+    """Seconds of the first fwd+bwd: Triton JIT / torch.compile / cuDNN plan creation."""
+    for t in impl.leaves:
+        t.grad = None
+    t0 = time.perf_counter()
+    try:
+        impl.fwd().backward(impl.dout)
+    except RuntimeError as e:
+        if isinstance(impl, SDPA) and impl.group > 1 and not impl.expand and not C.is_oom(e):
+            impl.fallback_to_expanded()
+            t0 = time.perf_counter()
+            impl.fwd().backward(impl.dout)
+        else:
+            raise
+    C.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def _memory_and_errors(impl, ctx: dict, row: dict) -> None:
+    """Peak memory of one fwd+bwd, and the output's errors vs the float32 references."""
+    device, leaves, dout = ctx["device"], impl.leaves, impl.dout
+    for t in leaves:
+        t.grad = None
+    holder = {}
+
+    def step_keep():
+        out = impl.fwd()
+        out.backward(dout)
+        holder["out"] = impl.natural(out.detach(), ctx["nq"]) if ctx["nq"] else None
+
+    mem = C.peak_memory_bytes(step_keep, device)
+    row["peak_extra_gib"] = mem["extra"] / 2**30 if device.type == "cuda" else None
+    row["peak_gib"] = ((mem["extra"] + ctx["input_bytes"]) / 2**30
+                       if device.type == "cuda" else None)
+    if ctx["nq"]:
+        out = holder.pop("out").float()
+        row["err_vs_pattern"] = _rel(out, ctx["refs"]["pattern"])
+        row["err_vs_own"] = _rel(out, ctx["refs"][impl.own_reference()])
+        row["own_function"] = {"pattern": "pattern", "dense": "dense causal",
+                               "double-counted": "pattern, overlaps double-counted"}[
+            impl.own_reference()]
+        del out
+    for t in leaves:
+        t.grad = None
+
+
+def _times(impl, ctx: dict, row: dict, at: dict) -> None:
+    """Median fwd, bwd and fwd+bwd milliseconds (``at["stage"]`` says which is running)."""
+    args, leaves, dout = ctx["args"], impl.leaves, impl.dout
+    timing = dict(device=ctx["device"], warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
+                  grad_to_none=leaves, min_reps=1 if args.quick else 3)
+    at["stage"] = "fwd"
+    row["fwd_ms"] = C.bench_ms(impl.fwd, **timing)
+    at["stage"] = "bwd"
+    out = impl.fwd()
+    try:
+        row["bwd_ms"] = C.bench_ms(lambda: out.backward(dout, retain_graph=True), **timing)
+    except RuntimeError as e:
+        if C.is_oom(e):
+            raise
+        row["bwd_ms"] = None  # filled from fwd+bwd − fwd below
+        row["note"] = _join(row["note"], "bwd = (fwd+bwd) - fwd: " + C.short_error(e, 60))
+    del out
+    at["stage"] = "fwd+bwd"
+    row["fwd_bwd_ms"] = C.bench_ms(lambda: impl.fwd().backward(dout), **timing)
+    if row.get("bwd_ms") is None:
+        row["bwd_ms"] = row["fwd_bwd_ms"] - row["fwd_ms"]
 
 
 def _rel(a, b):
@@ -507,131 +348,6 @@ def report(rows, ratio_rows, paths, args, device):
     print("\nwrote " + ", ".join(str(p) for p in paths))
 
 
-# ============================================================================= --max-len
-def _trial(impl: str, S: int, hq: int, hkv: int, D: int, dtype, device, grad: bool,
-           pattern, backend: str) -> dict:
-    """Run one fwd(+bwd) at length S; returns {"ok", "s", "peak_gib", "why"}."""
-    res = {"ok": False, "s": None, "peak_gib": None, "why": ""}
-    tensors = []
-    try:
-        gen = torch.Generator(device=device).manual_seed(S)
-        q = torch.randn(1, hq, S, D, generator=gen, device=device, dtype=dtype)
-        k = torch.randn(1, hkv, S, D, generator=gen, device=device, dtype=dtype)
-        v = torch.randn(1, hkv, S, D, generator=gen, device=device, dtype=dtype)
-        tensors = [q, k, v]
-        for t in tensors:
-            t.requires_grad_(grad)
-
-        def call():
-            if impl == "ours-natural":
-                return dilated_attention(q, k, v, pattern, causal=True, backend=backend)
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                      enable_gqa=hq != hkv)
-
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        C.synchronize(device)
-        t0 = time.perf_counter()
-        if grad:
-            out = call()
-            out.backward(torch.randn_like(out))
-            del out
-        else:
-            with torch.no_grad():
-                out = call()
-                del out
-        C.synchronize(device)
-        res.update(ok=True, s=time.perf_counter() - t0)
-        if device.type == "cuda":
-            res["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    except Exception as e:  # noqa: BLE001
-        res["why"] = "OOM" if C.is_oom(e) else C.short_error(e, 100)
-    finally:
-        for t in tensors:
-            t.grad = None
-        del tensors
-        C.free_memory(device)
-    return res
-
-
-def search_max_len(impl, case, args, device, pattern) -> dict:
-    """Double S until a run fails, then bisect (coarse: to 1/16 of the last good length).
-
-    A trial predicted to take longer than ``--max-len-trial-s`` (from the last one, assuming
-    time ∝ S² for dense SDPA and ∝ S for ours) is not run; the result then says so.
-    """
-    hq, hkv, D, dtype, grad = case["hq"], case["hkv"], case["D"], case["dtype"], case["grad"]
-    growth = 2.0 if impl == "ours-natural" else 4.0
-    lo, hi, lo_res, why_hi, stopped = None, None, None, "", ""
-    S = args.max_len_start
-    last = None
-    while S <= args.max_len_cap:
-        if last is not None and last["s"] * growth > args.max_len_trial_s:
-            stopped = f"next trial predicted > {args.max_len_trial_s:.0f} s"
-            break
-        r = _trial(impl, S, hq, hkv, D, dtype, device, grad, pattern, args.ours_backend)
-        print(f"  max-len {impl} {case['name']} S={C.fmt_size(S)}: "
-              f"{'ok %.2f s' % r['s'] if r['ok'] else r['why']}", file=sys.stderr)
-        if not r["ok"]:
-            hi, why_hi = S, r["why"]
-            break
-        lo, lo_res, last = S, r, r
-        S *= 2
-    else:
-        stopped = f"reached --max-len-cap {C.fmt_size(args.max_len_cap)}"
-    if lo is not None and hi is not None and why_hi == "OOM":
-        gran = max(args.max_len_granularity, lo // 16)
-        while hi - lo > gran:
-            mid = (lo + hi) // 2 // args.max_len_granularity * args.max_len_granularity
-            if mid <= lo or mid >= hi:
-                break
-            if lo_res["s"] * (mid / lo) ** (growth / 2) > args.max_len_trial_s:
-                stopped = f"bisection trial predicted > {args.max_len_trial_s:.0f} s"
-                break
-            r = _trial(impl, mid, hq, hkv, D, dtype, device, grad, pattern, args.ours_backend)
-            print(f"  max-len {impl} {case['name']} S={mid}: "
-                  f"{'ok %.2f s' % r['s'] if r['ok'] else r['why']}", file=sys.stderr)
-            if r["ok"]:
-                lo, lo_res = mid, r
-            elif r["why"] == "OOM":
-                hi = mid
-            else:
-                hi, why_hi = mid, r["why"]
-                break
-    return dict(C.environment(device), impl=LABELS.get(impl, impl), case=case["name"],
-                heads_q=hq, heads_kv=hkv, head_dim=D, dtype=case["dtype_name"],
-                max_ok_len=lo, max_ok_str=C.fmt_size(lo) if lo else "none",
-                first_fail_len=hi, fail_reason=why_hi, stopped=stopped,
-                time_at_max_s=lo_res["s"] if lo_res else None,
-                peak_gib_at_max=lo_res["peak_gib"] if lo_res else None)
-
-
-def run_max_len(args, device) -> List[dict]:
-    _, pattern = C.load_pattern(args.patterns[0])
-    cases = [
-        dict(name="fwd+bwd Hq=32 Hkv=8 D=128 bf16", hq=32, hkv=8, D=128, dtype=torch.bfloat16,
-             dtype_name="bf16", grad=True),
-        dict(name="fwd no-grad H=8 D=64 fp16", hq=8, hkv=8, D=64, dtype=torch.float16,
-             dtype_name="fp16", grad=False),
-    ]
-    if args.quick:  # tiny shapes so the search itself can be smoke-tested on CPU
-        for c in cases:
-            c.update(hq=args.heads, hkv=min(args.kv_heads), D=min(args.head_dims))
-            c["name"] += f" (quick: Hq={c['hq']} Hkv={c['hkv']} D={c['D']})"
-    rows = []
-    for case in cases:
-        for impl in ("ours-natural", "sdpa-flash"):
-            if impl == "sdpa-flash" and device.type != "cuda":
-                rows.append(dict(C.environment(device), impl=LABELS[impl], case=case["name"],
-                                 max_ok_str="unavailable", fail_reason="needs CUDA"))
-                continue
-            rows.append(search_max_len(impl, case, args, device, pattern))
-    return rows
-
-
 # ============================================================================= CLI
 def parse_args(argv=None, prog: Optional[str] = None):
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
@@ -712,17 +428,7 @@ def _main(argv, prog) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(args.seed)
     if args.max_len:
-        rows = run_max_len(args, device)
-        paths = C.output_paths(args.out_dir, "bench_attention_maxlen", device, args.tag)
-        C.write_csv(rows, paths["csv"])
-        print(f"\n## Longest sequence on {C.device_name(device)} (pattern {args.patterns[0]})\n")
-        print(C.markdown_table(rows, [
-            ("case", "case", None), ("impl", "impl", None), ("max S ok", "max_ok_str", None),
-            ("max S", "max_ok_len", "{:d}"), ("first fail", "first_fail_len", "{:d}"),
-            ("why", "fail_reason", None), ("stopped", "stopped", None),
-            ("s at max", "time_at_max_s", "{:.2f}"), ("peak GiB", "peak_gib_at_max", "{:.1f}")]))
-        print(f"\nwrote {paths['csv']}")
-        return 0
+        return max_len_main(args, device, LABELS)
     paths = C.output_paths(args.out_dir, "bench_attention", device, args.tag)
     rows = run_table(args, device, paths["csv"])
     ratio_rows = ratios(rows)
@@ -738,5 +444,4 @@ def _main(argv, prog) -> int:
                         f"{C.device_name(device)}, Hq={args.heads}, {args.dtype}")
     report(rows, ratio_rows, [paths["csv"], ratio_path, paths["png"]], args, device)
     return 0
-
 

@@ -14,6 +14,7 @@ from .inputs import document_ranges
 from .numerics import accum_dtype, finite_or_zero, merge_partials
 from .pattern import DilatedPattern
 from .plan_cache import PlanCache
+from .planning import class_uniform, config_meets, covered_window, covers, nests, priority
 
 __all__ = ["chunked_attention", "CHUNK_Q", "CHUNK_K"]
 
@@ -177,32 +178,23 @@ def _range_min_max(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
     return lo, hi
 
 
-def _class_free(pattern, i, single_group: bool, j: int) -> bool:
-    """Whether earlier sliding config ``j``'s class test ``p ≡ s (≡ h, per_head) (mod r_j)``
-    holds for every pair of a block of pass ``i`` (``None``: the sinks): always when
-    ``r_j == 1``, and inside one class group of config ``i`` whenever ``r_j`` divides ``r_i``
-    (the group fixes ``p mod r_i`` for its queries, its keys and, per_head, the pass's heads).
-    Then ``j``'s rule on the block is its window alone."""
-    rj = pattern.dilation_rates[j]
-    return rj == 1 or (i is not None and single_group and pattern.dilation_rates[i] % rj == 0)
-
-
-def _covered_distance(pattern, i, single_group: bool) -> int:
-    """The largest window ``w_j`` of an earlier sliding config ``j`` that owns *every* pair of
-    a block of pass ``i`` (``None``: the sinks) with ``|p - s| < w_j``, or 0: the union of the
-    windows of the class-free configs (:func:`_class_free`) is the largest of them."""
+def _covered_distances(pattern, earlier, i) -> tuple:
+    """Sliding windows: ``(multi, single)``, the window below which an earlier config owns every
+    pair of a block of pass ``i`` (``None``: the sinks) whose tile holds several class groups /
+    one (``planning.covered_window``); ``(0, 0)`` for segments."""
     if not pattern.sliding:
-        return 0
-    n = pattern.num_configs if i is None else i
-    return max((pattern.segment_lengths[j] for j in range(n)
-                if _class_free(pattern, i, single_group, j)), default=0)
+        return 0, 0
+    cfgs = [pattern.configs[j] for j in earlier]
+    r = None if i is None else pattern.dilation_rates[i]
+    return covered_window(cfgs, None), covered_window(cfgs, r)
 
 
-def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi_group, ck):
+def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi_group, ck,
+                 covs):
     """Per tile, the key chunks of sliding config ``i``: for each group (class) of the tile,
     its keys within ``w_i`` of the group's queries, less the keys every one of those queries
-    already gets from an earlier config (:func:`_covered_distance`), as :func:`_merge_ranges`
-    chunks. ``q_pos``/``qg`` and ``k_pos``/``kg`` are sorted by (group, position)."""
+    already gets from an earlier config (``covs``: :func:`_covered_distances`), as
+    :func:`_merge_ranges` chunks. ``q_pos``/``qg`` and ``k_pos``/``kg`` are sorted by (group, position)."""
     w = pattern.segment_lengths[i]
     dev = q_pos.device
     tile_start = torch.tensor([b[0] for b in bounds], device=dev)
@@ -214,8 +206,7 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi
     g = qg.index_select(0, seg)
     qmin, qmax = q_pos.index_select(0, seg), q_pos.index_select(0, seg_end - 1)  # ascending
     multi = torch.tensor(multi_group, device=dev).index_select(0, tile_of)
-    cov = torch.where(multi, _covered_distance(pattern, i, False),
-                      _covered_distance(pattern, i, True))
+    cov = torch.where(multi, covs[0], covs[1])
     # keys s with p - s < cov for every query p are an earlier config's: causal leaves
     # [qmin - w + 1, qmax - cov]; non-causal also [qmin + cov, qmax + w - 1] (one band at cov 0)
     pieces = [(qmin - (w - 1), qmax - cov)]
@@ -231,10 +222,11 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi
     return [_merge_ranges(rs, ck) for rs in per_tile]
 
 
-def _make_pass(pattern, i, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_idx, k_pos, k_doc,
-               causal, batch_rows):
+def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_idx,
+               k_pos, k_doc, causal, batch_rows):
     """The pass of config ``i`` (``None``: the sink tokens, against the keys given) over these
-    queries and keys, or None when it has no block."""
+    queries and keys, or None when it has no block. ``earlier``: the indices of the configs
+    before it in priority (``planning.priority``; the sinks: every config)."""
     if q_idx.numel() == 0 or k_idx.numel() == 0:
         return None
     if i is None:
@@ -266,12 +258,13 @@ def _make_pass(pattern, i, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_i
 
     cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * len(head_list) * CHUNK_K)))
     sliding = i is not None and pattern.sliding
+    covs = _covered_distances(pattern, earlier, i)
     if sliding:
         # A tile's band holds ~(tile + window) keys of its class, of which each query uses
         # the window: small tiles waste less, at more blocks; their key chunks grow so that
         # blocks keep their size (and memory bound).
         w, r = pattern.configs[i]
-        useful = (w - _covered_distance(pattern, i, True)) // r
+        useful = (w - covs[1]) // r
         small = min(cq, max(SLIDING_CQ_MIN, 1 << max(0, (useful // SLIDING_DIV).bit_length() - 1)))
         ck, cq = CHUNK_K * cq // small, small
     counts = torch.unique_consecutive(qg, return_counts=True)[1].tolist()
@@ -283,7 +276,7 @@ def _make_pass(pattern, i, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_i
     dev = qg.device
     if sliding:
         band = _band_chunks(pattern, i, causal, ps.q_pos, qg, ps.k_pos, kg, counts, bounds,
-                            multi_group, ck)
+                            multi_group, ck, covs)
         c_tile = torch.tensor([t for t, rs in enumerate(band) for _ in rs], dtype=torch.int64,
                               device=dev)
         c_lo = torch.tensor([x for rs in band for x, _ in rs], dtype=torch.int64, device=dev)
@@ -303,18 +296,18 @@ def _make_pass(pattern, i, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_i
     qmin, qmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_pos, starts, ends + 1))
     kmn, kmx = _range_min_max(ps.k_pos, c_lo, c_hi)
     single = (g_lo == g_hi).index_select(0, c_tile)
-    keep = torch.ones_like(single)
-    need_causal = torch.zeros_like(single)
-    if causal:
-        keep &= kmn <= qmax  # some key at or before some query
-        need_causal = kmx > qmin
+    need_causal = kmx > qmin if causal else torch.zeros_like(single)
+    if i is None:  # sink keys: every query may take them
+        keep = kmn <= qmax if causal else torch.ones_like(single)
+    else:
+        keep = config_meets(pattern.segment_lengths[i], pattern.sliding, causal, (qmin, qmax),
+                            (kmn, kmx))
     if i is None:  # sink keys are chosen by position: no rule of their own
         own = torch.full_like(kmn, _OWN_NONE)
     else:  # several groups in one tile: the config's rule, per pair
         own = torch.where(single, _OWN_NONE, _OWN_RULE)
     if sliding:
         w = pattern.segment_lengths[i]
-        keep &= (kmn - qmax < w) & (qmin - kmx < w)
         # one class: the rule is the window, needed unless every pair lies inside it (causal:
         # pairs with s > p are masked anyway)
         inside = qmax - kmn < w
@@ -325,32 +318,26 @@ def _make_pass(pattern, i, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_i
     # Earlier configs (all of them for the sinks): a block none of whose pairs the pass can own
     # is skipped (segments: rate 1 and one segment; sliding: inside a window whose class test
     # always holds); any other overlap is masked per pair.
-    earlier = list(range(pattern.num_configs if i is None else i))
     dedupe = []
+    r_i = None if i is None else pattern.dilation_rates[i]
     if pattern.sliding:
-        cov = torch.where(single, _covered_distance(pattern, i, True),
-                          _covered_distance(pattern, i, False))
+        cov = torch.where(single, covs[1], covs[0])
         within = (cov > 0) & (qmax - kmn < cov)
         if not causal:
             within &= kmx - qmin < cov
         keep &= ~within
         covered = torch.where((cov > 0) & (kmn - qmax < cov) & (qmin - kmx < cov), cov, covered)
-        for j in earlier:
-            wj = pattern.segment_lengths[j]
-            # class-free configs are inside `covered`; the others mask by their rule
-            free = torch.where(single, _class_free(pattern, i, True, j),
-                               _class_free(pattern, i, False, j))
-            dedupe.append(~free & (kmn - qmax < wj) & (qmin - kmx < wj))
-    else:
-        for j in earlier:
-            wj, rj = pattern.configs[j]
-            a_lo = torch.div(qmin, wj, rounding_mode="floor")
-            a_hi = torch.div(qmax, wj, rounding_mode="floor")
-            b_lo = torch.div(kmn, wj, rounding_mode="floor")
-            b_hi = torch.div(kmx, wj, rounding_mode="floor")
-            if rj == 1:
-                keep &= ~((a_lo == a_hi) & (b_lo == a_lo) & (b_hi == a_lo))
-            dedupe.append(torch.maximum(b_lo, a_lo) <= torch.minimum(b_hi, a_hi))
+    for j in earlier:
+        cfg = pattern.configs[j]
+        meet = config_meets(cfg[0], pattern.sliding, False, (qmin, qmax), (kmn, kmx))
+        if pattern.sliding:  # class-uniform configs are inside `covered`; the others mask
+            meet = meet & ~torch.where(single, class_uniform(cfg, r_i, True),
+                                       class_uniform(cfg, None, True))
+        elif class_uniform(cfg, None, False):  # owns every pair inside one of its segments
+            seg = torch.div(qmin, cfg[0], rounding_mode="floor")
+            keep &= ~((seg == torch.div(torch.stack([qmax, kmn, kmx]), cfg[0],
+                                        rounding_mode="floor")).all(0))
+        dedupe.append(meet)
     need_docs = torch.zeros_like(keep)
     if ps.q_doc is not None:
         dmin, dmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_doc, starts, ends + 1))
@@ -395,8 +382,10 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
         n_rows = a.batch if b is None else 1
         q_all = torch.arange(a.sq, device=dev)
         k_all = torch.arange(a.sk, device=dev)
-        work = []  # (config or None, heads, query rows, key rows)
-        for i, (w, r) in enumerate(pattern.configs):
+        work = []  # (config or None, configs before it, heads, query rows, key rows)
+        order = priority(pattern)
+        for n, i in enumerate(order):
+            r = pattern.dilation_rates[i]
             if per_head and r > 1:
                 # Head h uses class h % r: one pass per class present among the heads.
                 _, qcls = pattern.segment_and_class(i, qp)
@@ -404,16 +393,17 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
                 for c in sorted({h % r for h in range(a.hq)}):
                     qs = (qcls == c).nonzero().flatten()
                     if qs.numel():  # (a decode step's query is in one class of r)
-                        work.append((i, slice(c, None, r), qs, (kcls == c).nonzero().flatten()))
+                        work.append((i, order[:n], slice(c, None, r), qs,
+                                     (kcls == c).nonzero().flatten()))
             else:
-                work.append((i, slice(None), q_all, k_all))
+                work.append((i, order[:n], slice(None), q_all, k_all))
         if pattern.sink_tokens:  # last: the union gives each pair to a config first
             ks = (kp < pattern.sink_tokens).nonzero().flatten()
             if kd is not None and kd.shape[0] == 1:
                 ks = ks[kd[0].index_select(0, ks) >= 0]  # padding is never a sink
-            work.append((None, slice(None), q_all, ks))
-        for i, heads, qs, ks in work:
-            ps = _make_pass(pattern, i, rows, heads, a.hq, group_size, qs, qp.index_select(0, qs),
+            work.append((None, order, slice(None), q_all, ks))
+        for i, earlier, heads, qs, ks in work:
+            ps = _make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, qs, qp.index_select(0, qs),
                             None if qd is None else qd.index_select(1, qs), ks,
                             kp.index_select(0, ks),
                             None if kd is None else kd.index_select(1, ks), causal, n_rows)
@@ -751,17 +741,19 @@ def _units(pattern, i, hq):
     return h.repeat_interleave(r), torch.arange(r).repeat(hq)
 
 
-def _segment_tiles(pattern, i, s, hq, hkv, touched):
-    """Tiles of segment config ``i`` (see the comment above)."""
+def _segment_tiles(pattern, i, earlier, s, hq, hkv, touched):
+    """Tiles of segment config ``i`` after the configs ``earlier`` (indices; see the comment
+    above)."""
     w, r = pattern.configs[i]
-    earlier = [pattern.configs[j] for j in range(i)]
-    if any(r % rj == 0 and wj % w == 0 and w % rj == 0 for wj, rj in earlier):
+    idx, earlier = earlier, [pattern.configs[j] for j in earlier]
+    if any(covers(cfg, (w, r), False) for cfg in earlier):
         # an earlier config covers every pair of every segment: its segments hold ours, and
         # our classes lie inside its classes (w % rj: a segment of ours starts on one of its
         # class boundaries; (43, 2) after (86, 2) does not: 43 starts on the odd class)
         return []
     uh, uc = _units(pattern, i, hq)
-    nested = all(r % rj == 0 and w % wj == 0 and wj % r == 0 for wj, rj in earlier)
+    # each earlier config owns exactly the pairs of our class inside one of its segments
+    nested = all(class_uniform(cfg, r, False) and nests(cfg[0], w, r) for cfg in earlier)
     if nested and earlier:
         big = max(wj for wj, _ in earlier)
         nested = all(big % wj == 0 for wj, _ in earlier)
@@ -801,16 +793,17 @@ def _segment_tiles(pattern, i, s, hq, hkv, touched):
                 kt = rows(torch.arange(hi).view(1, 1, -1))
                 qp, kp = qt.view(uh.numel(), -1, hi - lo, 1), kt.view(uh.numel(), -1, 1, hi)
                 mask = (kp <= qp) & (qp < s)
-                for j in range(i):
+                for j in idx:
                     mask &= ~pattern.config_allowed(j, hb, qp, kp)
                 add(qt, kt, False, mask.flatten(0, 1))
     return out
 
 
-def _sliding_tiles(pattern, i, s, hq, hkv, touched):
-    """Tiles of sliding config ``i`` (see the comment above)."""
+def _sliding_tiles(pattern, i, earlier, s, hq, hkv, touched):
+    """Tiles of sliding config ``i`` after the configs ``earlier`` (indices, each class-uniform:
+    ``_fast_applies``; see the comment above)."""
     w, r = pattern.configs[i]
-    cov = max(pattern.segment_lengths[:i], default=0)
+    cov = covered_window([pattern.configs[j] for j in earlier], r)
     a, b = -(-cov // r), -(-w // r)
     uh, uc = _units(pattern, i, hq)
     if r == 1:
@@ -844,12 +837,12 @@ def _sliding_tiles(pattern, i, s, hq, hkv, touched):
 
 def _fast_applies(pattern, a, causal, q) -> bool:
     """Whether the dense-tile path can take this call, positions and documents aside."""
-    rates = pattern.dilation_rates
+    cfgs = [pattern.configs[i] for i in priority(pattern)]
     return (_FLASH_FWD is not None and _FLASH_BWD is not None and q.device.type == "cpu"
             and causal and a.sq == a.sk and a.head_dim_v == a.head_dim
             # sliding: an earlier class test that varied inside a class would need masks per pair
-            and not (pattern.sliding and any(rates[i] % rates[j] for i in range(len(rates))
-                                             for j in range(i))))
+            and not (pattern.sliding and not all(class_uniform(e, r, True) for n, (_, r)
+                                                 in enumerate(cfgs) for e in cfgs[:n])))
 
 
 def _fast_plan(pattern, a, causal, q):
@@ -873,8 +866,9 @@ def _natural_plan(pattern, s, hq, hkv):
     touched = torch.zeros(hq, s + 1, dtype=torch.bool)
     make = _sliding_tiles if pattern.sliding else _segment_tiles
     plan = _FastPlan()
-    plan.tiles = [t for i in range(pattern.num_configs)
-                  for t in make(pattern, i, s, hq, hkv, touched) if t is not None]
+    order = priority(pattern)
+    plan.tiles = [t for n, i in enumerate(order)
+                  for t in make(pattern, i, order[:n], s, hq, hkv, touched) if t is not None]
     plan.init = any(t.mixed for t in plan.tiles)
     plan.sink_mask, plan.sink_lo = None, s
     if pattern.sink_tokens:

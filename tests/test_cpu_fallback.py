@@ -138,9 +138,12 @@ def test_nested_config_on_the_other_classes():
 
 def test_left_to_the_blockwise_path():
     """Non-causal calls, positions other than 0..S-1 per document and sliding patterns whose
-    earlier rates do not divide later ones take the blockwise path (and stay exact)."""
+    earlier rates (in priority order: by rate, ``planning.priority``) do not divide later ones
+    take the blockwise path (and stay exact)."""
     check(LONGNET, b=1, s=120, causal=False, fast=False)
-    check(DilatedPattern([16, 40], [2, 1], window="sliding"), s=90, fast=False)
+    check(DilatedPattern([16, 24, 40], [1, 2, 3], window="sliding"), s=90, fast=False)
+    # rates [2, 1] given in that order: rate 1 comes first in priority, so the tiles apply
+    check(DilatedPattern([16, 40], [2, 1], window="sliding"), s=90, fast=True)
     q, k, v = fresh(2, 4, 2, 90, 16, torch.float32)
     for kw in ({"q_positions": torch.arange(90) + 7, "k_positions": torch.arange(90) + 7},
                {"q_doc_ids": torch.zeros(90, dtype=torch.long),  # a continued document

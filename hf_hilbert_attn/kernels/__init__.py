@@ -15,6 +15,7 @@ import torch
 import triton
 
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
+from ..planning import class_uniform, config_meets, nests, sink_keys
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
 from ._common import LOG2E as _LOG2E
@@ -205,40 +206,25 @@ class _Launch(tuple):
     pair = property(lambda s: s[5])
 
 
-def _joins(w: int, r: int, plan: PositionPlan, sliding: bool, causal: bool) -> bool:
-    """Whether config ``(w, r)`` may have a pair between this call's query positions
-    ``[qlo, qhi]`` and key positions ``[klo, khi]`` (an over-estimate: classes and gaps in
-    mapped positions are not looked at). False e.g. for a ring piece whose key run lies in
-    an earlier segment than its query run."""
-    qlo, qhi, klo, khi = plan.qlo, plan.qhi, plan.klo, plan.khi
-    if causal and klo > qhi:
-        return False
-    if sliding:  # some |q - k| < w (causal: k <= q)
-        gap = qlo - khi if causal else max(qlo - khi, klo - qhi)
-        return gap < w
-    s_lo, s_hi = max(qlo // w, klo // w), min(qhi // w, khi // w)  # segments holding both
-    return s_lo <= s_hi and (not causal or max(klo, s_lo * w) <= qhi)
-
-
 def _launches(pattern, plan: PositionPlan, causal: bool = True):
     """``(priority configs, launches in order, sinks)``: the config covering every query comes
     last (it writes the final result, and takes the sink keys: ``sinks`` > 0 when some key of
     this call is one, positions relative to ``plan.base``). Other configs are launched only
-    where they can join a query and a key of this call (``_joins``): a ring piece between two
+    where they can join a query and a key of this call (``planning.config_meets``): a ring piece between two
     chunks of a zigzag shard launched every config over its whole query run, for the pairs of
     one (docs/decisions.md "Ring pieces launch only the configs that join them")."""
     prio, order = config_order(pattern)
     out = []
+    q_rng, k_rng = (plan.qlo, plan.qhi), (plan.klo, plan.khi)
     for i, (w, r) in enumerate(order):
-        if i < len(order) - 1 and not _joins(w, r, plan, pattern.sliding, causal):
+        if i < len(order) - 1 and not config_meets(w, pattern.sliding, causal, q_rng, k_rng):
             continue
         npri = prio.index((w, r))
         if pattern.sliding:
             out.append(_Launch((W_CAP, r, (w - 1) // r, npri, (w, r), False)))
         else:
             out.append(_Launch((w, r, 0, npri, (w, r), _needs_pair_mask(prio[:npri], r))))
-    sinks = pattern.sink_tokens - plan.base
-    return prio, out, (sinks if sinks > 0 and plan.klo < sinks else 0)
+    return prio, out, sink_keys(pattern, plan.klo, plan.base)
 
 
 def _cfg_tensor(cfgs, device):
@@ -329,7 +315,7 @@ def _needs_pair_mask(earlier, r: int) -> bool:
     the forward's runtime loop is faster than the key tables (1.16 vs 1.24 ms on longnet_lm's
     (4096, 2) launch at 64K); with the pair mask the tables are (1.86 -> 1.24 ms on (16384, 6);
     H100, docs/decisions.md "Union tables in the forward")."""
-    return any(r % rj or wj % rj for wj, rj in earlier)
+    return not all(class_uniform(cfg, r, False) for cfg in earlier)
 
 
 def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
@@ -344,7 +330,7 @@ def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
     Sliding windows: always (the window's edges)."""
     if sliding:
         return bool(earlier)
-    return any(r % rj or w % wj or wj % (r * tile) for wj, rj in earlier)
+    return not all(class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
 
 
 def _union_args(prio, plan, device):

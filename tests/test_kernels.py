@@ -179,7 +179,7 @@ def test_packed_documents_run_per_document(monkeypatch):
     # per document. Row 0: docs of 15 and 25 tokens; row 1: a continuation chunk starting at
     # position 30 (consecutive positions from 30: natural loads with an offset), a 12-token
     # doc, then padding.
-    from hf_hilbert_attn import ops
+    from hf_hilbert_attn import backends, ops
 
     s = 40
     pos = torch.stack([torch.cat([torch.arange(15), torch.arange(25)]),
@@ -193,8 +193,8 @@ def test_packed_documents_run_per_document(monkeypatch):
     assert [(b, lo, hi, p.mapped) for b, lo, hi, p in runs] == [
         (0, 0, 15, False), (0, 15, 40, False), (1, 0, 23, False), (1, 23, 35, False)]
     calls = []
-    real = ops.document_runs
-    monkeypatch.setattr(ops, "document_runs", lambda *x: calls.append(1) or real(*x))
+    real = backends.document_runs
+    monkeypatch.setattr(backends, "document_runs", lambda *x: calls.append(1) or real(*x))
     _run(PAT, b=2, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
     assert len(calls) == 2  # forward and backward took the per-document path
 

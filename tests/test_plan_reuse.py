@@ -6,6 +6,8 @@ bounded and is off under ``torch.compile``, and decoding a model still matches t
 CPU; the kernel calls run in the Triton interpreter.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
@@ -236,7 +238,8 @@ def test_kernel_position_plans_are_reused_and_never_stale(monkeypatch):
     from hf_hilbert_attn.kernels import _plan
 
     made = _Counting(monkeypatch, _plan, "_plan_positions")
-    monkeypatch.setattr(kernels, "BLOCK_OVERRIDE", (16, 16))
+    monkeypatch.setattr(kernels._config, "_CONFIG",
+                        dataclasses.replace(kernels.kernel_config(), blocks=(16, 16)))
     pattern = DilatedPattern([8, 16], [1, 2])
     q, k, v = _qkv(1, 2, 1, 24, 24)
     pos = torch.randperm(24)

@@ -217,25 +217,24 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi
     return [_merge_ranges(rs, ck) for rs in per_tile]
 
 
-def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_idx,
-               k_pos, k_doc, causal, batch_rows):
-    """The pass of config ``i`` (``None``: the sink tokens, against the keys given) over these
-    queries and keys, or None when it has no block. ``earlier``: the indices of the configs
-    before it in priority (``planning.priority``; the sinks: every config)."""
-    if q_idx.numel() == 0 or k_idx.numel() == 0:
-        return None
+def _groups(pattern, i, q_pos, k_pos, q_doc, k_doc):
+    """Group ids of the queries and keys of pass ``i``: (segment, class) of config ``i``; the
+    sinks: every query meets the sink keys, grouped by document when the rows share document
+    ids (a tile of one document meets only that document's sinks)."""
     if i is None:
-        # Every query meets the sink keys. With document ids shared by the rows, group by
-        # document, so a tile of one document meets only that document's sinks.
         if q_doc is not None and q_doc.shape[0] == 1:
-            qg, kg = q_doc[0], k_doc[0]
-        else:
-            qg, kg = torch.zeros_like(q_pos), torch.zeros_like(k_pos)
-    else:
-        r = pattern.dilation_rates[i]
-        qseg, qcls = pattern.segment_and_class(i, q_pos)
-        kseg, kcls = pattern.segment_and_class(i, k_pos)
-        qg, kg = qseg * r + qcls, kseg * r + kcls
+            return q_doc[0], k_doc[0]
+        return torch.zeros_like(q_pos), torch.zeros_like(k_pos)
+    r = pattern.dilation_rates[i]
+    qseg, qcls = pattern.segment_and_class(i, q_pos)
+    kseg, kcls = pattern.segment_and_class(i, k_pos)
+    return qseg * r + qcls, kseg * r + kcls
+
+
+def _sorted_pass(i, causal, rows, heads, hq, group_size, q, k, qg, kg):
+    """The :class:`_Pass` of ``q = (storage index, position, doc id)`` and ``k`` likewise, both
+    sorted by (group, position), without its tiles; and the sorted group ids."""
+    (q_idx, q_pos, q_doc), (k_idx, k_pos, k_doc) = q, k
     qo, ko = _lex_order(qg, q_pos), _lex_order(kg, k_pos)
     ps = _Pass()
     ps.config, ps.causal, ps.rows, ps.heads = i, causal, rows, heads
@@ -243,17 +242,20 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q
     ps.head_ids = torch.tensor(head_list, dtype=torch.int64, device=q_pos.device)
     # A strict subset of heads reads its key/value heads through an index (block-sized copies);
     # all heads use the grouped view q [B, Hkv, G * cq, D], so K/V are never expanded.
-    ps.kv_ids = None if len(head_list) == hq else torch.div(ps.head_ids, group_size, rounding_mode="floor")
+    ps.kv_ids = None if len(head_list) == hq else torch.div(ps.head_ids, group_size,
+                                                            rounding_mode="floor")
     # (index_select: advanced indexing is several times slower on CPU)
     ps.q_order, ps.q_pos = q_idx.index_select(0, qo), q_pos.index_select(0, qo)
     ps.k_order, ps.k_pos = k_idx.index_select(0, ko), k_pos.index_select(0, ko)
     ps.q_doc = None if q_doc is None else q_doc.index_select(1, qo)
     ps.k_doc = None if k_doc is None else k_doc.index_select(1, ko)
-    qg, kg = qg.index_select(0, qo), kg.index_select(0, ko)
+    return ps, qg.index_select(0, qo), kg.index_select(0, ko)
 
-    cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * len(head_list) * CHUNK_K)))
+
+def _chunks(pattern, i, causal, ps, qg, kg, cq, covs):
+    """The pass's query tiles (``bounds``, first and last query rows, first and last groups)
+    and their key chunks (``c_tile``, ``c_lo``, ``c_hi``: tile and key rows of each)."""
     sliding = i is not None and pattern.sliding
-    covs = _covered_distances(pattern, earlier, i)
     if sliding:
         # A tile's band holds ~(tile + window) keys of its class, of which each query uses
         # the window: small tiles waste less, at more blocks; their key chunks grow so that
@@ -264,14 +266,13 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q
         ck, cq = CHUNK_K * cq // small, small
     counts = torch.unique_consecutive(qg, return_counts=True)[1].tolist()
     bounds = _tile_bounds(counts, cq)
-    starts = torch.tensor([b[0] for b in bounds], device=qg.device)
-    ends = torch.tensor([b[1] - 1 for b in bounds], device=qg.device)
-    g_lo, g_hi = qg[starts], qg[ends]
-    multi_group = (g_lo != g_hi).tolist()
     dev = qg.device
+    starts = torch.tensor([b[0] for b in bounds], device=dev)
+    ends = torch.tensor([b[1] - 1 for b in bounds], device=dev)
+    g_lo, g_hi = qg[starts], qg[ends]
     if sliding:
         band = _band_chunks(pattern, i, causal, ps.q_pos, qg, ps.k_pos, kg, counts, bounds,
-                            multi_group, ck, covs)
+                            (g_lo != g_hi).tolist(), ck, covs)
         c_tile = torch.tensor([t for t, rs in enumerate(band) for _ in rs], dtype=torch.int64,
                               device=dev)
         c_lo = torch.tensor([x for rs in band for x, _ in rs], dtype=torch.int64, device=dev)
@@ -285,46 +286,40 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q
         nth = torch.arange(c_tile.numel(), device=dev) - first  # chunk number in its tile
         c_lo = k_lo.index_select(0, c_tile) + nth * CHUNK_K
         c_hi = torch.minimum(c_lo + CHUNK_K, k_hi.index_select(0, c_tile))
-    if c_tile.numel() == 0:
-        return None
-    # Summaries per chunk (the tile's queries, the chunk's keys), all chunks of the pass at once.
-    qmin, qmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_pos, starts, ends + 1))
-    kmn, kmx = _range_min_max(ps.k_pos, c_lo, c_hi)
-    single = (g_lo == g_hi).index_select(0, c_tile)
-    need_causal = kmx > qmin if causal else torch.zeros_like(single)
-    if i is None:  # sink keys: every query may take them
-        keep = kmn <= qmax if causal else torch.ones_like(single)
-    else:
-        keep = config_meets(pattern.segment_lengths[i], pattern.sliding, causal, (qmin, qmax),
-                            (kmn, kmx))
+    return (bounds, starts, ends, g_lo, g_hi), (c_tile, c_lo, c_hi)
+
+
+def _owners(pattern, i, earlier, causal, q_rng, k_rng, single, covs):
+    """Per block (query range ``q_rng``, key range ``k_rng``, tensors over the blocks):
+    ``(keep, own, covered, dedupe)``: whether the pass may own a pair of it, the pass's own rule
+    needed per pair (``_OWN_*``), the distance below which an earlier config owns every pair
+    (0: none), and per earlier config whether its rule masks pairs of the block."""
+    (qmin, qmax), (kmn, kmx) = q_rng, k_rng
     if i is None:  # sink keys are chosen by position: no rule of their own
+        keep = kmn <= qmax if causal else torch.ones_like(single)
         own = torch.full_like(kmn, _OWN_NONE)
     else:  # several groups in one tile: the config's rule, per pair
+        keep = config_meets(pattern.segment_lengths[i], pattern.sliding, causal, q_rng, k_rng)
         own = torch.where(single, _OWN_NONE, _OWN_RULE)
-    if sliding:
+    covered = torch.zeros_like(kmn)
+    if pattern.sliding and i is not None:
         w = pattern.segment_lengths[i]
         # one class: the rule is the window, needed unless every pair lies inside it (causal:
         # pairs with s > p are masked anyway)
-        inside = qmax - kmn < w
-        if not causal:
-            inside &= kmx - qmin < w
+        inside = (qmax - kmn < w) & ((kmx - qmin < w) | causal)
         own = torch.where(single & ~inside, _OWN_WINDOW, own)
-    covered = torch.zeros_like(kmn)
     # Earlier configs (all of them for the sinks): a block none of whose pairs the pass can own
-    # is skipped (segments: rate 1 and one segment; sliding: inside a window whose class test
-    # always holds); any other overlap is masked per pair.
-    dedupe = []
-    r_i = None if i is None else pattern.dilation_rates[i]
+    # is skipped (segments: a class-uniform config and one of its segments; sliding: inside a
+    # window whose class test always holds); any other overlap is masked per pair.
     if pattern.sliding:
         cov = torch.where(single, covs[1], covs[0])
-        within = (cov > 0) & (qmax - kmn < cov)
-        if not causal:
-            within &= kmx - qmin < cov
-        keep &= ~within
+        keep &= ~((cov > 0) & (qmax - kmn < cov) & ((kmx - qmin < cov) | causal))
         covered = torch.where((cov > 0) & (kmn - qmax < cov) & (qmin - kmx < cov), cov, covered)
+    r_i = None if i is None else pattern.dilation_rates[i]
+    dedupe = []
     for j in earlier:
         cfg = pattern.configs[j]
-        meet = config_meets(cfg[0], pattern.sliding, False, (qmin, qmax), (kmn, kmx))
+        meet = config_meets(cfg[0], pattern.sliding, False, q_rng, k_rng)
         if pattern.sliding:  # class-uniform configs are inside `covered`; the others mask
             meet = meet & ~torch.where(single, class_uniform(cfg, r_i, True),
                                        class_uniform(cfg, None, True))
@@ -333,6 +328,33 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q
             keep &= ~((seg == torch.div(torch.stack([qmax, kmn, kmx]), cfg[0],
                                         rounding_mode="floor")).all(0))
         dedupe.append(meet)
+    return keep, own, covered, dedupe
+
+
+def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_idx,
+               k_pos, k_doc, causal, batch_rows):
+    """The pass of config ``i`` (``None``: the sink tokens, against the keys given) over these
+    queries and keys, or None when it has no block. ``earlier``: the indices of the configs
+    before it in priority (``planning.priority``; the sinks: every config)."""
+    if q_idx.numel() == 0 or k_idx.numel() == 0:
+        return None
+    qg, kg = _groups(pattern, i, q_pos, k_pos, q_doc, k_doc)
+    ps, qg, kg = _sorted_pass(i, causal, rows, heads, hq, group_size, (q_idx, q_pos, q_doc),
+                              (k_idx, k_pos, k_doc), qg, kg)
+    nheads = ps.head_ids.numel()
+    cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * nheads * CHUNK_K)))
+    covs = _covered_distances(pattern, earlier, i)
+    (bounds, starts, ends, g_lo, g_hi), (c_tile, c_lo, c_hi) = _chunks(
+        pattern, i, causal, ps, qg, kg, cq, covs)
+    if c_tile.numel() == 0:
+        return None
+    # Summaries per chunk (the tile's queries, the chunk's keys), all chunks of the pass at once.
+    qmin, qmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_pos, starts, ends + 1))
+    kmn, kmx = _range_min_max(ps.k_pos, c_lo, c_hi)
+    single = (g_lo == g_hi).index_select(0, c_tile)
+    need_causal = kmx > qmin if causal else torch.zeros_like(single)
+    keep, own, covered, dedupe = _owners(pattern, i, earlier, causal, (qmin, qmax), (kmn, kmx),
+                                         single, covs)
     need_docs = torch.zeros_like(keep)
     if ps.q_doc is not None:
         dmin, dmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_doc, starts, ends + 1))
@@ -342,8 +364,9 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q
     ids = keep.nonzero().flatten()
     if ids.numel() == 0:
         return None
-    dd = (torch.stack(dedupe, 1) if dedupe else torch.zeros(len(single), 0, dtype=torch.bool,
-                                                               device=dev)).index_select(0, ids)
+    dd = torch.stack(dedupe, 1) if dedupe else torch.zeros(len(single), 0, dtype=torch.bool,
+                                                           device=qg.device)
+    dd = dd.index_select(0, ids)
     cols = [x.index_select(0, ids).tolist() for x in (c_tile, c_lo, c_hi, need_causal, own,
                                                         need_docs, covered)]
     tiles = []
@@ -398,7 +421,8 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
                 ks = ks[kd[0].index_select(0, ks) >= 0]  # padding is never a sink
             work.append((None, order, slice(None), q_all, ks))
         for i, earlier, heads, qs, ks in work:
-            ps = _make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, qs, qp.index_select(0, qs),
+            ps = _make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, qs,
+                            qp.index_select(0, qs),
                             None if qd is None else qd.index_select(1, qs), ks,
                             kp.index_select(0, ks),
                             None if kd is None else kd.index_select(1, ks), causal, n_rows)

@@ -9,13 +9,21 @@ queries (decoding), else the blockwise engine (any device, positions and documen
 
 from __future__ import annotations
 
-from .engines.blockwise import _ChunkedAttention
-from .engines.masked import _few_queries, _few_queries_apply, _few_queries_plan
-from .engines.passes import CHUNK_K, CHUNK_Q, _cached_plan
-from .engines.tiles import _document_runs, _FastAttention, _fast_documents, _fast_plan
+from .engines import blockwise, masked, tiles
+from .engines.passes import CHUNK_K, CHUNK_Q
 from .numerics import accum_dtype
 
-__all__ = ["chunked_attention", "CHUNK_Q", "CHUNK_K"]
+__all__ = ["chunked_attention", "CHUNK_Q", "CHUNK_K", "ENGINES"]
+
+# The PyTorch engines, in order of preference: ``(plan, attend)``; ``plan(pattern, a, causal,
+# q)`` is None where the engine does not take the call, ``attend(q, k, v, pattern, a, plan)``
+# computes it (differentiable). The blockwise engine takes every call.
+ENGINES = (
+    (tiles.plan_whole, tiles.attend_whole),  # causal self-attention at 0..S-1 on CPU
+    (masked.plan, masked.attend),  # a few queries (decoding) on CPU
+    (tiles.plan_documents, tiles.attend_documents),  # whole packed documents on CPU
+    (blockwise.plan, blockwise.attend),
+)
 
 
 def chunked_attention(q, k, v, pattern, a, *, causal=True):
@@ -43,14 +51,8 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     if b == 0 or sq == 0 or k.shape[2] == 0:  # nothing to attend: empty / all -inf rows
         out = q.new_zeros(b, hq, sq, v.shape[-1]) + 0 * q.sum() + 0 * k.sum() + 0 * v.sum()
         return out, q.new_full((b, hq, sq), float("-inf"), dtype=accum_dtype(q.dtype))
-    plan = _fast_plan(pattern, a, causal, q)
-    if plan is not None:
-        return _FastAttention.apply(q, k, v, plan, a.scale)
-    if _few_queries_apply(pattern, a, q):
-        return _few_queries(q, k, v, _few_queries_plan(pattern, a, causal, q.dtype), a.scale)
-    runs = _document_runs(pattern, a, causal, q)
-    if runs:
-        return _fast_documents(q, k, v, pattern, a, runs)
-    passes = _cached_plan(pattern, a, causal)
-    out, lse = _ChunkedAttention.apply(q, k, v, pattern, passes, a.scale)
-    return out, lse
+    for plan, attend in ENGINES:
+        made = plan(pattern, a, causal, q)
+        if made is not None:
+            return attend(q, k, v, pattern, a, made)
+    raise AssertionError("the blockwise engine takes every call")

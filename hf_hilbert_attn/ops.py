@@ -92,20 +92,25 @@ def dilated_attention(
                                 q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
                                 return_lse=return_lse, backend=backend)
     if triton:
-        # Positions given explicitly travel to the op; it builds the position -> storage map
-        # (or falls back to the PyTorch path when the kernels cannot take them).
-        qp = None if a.natural_positions else a.q_positions
-        kp = None if a.natural_positions else a.k_positions
-        if _eager():
-            out, lse = _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
-        else:
-            out, lse = torch.ops.hf_hilbert_attn.dilated_attention_fwd(
-                q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern),
-                bool(causal), float(a.scale))
+        out, lse = _kernel_attention(q, k, v, pattern, a, causal)
     else:
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
         lse = lse.float()  # float32 for every input dtype
     return (out, lse) if return_lse else out
+
+
+def _kernel_attention(q, k, v, pattern, a, causal):
+    """``(out, lse)`` of the Triton backend, differentiable: the eager Function, or the custom
+    ops where ``torch.compile`` or a ``torch.func`` transform needs them. Positions given
+    explicitly travel to the op; it builds the position -> storage map (or falls back to the
+    PyTorch path when the kernels cannot take them)."""
+    if _eager():
+        return _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
+    qp = None if a.natural_positions else a.q_positions
+    kp = None if a.natural_positions else a.k_positions
+    return torch.ops.hf_hilbert_attn.dilated_attention_fwd(
+        q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern), bool(causal),
+        float(a.scale))
 
 
 def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, backend: str) -> bool:

@@ -14,7 +14,6 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 from hf_hilbert_attn import DilatedPattern, PatternCache, configure, dilated_attention, \
     reference_attention
-from hf_hilbert_attn import chunked
 from hf_hilbert_attn.engines import masked, passes
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.integrations.cache import cache_kwarg
@@ -71,7 +70,7 @@ def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern, few):
     one planned afresh (bit for bit) and to the reference, forward and backward."""
     _path(monkeypatch, few)
     made = _Counting(monkeypatch, *((passes, "_plan") if not few
-                                    else (chunked, "_few_queries_plan")))
+                                    else (masked, "_few_queries_plan")))
     sq, sk = 5, 70
     qpos = torch.tensor([[40, 50, 60, 61, 69], [3, 30, 64, 65, 66]])  # per-row positions
     for layer in range(3):
@@ -153,7 +152,7 @@ def test_small_positions_are_keyed_by_content(monkeypatch):
     """Decode positions ([1, 1]): a fresh tensor per step (or per layer) with the same value
     finds the plan; another value, or the same tensor changed in place, makes a new one."""
     _path(monkeypatch, True)
-    made = _Counting(monkeypatch, chunked, "_few_queries_plan")
+    made = _Counting(monkeypatch, masked, "_few_queries_plan")
     pattern = PATTERNS[0]
     q, k, v = _qkv(1, 4, 2, 1, 60)
     outs = []

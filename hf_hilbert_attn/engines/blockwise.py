@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..numerics import accum_dtype, finite_or_zero, merge_partials
-from .passes import _OWN_RULE, _OWN_WINDOW
+from .passes import _OWN_RULE, _OWN_WINDOW, _cached_plan
 
 def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
     """Mask ``[Bm, Hm, cq, ck]`` (Bm in {1, Bd}, Hm in {1, heads of the pass}) of the pairs of
@@ -201,3 +201,13 @@ class _ChunkedAttention(torch.autograd.Function):
         dq, dk, dv = _chunked_backward(ctx.pattern, ctx.passes, q.to(cdt) * ctx.scale, k.to(cdt),
                                        v.to(cdt), dout, lse, delta, ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def plan(pattern, a, causal, q):
+    """The engine interface (``chunked.ENGINES``): the passes (``passes.py``), cached; the
+    blockwise engine takes every call."""
+    return _cached_plan(pattern, a, causal)
+
+
+def attend(q, k, v, pattern, a, passes):
+    return _ChunkedAttention.apply(q, k, v, pattern, passes, a.scale)

@@ -122,3 +122,15 @@ class _FewQueriesAttention(torch.autograd.Function):
             dq = torch.matmul(ds, kc).mul_(ctx.scale).reshape(b, hq, sq, d)
             dk = torch.matmul(ds.transpose(-1, -2), qg).mul_(ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def plan(pattern, a, causal, q):
+    """The engine interface (``chunked.ENGINES``): the mask plan, or None (too many queries or
+    keys for one masked call)."""
+    if not _few_queries_apply(pattern, a, q):
+        return None
+    return _few_queries_plan(pattern, a, causal, q.dtype)
+
+
+def attend(q, k, v, pattern, a, plan):
+    return _few_queries(q, k, v, plan, a.scale)

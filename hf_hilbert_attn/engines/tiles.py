@@ -512,3 +512,22 @@ def _fast_documents(q, k, v, pattern, a, runs):
             lses.append(q.new_full((1, a.hq, a.sq - at), float("-inf"), dtype=acc))
         rows.append((torch.cat(outs, 2), torch.cat(lses, 2)))
     return torch.cat([o for o, _ in rows]), torch.cat([l for _, l in rows])
+
+
+# The engine interface (``chunked.ENGINES``): ``plan(pattern, a, causal, q)`` -> a plan or None
+# (the engine does not take the call), ``attend(q, k, v, pattern, a, plan)`` -> differentiable
+# ``(out, lse)``. The dense tiles are two engines: the whole sequence, and one call per document.
+def plan_whole(pattern, a, causal, q):
+    return _fast_plan(pattern, a, causal, q)
+
+
+def attend_whole(q, k, v, pattern, a, plan):
+    return _FastAttention.apply(q, k, v, plan, a.scale)
+
+
+def plan_documents(pattern, a, causal, q):
+    return _document_runs(pattern, a, causal, q) or None
+
+
+def attend_documents(q, k, v, pattern, a, runs):
+    return _fast_documents(q, k, v, pattern, a, runs)

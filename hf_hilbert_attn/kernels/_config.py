@@ -92,6 +92,11 @@ class KernelConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "blocks", _blocks_key(self.blocks))
+        # part of every call's key: hashed once, not per call
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+
+    def __hash__(self):
+        return self._hash
 
     @classmethod
     def from_env(cls) -> "KernelConfig":
@@ -160,10 +165,11 @@ _POOL: Optional[ThreadPoolExecutor] = None
 def _compile_together(launches, cfg: KernelConfig) -> None:
     """Compile the kernels of ``launches`` (``(jit_fn, grid, args, kwargs)``) in a thread pool
     (Triton's ``AsyncCompileMode``: one compile per distinct specialization, finished before
-    this returns); the launches then find them in Triton's cache. A no-op in the interpreter
-    or with one thread."""
+    this returns); the launches then find them in Triton's cache. A no-op in the interpreter,
+    with one thread, or for stand-ins of the kernels (``host_overhead.py --stub``)."""
     global _POOL
-    if cfg.compile_threads < 2 or cfg.interpret or len(launches) < 2 or _async_active():
+    if (cfg.compile_threads < 2 or cfg.interpret or len(launches) < 2
+            or not hasattr(launches[0][0], "warmup") or _async_active()):
         return
     if _POOL is None or _POOL._max_workers != cfg.compile_threads:
         _POOL = ThreadPoolExecutor(cfg.compile_threads, thread_name_prefix="hf_hilbert_compile")

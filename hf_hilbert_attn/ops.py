@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+# BACKENDS, document_runs and reset_fallback_warnings stay importable from here
+from .backends import (BACKENDS, TRITON, document_runs, reset_fallback_warnings,  # noqa: F401
+                       select_backend, use_triton)
 from .chunked import chunked_attention
 from .dense_heads import with_dense_heads
 from .hilbert import in_storage_order, storage_ordering
-from .inputs import KERNEL_HEAD_DIMS, check_inputs, document_ranges
-from .numerics import accum_dtype, call_under_autocast, finite_or_zero
+from .inputs import check_inputs
+from .numerics import accum_dtype, call_under_autocast
 from .pattern import DilatedPattern
-
-BACKENDS = ("auto", "torch", "triton")
 
 
 def dilated_attention(
@@ -92,23 +92,25 @@ def dilated_attention(
                                 q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
                                 return_lse=return_lse, backend=backend)
     if triton:
-        # Positions given explicitly travel to the op; it builds the position -> storage map
-        # (or falls back to the PyTorch path when the kernels cannot take them).
-        qp = None if a.natural_positions else a.q_positions
-        kp = None if a.natural_positions else a.k_positions
-        if _eager():
-            out, lse = _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
-        else:
-            out, lse = torch.ops.hf_hilbert_attn.dilated_attention_fwd(
-                q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern),
-                bool(causal), float(a.scale))
+        out, lse = _kernel_attention(q, k, v, pattern, a, causal)
     else:
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
         lse = lse.float()  # float32 for every input dtype
     return (out, lse) if return_lse else out
 
 
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+def _kernel_attention(q, k, v, pattern, a, causal):
+    """``(out, lse)`` of the Triton backend, differentiable: the eager Function, or the custom
+    ops where ``torch.compile`` or a ``torch.func`` transform needs them. Positions given
+    explicitly travel to the op; it builds the position -> storage map (or falls back to the
+    PyTorch path when the kernels cannot take them)."""
+    if _eager():
+        return _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
+    qp = None if a.natural_positions else a.q_positions
+    kp = None if a.natural_positions else a.k_positions
+    return torch.ops.hf_hilbert_attn.dilated_attention_fwd(
+        q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern), bool(causal),
+        float(a.scale))
 
 
 def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, backend: str) -> bool:
@@ -119,39 +121,6 @@ def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, back
     return (backend == "auto" and not return_lse and a.natural_positions and a.q_doc_ids is None
             and a.batch > 0 and a.sk > 0 and (not causal or a.sq == a.sk or a.sq == 1)
             and a.head_dim == a.head_dim_v and pattern.is_dense_for(a.sk))
-
-
-def use_triton(q: torch.Tensor, a, backend: str) -> bool:
-    """Whether a call goes to the Triton kernels (the one dispatch rule of every entry point).
-
-    ``backend="triton"``: yes (on any device: the interpreter runs them on CPU), or a
-    ``ValueError`` when the kernels cannot take the dtype or head size. ``"auto"``: yes on CUDA
-    when they can; ``"torch"``: no. Static checks only (no device sync, so the decision traces
-    under ``torch.compile``); calls without work (an empty batch) take the PyTorch path, and
-    data-dependent limits (repeated or negative positions) are checked inside the op, which
-    then runs the PyTorch path itself.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "torch" or (backend == "auto" and not q.is_cuda):
-        return False
-    ok = (q.dtype in _KERNEL_DTYPES and a.head_dim in KERNEL_HEAD_DIMS
-          and a.head_dim_v == a.head_dim and _triton_importable())
-    if backend == "triton" and not ok:
-        raise ValueError(
-            f"backend='triton' needs float16/bfloat16/float32 and head_dim in "
-            f"{KERNEL_HEAD_DIMS} (same for v), got {q.dtype}, head_dim {a.head_dim}/"
-            f"{a.head_dim_v}; use backend='auto' or 'torch'"
-        )
-    return ok and a.batch > 0
-
-
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,42 +167,7 @@ def _fwd_op(
 
 def _kernel_forward(q, k, v, pattern, a, causal):
     """(out, lse) of the kernel path for checked inputs ``a`` (the forward op's work)."""
-    from .kernels import dilated_fwd, plan_positions
-
-    plan, why = plan_positions(a, pattern)
-    if plan is not None:
-        return dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
-    runs = document_runs(q, k, v, pattern, a)
-    if runs is not None:  # packed documents: one kernel call per document, written in place
-        out = torch.zeros_like(q)
-        lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32)
-        for b, lo, hi, sub_plan in runs:
-            sl = (slice(b, b + 1), slice(None), slice(lo, hi))
-            dilated_fwd(q[sl], k[sl], v[sl], pattern, a.scale, causal, sub_plan, out=out[sl],
-                        lse=lse[sl])
-        return out, lse
-    _warn_fallback(why)
-    out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
-    return out.contiguous(), lse.float().contiguous()
-
-
-_WARNED = set()
-
-
-def reset_fallback_warnings() -> None:
-    """Forget which fallback reasons were reported, so each warns again (tests)."""
-    _WARNED.clear()
-
-
-def _warn_fallback(why: str) -> None:
-    """Say once per reason that a call meant for the kernels runs on the PyTorch path (correct,
-    but much slower on a GPU) instead of staying silent."""
-    if why in _WARNED:
-        return
-    _WARNED.add(why)
-    warnings.warn(f"hf_hilbert_attn: the Triton kernels cannot take these positions ({why}); "
-                  "this call runs on the PyTorch path (correct, much slower on a GPU). See "
-                  "docs/kernels.md, 'Fallbacks'.", RuntimeWarning, stacklevel=3)
+    return TRITON.forward(q, k, v, pattern, a, causal)
 
 
 @_fwd_op.register_fake
@@ -260,54 +194,12 @@ def _bwd_op(
 
 def _kernel_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
     """(dq, dk, dv) of the kernel path for checked inputs ``a`` (the backward op's work)."""
-    from .kernels import dilated_bwd, plan_positions
-
-    plan, _ = plan_positions(a, pattern)
-    if plan is not None:
-        return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan)
-    runs = document_runs(q, k, v, pattern, a)
-    if runs is not None:  # packed documents, as in the forward
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for b, lo, hi, sub_plan in runs:
-            sl = (slice(b, b + 1), slice(None), slice(lo, hi))
-            dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
-                        None if dlse is None else dlse[sl], pattern, a.scale, causal, sub_plan,
-                        dq[sl], dk[sl], dv[sl])
-        return dq, dk, dv
-    # Anything else: differentiate the PyTorch path (same fallback as the forward).
-    return _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
+    return TRITON.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
 
 
 @_bwd_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
-    """(dq, dk, dv) on the PyTorch path, for a call whose rows were merged into ``(out, lse)``.
-
-    ``(out, lse)`` may be this call's own result or the merge of several calls over disjoint
-    key sets (ring attention). The call is recomputed as ``(o_b, lse_b)`` and differentiated
-    with ``grad(o_b) = c·dout`` and ``grad(lse_b) = c·(dout·o_b - dout·out + dlse)``, where
-    ``c = exp(lse_b - lse)`` is the share of this call in the merge (1 for its own result).
-    That is FlashAttention's ``dS = P ∘ (dP - delta)`` with the merged probabilities, the same
-    gradient the Triton backward computes from ``(out, lse)``.
-    """
-    acc = accum_dtype(q.dtype)
-    with torch.enable_grad():
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        o_b, l_b = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
-        c = torch.exp(l_b.detach().to(acc) - finite_or_zero(lse.to(acc)))  # 0: no key here
-        do = dout.to(acc)
-        delta = (do * out.to(acc)).sum(-1)
-        if dlse is not None:
-            delta = delta - dlse.to(acc)
-        g_o = (do * c.unsqueeze(-1)).to(o_b.dtype)
-        g_l = c * ((do * o_b.detach().to(acc)).sum(-1) - delta)
-        dq, dk, dv = torch.autograd.grad((o_b, l_b), (qq, kk, vv), (g_o, g_l.to(l_b.dtype)),
-                                         allow_unused=True)
-    return tuple(torch.zeros_like(t) if g is None else g.contiguous()
-                 for g, t in ((dq, q), (dk, k), (dv, v)))
 
 
 def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern, *, dlse=None,
@@ -346,23 +238,8 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
     # float64 inputs keep a float64 lse (the PyTorch path; the kernels take float32 only)
     lse = lse.to(accum_dtype(q.dtype))
     dlse = None if dlse is None else dlse.to(accum_dtype(q.dtype))
-    if use_triton(q, a, backend):
-        from .kernels import dilated_bwd, plan_positions
-
-        if plan is None:
-            plan, _ = plan_positions(a, pattern)
-        if plan:  # straight to the kernels, writing into the given tensors
-            return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan,
-                               dq, dk, dv)
-        qp = None if a.natural_positions else a.q_positions
-        kp = None if a.natural_positions else a.k_positions
-        grads = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
-            dout.contiguous(), None if dlse is None else dlse.contiguous(), q, k, v,
-            out.contiguous(), lse.contiguous(), qp, kp, a.q_doc_ids, a.k_doc_ids,
-            *_op_pattern_args(pattern), bool(causal), float(a.scale))
-    else:
-        grads = _torch_block_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
-    return tuple(g if dst is None else dst.copy_(g) for g, dst in zip(grads, (dq, dk, dv)))
+    return select_backend(q, a, backend).backward(dout, dlse, q, k, v, out, lse, pattern, a,
+                                                  causal, grads=(dq, dk, dv), plan=plan)
 
 
 def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal: bool = True,
@@ -376,21 +253,8 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
     _no_dense_heads(pattern, "attention_forward_into")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
-    if use_triton(q, a, backend):
-        from .kernels import dilated_fwd, plan_positions
-
-        if plan is None:
-            plan, _ = plan_positions(a, pattern)
-        if plan:
-            return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
-        o, l = dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
-                                 q_positions=q_positions, k_positions=k_positions,
-                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=True,
-                                 backend=backend)
-    else:
-        with torch.no_grad():
-            o, l = chunked_attention(q, k, v, pattern, a, causal=causal)
-    return out.copy_(o), lse.copy_(l)
+    return select_backend(q, a, backend).forward(q, k, v, pattern, a, causal, out=out, lse=lse,
+                                                 plan=plan)
 
 
 def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_positions=None,
@@ -403,12 +267,7 @@ def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_posit
     result back through ``plan=`` instead, with its document ids attached (:func:`with_documents`)."""
     _no_dense_heads(pattern, "position_plan")
     a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
-    if not use_triton(q, a, backend):
-        return None
-    from .kernels import plan_positions
-
-    plan, _ = plan_positions(a, pattern)
-    return False if plan is None else plan
+    return select_backend(q, a, backend).position_plan(a, pattern)
 
 
 def _no_dense_heads(pattern: DilatedPattern, name: str) -> None:
@@ -486,34 +345,3 @@ class _EagerKernels(torch.autograd.Function):
                 dout = torch.zeros_like(out)
             dq, dk, dv = _kernel_backward(dout, dlse, q, k, v, out, lse, *ctx.call)
         return dq, dk, dv, None, None, None
-
-
-# Packed documents (positions restarting per document) cannot share one position -> storage
-# table, but each document alone is an ordinary sequence for the kernels.
-MAX_DOCUMENT_RUNS = 4096  # beyond this many launches the PyTorch path is the better choice
-
-
-def document_runs(q, k, v, pattern, a):
-    """Split packed self-attention into per-document kernel calls (``a``: ``check_inputs``).
-
-    Returns ``[(batch_row, lo, hi, plan)]`` — storage ranges ``[lo, hi)`` each holding one whole
-    document (doc id >= 0) with consecutive positions, and the kernels' plan for it — or None
-    when the layout is anything else (then the PyTorch path runs). Ranges of padding (doc id
-    < 0) are left out: their queries attend nothing (output 0, lse -inf).
-    """
-    from .kernels import plan_positions
-
-    ranges = document_ranges(a)
-    if ranges is None:
-        return None
-    runs = []
-    for b, lo, hi, p0 in ranges:
-        positions = None if p0 == 0 else \
-            a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
-        sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
-                           pattern, scale=a.scale, q_positions=positions, k_positions=positions)
-        plan, _ = plan_positions(sub, pattern)
-        if plan is None or len(runs) >= MAX_DOCUMENT_RUNS:
-            return None
-        runs.append((b, lo, hi, plan))
-    return runs

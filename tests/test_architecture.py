@@ -19,10 +19,6 @@ TOOLS = PACKAGE / "tools"  # the layer above the library (evaluation, benchmarks
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 MAX_LIBRARY_LINES = 9000
-# Other branches of issue 25 bring their files under the limits; the lead drops this mark once
-# they are merged.
-SIZES_PENDING = pytest.mark.xfail(strict=False, reason="issue 25: the modules of the tools / "
-                                  "planning branches are split there; green once merged")
 
 
 def _modules() -> dict:
@@ -164,14 +160,12 @@ def _long_functions(tree: ast.AST, path: Path) -> list:
     return out
 
 
-@SIZES_PENDING
 def test_no_module_over_the_line_limit():
     big = [f"{p.relative_to(PACKAGE.parent)} ({_lines(p)})" for p, _ in MODULES.values()
            if _lines(p) > MAX_MODULE_LINES]
     assert not big, f"modules over {MAX_MODULE_LINES} lines: " + ", ".join(big)
 
 
-@SIZES_PENDING
 def test_no_function_over_the_line_limit():
     long = [f for name, (p, _) in MODULES.items() for f in _long_functions(TREES[name], p)]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (@triton.jit exempt): " + \
@@ -184,7 +178,6 @@ def test_size_checks_see_what_they_measure():
     assert [s.split()[1] for s in _long_functions(tree, PACKAGE / "x.py")] == ["f"]
 
 
-@SIZES_PENDING
 def test_library_size():
     library = sum(_lines(p) for p, _ in MODULES.values() if TOOLS not in p.parents)
     assert library <= MAX_LIBRARY_LINES, f"the library has {library} lines (limit " \

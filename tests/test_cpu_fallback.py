@@ -1,4 +1,4 @@
-"""The dense-tile CPU path of ``dilated_attention(backend="torch")`` (``chunked._FastAttention``:
+"""The dense-tile CPU path of ``dilated_attention(backend="torch")`` (``engines/tiles.py``:
 PyTorch's fused CPU attention over class-coordinate tiles) against ``reference_attention``:
 out and dq/dk/dv within 2x PyTorch's own error (SDPA with the pattern's mask, same dtype) of a
 float64 reference, on fresh random data; the calls it leaves to the blockwise path; and a smoke
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
-from hf_hilbert_attn import chunked
+from hf_hilbert_attn.engines import tiles
 from hf_hilbert_attn.inputs import check_inputs
 from conftest import RANDN_MAX, attention_tol, lse_float32_tol
 from helpers import assert_close, random_pattern
@@ -59,7 +59,7 @@ def check(pattern, b=2, hq=6, hkv=2, s=301, d=40, dtype=torch.float32, causal=Tr
     ulps); ``fast``: whether the dense-tile plan must apply."""
     q, k, v = fresh(b, hq, hkv, s, d, dtype)
     a = check_inputs(q, k, v, pattern)
-    assert (chunked._fast_plan(pattern, a, causal, q) is not None) == fast
+    assert (tiles._fast_plan(pattern, a, causal, q) is not None) == fast
     dout = torch.randn(b, hq, s, d, dtype=torch.float64)
     dlse = torch.randn(b, hq, s, dtype=torch.float64) if lse_grad else None
 
@@ -108,7 +108,7 @@ def test_lse_gradient():
 
 
 def test_masked_tiles_in_several_query_blocks(monkeypatch):
-    monkeypatch.setattr(chunked, "FAST_QUERY_BLOCK", 16)
+    monkeypatch.setattr(tiles, "FAST_QUERY_BLOCK", 16)
     check(ODD, s=150, d=16)
     check(LONGNET, b=1, s=400, hq=12, hkv=3, d=16)
 
@@ -124,7 +124,7 @@ def test_random_patterns(seed):
     s = rng.choice([50, 97, 160])
     pattern = random_pattern(rng, s, window=None, sinks=None, nested=True)
     a = check_inputs(*fresh(1, 4, 2, s, 8, torch.float32), pattern)
-    fast = chunked._fast_plan(pattern, a, True, torch.zeros(1)) is not None
+    fast = tiles._fast_plan(pattern, a, True, torch.zeros(1)) is not None
     check(pattern, b=1, hq=4, hkv=2, s=s, d=16, fast=fast)
 
 
@@ -138,17 +138,20 @@ def test_nested_config_on_the_other_classes():
 
 def test_left_to_the_blockwise_path():
     """Non-causal calls, positions other than 0..S-1 per document and sliding patterns whose
-    earlier rates do not divide later ones take the blockwise path (and stay exact)."""
+    earlier rates (in priority order: by rate, ``planning.priority``) do not divide later ones
+    take the blockwise path (and stay exact)."""
     check(LONGNET, b=1, s=120, causal=False, fast=False)
-    check(DilatedPattern([16, 40], [2, 1], window="sliding"), s=90, fast=False)
+    check(DilatedPattern([16, 24, 40], [1, 2, 3], window="sliding"), s=90, fast=False)
+    # rates [2, 1] given in that order: rate 1 comes first in priority, so the tiles apply
+    check(DilatedPattern([16, 40], [2, 1], window="sliding"), s=90, fast=True)
     q, k, v = fresh(2, 4, 2, 90, 16, torch.float32)
     for kw in ({"q_positions": torch.arange(90) + 7, "k_positions": torch.arange(90) + 7},
                {"q_doc_ids": torch.zeros(90, dtype=torch.long),  # a continued document
                 "k_doc_ids": torch.zeros(90, dtype=torch.long),
                 "q_positions": torch.arange(90) + 3, "k_positions": torch.arange(90) + 3}):
         a = check_inputs(q, k, v, DEFAULT, **kw)
-        assert chunked._fast_plan(DEFAULT, a, True, q) is None
-        assert not chunked._document_runs(DEFAULT, a, True, q)
+        assert tiles._fast_plan(DEFAULT, a, True, q) is None
+        assert not tiles._document_runs(DEFAULT, a, True, q)
         got = dilated_attention(q, k, v, DEFAULT, backend="torch", **kw)
         # two float32 computations (chunked, dense): each within attention_tol of the exact
         assert_close("out", got, reference_attention(q, k, v, DEFAULT, **kw),
@@ -166,7 +169,7 @@ def test_documents_and_padding(pattern):
     pos = torch.tensor([sum((list(range(n)) for n in row), []) for row in lens])
     q, k, v = fresh(2, 6, 2, 200, 24, torch.float64)
     kw = dict(q_positions=pos, k_positions=pos, q_doc_ids=docs, k_doc_ids=docs)
-    runs = chunked._document_runs(pattern, check_inputs(q, k, v, pattern, **kw), True, q)
+    runs = tiles._document_runs(pattern, check_inputs(q, k, v, pattern, **kw), True, q)
     assert [(b, lo, hi) for b, lo, hi in runs] == [(0, 0, 70), (0, 70, 73), (0, 73, 183),
                                                     (0, 183, 200), (1, 1, 151), (1, 151, 200)]
     dout, dlse = torch.randn(2, 6, 200, 24, dtype=torch.float64), torch.randn(2, 6, 200,
@@ -189,7 +192,7 @@ def test_documents_and_padding(pattern):
 def test_plan_is_cached():
     q, k, v = fresh(1, 4, 2, 77, 8, torch.float32)
     a = check_inputs(q, k, v, DEFAULT)
-    assert chunked._fast_plan(DEFAULT, a, True, q) is chunked._fast_plan(DEFAULT, a, True, q)
+    assert tiles._fast_plan(DEFAULT, a, True, q) is tiles._fast_plan(DEFAULT, a, True, q)
 
 
 def test_cpu_benchmark_smoke(tmp_path):

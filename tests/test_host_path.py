@@ -78,10 +78,8 @@ def test_launch_lists_per_device():
 def test_tiles_follow_the_gpu_shared_memory():
     """Head size 128 in 16-bit: the dk/dv tile of a GPU with 99 KiB per program is smaller."""
     d, dt = 128, torch.bfloat16
-    saved = kernels.BLOCK_OVERRIDE, kernels._interpret
-    try:
-        kernels.BLOCK_OVERRIDE = None
-        kernels._interpret = lambda: False  # the GPU tiles, whatever runs these tests
+    # the GPU tiles, whatever runs these tests
+    with kernels.configured(blocks=None, interpret=False):
         big = kernels._blocks("dkdv", d, dt, aot.SHARED_LIMIT[90])
         small = kernels._blocks("dkdv", d, dt, aot.SHARED_LIMIT[86])
         assert big == kernels._blocks("dkdv", d, dt, None)
@@ -93,8 +91,6 @@ def test_tiles_follow_the_gpu_shared_memory():
             assert kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[86], pair)[3] == 2
         assert kernels._blocks("dq", d, dt, None, False) == \
             kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[90], False)
-    finally:
-        kernels.BLOCK_OVERRIDE, kernels._interpret = saved
 
 
 def test_default_positions_made_once_per_length_and_device():
@@ -110,10 +106,9 @@ def test_default_positions_made_once_per_length_and_device():
 
 @pytest.fixture
 def small_tiles():
-    old = kernels.BLOCK_OVERRIDE
-    kernels.BLOCK_OVERRIDE = (16, 16)
+    old = kernels.configure(blocks=(16, 16))
     yield
-    kernels.BLOCK_OVERRIDE = old
+    kernels.configure(old)
 
 
 @pytest.mark.parametrize("use_lse", [False, True])

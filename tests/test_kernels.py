@@ -1,6 +1,6 @@
 """The Triton kernels against ``reference_attention`` (CPU: through the Triton interpreter).
 
-Tiny shapes and 16×16 tiles (``kernels.BLOCK_OVERRIDE``) so every tile kind appears: causal
+Tiny shapes and 16×16 tiles (``kernels.configure(blocks=...)``) so every tile kind appears: causal
 diagonal, union-covered (skipped) and union-boundary tiles, partial segments, range ends.
 Float32 inputs: the interpreter computes in float32 like the GPU, so tolerances are the sums'
 bound (``conftest.attention_tol``).
@@ -25,10 +25,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(autouse=True)
 def _small_tiles():
-    old = kernels.BLOCK_OVERRIDE
-    kernels.BLOCK_OVERRIDE = (16, 16)
+    old = kernels.configure(blocks=(16, 16))
     yield
-    kernels.BLOCK_OVERRIDE = old
+    kernels.configure(old)
 
 
 def _run(pattern, *, b=1, hq=4, hkv=2, sq=37, sk=None, d=16, causal=True, dtype=torch.float32,
@@ -179,7 +178,7 @@ def test_packed_documents_run_per_document(monkeypatch):
     # per document. Row 0: docs of 15 and 25 tokens; row 1: a continuation chunk starting at
     # position 30 (consecutive positions from 30: natural loads with an offset), a 12-token
     # doc, then padding.
-    from hf_hilbert_attn import ops
+    from hf_hilbert_attn import backends, ops
 
     s = 40
     pos = torch.stack([torch.cat([torch.arange(15), torch.arange(25)]),
@@ -193,8 +192,8 @@ def test_packed_documents_run_per_document(monkeypatch):
     assert [(b, lo, hi, p.mapped) for b, lo, hi, p in runs] == [
         (0, 0, 15, False), (0, 15, 40, False), (1, 0, 23, False), (1, 23, 35, False)]
     calls = []
-    real = ops.document_runs
-    monkeypatch.setattr(ops, "document_runs", lambda *x: calls.append(1) or real(*x))
+    real = backends.document_runs
+    monkeypatch.setattr(backends, "document_runs", lambda *x: calls.append(1) or real(*x))
     _run(PAT, b=2, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
     assert len(calls) == 2  # forward and backward took the per-document path
 
@@ -226,8 +225,8 @@ def test_triton_backend_rejects_unsupported_head_dim():
 
 def test_forward_head_chunks(monkeypatch):
     # a tiny float32 merge buffer forces one launch sequence per head (long forward-only runs)
-    monkeypatch.setattr(kernels, "ACC_BYTES", 1)
-    _run(PAT, sq=29, hq=4, hkv=2)
+    with kernels.configured(acc_bytes=1):
+        _run(PAT, sq=29, hq=4, hkv=2)
 
 
 def test_many_configs_loop_union():
@@ -240,8 +239,8 @@ def test_backward_buffer_in_head_chunks(monkeypatch):
     # the float32 buffer summing dq over configs holds a chunk of heads when the whole would
     # exceed ACC_BYTES (as in the forward): force chunks of 1 and of 3 of 4 heads
     for acc_bytes in (1, 3 * 37 * 16 * 4):
-        monkeypatch.setattr(kernels, "ACC_BYTES", acc_bytes)
-        _run(PAT, sq=37, hq=4, hkv=2)
+        with kernels.configured(acc_bytes=acc_bytes):
+            _run(PAT, sq=37, hq=4, hkv=2)
 
 
 def test_backward_sums_share_one_workspace(monkeypatch):
@@ -255,8 +254,8 @@ def test_backward_sums_share_one_workspace(monkeypatch):
         assert dq.untyped_storage().nbytes() == 4 * max(dq.numel(), 2 * dk.numel())
     # and the chunked backward stays exact with the shared workspace: the sums of a chunk of
     # heads smaller than the whole (dk / dv in chunks of 1 of 2 key/value heads)
-    monkeypatch.setattr(kernels, "ACC_BYTES", 2 * 37 * 16 * 4)
-    _run(PAT, sq=37, hq=4, hkv=2)
+    with kernels.configured(acc_bytes=2 * 37 * 16 * 4):
+        _run(PAT, sq=37, hq=4, hkv=2)
 
 
 def test_write_into_views_of_longer_tensors():

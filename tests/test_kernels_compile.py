@@ -79,13 +79,11 @@ def _calls(name, arch=None):
     if name == "fp32_d32_gaps_docs":  # a backward given the lse's gradient (ring attention)
         import hf_hilbert_attn.kernels as kernels
 
-        with aot.recorded_launches() as extra:
-            o = q.new_empty(q.shape)
-            kernels._delta_kernel[(1, 1)](kernels._strided(o), kernels._strided(o),
-                                          q.new_empty(1, 4, s),
-                                          kernels._strided(q.new_empty(1, 4, s)), s, 4,
-                                          BM=64, D=d, HAS_DLSE=True)
-        calls += extra
+        o = q.new_empty(q.shape)
+        calls += [(kernels._delta_kernel, (1, 1),
+                   (kernels._strided(o), kernels._strided(o), q.new_empty(1, 4, s),
+                    kernels._strided(q.new_empty(1, 4, s)), s, 4),
+                   dict(BM=64, D=d, HAS_DLSE=True))]
     return calls
 
 

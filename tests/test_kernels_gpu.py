@@ -13,6 +13,8 @@ the units onto the workers from their recorded times, and each call compiles its
 by side in threads (docs/decisions.md "GPU tests: planned units").
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -137,7 +139,8 @@ def test_first_call_compiles_its_kernels_together(monkeypatch):
 
     from hf_hilbert_attn import kernels
 
-    monkeypatch.setattr(kernels, "COMPILE_THREADS", 4)
+    monkeypatch.setattr(kernels._config, "_CONFIG",
+                        dataclasses.replace(kernels.kernel_config(), compile_threads=4))
     kernels._CALLS.clear()
     for fn in (kernels._fwd_kernel, kernels._dq_kernel, kernels._dkdv_kernel,
                kernels._delta_kernel):
@@ -202,8 +205,8 @@ def test_offset_runs_and_head_chunked_backward(monkeypatch):
     qp = torch.arange(70000, 70000 + s, device="cuda")
     kp = torch.arange(69000, 69000 + s, device="cuda")
     _check(LONGNET_SMALL, s=s, hq=8, hkv=2, q_positions=qp, k_positions=kp)
-    monkeypatch.setattr(kernels, "ACC_BYTES", 1)
-    _check(LONGNET_SMALL, s=1025, hq=8, hkv=2)
+    with kernels.configured(acc_bytes=1):
+        _check(LONGNET_SMALL, s=1025, hq=8, hkv=2)
 
 
 @NATURAL

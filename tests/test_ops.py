@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
-from hf_hilbert_attn import chunked as chunked_module
+from hf_hilbert_attn.engines import passes as chunked_module
 from conftest import attention_tol, lse_float32_tol
 from helpers import assert_close, random_pattern
 

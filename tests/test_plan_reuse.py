@@ -1,10 +1,12 @@
 """Plans reused across layers and decode steps (``plan_cache``): the PyTorch path's blockwise
-plans and few-query masks (``chunked``), and the kernels' host planning
+plans and few-query masks (``engines/passes.py``, ``engines/masked.py``), and the kernels' host planning
 (``kernels.plan_positions``). A cached plan gives the same result as a fresh one, a tensor
 changed in place (with or without a version counter) is planned again, the memo stays
 bounded and is off under ``torch.compile``, and decoding a model still matches the reference.
 CPU; the kernel calls run in the Triton interpreter.
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 from hf_hilbert_attn import DilatedPattern, PatternCache, configure, dilated_attention, \
     reference_attention
-from hf_hilbert_attn import chunked
+from hf_hilbert_attn.engines import masked, passes
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.integrations.cache import cache_kwarg
 from hf_hilbert_attn.plan_cache import PlanCache
@@ -28,9 +30,9 @@ def _path(monkeypatch, few: bool) -> None:
     """Send few-query calls to the fused masked call (``few``; the test patterns are short, so
     the cost rule alone would not) or to the blockwise plan."""
     if few:
-        monkeypatch.setattr(chunked, "FEW_QUERIES_KEY_RATIO", 1e9)
+        monkeypatch.setattr(masked, "FEW_QUERIES_KEY_RATIO", 1e9)
     else:
-        monkeypatch.setattr(chunked, "FEW_QUERIES_MAX", 0)
+        monkeypatch.setattr(masked, "FEW_QUERIES_MAX", 0)
 
 
 def _qkv(b, hq, hkv, sq, sk, d=16, seed=0, dtype=torch.float32, grad=False):
@@ -56,7 +58,7 @@ class _Counting:
 def _empty_caches():
     from hf_hilbert_attn.kernels import _plan
 
-    for c in (chunked._PASS_CACHE, chunked._MASK_CACHE, _plan._PLANS):
+    for c in (passes._PASS_CACHE, masked._MASK_CACHE, _plan._PLANS):
         c.clear()
     yield
 
@@ -67,7 +69,8 @@ def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern, few):
     """Layer after layer (same positions, fresh q/k/v): one plan, reused; each call equal to
     one planned afresh (bit for bit) and to the reference, forward and backward."""
     _path(monkeypatch, few)
-    made = _Counting(monkeypatch, chunked, "_plan" if not few else "_few_queries_plan")
+    made = _Counting(monkeypatch, *((passes, "_plan") if not few
+                                    else (masked, "_few_queries_plan")))
     sq, sk = 5, 70
     qpos = torch.tensor([[40, 50, 60, 61, 69], [3, 30, 64, 65, 66]])  # per-row positions
     for layer in range(3):
@@ -77,7 +80,7 @@ def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern, few):
                                      backend="torch")
         dout = torch.randn_like(out)
         grads = torch.autograd.grad((out * dout).sum() + lse.sum(), (q, k, v))
-        for c in (chunked._PASS_CACHE, chunked._MASK_CACHE):
+        for c in (passes._PASS_CACHE, masked._MASK_CACHE):
             c.clear()  # planned afresh
         out2, lse2 = dilated_attention(q, k, v, pattern, q_positions=qpos,
                                        k_positions=torch.arange(sk), return_lse=True,
@@ -93,7 +96,7 @@ def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern, few):
         for name, a, b in zip("qkv", grads, rg):
             assert_close(f"d{name}", a, b, 1e-5, f"layer {layer}")
     if few:
-        assert len(chunked._MASK_CACHE) == 1
+        assert len(masked._MASK_CACHE) == 1
     else:
         assert made.n == 1 + 3  # each layer's first call found the plan made before it
 
@@ -108,7 +111,7 @@ def test_few_queries_empty_rows_and_dtypes(monkeypatch):
         q, k, v = _qkv(1, 4, 1, 2, 40, dtype=dtype)
         a = check_inputs(q, k, v, pattern, q_positions=torch.tensor([[19, 39]]), q_doc_ids=qd,
                          k_doc_ids=kd)
-        assert chunked._few_queries_apply(pattern, a, q)
+        assert masked._few_queries_apply(pattern, a, q)
         kw = dict(q_positions=torch.tensor([[19, 39]]), q_doc_ids=qd, k_doc_ids=kd,
                   return_lse=True)
         out, lse = dilated_attention(q, k, v, pattern, backend="torch", **kw)
@@ -124,11 +127,11 @@ def test_positions_changed_in_place_are_planned_again(monkeypatch):
     tensors have none and are compared by content) give a new plan and the right result;
     equal content in another tensor finds the old plan."""
     _path(monkeypatch, False)  # large position tensors: guarded
-    made = _Counting(monkeypatch, chunked, "_plan")
+    made = _Counting(monkeypatch, passes, "_plan")
     pattern = PATTERNS[1]
     q, k, v = _qkv(1, 4, 2, 80, 80)
     for mode in (torch.no_grad, torch.inference_mode):
-        chunked._PASS_CACHE.clear()
+        passes._PASS_CACHE.clear()
         made.n = 0
         with mode():
             pos = torch.arange(80).flip(0).contiguous()  # explicit: the blockwise path
@@ -149,7 +152,7 @@ def test_small_positions_are_keyed_by_content(monkeypatch):
     """Decode positions ([1, 1]): a fresh tensor per step (or per layer) with the same value
     finds the plan; another value, or the same tensor changed in place, makes a new one."""
     _path(monkeypatch, True)
-    made = _Counting(monkeypatch, chunked, "_few_queries_plan")
+    made = _Counting(monkeypatch, masked, "_few_queries_plan")
     pattern = PATTERNS[0]
     q, k, v = _qkv(1, 4, 2, 1, 60)
     outs = []
@@ -158,7 +161,7 @@ def test_small_positions_are_keyed_by_content(monkeypatch):
         for p in (59, 59, 40, 59):
             pos.fill_(p)
             outs.append(dilated_attention(q, k, v, pattern, q_positions=pos, backend="torch"))
-        assert len(chunked._MASK_CACHE) == 2  # 59 and 40
+        assert len(masked._MASK_CACHE) == 2  # 59 and 40
         assert torch.equal(outs[0], outs[3]) and not torch.equal(outs[0], outs[2])
         want = reference_attention(q, k, v, pattern, q_positions=torch.tensor([[40]]))
         assert_close("out", outs[2], want, 1e-5)
@@ -174,7 +177,7 @@ def test_few_queries_rule_follows_what_the_pattern_reads():
     for sk, few in ((8192, True), (32768, False)):
         q, k, v = _qkv(1, 4, 2, 1, sk)
         a = check_inputs(q, k, v, pattern, q_positions=torch.tensor([[sk - 1]]))
-        assert chunked._few_queries_apply(pattern, a, q) == few, sk
+        assert masked._few_queries_apply(pattern, a, q) == few, sk
 
 
 def test_cache_is_bounded_and_keys_the_mode():
@@ -234,7 +237,8 @@ def test_kernel_position_plans_are_reused_and_never_stale(monkeypatch):
     from hf_hilbert_attn.kernels import _plan
 
     made = _Counting(monkeypatch, _plan, "_plan_positions")
-    monkeypatch.setattr(kernels, "BLOCK_OVERRIDE", (16, 16))
+    monkeypatch.setattr(kernels._config, "_CONFIG",
+                        dataclasses.replace(kernels.kernel_config(), blocks=(16, 16)))
     pattern = DilatedPattern([8, 16], [1, 2])
     q, k, v = _qkv(1, 2, 1, 24, 24)
     pos = torch.randperm(24)
@@ -288,7 +292,7 @@ def test_decode_logits_match_the_reference(monkeypatch, few):
     ids = torch.randint(3, 96, (1, 70), generator=torch.Generator().manual_seed(1))
     steps = 5
     # blockwise plans, or few-query masks (DilatedPattern.build_mask)
-    made = _Counting(monkeypatch, *((chunked, "_plan") if not few else
+    made = _Counting(monkeypatch, *((passes, "_plan") if not few else
                                     (DilatedPattern, "build_mask")))
     got = {kind: _decode(model, ids, cache, steps) for kind, cache in
            (("dynamic", DynamicCache(config=model.config)), ("pattern", PatternCache(model)))}

@@ -18,10 +18,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(autouse=True)
 def _small_tiles():  # several tiles per config at these lengths (as tests/test_kernels.py)
-    old = kernels.BLOCK_OVERRIDE
-    kernels.BLOCK_OVERRIDE = (16, 16)
-    yield
-    kernels.BLOCK_OVERRIDE = old
+    with kernels.configured(blocks=(16, 16)):
+        yield
 
 
 def _mask(pattern, heads, qpos, kpos, causal):

@@ -166,7 +166,7 @@ def _worker_triton(rank, world, cases):
 
     from hf_hilbert_attn import kernels
 
-    kernels.BLOCK_OVERRIDE = (16, 16)
+    kernels.configure(blocks=(16, 16))
     out = []
     for i, layout, mode, causal, docs, grads in cases:
         # shards of 21-22 rows: two 16-row tiles, the 32-segment crosses the shard boundary;
@@ -213,7 +213,7 @@ def _worker_plans_once(rank, world):
 
     from hf_hilbert_attn import kernels
 
-    kernels.BLOCK_OVERRIDE = (16, 16)
+    kernels.configure(blocks=(16, 16))
     pat = DilatedPattern([8, 16, 32], [1, 2, 4])
     s = 44  # shards of 22 rows; the 32-segment crosses them
     pos = shard_positions(s, world, "zigzag", pat)[rank]  # two runs, remote pieces
@@ -437,8 +437,7 @@ def test_local_attention_equals_the_op(backend):
     # the same positions: zigzag-like runs, a run at a gap, packed documents; out and grads
     from hf_hilbert_attn import kernels
 
-    old = kernels.BLOCK_OVERRIDE
-    kernels.BLOCK_OVERRIDE = (16, 16)
+    old = kernels.configure(blocks=(16, 16))
     try:
         pat = DilatedPattern([8, 16, 32], [1, 2, 4])
         pos = torch.cat([torch.arange(0, 24), torch.arange(72, 96), torch.arange(40, 47)])
@@ -463,7 +462,7 @@ def test_local_attention_equals_the_op(backend):
                        # a float32 lse of float64 inputs: two roundings, 1 ulp apart at most
                        2 * lse_float32_tol() + tol if a.dtype != q.dtype else tol)
     finally:
-        kernels.BLOCK_OVERRIDE = old
+        kernels.configure(old)
 
 
 # ------------------------------------------------------------------ sink tokens, sliding windows

@@ -17,7 +17,7 @@ import helpers
 from conftest import LSE_MAX, attention_tol, lse_float32_tol
 from helpers import assert_close
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
-from hf_hilbert_attn import chunked as chunked_module
+from hf_hilbert_attn.engines import passes as chunked_module
 from hf_hilbert_attn.hilbert import hilbert_permutation
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.ops import attention_forward_into, dilated_attention_backward

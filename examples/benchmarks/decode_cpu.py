@@ -59,10 +59,10 @@ def variant(base, attn: str):
 
 
 def _forget_plans() -> None:
-    from hf_hilbert_attn import chunked
+    from hf_hilbert_attn.engines import masked, passes
 
-    for name in ("_PASS_CACHE", "_MASK_CACHE"):
-        cache = getattr(chunked, name, None)
+    for module, name in ((passes, "_PASS_CACHE"), (masked, "_MASK_CACHE")):
+        cache = getattr(module, name, None)
         if cache is not None:
             cache.clear()
 

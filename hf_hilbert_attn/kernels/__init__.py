@@ -7,20 +7,21 @@ The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wrap
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Optional, Union
+from typing import NamedTuple, Optional
 
 import torch
 import triton
 
-from ..pruning import for_ranges
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
+from ..planning import class_uniform, config_meets, nests, sink_keys
+from ..pruning import for_ranges
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
+# (_async_active, _env_int: read by the tests through this package)
+from ._config import (KernelConfig, _async_active, _env_int, _run, configure,  # noqa: F401
+                      configured, kernel_config, set_launch_hook)
 from ._common import LOG2E as _LOG2E
 from ._fwd import _fwd_kernel
-from ._launch import launch
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
                     fwd_max_registers, plan_positions, union_keys)
 
@@ -30,97 +31,14 @@ __all__ = [
     "plan_positions",
     "PositionPlan",
     "SUPPORTED_HEAD_DIMS",
-    "BLOCK_OVERRIDE",
+    "KernelConfig",
+    "kernel_config",
+    "configure",
+    "configured",
+    "set_launch_hook",
 ]
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
-_KINDS = ("fwd", "fwd1", "dq", "dkdv")
-
-
-def _env_blocks() -> Optional[dict]:
-    """``BLOCK_OVERRIDE`` from ``HF_HILBERT_{FWD,FWD1,DQ,DKDV}_BLOCKS=BM,BN,warps,stages`` (tile
-    searches run one process per setting), or None when none is set."""
-    found = {}
-    for kind in _KINDS:
-        name = f"HF_HILBERT_{kind.upper()}_BLOCKS"
-        env = os.environ.get(name, "")
-        if env:
-            try:
-                found[kind] = tuple(int(x) for x in env.split(","))
-            except ValueError:
-                found[kind] = ()
-            if len(found[kind]) != 4:
-                raise ValueError(f"{name} must be BM,BN,warps,stages (four integers), got {env!r}")
-    return found or None
-
-
-# The one tile override: None (the tuned sizes of ``_plan``), ``(BM, BN)`` for every kernel
-# (tests: small tiles, so tiny shapes have many tiles and every boundary case), or a dict
-# ``{"fwd" | "fwd1" | "dq" | "dkdv": (BM, BN) or (BM, BN, warps, stages)}``: "fwd" is every
-# forward launch, "fwd1" the one without an earlier config when given apart. Its initial value
-# comes from the environment variables above.
-BLOCK_OVERRIDE: Optional[Union[tuple, dict]] = _env_blocks()
-
-
-def _env_int(name: str, default: int, unit: str = "bytes") -> int:
-    env = os.environ.get(name, "")
-    if not env:
-        return default
-    if not env.isdigit() or int(env) < 1:
-        raise ValueError(f"{name} must be a positive number of {unit}, got {env!r}")
-    return int(env)
-
-
-# Largest float32 buffer (bytes) that sums partial results over configs: the forward's merge
-# buffer, and each of the backward's dq and dk / dv sums; heads are processed in chunks beyond
-# it. ``HF_HILBERT_ACC_BYTES`` sets it at import (memory / speed trade-offs, one process each).
-ACC_BYTES = _env_int("HF_HILBERT_ACC_BYTES", 4 << 30)
-
-
-# Threads that compile the kernels of a call side by side the first time it runs. Triton's JIT
-# compiles at launch, one kernel after the other: 10-20 specializations of ~5 s each for a first
-# forward and backward. Its compile releases the GIL (LLVM passes, ``ptxas``), so threads
-# scale; ``HF_HILBERT_COMPILE_THREADS=1`` compiles in turn at launch.
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-COMPILE_THREADS = _env_int("HF_HILBERT_COMPILE_THREADS", min(8, _CPUS or 1), "threads")
-_POOL: Optional[ThreadPoolExecutor] = None
-
-
-def _compile_together(launches) -> None:
-    """Compile the kernels of ``launches`` (``(jit_fn, grid, args, kwargs)``) in a thread pool
-    (Triton's ``AsyncCompileMode``: one compile per distinct specialization, finished before
-    this returns); the launches then find them in Triton's cache. A no-op in the interpreter,
-    with one thread, or for recorded launches (``aot``)."""
-    global _POOL
-    if (COMPILE_THREADS < 2 or _interpret() or len(launches) < 2
-            or not hasattr(launches[0][0], "warmup") or _async_active()):
-        return
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="hf_hilbert_compile")
-    with triton.AsyncCompileMode(_POOL):
-        for fn, grid, args, kwargs in launches:
-            fn.warmup(*args, grid=grid, **kwargs)
-
-
-def _async_active() -> bool:
-    """Whether the caller has a Triton ``AsyncCompileMode`` of its own open (modes do not nest:
-    the launches then compile as usual)."""
-    try:
-        from triton.runtime._async_compile import active_mode
-    except ImportError:  # a Triton without it: compile at launch
-        return True
-    return active_mode.get() is not None
-
-
-def _run(launches, fresh: bool) -> None:
-    """Launch ``(jit_fn, grid, args, kwargs)`` in order; ``fresh`` (a call planned just now):
-    compile them side by side first."""
-    if fresh:
-        _compile_together(launches)
-    for fn, grid, args, kwargs in launches:
-        launch(fn, grid, args, kwargs)
-
-
 def _earlier(npri: int) -> bool:
     """Compile-time flag of a launch: does any config come before it in priority order? The
     first one (rate 1 in longnet_lm, most of the work) then compiles without the union code:
@@ -129,20 +47,10 @@ def _earlier(npri: int) -> bool:
     return npri > 0
 
 
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-# Shared memory per program the tiles are chosen for: None (the GPU's own, read once per
-# device), or bytes (``aot.launches`` records the launches of another GPU with it).
-SMEM_OVERRIDE: Optional[int] = None
-_SMEM: dict = {}
-
-
-def _smem(device) -> Optional[int]:
+def _smem(device, cfg: KernelConfig) -> Optional[int]:
     """Shared memory per program (opt-in maximum, bytes) of ``device``; None off CUDA."""
-    if SMEM_OVERRIDE is not None:
-        return SMEM_OVERRIDE
+    if cfg.smem is not None:
+        return cfg.smem
     if device.type != "cuda":
         return None
     idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -152,20 +60,22 @@ def _smem(device) -> Optional[int]:
     return _SMEM[idx]
 
 
-def _blocks(kind, d, dtype, smem=None, pair=False, first=False, skips=False):
-    """The tile of ``kind`` (``BLOCK_OVERRIDE`` first) for a launch that tests the union rule
-    pair by pair (``pair``: forward through the key tables, see ``_needs_pair_mask``), has no
-    earlier config (``first``, forward) or has earlier ones but no program that needs the
-    per-pair mask (``skips``, dk/dv; ``_may_mix``)."""
+_SMEM: dict = {}
+
+
+def _blocks(kind, d, dtype, smem=None, pair=False, first=False, skips=False, cfg=None):
+    """The tile of ``kind`` (the configuration's override first) for a launch that tests the
+    union rule pair by pair (``pair``: forward through the key tables, see
+    ``_needs_pair_mask``), has no earlier config (``first``, forward) or has earlier ones but
+    no program that needs the per-pair mask (``skips``, dk/dv; ``_may_mix``)."""
+    cfg = kernel_config() if cfg is None else cfg
     if kind == "fwd":
-        bm, bn, warps, stages = fwd_blocks(d, dtype, _interpret(), pair, first)
+        bm, bn, warps, stages = fwd_blocks(d, dtype, cfg.interpret, pair, first)
     elif kind == "dq":
-        bm, bn, warps, stages = bwd_blocks(d, dtype, _interpret(), smem, pair)
+        bm, bn, warps, stages = bwd_blocks(d, dtype, cfg.interpret, smem, pair)
     else:
-        bm, bn, warps, stages = dkdv_blocks(d, dtype, _interpret(), smem, skips)
-    over = BLOCK_OVERRIDE
-    if isinstance(over, dict):
-        over = (first and over.get("fwd1")) or over.get(kind)
+        bm, bn, warps, stages = dkdv_blocks(d, dtype, cfg.interpret, smem, skips)
+    over = cfg.tile_override(kind, first)
     if over is not None:
         bm, bn = over[:2]
         if len(over) > 2:
@@ -207,40 +117,25 @@ class _Launch(tuple):
     pair = property(lambda s: s[5])
 
 
-def _joins(w: int, r: int, plan: PositionPlan, sliding: bool, causal: bool) -> bool:
-    """Whether config ``(w, r)`` may have a pair between this call's query positions
-    ``[qlo, qhi]`` and key positions ``[klo, khi]`` (an over-estimate: classes and gaps in
-    mapped positions are not looked at). False e.g. for a ring piece whose key run lies in
-    an earlier segment than its query run."""
-    qlo, qhi, klo, khi = plan.qlo, plan.qhi, plan.klo, plan.khi
-    if causal and klo > qhi:
-        return False
-    if sliding:  # some |q - k| < w (causal: k <= q)
-        gap = qlo - khi if causal else max(qlo - khi, klo - qhi)
-        return gap < w
-    s_lo, s_hi = max(qlo // w, klo // w), min(qhi // w, khi // w)  # segments holding both
-    return s_lo <= s_hi and (not causal or max(klo, s_lo * w) <= qhi)
-
-
 def _launches(pattern, plan: PositionPlan, causal: bool = True):
     """``(priority configs, launches in order, sinks)``: the config covering every query comes
     last (it writes the final result, and takes the sink keys: ``sinks`` > 0 when some key of
     this call is one, positions relative to ``plan.base``). Other configs are launched only
-    where they can join a query and a key of this call (``_joins``): a ring piece between two
+    where they can join a query and a key of this call (``planning.config_meets``): a ring piece between two
     chunks of a zigzag shard launched every config over its whole query run, for the pairs of
     one (docs/decisions.md "Ring pieces launch only the configs that join them")."""
     prio, order = config_order(pattern)
     out = []
+    q_rng, k_rng = (plan.qlo, plan.qhi), (plan.klo, plan.khi)
     for i, (w, r) in enumerate(order):
-        if i < len(order) - 1 and not _joins(w, r, plan, pattern.sliding, causal):
+        if i < len(order) - 1 and not config_meets(w, pattern.sliding, causal, q_rng, k_rng):
             continue
         npri = prio.index((w, r))
         if pattern.sliding:
             out.append(_Launch((W_CAP, r, (w - 1) // r, npri, (w, r), False)))
         else:
             out.append(_Launch((w, r, 0, npri, (w, r), _needs_pair_mask(prio[:npri], r))))
-    sinks = pattern.sink_tokens - plan.base
-    return prio, out, (sinks if sinks > 0 and plan.klo < sinks else 0)
+    return prio, out, sink_keys(pattern, plan.klo, plan.base)
 
 
 def _cfg_tensor(cfgs, device):
@@ -331,7 +226,7 @@ def _needs_pair_mask(earlier, r: int) -> bool:
     the forward's runtime loop is faster than the key tables (1.16 vs 1.24 ms on longnet_lm's
     (4096, 2) launch at 64K); with the pair mask the tables are (1.86 -> 1.24 ms on (16384, 6);
     H100, docs/decisions.md "Union tables in the forward")."""
-    return any(r % rj or wj % rj for wj, rj in earlier)
+    return not all(class_uniform(cfg, r, False) for cfg in earlier)
 
 
 def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
@@ -346,7 +241,7 @@ def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
     Sliding windows: always (the window's edges)."""
     if sliding:
         return bool(earlier)
-    return any(r % rj or w % wj or wj % (r * tile) for wj, rj in earlier)
+    return not all(class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
 
 
 def _union_args(prio, plan, device):
@@ -370,16 +265,15 @@ def _check_target(name, t, shape, dtype):
                          f"{tuple(t.shape)} {t.dtype} strides {t.stride()}")
 
 
-_CALLS: dict = {}  # launch lists of dilated_fwd / dilated_bwd by _call_key
+_CALLS: dict = {}  # FwdPlan / BwdPlan of dilated_fwd / dilated_bwd by _call_key
 
 
-def _call_key(kind, pattern, plan, q, k, causal, scale):
+def _call_key(kind, pattern, plan, q, k, causal, scale, cfg):
     """What the launches of a call depend on besides its tensors and their strides: everything
     else is planned once per key (layer after layer and step after step repeat one call)."""
     return (kind, pattern, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo, plan.khi,
             plan.base, plan.mapped_kind, plan.qdoc is not None, tuple(q.shape), k.shape[1],
-            k.shape[2], q.dtype, q.device, bool(causal), float(scale), _interpret(),
-            repr(BLOCK_OVERRIDE), SMEM_OVERRIDE, ACC_BYTES)
+            k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg)
 
 
 def _planned(key, build):
@@ -393,16 +287,104 @@ def _planned(key, build):
     return hit, True
 
 
+class Call(NamedTuple):
+    """What a planned call needs besides its tensors: the pattern, the positions' plan, the
+    shapes ``(B, Hq, Hkv, Sq, Sk, D)``, dtype, device, causality and the configuration."""
+
+    pattern: object
+    plan: PositionPlan
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+    causal: bool
+    cfg: KernelConfig
+
+
+class FwdPlan(NamedTuple):
+    """The forward's launches: the config tables, the heads per chunk of the float32 merge
+    buffer (0: none) and per launch ``(grid, launch row, integer arguments, keywords)``."""
+
+    tables: tuple
+    hch: int
+    items: list
+
+
+class BwdPlan(NamedTuple):
+    """The backward's launches: the config tables, this call's sink keys, the heads per chunk
+    of the float32 sums (``(hch, kch)``, None: none) and the dq and dk/dv launches."""
+
+    tables: tuple
+    sinks: int
+    chunks: object
+    dq_items: list
+    kv_items: list
+
+
+def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
+    """The compile-time flags of launch ``ln`` of call ``c`` (``tile``: class indices per
+    program on its own side, for ``_may_mix``)."""
+    return Flags(CAUSAL=c.causal, PER_HEAD=c.pattern.query_dilation == "per_head",
+                 MAPPED=c.plan.mapped_kind, HAS_DOC=c.plan.qdoc is not None,
+                 IEEE=c.dtype == torch.float32, SLIDING=c.pattern.sliding, UTAB=utab,
+                 EARLIER=_earlier(ln.npri),
+                 MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, c.pattern.sliding), SINK=sink)
+
+
+def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:
+    """Heads per chunk of a float32 sum over ``nlaunch`` launches of ``rows`` float32 rows a
+    head: at most ``cfg.acc_bytes`` (long forward-only runs are not bounded by a buffer twice the
+    size of the output)."""
+    if nlaunch < 2:
+        return heads
+    return max(1, min(heads, cfg.acc_bytes // max(rows * 4, 1)))
+
+
+def plan_fwd(c: Call) -> FwdPlan:
+    """The forward's launches of call ``c``: a pure function of it."""
+    B, HQ, HKV, SQ, _, D = c.shape
+    prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
+    hch = _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
+    # the union test: the key tables (as in the backward) for launches that need the per-pair
+    # mask, else the runtime loop
+    keys, psz, utab = (_union_args(prio, c.plan, c.device) if any(ln.pair for ln in launch)
+                       else (_dummy(c.device), 1, 0))
+    smem = _smem(c.device, c.cfg)
+    tiles = {(t, f): _blocks("fwd", D, c.dtype, smem, t, f, cfg=c.cfg)
+             for t, f in ((False, False), (True, False), (False, True))}
+    items, rows = [], []
+    for h0 in range(0, HQ, hch):
+        nh = min(hch, HQ - h0)
+        for li, ln in enumerate(launch):
+            tab = utab if ln.pair else 0
+            BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
+            seg0, nseg, blk0, nblk = _query_tiles(c.plan, ln.w, ln.r, BM)
+            ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
+            last = li == len(launch) - 1
+            rows.append(_launch_row(c.plan, ln, li, len(launch), h0, nh, HQ // HKV,
+                                    (seg0, ncls, nblk, blk0), sinks, len(prio), psz))
+            kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
+                      num_warps=warps, num_stages=stages)
+            cap = fwd_max_registers((BM, BN, warps), not _earlier(ln.npri))
+            if cap and c.dtype != torch.float32 and not c.cfg.interpret:
+                kw["maxnreg"] = cap
+            items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
+    tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
+              keys)
+    items = [(grid, row, ints, kw)
+             for (grid, ints, kw), row in zip(items, _launch_table(rows, c.device))]
+    return FwdPlan(tables, hch if len(launch) > 1 else 0, items)
+
+
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
                 lse=None):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log).
 
     ``out`` / ``lse``: optional tensors to write into (e.g. rows of a longer sequence's result;
-    unit last stride), shaped ``q.shape`` / ``q.shape[:3]``.
+    unit last stride), shaped ``q.shape`` / ``q.shape[:3]``. Planned once per call key
+    (:func:`plan_fwd`), then run.
     """
     q, k, v = _prep(q), _prep(k), _prep(v)
     B, HQ, SQ, D = q.shape
-    HKV = k.shape[1]
     dev = q.device
     if out is None:
         out = torch.empty_like(q)
@@ -413,57 +395,17 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     if SQ == 0:
         return out, lse
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-
-    def build():
-        prio, launch, sinks = _launches(pattern, plan, causal)
-        per_head = pattern.query_dilation == "per_head"
-        # The float32 merge buffer holds a chunk of heads at a time: at most ACC_BYTES, so
-        # long forward-only runs are not bounded by a buffer twice the size of the output.
-        hch = HQ
-        if len(launch) > 1:
-            hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
-        items = []
-        # the union test: the key tables (as in the backward) for launches that need the
-        # per-pair mask, else the runtime loop
-        keys, psz, utab = (_union_args(prio, plan, dev) if any(ln.pair for ln in launch)
-                           else (_dummy(dev), 1, 0))
-        smem = _smem(dev)
-        tiles = {(t, f): _blocks("fwd", D, q.dtype, smem, t, f)
-                 for t, f in ((False, False), (True, False), (False, True))}
-        rows = []
-        for h0 in range(0, HQ, hch):
-            nh = min(hch, HQ - h0)
-            for li, ln in enumerate(launch):
-                tab = utab if ln.pair else 0
-                BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
-                seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
-                ncls = 1 if per_head else ln.r
-                last = li == len(launch) - 1
-                rows.append(_launch_row(plan, ln, li, len(launch), h0, nh, HQ // HKV,
-                                        (seg0, ncls, nblk, blk0), sinks, len(prio), psz))
-                flags = Flags(CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
-                              HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                              SLIDING=pattern.sliding, UTAB=tab, EARLIER=_earlier(ln.npri),
-                              MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, BM, pattern.sliding),
-                              SINK=bool(sinks) and last)
-                kw = dict(BM=BM, BN=BN, D=D, F=flags, num_warps=warps, num_stages=stages)
-                cap = fwd_max_registers((BM, BN, warps), not _earlier(ln.npri))
-                if cap and q.dtype != torch.float32 and not _interpret():
-                    kw["maxnreg"] = cap
-                items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
-        tables = (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys)
-        items = [(grid, row, ints, kw)
-                 for (grid, ints, kw), row in zip(items, _launch_table(rows, dev))]
-        return tables, hch if len(launch) > 1 else 0, items
-
-    (tables, hch, items), fresh = _planned(
-        _call_key("fwd", pattern, plan, q, k, causal, scale), build)
-    acc = torch.empty((B, hch, SQ, D), device=dev, dtype=torch.float32) if hch else out
+    cfg = kernel_config()
+    fp, fresh = _planned(
+        _call_key("fwd", pattern, plan, q, k, causal, scale, cfg),
+        lambda: plan_fwd(Call(pattern, plan, (B, HQ, k.shape[1], SQ, k.shape[2], D), q.dtype,
+                              dev, bool(causal), cfg)))
+    acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch else out
     head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
-            _positions(plan, dev), tables)
+            _positions(plan, dev), fp.tables)
     scale_log2 = scale * LOG2E
     _run([(_fwd_kernel, grid, (*head, row, *ints, scale_log2), kw)
-          for grid, row, ints, kw in items], fresh)
+          for grid, row, ints, kw in fp.items], fresh, cfg)
     return out, lse
 
 
@@ -478,6 +420,71 @@ def _sum_buffers(B, hch, kch, SQ, SK, D, device):
             work[nk:2 * nk].view(B, kch, SK, D))
 
 
+def plan_bwd(c: Call) -> BwdPlan:
+    """The backward's launches of call ``c``: a pure function of it."""
+    B, HQ, HKV, SQ, SK, D = c.shape
+    prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
+    # heads per chunk of the float32 buffers (query / key-value heads)
+    hch = _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
+    kch = _head_chunk(HKV, 2 * B * SK * D, len(launch), c.cfg)
+    ncls_q = 1 if c.pattern.query_dilation == "per_head" else None
+    smem = _smem(c.device, c.cfg)
+    dq_tiles = {p: _blocks("dq", D, c.dtype, smem, p, cfg=c.cfg) for p in (False, True)}
+    kv_tiles = {f: _blocks("dkdv", D, c.dtype, smem, skips=f, cfg=c.cfg) for f in (False, True)}
+    kBM, kBN = kv_tiles[False][:2]  # (both the same: the key tiles and _may_mix use kBN)
+    # union test: the key tables hold the configs but the last (up to four earlier ones);
+    # the sink launch (after all of them in priority), sliding windows and longer patterns
+    # test the configs in a runtime loop (decisions.md, "One union test in a loop")
+    keys, psz, utab = (_union_args(prio, c.plan, c.device) if not c.pattern.sliding
+                       else (_dummy(c.device), 1, 0))
+
+    def row(li, ln, h0, nh, tiles):
+        return _launch_row(c.plan, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
+                           len(prio), psz)
+
+    # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
+    # the sink launch's dk/dv sums are needed by the dk/dv kernel)
+    dq_items, rows = [], []
+    for h0 in range(0, HQ, hch):
+        for li, ln in enumerate(launch):
+            BM, BN, warps, stages = dq_tiles[ln.pair]
+            seg0, nseg, blk0, nblk = _query_tiles(c.plan, ln.w, ln.r, BM)
+            ncls = ncls_q or ln.r
+            rows.append(row(li, ln, h0, min(hch, HQ - h0), (seg0, ncls, nblk, blk0)))
+            fl = _flags(c, prio, ln, BM, bool(sinks) and li == len(launch) - 1, utab)
+            kw = dict(BM=BM, BN=BN, D=D, F=fl, num_warps=warps, num_stages=stages)
+            dq_items.append(((nseg * ncls * nblk, B * min(hch, HQ - h0)), _scalars(rows[-1]),
+                             kw))
+    # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
+    kv_items = []
+    for g0 in range(0, HKV, kch):
+        for li, ln in enumerate(launch):
+            kseg0, knseg, kblk0, knblk = _key_tiles(c.plan, ln.w, ln.r, kBN)
+            rows.append(row(li, ln, g0, min(kch, HKV - g0), (kseg0, ln.r, knblk, kblk0)))
+            fl = _flags(c, prio, ln, kBN, bool(sinks), utab)
+            warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
+            kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
+            kv_items.append(((knseg * ln.r * knblk, B * min(kch, HKV - g0)),
+                             _scalars(rows[-1]), kw))
+    tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
+              keys)
+    table = _launch_table(rows, c.device)  # the dq launches' rows, then the dk/dv launches'
+    dq_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(dq_items, table)]
+    kv_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
+    return BwdPlan(tables, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items)
+
+
+def _bwd_stats(lse, B, HQ, SQ, dev):
+    """``(lse, delta)`` rows ``[B, Hq, Sq]``: Triton specialises the kernels on whether their
+    strides divide by 16, so a length that is not a multiple of 16 reads padded rows (a small
+    copy of lse) and one compile serves every length."""
+    if SQ % 16 == 0 and lse.is_contiguous():
+        return lse, torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    stats = torch.empty((2, B, HQ, -(-SQ // 16) * 16), device=dev, dtype=torch.float32)
+    stats[0, :, :, :SQ].copy_(lse)
+    return stats[0, :, :, :SQ], stats[1, :, :, :SQ]
+
+
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
                 plan: PositionPlan, dq=None, dk=None, dv=None):
     """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
@@ -485,8 +492,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     ``dq``/``dk``/``dv``: optional tensors to write into (any strides with a unit last one, e.g.
     rows of a longer sequence's gradient), shaped like ``q``/``k``/``v``. Inputs may be such
     views too. The float32 buffers that sum ``dq`` and ``dk``/``dv`` over configs hold a chunk
-    of heads at a time (at most ``ACC_BYTES`` each), like the forward's; the dk/dv sums reuse
-    the dq sum's memory (``_sum_buffers``).
+    of heads at a time (at most ``acc_bytes`` each), like the forward's; the dk/dv sums reuse
+    the dq sum's memory (``_sum_buffers``). Planned once per call key (:func:`plan_bwd`).
     """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
@@ -500,102 +507,37 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     if SQ == 0 or SK == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-    # lse and delta rows [B, Hq, Sq]: Triton specialises the kernels on whether their strides
-    # divide by 16, so a length that is not a multiple of 16 reads padded rows (a small copy of
-    # lse) and one compile serves every length
-    if SQ % 16 == 0 and lse.is_contiguous():
-        delta = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
-    else:
-        stats = torch.empty((2, B, HQ, -(-SQ // 16) * 16), device=dev, dtype=torch.float32)
-        stats[0, :, :, :SQ].copy_(lse)
-        lse, delta = stats[0, :, :, :SQ], stats[1, :, :, :SQ]
-    dblk = 64 if not _interpret() else 16
+    cfg = kernel_config()
+    lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
+    dblk = 64 if not cfg.interpret else 16
     run = [(_delta_kernel, (triton.cdiv(SQ, dblk), B * HQ),
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
              _strided(delta), SQ, HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
-
-    def build():
-        prio, launch, sinks = _launches(pattern, plan, causal)
-        hch, kch = HQ, HKV  # heads per chunk of the float32 buffers (query / key-value heads)
-        if len(launch) > 1:
-            hch = max(1, min(HQ, ACC_BYTES // max(B * SQ * D * 4, 1)))
-            kch = max(1, min(HKV, ACC_BYTES // max(2 * B * SK * D * 4, 1)))
-        per_head = pattern.query_dilation == "per_head"
-        smem = _smem(dev)
-        dq_tiles = {p: _blocks("dq", D, q.dtype, smem, p) for p in (False, True)}
-        kv_tiles = {f: _blocks("dkdv", D, q.dtype, smem, skips=f) for f in (False, True)}
-        kBM, kBN = kv_tiles[False][:2]  # (both the same: the key tiles and _may_mix use kBN)
-        # union test: the key tables hold the configs but the last (up to four earlier ones);
-        # the sink launch (after all of them in priority), sliding windows and longer patterns
-        # test the configs in a runtime loop (decisions.md, "One union test in a loop")
-        keys, psz, utab = (_union_args(prio, plan, dev) if not pattern.sliding
-                           else (_dummy(dev), 1, 0))
-
-        def flags(ln, tile, sink):
-            return Flags(CAUSAL=causal, PER_HEAD=per_head, MAPPED=plan.mapped_kind,
-                         HAS_DOC=plan.qdoc is not None, IEEE=q.dtype == torch.float32,
-                         SLIDING=pattern.sliding, UTAB=utab, EARLIER=_earlier(ln.npri),
-                         MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, pattern.sliding),
-                         SINK=sink)
-
-        def row(li, ln, h0, nh, tiles):
-            return _launch_row(plan, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
-                               len(prio), psz)
-
-        # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
-        # the sink launch's dk/dv sums are needed by the dk/dv kernel)
-        dq_items, rows = [], []
-        for h0 in range(0, HQ, hch):
-            nh = min(hch, HQ - h0)
-            for li, ln in enumerate(launch):
-                BM, BN, warps, stages = dq_tiles[ln.pair]
-                seg0, nseg, blk0, nblk = _query_tiles(plan, ln.w, ln.r, BM)
-                ncls = 1 if per_head else ln.r
-                rows.append(row(li, ln, h0, nh, (seg0, ncls, nblk, blk0)))
-                last = li == len(launch) - 1
-                kw = dict(BM=BM, BN=BN, D=D, F=flags(ln, BM, bool(sinks) and last),
-                          num_warps=warps, num_stages=stages)
-                dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
-        # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
-        kv_items = []
-        for g0 in range(0, HKV, kch):
-            ng = min(kch, HKV - g0)
-            for li, ln in enumerate(launch):
-                kseg0, knseg, kblk0, knblk = _key_tiles(plan, ln.w, ln.r, kBN)
-                rows.append(row(li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0)))
-                fl = flags(ln, kBN, bool(sinks))
-                warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
-                kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
-                kv_items.append(((knseg * ln.r * knblk, B * ng), _scalars(rows[-1]), kw))
-        tables = (_cfg_tensor(prio, dev), _cfg_tensor([ln.entry for ln in launch], dev), keys)
-        table = _launch_table(rows, dev)  # the dq launches' rows, then the dk/dv launches'
-        dq_items = [(g, row, ints, kw) for (g, ints, kw), row in zip(dq_items, table)]
-        kv_items = [(g, row, ints, kw)
-                    for (g, ints, kw), row in zip(kv_items, table[len(dq_items):])]
-        return tables, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items
-
-    (tables, sinks, chunks, dq_items, kv_items), fresh = _planned(
-        _call_key("bwd", pattern, plan, q, k, causal, scale), build)
-    if chunks is None:  # one launch per kernel writes the result in the input dtype
+    bp, fresh = _planned(
+        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg),
+        lambda: plan_bwd(Call(pattern, plan, (B, HQ, HKV, SQ, SK, D), q.dtype, dev,
+                              bool(causal), cfg)))
+    if bp.chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
     else:
-        dqacc, dkacc, dvacc = _sum_buffers(B, *chunks, SQ, SK, D, dev)
+        dqacc, dkacc, dvacc = _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)
     # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
     # tiles); the first dk/dv launch adds them in.
-    if sinks:
-        sinkg = _strided(torch.zeros((B, HKV, 2 * sinks, D), device=dev, dtype=torch.float32))
+    if bp.sinks:
+        sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev,
+                                     dtype=torch.float32))
     else:
         sinkg = Strided(_dummy(dev), 0, 0, 0)
     pos = _positions(plan, dev)
     qs, ks, vs, dos = _strided(q), _strided(k), _strided(v), _strided(do)
     lses, deltas = _strided(lse), _strided(delta)
     scales = (scale, scale * LOG2E)
-    head = (qs, ks, vs, dos, lses, deltas, _strided(dq), _strided(dqacc), sinkg, pos, tables)
+    head = (qs, ks, vs, dos, lses, deltas, _strided(dq), _strided(dqacc), sinkg, pos, bp.tables)
     run += [(_dq_kernel, grid, (*head, row, *ints, scales), kw)
-            for grid, row, ints, kw in dq_items]
+            for grid, row, ints, kw in bp.dq_items]
     head = (qs, ks, vs, dos, lses, deltas, _strided(dk), _strided(dv), _strided(dkacc),
-            _strided(dvacc), sinkg, pos, tables)
+            _strided(dvacc), sinkg, pos, bp.tables)
     run += [(_dkdv_kernel, grid, (*head, row, *ints, scales), kw)
-            for grid, row, ints, kw in kv_items]
-    _run(run, fresh)
+            for grid, row, ints, kw in bp.kv_items]
+    _run(run, fresh, cfg)
     return dq, dk, dv

@@ -19,12 +19,12 @@ would dominate).
 from __future__ import annotations
 
 from dataclasses import dataclass
-import math
 from typing import Optional
 
 import torch
 
 from ..plan_cache import PlanCache
+from ..planning import period, priority_configs
 
 MAX_SPREAD = 4  # position range / sequence length above which the mapped plan is refused
 W_CAP = 1 << 30  # positions are < 2**30; a longer segment behaves identically
@@ -79,23 +79,6 @@ def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
     return inv
 
 
-def _period(pattern) -> int:
-    """Shifting every position by a multiple of this leaves the pattern unchanged: the least
-    common multiple of the segment lengths (sliding windows: of the rates; 0 = no usable
-    period, e.g. a dense config). Sink tokens are not periodic: the kernels compare positions
-    relative to the base with ``sink_tokens - base``."""
-    if pattern is None:
-        return 0
-    per = 1
-    for w in (pattern.dilation_rates if pattern.sliding else pattern.segment_lengths):
-        if w >= W_CAP:
-            return 0
-        per = per * w // math.gcd(per, w)
-        if per >= W_CAP:
-            return 0
-    return per
-
-
 # Plans by positions: every layer of a forward or decode step plans the same positions, and
 # planning explicit ones reads them on the host (min / max / arange tests: six device syncs and
 # the tables' kernels per call). Made once, reused while the tensors are unchanged (plan_cache);
@@ -118,7 +101,7 @@ def plan_positions(a, pattern=None) -> tuple:
     """
     if a.natural_positions and a.q_doc_ids is None:
         return _plan_positions(a, pattern)
-    key = ("positions", _period(pattern), a.natural_positions, a.sq, a.sk)
+    key = ("positions", period(pattern, W_CAP), a.natural_positions, a.sq, a.sk)
     return _PLANS.get_or_make(key, (a.q_positions, a.k_positions, a.q_doc_ids, a.k_doc_ids),
                               lambda: _plan_positions(a, pattern))
 
@@ -137,7 +120,7 @@ def _plan_positions(a, pattern) -> tuple:
     klo, khi = int(kp.min()), int(kp.max())
     if min(qlo, klo) < 0:
         return None, f"negative positions (min {min(qlo, klo)})"
-    per = _period(pattern)
+    per = period(pattern, W_CAP)
     base = min(qlo, klo) // per * per if per else 0
     qlo, qhi, klo, khi = qlo - base, qhi - base, klo - base, khi - base
     if qhi - qlo + 1 == sq and khi - klo + 1 == sk and _is_arange(qp, qlo + base) \
@@ -180,15 +163,15 @@ def union_keys(prio, size: int, device) -> torch.Tensor:
 def config_order(pattern):
     """Priority order (union rule) and launch order of the configs.
 
-    Priority: by rate, then segment length, so the densest config (rate 1) keeps all its pairs
-    and runs mask-free. Launch: the same, with the first (covering every query) moved last so it
-    can write the final output in place.
+    Priority: ``planning.priority`` (by rate, then segment length), so the densest config
+    (rate 1) keeps all its pairs and runs mask-free. Launch: the same, with the first (covering
+    every query) moved last so it can write the final output in place.
 
     Returns:
         ``(prio, launch)``: lists of ``(w, r)`` with ``w`` capped at 2**30.
     """
-    cfgs = [(min(w, W_CAP), r) for w, r in pattern.configs]
-    prio = sorted(dict.fromkeys(cfgs), key=lambda wr: (wr[1], wr[0]))  # duplicates add nothing
+    # capped segments past every position behave alike: one of them is enough
+    prio = list(dict.fromkeys((min(w, W_CAP), r) for w, r in priority_configs(pattern)))
     launch = prio[1:] + prio[:1]
     return prio, launch
 
@@ -229,7 +212,7 @@ def fwd_max_registers(tile, first: bool) -> Optional[int]:
 
 
 # Shared memory per program on GPUs with less than Ampere-datacenter / Hopper (sm_86 / sm_89:
-# 99 KiB); the default dk/dv tile of head size 128 needs 129 KiB there (kernels/aot.py).
+# 99 KiB); the default dk/dv tile of head size 128 needs 129 KiB there (tools/aot.py).
 SMALL_SMEM = 101376
 
 
@@ -257,7 +240,7 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
     """(BM, BN, num_warps, num_stages) of the dk/dv kernel: BN keys per program, BM queries per
     step. On a GPU with at most ``SMALL_SMEM`` bytes of shared memory per program (RTX 3090,
     RTX 4090, L4, L40) head size 128 in 16-bit takes a smaller key tile: the default one does
-    not fit there (compiled for sm_86, ``kernels/aot.py``). ``skips``: a launch after earlier
+    not fit there (compiled for sm_86, ``tools/aot.py``). ``skips``: a launch after earlier
     configs whose programs need no per-pair union mask (``kernels._may_mix`` False: they only
     skip the covered queries)."""
     bm, bn, warps, stages = bwd_blocks(d, dtype, interpret, smem)

@@ -1,7 +1,7 @@
 """Ring dilated attention: the forward and backward over the plan's steps and pieces.
 
-Each step's pieces (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) are ordinary calls of
-``dilated_attention`` with the block's true key positions; unsent entries of a received block
+Each step's pieces (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) are ordinary calls of the
+backend seam (``backends.py``, as ``dilated_attention``) with the block's true key positions; unsent entries of a received block
 are zero and never attended (the send plan is a superset of the allowed pairs).
 
 * **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed, so
@@ -11,9 +11,9 @@ are zero and never attended (the send plan is a superset of the allowed pairs).
   Each key lives on exactly one rank, so the union rule (a key counts once) holds across steps.
 * **Backward** (custom autograd Function). K/V are re-sent with the same plan and each piece's
   gradient comes from the *merged* ``(out, lse)``
-  (:func:`~hf_hilbert_attn.ops.dilated_attention_backward`: FlashAttention's
-  ``dS = P ∘ (dP - delta)`` with the final probabilities, no forward recomputation on the
-  Triton path); each received block's dK/dV (float32, float64 for float64 inputs) go back to
+  (the backend's ``backward``, as :func:`~hf_hilbert_attn.ops.dilated_attention_backward`:
+  FlashAttention's ``dS = P ∘ (dP - delta)`` with the final probabilities, no forward
+  recomputation on the Triton path); each received block's dK/dV (float32, float64 for float64 inputs) go back to
   the rank owning those keys.
 """
 
@@ -29,8 +29,8 @@ from ..compiler import disable_lazily
 from ..dense_heads import with_dense_heads
 from ..inputs import AttnInputs, check_inputs
 from ..numerics import accum_dtype, call_under_autocast, merge_partials
-from ..ops import (attention_forward_into, dilated_attention, dilated_attention_backward,
-                   position_plan, with_documents)
+from ..backends import select_backend
+from ..ops import dilated_attention, with_documents
 from ..pattern import DilatedPattern
 from .comm import GradExchange, KVExchange, agree, all_gather, weak_group
 from .plan import Piece, Pieces, PlanCache, RingPlan, plan_pieces, plan_ring
@@ -64,13 +64,13 @@ def _block_inputs(ctx: _Ctx, xchg: KVExchange, j: int, k, v):
     return blk[0], blk[1], st.recv_kpos, st.recv_kdoc
 
 
-def _kernel_plan(ctx: _Ctx, pc: Piece, q, k, v, qp, kp):
-    """The ``plan=`` argument of the piece's op call: its kept kernel position plan (``False``:
-    the kernels cannot take these positions), made on the first call that goes to the kernels;
-    None while no call has (``position_plan`` decides per call)."""
+def _kernel_plan(ctx: _Ctx, pc: Piece, backend, q, k, v, qp, kp):
+    """The ``plan=`` argument of the piece's backend call: its kept kernel position plan
+    (``False``: the kernels cannot take these positions), made on the first call that goes to
+    the kernels; None while no call has (the backend is picked per call)."""
     if not pc.kernel_planned:
-        made = position_plan(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp,
-                             backend=ctx.backend)
+        a = check_inputs(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp)
+        made = backend.position_plan(a, ctx.pattern)
         if made is None:  # this call does not go to the kernels: nothing to keep
             return None
         pc.kernel_planned = True
@@ -78,14 +78,17 @@ def _kernel_plan(ctx: _Ctx, pc: Piece, q, k, v, qp, kp):
     return False if pc.kernel_plan is None else pc.kernel_plan
 
 
-def _piece_args(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
+def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
+    """``(backend, checked inputs, plan)`` of a piece's call on the backend seam
+    (``backends.py``): the piece's rows ``q`` and keys ``k``, ``v`` at their true positions."""
     rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
     qp, kp = ctx.q_pos[:, rq], kpos[:, rk]
     qd = None if kdoc is None else ctx.q_doc[:, rq]
     kd = None if kdoc is None else kdoc[:, rk]
-    return dict(pattern=ctx.pattern, causal=ctx.causal, scale=ctx.scale, q_positions=qp,
-                k_positions=kp, q_doc_ids=qd, k_doc_ids=kd, backend=ctx.backend,
-                plan=with_documents(_kernel_plan(ctx, pc, q, k, v, qp, kp), qd, kd))
+    a = check_inputs(q, k, v, ctx.pattern, scale=ctx.scale, q_positions=qp, k_positions=kp,
+                     q_doc_ids=qd, k_doc_ids=kd)
+    backend = select_backend(q, a, ctx.backend)
+    return backend, a, with_documents(_kernel_plan(ctx, pc, backend, q, k, v, qp, kp), qd, kd)
 
 
 def _run_rows(run, pc: Piece):
@@ -140,14 +143,15 @@ def _ring_forward(ctx: _Ctx, q, k, v):
         for pc in ctx.pieces.steps[j]:
             rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
             qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
-            args = _piece_args(ctx, pc, kpos, kdoc, qb, kb_, vb_)
+            backend, a, plan = _piece_call(ctx, pc, kpos, kdoc, qb, kb_, vb_)
             if ctx.pieces.writes[pc.run] == 1:  # the run's only piece: straight into the result
-                attention_forward_into(qb, kb_, vb_, out=out[:, :, rq], lse=lse[:, :, rq],
-                                       **args)
+                backend.forward(qb, kb_, vb_, ctx.pattern, a, ctx.causal, out=out[:, :, rq],
+                                lse=lse[:, :, rq], plan=plan)
                 continue
-            o_b, l_b = attention_forward_into(
-                qb, kb_, vb_, out=qb.new_empty(qb.shape[:3] + (vb_.shape[-1],)),
-                lse=qb.new_empty(qb.shape[:3], dtype=acc), **args)
+            o_b, l_b = backend.forward(
+                qb, kb_, vb_, ctx.pattern, a, ctx.causal,
+                out=qb.new_empty(qb.shape[:3] + (vb_.shape[-1],)),
+                lse=qb.new_empty(qb.shape[:3], dtype=acc), plan=plan)
             _merge_piece(merged, ctx.pieces.qruns[pc.run], pc, o_b.to(acc), l_b)
     for run, (o, m) in merged.items():
         lo, hi, _ = ctx.pieces.qruns[run]
@@ -160,6 +164,7 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     """``(dq, dk, dv)`` of the ring forward: each piece's gradient from the merged
     ``(out, lse)`` (:func:`~hf_hilbert_attn.ops.dilated_attention_backward`), summed."""
     acc = accum_dtype(q.dtype)
+    dlse = None if dlse is None else dlse.to(acc)
     pieces = ctx.pieces
     dq = torch.zeros_like(q)
     dq_acc = {}  # run -> dq of its rows in acc (runs with several pieces)
@@ -192,13 +197,13 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
                 direct_q = pieces.writes[pc.run] == 1
                 direct_k = j == 0 and direct_kv
                 qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
-                gq, gk, gv = dilated_attention_backward(
-                    dout[:, :, rq], qb, kb_, vb_, out[:, :, rq], lse[:, :, rq],
-                    dlse=None if dlse is None else dlse[:, :, rq],
-                    dq=dq[:, :, rq] if direct_q else None,
-                    dk=dk[:, :, rk] if direct_k else None,
-                    dv=dv[:, :, rk] if direct_k else None,
-                    **_piece_args(ctx, pc, kpos, kdoc, qb, kb_, vb_))
+                backend, a, plan = _piece_call(ctx, pc, kpos, kdoc, qb, kb_, vb_)
+                gq, gk, gv = backend.backward(
+                    dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb_, vb_,
+                    out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,
+                    grads=(dq[:, :, rq] if direct_q else None,
+                           dk[:, :, rk] if direct_k else None,
+                           dv[:, :, rk] if direct_k else None), plan=plan)
                 if not direct_q:
                     _add_piece(dq_acc, pieces.qruns[pc.run], pc, gq, acc)
                 if j > 0:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 import torch
 
 from ..pattern import DilatedPattern
+from ..planning import meets
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..kernels._plan import PositionPlan
@@ -240,16 +241,9 @@ def interacts(pattern: DilatedPattern, causal: bool, q_rng: Tuple[int, int],
     """Whether the query and key position ranges ``[lo, hi]`` can hold an allowed pair: some
     config's segment holds positions of both (sliding windows: the ranges come within ``w``),
     or the key range holds a sink; and, causal, some key is not after some query. A superset
-    test (classes and documents are ignored), so no allowed pair is dropped."""
-    (qa, qb), (ka, kb) = q_rng, k_rng
-    if causal and ka > qb:
-        return False
-    if ka < pattern.sink_tokens:  # its first key is a sink (ka is a key's position)
-        return True
-    if pattern.sliding:  # the closest pair of the two ranges is within the longest window
-        gap = max(qa - kb, 0) if causal else max(qa - kb, ka - qb, 0)
-        return gap < pattern.max_segment
-    return any(max(qa // w, ka // w) <= min(qb // w, kb // w) for w in pattern.segment_lengths)
+    test (classes and documents are ignored), so no allowed pair is dropped
+    (``planning.meets``)."""
+    return meets(pattern, causal, q_rng, k_rng)
 
 
 def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -> Tuple[int, int]:

@@ -56,29 +56,17 @@ _HOPPER_ONLY = re.compile(r"\b(?:wgmma\.\w+|cp\.async\.bulk|cp\.reduce\.async\.b
 SHOWN = ("BM", "BN", "D", "HAS_DLSE", "F")
 
 
-class _Recorder:
-    def __init__(self, jit_fn, calls):
-        self.fn, self.calls = jit_fn, calls
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append((self.fn, grid, args, kwargs))
-        return launch
-
-
 @contextlib.contextmanager
 def recorded_launches():
-    """Within the block the launchers record instead of launching; yields the list of
-    ``(jit_fn, grid, args, kwargs)``."""
+    """Within the block the launchers record instead of launching (the package's launch hook);
+    yields the list of ``(jit_fn, grid, args, kwargs)``."""
     pkg = importlib.import_module("hf_hilbert_attn.kernels")
-    calls, saved = [], {n: getattr(pkg, n) for n in KERNELS}
+    calls = []
+    saved = pkg.set_launch_hook(calls.extend)
     try:
-        for n, fn in saved.items():
-            setattr(pkg, n, _Recorder(fn, calls))
         yield calls
     finally:
-        for n, fn in saved.items():
-            setattr(pkg, n, fn)
+        pkg.set_launch_hook(saved)
 
 
 def launches(q, k, v, pattern, *, causal: bool = True, backward: bool = True,
@@ -95,15 +83,11 @@ def launches(q, k, v, pattern, *, causal: bool = True, backward: bool = True,
     plan, why = plan_positions(a, pattern)
     if plan is None:
         raise ValueError(f"the kernels do not take these positions: {why}")
-    saved = pkg.SMEM_OVERRIDE
-    try:
-        pkg.SMEM_OVERRIDE = SHARED_LIMIT[arch] if arch is not None else saved
-        with recorded_launches() as calls:
-            out, lse = dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
-            if backward:
-                dilated_bwd(out, q, k, v, out, lse, None, pattern, a.scale, causal, plan)
-    finally:
-        pkg.SMEM_OVERRIDE = saved
+    smem = SHARED_LIMIT[arch] if arch is not None else pkg.kernel_config().smem
+    with pkg.configured(smem=smem), recorded_launches() as calls:
+        out, lse = dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
+        if backward:
+            dilated_bwd(out, q, k, v, out, lse, None, pattern, a.scale, causal, plan)
     return calls
 
 

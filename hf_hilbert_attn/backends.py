@@ -1,0 +1,236 @@
+"""The backend seam: one forward/backward interface over the Triton kernels and the PyTorch
+engines, and the one rule that picks between them (:func:`select_backend`).
+
+Every entry point of ``ops.py`` (the op and its custom ops, the piece-level calls of ring
+attention) and the ring itself check their inputs, pick a backend here and call it:
+
+* ``forward(q, k, v, pattern, a, causal, out=None, lse=None, plan=None) -> (out, lse)``: the
+  attention without autograd, written into ``out`` / ``lse`` when given;
+* ``backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None, plan=None) ->
+  (dq, dk, dv)``: the gradient of a call whose rows were merged into ``(out, lse)`` (its own
+  result, or the merge of several calls over disjoint keys: ring attention), written into
+  ``grads = (dq, dk, dv)`` where given;
+* ``position_plan(a, pattern)``: the backend's plan of these positions, to pass back as
+  ``plan=`` (the Triton backend's ``PositionPlan``, ``False`` when the kernels cannot take them;
+  None: nothing to keep).
+
+``a`` is ``inputs.check_inputs``'s result; the pattern has no dense heads (``dense_heads.py``
+splits them off above). The Triton backend runs the kernels, one call per document for packed
+documents (``engines/documents.py``), and anything the kernels cannot take on the PyTorch
+backend, saying so once per reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .chunked import chunked_attention
+from .engines.documents import document_runs as _document_ranges
+from .inputs import KERNEL_HEAD_DIMS, check_inputs
+from .numerics import accum_dtype, finite_or_zero
+
+__all__ = ["BACKENDS", "use_triton", "select_backend", "TorchBackend", "TritonBackend",
+           "document_runs", "reset_fallback_warnings"]
+
+BACKENDS = ("auto", "torch", "triton")
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def use_triton(q: torch.Tensor, a, backend: str) -> bool:
+    """Whether a call goes to the Triton kernels (the one dispatch rule of every entry point).
+
+    ``backend="triton"``: yes (on any device: the interpreter runs them on CPU), or a
+    ``ValueError`` when the kernels cannot take the dtype or head size. ``"auto"``: yes on CUDA
+    when they can; ``"torch"``: no. Static checks only (no device sync, so the decision traces
+    under ``torch.compile``); calls without work (an empty batch) take the PyTorch path, and
+    data-dependent limits (repeated or negative positions) are checked inside the op, which
+    then runs the PyTorch path itself.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and not q.is_cuda):
+        return False
+    ok = (q.dtype in _KERNEL_DTYPES and a.head_dim in KERNEL_HEAD_DIMS
+          and a.head_dim_v == a.head_dim and _triton_importable())
+    if backend == "triton" and not ok:
+        raise ValueError(
+            f"backend='triton' needs float16/bfloat16/float32 and head_dim in "
+            f"{KERNEL_HEAD_DIMS} (same for v), got {q.dtype}, head_dim {a.head_dim}/"
+            f"{a.head_dim_v}; use backend='auto' or 'torch'"
+        )
+    return ok and a.batch > 0
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
+        return False
+    return True
+
+
+def select_backend(q: torch.Tensor, a, backend: str):
+    """The backend of a call (:func:`use_triton`)."""
+    return TRITON if use_triton(q, a, backend) else TORCH
+
+
+def _into(results, targets):
+    """``results``, copied into ``targets`` where one is given."""
+    return tuple(r if t is None else t.copy_(r) for r, t in zip(results, targets))
+
+
+class TorchBackend:
+    """The PyTorch engines (``chunked.py`` picks one per call)."""
+
+    name = "torch"
+
+    def position_plan(self, a, pattern):
+        return None
+
+    def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
+        with torch.no_grad():
+            o, l = chunked_attention(q, k, v, pattern, a, causal=causal)
+        return _into((o, l), (out, lse))
+
+    def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
+                 plan=None):
+        g = _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
+        return g if grads is None else _into(g, grads)
+
+
+class TritonBackend:
+    """The Triton kernels; one call per document for packed documents; the PyTorch backend for
+    positions the kernels cannot take (with a warning, once per reason)."""
+
+    name = "triton"
+
+    def position_plan(self, a, pattern):
+        from .kernels import plan_positions
+
+        plan, _ = plan_positions(a, pattern)
+        return False if plan is None else plan
+
+    def _plan(self, a, pattern, plan):
+        if plan:
+            return plan, None
+        from .kernels import plan_positions
+
+        return plan_positions(a, pattern)
+
+    def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
+        from .kernels import dilated_fwd
+
+        plan, why = self._plan(a, pattern, plan)
+        if plan is not None:
+            return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
+        runs = document_runs(q, k, v, pattern, a)
+        if runs is not None:  # packed documents: one kernel call per document, in place
+            out = torch.zeros_like(q) if out is None else out.zero_()
+            lse = q.new_full(q.shape[:3], float("-inf"), dtype=torch.float32) if lse is None \
+                else lse.fill_(float("-inf"))
+            for b, lo, hi, sub_plan in runs:
+                sl = (slice(b, b + 1), slice(None), slice(lo, hi))
+                dilated_fwd(q[sl], k[sl], v[sl], pattern, a.scale, causal, sub_plan, out=out[sl],
+                            lse=lse[sl])
+            return out, lse
+        _warn_fallback(why)
+        o, l = TORCH.forward(q, k, v, pattern, a, causal)
+        return _into((o.contiguous(), l.float().contiguous()), (out, lse))
+
+    def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
+                 plan=None):
+        from .kernels import dilated_bwd
+
+        grads = (None, None, None) if grads is None else grads
+        plan, _ = self._plan(a, pattern, plan)
+        if plan is not None:
+            return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan,
+                               *grads)
+        runs = document_runs(q, k, v, pattern, a)
+        if runs is not None:  # packed documents, as in the forward
+            dq, dk, dv = (torch.zeros_like(t) if g is None else g.zero_()
+                          for g, t in zip(grads, (q, k, v)))
+            for b, lo, hi, sub_plan in runs:
+                sl = (slice(b, b + 1), slice(None), slice(lo, hi))
+                dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
+                            None if dlse is None else dlse[sl], pattern, a.scale, causal,
+                            sub_plan, dq[sl], dk[sl], dv[sl])
+            return dq, dk, dv
+        # anything else: differentiate the PyTorch path (the forward's fallback)
+        return TORCH.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads)
+
+
+TORCH, TRITON = TorchBackend(), TritonBackend()
+
+
+def document_runs(q, k, v, pattern, a):
+    """Packed self-attention as per-document kernel calls (``a``: ``check_inputs``).
+
+    Returns ``[(batch_row, lo, hi, plan)]`` — the documents of ``engines.documents
+    .document_runs`` and the kernels' plan of each — or None when the layout is anything else
+    or the kernels cannot plan a document (then the PyTorch path runs).
+    """
+    from .kernels import plan_positions
+
+    ranges = _document_ranges(a)
+    if ranges is None:
+        return None
+    runs = []
+    for b, lo, hi, p0 in ranges:
+        positions = None if p0 == 0 else \
+            a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
+        sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
+                           pattern, scale=a.scale, q_positions=positions, k_positions=positions)
+        plan, _ = plan_positions(sub, pattern)
+        if plan is None:
+            return None
+        runs.append((b, lo, hi, plan))
+    return runs
+
+
+_WARNED = set()
+
+
+def reset_fallback_warnings() -> None:
+    """Forget which fallback reasons were reported, so each warns again (tests)."""
+    _WARNED.clear()
+
+
+def _warn_fallback(why: str) -> None:
+    """Say once per reason that a call meant for the kernels runs on the PyTorch path (correct,
+    but much slower on a GPU) instead of staying silent."""
+    if why in _WARNED:
+        return
+    _WARNED.add(why)
+    warnings.warn(f"hf_hilbert_attn: the Triton kernels cannot take these positions ({why}); "
+                  "this call runs on the PyTorch path (correct, much slower on a GPU). See "
+                  "docs/kernels.md, 'Fallbacks'.", RuntimeWarning, stacklevel=4)
+
+
+def _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
+    """(dq, dk, dv) on the PyTorch path, for a call whose rows were merged into ``(out, lse)``.
+
+    ``(out, lse)`` may be this call's own result or the merge of several calls over disjoint
+    key sets (ring attention). The call is recomputed as ``(o_b, lse_b)`` and differentiated
+    with ``grad(o_b) = c·dout`` and ``grad(lse_b) = c·(dout·o_b - dout·out + dlse)``, where
+    ``c = exp(lse_b - lse)`` is the share of this call in the merge (1 for its own result).
+    That is FlashAttention's ``dS = P ∘ (dP - delta)`` with the merged probabilities, the same
+    gradient the Triton backward computes from ``(out, lse)``.
+    """
+    acc = accum_dtype(q.dtype)
+    with torch.enable_grad():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        o_b, l_b = chunked_attention(qq, kk, vv, pattern, a, causal=causal)
+        c = torch.exp(l_b.detach().to(acc) - finite_or_zero(lse.to(acc)))  # 0: no key here
+        do = dout.to(acc)
+        delta = (do * out.to(acc)).sum(-1)
+        if dlse is not None:
+            delta = delta - dlse.to(acc)
+        g_o = (do * c.unsqueeze(-1)).to(o_b.dtype)
+        g_l = c * ((do * o_b.detach().to(acc)).sum(-1) - delta)
+        dq, dk, dv = torch.autograd.grad((o_b, l_b), (qq, kk, vv), (g_o, g_l.to(l_b.dtype)),
+                                         allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g.contiguous()
+                 for g, t in ((dq, q), (dk, k), (dv, v)))

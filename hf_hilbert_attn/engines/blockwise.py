@@ -1,0 +1,213 @@
+"""The blockwise engine: exactly what ``reference.reference_attention`` computes, block by block
+in position space over the passes of ``passes.py``, never materialising ``[Sq, Sk]``, with a
+FlashAttention-style backward. Any device, any positions and documents.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..numerics import accum_dtype, finite_or_zero, merge_partials
+from .passes import _OWN_RULE, _OWN_WINDOW, _cached_plan
+
+def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
+    """Mask ``[Bm, Hm, cq, ck]`` (Bm in {1, Bd}, Hm in {1, heads of the pass}) of the pairs of
+    this block that pass ``ps`` owns, or ``None`` when every pair is owned."""
+    _, _, need_causal, own, need_docs, dedupe, covered = chunk
+    qc, kc = qp[:, None], kp[None, :]
+    h = ps.head_ids.view(-1, 1, 1)
+    mask = None
+    if own == _OWN_RULE:
+        mask = pattern.config_allowed(ps.config, h, qc, kc)
+    if own == _OWN_WINDOW or covered:
+        # Sliding windows whose class test holds for every pair: the rule is a distance, with
+        # no head dimension. Causal: the signed p - s, as pairs with s > p go anyway (below).
+        dist = qc - kc if ps.causal else (qc - kc).abs()
+        if own == _OWN_WINDOW:
+            m = dist < pattern.segment_lengths[ps.config]
+            mask = m if mask is None else mask & m
+        if covered:  # the union rule: |p - s| < covered belongs to an earlier config
+            m = dist >= covered
+            mask = m if mask is None else mask & m
+    taken = None  # the union rule: a pair belongs to the first config that allows it
+    for j in dedupe:
+        t = pattern.config_allowed(j, h, qc, kc)
+        taken = t if taken is None else taken | t
+    if taken is not None:
+        mask = ~taken if mask is None else mask & ~taken
+    if need_causal and not (covered and ps.causal):  # p - s >= covered > 0 is causal already
+        mask = (kc <= qc) if mask is None else mask & (kc <= qc)
+    if mask is not None:
+        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if need_docs:  # same document only; a negative key id is padding
+        d = ((qd[:, :, None] == kd[:, None, :]) & (kd[:, None, :] >= 0))[:, None]
+        mask = d if mask is None else mask & d
+    return mask
+
+
+def _grouped_mask(mask, hk, g):
+    """``[Bm, Hm, cq, ck]`` -> broadcastable to scores viewed as ``[B, hk, g, cq, ck]``."""
+    if mask.shape[1] == 1:
+        return mask[:, :, None]
+    return mask.reshape(mask.shape[0], hk, g, mask.shape[2], mask.shape[3])
+
+
+def _pass_views(ps, hkv):
+    """Per-pass head layout ``(hk, g)``: scores are ``[B, hk, g * cq, ck]``. All heads: the
+    grouped view (hk = Hkv, g = Hq // Hkv); a subset of heads: one row block per head."""
+    hc = ps.head_ids.numel()
+    return (hkv, hc // hkv) if ps.kv_ids is None else (hc, 1)
+
+
+def _gather_kv(t, rows, idx, kv_ids):
+    """``t[rows][:, kv heads][:, :, idx]`` as ``[B', hk, n, D]``: only the block is copied."""
+    blk = t[rows].index_select(2, idx)
+    return blk if kv_ids is None else blk.index_select(1, kv_ids)
+
+
+def _key_chunk(ps, kf, vf, chunk):
+    """Storage rows ``ki`` of a key chunk and its K and V blocks ``[B', hk, ck, D]``."""
+    ki = ps.k_order[chunk[0]:chunk[1]]
+    return ki, _gather_kv(kf, ps.rows, ki, ps.kv_ids), _gather_kv(vf, ps.rows, ki, ps.kv_ids)
+
+
+def _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g):
+    """Scores ``s`` ``[B', hk, g*cq, ck]`` with the pairs the pattern forbids set to -inf
+    (unchanged when the whole block is allowed)."""
+    k_lo, k_hi = chunk[0], chunk[1]
+    kd = None if ps.k_doc is None else ps.k_doc[:, k_lo:k_hi]
+    mask = _block_mask(pattern, ps, qp, ps.k_pos[k_lo:k_hi], qd, kd, chunk)
+    if mask is None:
+        return s
+    s5 = s.view(s.shape[0], hk, g, -1, s.shape[-1])
+    return torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
+
+
+def _chunked_forward(pattern, passes, qf, kf, vf):
+    """Forward over the plan: ``out [B, Hq, Sq, Dv]`` and ``lse [B, Hq, Sq]`` in qf's dtype.
+    ``qf`` is already multiplied by the softmax scale."""
+    b, hq, sq, _ = qf.shape
+    dv = vf.shape[-1]
+    out = qf.new_zeros(b, hq, sq, dv)
+    lse = qf.new_full((b, hq, sq), float("-inf"))
+    for ps in passes:
+        hk, g = _pass_views(ps, kf.shape[1])
+        q_src = qf[ps.rows, ps.heads]
+        out_v, lse_v = out[ps.rows, ps.heads], lse[ps.rows, ps.heads]
+        for lo, hi, chunks in ps.tiles:
+            qi = ps.q_order[lo:hi]
+            cq = qi.numel()
+            qb = q_src.index_select(2, qi)  # [B', Hc, cq, D]
+            nb = qb.shape[0]
+            qb = qb.reshape(nb, hk, g * cq, qb.shape[-1])
+            m = qb.new_full((nb, hk, g * cq), float("-inf"))
+            l = qb.new_zeros(nb, hk, g * cq)
+            acc = qb.new_zeros(nb, hk, g * cq, dv)
+            qp = ps.q_pos[lo:hi]
+            qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
+            for chunk in chunks:
+                ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
+                s = torch.matmul(qb, kb.transpose(-1, -2))  # [B', hk, g*cq, ck]
+                s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
+                m_new = torch.maximum(m, s.amax(-1))
+                m_safe = finite_or_zero(m_new)  # empty rows stay 0
+                p = s.sub_(m_safe[..., None]).exp_()
+                corr = torch.exp(m - m_safe)
+                # A ones column on V makes the row sums of p come out of the same matmul.
+                pv = torch.matmul(p, torch.cat([vb, vb.new_ones(vb.shape[:-1] + (1,))], -1))
+                l = l * corr + pv[..., -1]
+                acc = acc * corr[..., None] + pv[..., :-1]
+                m = m_new
+            # Tile result (lse_t, out_t), merged into the running (lse, out) of these queries.
+            lse_t = (m + torch.log(l)).view(nb, hk * g, cq)  # -inf where nothing was allowed
+            out_t = (acc / l.clamp_min(torch.finfo(l.dtype).tiny)[..., None]).view(nb, hk * g, cq, dv)
+            l0 = lse_v.index_select(2, qi)
+            o0 = out_v.index_select(2, qi)
+            o, new = merge_partials(o0, l0, out_t, lse_t)
+            lse_v.index_copy_(2, qi, new)
+            out_v.index_copy_(2, qi, o)
+    return out, lse
+
+
+def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
+    """FlashAttention-style backward: probabilities recomputed block by block from ``lse``;
+    ``delta = rowsum(dO * O) - dlse``. ``qf`` is scaled. Returns dq, dk, dv (qf's dtype)."""
+    dq = torch.zeros_like(qf)
+    dk = torch.zeros_like(kf)
+    dv = torch.zeros_like(vf)
+    hkv = kf.shape[1]
+    lse_safe = finite_or_zero(lse)  # rows with no key: p = 0 anyway
+    for ps in passes:
+        hk, g = _pass_views(ps, hkv)
+        q_src = qf[ps.rows, ps.heads]
+        do_src = dout[ps.rows, ps.heads]
+        lse_src, delta_src = lse_safe[ps.rows, ps.heads], delta[ps.rows, ps.heads]
+        dq_v, dk_v, dv_v = dq[ps.rows, ps.heads], dk[ps.rows], dv[ps.rows]
+        for lo, hi, chunks in ps.tiles:
+            qi = ps.q_order[lo:hi]
+            cq = qi.numel()
+            qb = q_src.index_select(2, qi)
+            nb = qb.shape[0]
+            qb = qb.reshape(nb, hk, g * cq, qb.shape[-1])
+            dob = do_src.index_select(2, qi).reshape(nb, hk, g * cq, -1)
+            lse_b = lse_src.index_select(2, qi).reshape(nb, hk, g * cq, 1)
+            delta_b = delta_src.index_select(2, qi).reshape(nb, hk, g * cq, 1)
+            dq_t = torch.zeros_like(qb)
+            qp = ps.q_pos[lo:hi]
+            qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
+            for chunk in chunks:
+                ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
+                s = torch.matmul(qb, kb.transpose(-1, -2)).sub_(lse_b)
+                s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
+                p = s.exp_()  # [B', hk, g*cq, ck]
+                dv_b = torch.matmul(p.transpose(-1, -2), dob)  # [B', hk, ck, Dv]
+                ds = torch.matmul(dob, vb.transpose(-1, -2)).sub_(delta_b).mul_(p)
+                dq_t += torch.matmul(ds, kb)
+                dk_b = torch.matmul(ds.transpose(-1, -2), qb)  # q is scaled: d(s)/dk = scale*q
+                if ps.kv_ids is not None:  # fold the pass's heads onto their key/value heads
+                    dk_b = dk_b.new_zeros(nb, hkv, *dk_b.shape[2:]).index_add_(1, ps.kv_ids, dk_b)
+                    dv_b = dv_b.new_zeros(nb, hkv, *dv_b.shape[2:]).index_add_(1, ps.kv_ids, dv_b)
+                dk_v.index_add_(2, ki, dk_b)
+                dv_v.index_add_(2, ki, dv_b)
+            dq_v.index_add_(2, qi, dq_t.view(nb, hk * g, cq, -1))
+    return dq * scale, dk, dv
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pattern, passes, scale):
+        cdt = accum_dtype(q.dtype)
+        qf = q.to(cdt) * scale
+        out, lse = _chunked_forward(pattern, passes, qf, k.to(cdt), v.to(cdt))
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.pattern, ctx.passes, ctx.scale = pattern, passes, scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        # computes in its own dtype even when backward() runs inside torch.autocast
+        with torch.autocast(dout.device.type, enabled=False):
+            return _ChunkedAttention._backward(ctx, dout, dlse)
+
+    @staticmethod
+    def _backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        cdt = lse.dtype
+        dout = dout.to(cdt)
+        delta = (dout * out.to(cdt)).sum(-1)  # [B, Hq, Sq]
+        if dlse is not None:
+            delta = delta - dlse.to(cdt)  # d lse / d s = p: folds into the same ds formula
+        dq, dk, dv = _chunked_backward(ctx.pattern, ctx.passes, q.to(cdt) * ctx.scale, k.to(cdt),
+                                       v.to(cdt), dout, lse, delta, ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def plan(pattern, a, causal, q):
+    """The engine interface (``chunked.ENGINES``): the passes (``passes.py``), cached; the
+    blockwise engine takes every call."""
+    return _cached_plan(pattern, a, causal)
+
+
+def attend(q, k, v, pattern, a, passes):
+    return _ChunkedAttention.apply(q, k, v, pattern, passes, a.scale)

@@ -1,0 +1,136 @@
+"""The planning facts of a pattern, in one place for every engine (Triton host code, the PyTorch
+engines, the ring planner, the cache).
+
+The rule itself lives in ``pattern.py``; what the planners derive from it is here, with one
+convention:
+
+* configs are ``(w, r)`` pairs (segment length or window, rate); the pattern-level functions
+  name them by their index in ``pattern.configs``;
+* **priority**: the union rule gives a pair to the first config (in :func:`priority`) that allows
+  it, the sink rule after every config. The order is by rate, then segment length, then index;
+  a repeated config is left out (it allows nothing new). Any order computes the same function
+  (a key counts once, whichever config owns it); this one lets the densest config (rate 1)
+  keep all its pairs and run without a mask;
+* **ranges** are inclusive position ranges ``(lo, hi)``; the range tests take Python integers
+  or integer tensors (elementwise, for many blocks at once) and over-estimate: classes, gaps
+  and documents are not looked at, so no allowed pair is ever dropped;
+* a **class group** of config ``(w, r)`` is the positions of one dilation class of one segment
+  (sliding windows: one class ``p % r`` of the whole sequence). "Earlier" configs are those
+  before a config in priority.
+
+Dense key/value heads are split off above every engine (``dense_heads.py``): nothing here knows
+them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence, Tuple
+
+__all__ = ["priority", "priority_configs", "period", "sink_keys", "config_meets", "meets",
+           "class_uniform", "nests", "covers", "covered_window"]
+
+
+def priority(pattern) -> Tuple[int, ...]:
+    """Indices of ``pattern.configs`` in union priority: by rate, then segment length, then
+    index; a config equal to an earlier one is left out."""
+    seen, out = set(), []
+    for i in sorted(range(pattern.num_configs),
+                    key=lambda i: (pattern.dilation_rates[i], pattern.segment_lengths[i], i)):
+        if pattern.configs[i] not in seen:
+            seen.add(pattern.configs[i])
+            out.append(i)
+    return tuple(out)
+
+
+def priority_configs(pattern) -> list:
+    """``[(w, r)]`` of the configs in :func:`priority` order."""
+    return [pattern.configs[i] for i in priority(pattern)]
+
+
+def period(pattern, limit: int = 0) -> int:
+    """Shifting every position by a multiple of this leaves the configs' rule unchanged
+    (``DilatedPattern.shift_period``; the sinks are not periodic). With ``limit``: 0 when the
+    period reaches it (no usable period, e.g. a dense config at the kernels' position cap).
+    ``pattern`` None: 0."""
+    if pattern is None:
+        return 0
+    per = pattern.shift_period
+    return 0 if limit and per >= limit else per
+
+
+def sink_keys(pattern, klo: int, base: int = 0) -> int:
+    """How many sink positions lie below ``sink_tokens`` relative to ``base`` (positions are
+    ``true - base``) when the key range starting at ``klo`` holds one of them, else 0."""
+    sinks = pattern.sink_tokens - base
+    return sinks if sinks > 0 and klo < sinks else 0
+
+
+def config_meets(w: int, sliding: bool, causal: bool, q_rng, k_rng):
+    """Whether a config of segment length (or window) ``w`` may allow a pair between the query
+    positions ``q_rng`` and the key positions ``k_rng`` (inclusive ranges; integers, or integer
+    tensors elementwise): some segment holds positions of both (sliding: the ranges come within
+    ``w``) and, causal, some key is not after some query. Exact for rate 1 on full ranges."""
+    (qlo, qhi), (klo, khi) = q_rng, k_rng
+    ok = (klo <= qhi) if causal else True
+    if sliding:  # the closest pair of the two ranges lies within the window
+        ok = ok & (qlo - khi < w)
+        return ok if causal else ok & (klo - qhi < w)
+    # some segment holds both; causal, its first key is then at or before the last query too
+    return ok & (qlo // w <= khi // w) & (klo // w <= qhi // w)
+
+
+def meets(pattern, causal: bool, q_rng, k_rng) -> bool:
+    """Whether the pattern may allow a pair between these query and key position ranges: the key
+    range holds a sink, or some config meets them (:func:`config_meets`); causal, some key is
+    not after some query."""
+    if causal and k_rng[0] > q_rng[1]:
+        return False
+    if sink_keys(pattern, k_rng[0]):
+        return True
+    return any(config_meets(w, pattern.sliding, causal, q_rng, k_rng)
+               for w in pattern.segment_lengths)
+
+
+def class_uniform(earlier: Tuple[int, int], r: Optional[int], sliding: bool) -> bool:
+    """Whether the class test of config ``earlier = (wj, rj)`` (``p ≡ s`` in its classes, and
+    per_head the query's class) gives one answer over a class group of a config of rate ``r``:
+    ``rj`` divides ``r``, and, segments, ``wj`` too (its classes do not shift from one of its
+    segments to the next). ``r`` None (no one class: several groups, or the sinks): only rate 1.
+    Sliding windows: the answer is then "allowed" for the group's pairs and heads; segments:
+    the same for every pair and head of the group, whatever it is."""
+    wj, rj = earlier
+    if rj == 1:
+        return True
+    if r is None or r % rj:
+        return False
+    return sliding or wj % rj == 0
+
+
+def nests(wj: int, w: int, span: int) -> bool:
+    """Whether runs of ``span`` positions starting at multiples of ``span`` inside segments of
+    ``w`` never straddle a segment of ``wj``: ``wj`` divides ``w`` and ``span`` divides
+    ``wj``."""
+    return w % wj == 0 and wj % span == 0
+
+
+def covers(earlier: Tuple[int, int], config: Tuple[int, int], sliding: bool) -> bool:
+    """Whether config ``earlier`` allows every pair (and head) that ``config`` allows: its rate
+    divides ``config``'s and its segments hold ``config``'s on class boundaries (``rj`` divides
+    ``w``, ``w`` divides ``wj``); sliding, its window is at least as long."""
+    (wj, rj), (w, r) = earlier, config
+    if r % rj:
+        return False
+    return wj >= w if sliding else (w % rj == 0 and wj % w == 0)
+
+
+def covered_window(earlier: Iterable[Tuple[int, int]], r: Optional[int]) -> int:
+    """Sliding windows: the largest window ``wj`` of an ``earlier`` config that owns every pair
+    of a class group of rate ``r`` (None: of any group) with ``|p - s| < wj``, or 0. Those are the
+    class-uniform ones (:func:`class_uniform`), whose windows nest, so their union is the
+    largest."""
+    return max((wj for wj, rj in earlier if class_uniform((wj, rj), r, True)), default=0)
+
+
+def earlier_configs(pattern, order: Sequence[int], n: int) -> list:
+    """``[(w, r)]`` of the first ``n`` configs of ``order`` (indices, e.g. :func:`priority`)."""
+    return [pattern.configs[j] for j in order[:n]]

@@ -16,7 +16,7 @@ from .dense_heads import with_dense_heads
 from .hilbert import in_storage_order, storage_ordering
 from .inputs import check_inputs
 from .numerics import accum_dtype, call_under_autocast
-from .pattern import DilatedPattern
+from .pattern import ORDERINGS, DilatedPattern
 
 
 def dilated_attention(
@@ -33,6 +33,7 @@ def dilated_attention(
     k_doc_ids: Optional[torch.Tensor] = None,
     return_lse: bool = False,
     backend: str = "auto",
+    ordering: Optional[str] = None,
 ):
     """LongNet-style dilated attention (the rule: README "The pattern", ``pattern.py``),
     differentiable.
@@ -58,19 +59,20 @@ def dilated_attention(
         backend: ``"auto"`` (Triton on CUDA when the shape is supported, else PyTorch),
             ``"torch"`` or ``"triton"``.
 
-    ``pattern.ordering`` is honoured here: with ``"hilbert"`` (or ``"auto"`` resolving to it),
-    self-attention over positions ``0..S-1`` (no positions given) stores the tokens in the
-    pattern's Hilbert order for the computation and returns them in natural order
-    (``hilbert.in_storage_order``); the result is the same function. Calls with explicit
-    positions are already in the caller's storage order.
+        ordering: the layout computed in, ``"natural"``, ``"hilbert"`` or ``"auto"`` (default
+            ``pattern.ordering``): ``"hilbert"`` permutes self-attention at ``0..S-1`` into the
+            pattern's Hilbert order and back (``hilbert.in_storage_order``), the same function;
+            calls with explicit positions are already in the caller's storage order.
 
     Returns:
         ``out`` ``[B, Hq, Sq, D]`` in the input dtype, and ``lse`` if ``return_lse``.
     """
+    if ordering is not None and ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
     cast = call_under_autocast(  # under torch.autocast: cast like SDPA, compute with it off
         dilated_attention, q, k, v, pattern, causal=causal, scale=scale, q_positions=q_positions,
         k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
-        backend=backend)
+        backend=backend, ordering=ordering)
     if cast is not None:
         return cast
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
@@ -79,7 +81,7 @@ def dilated_attention(
         return with_dense_heads(dilated_attention, q, k, v, pattern, return_lse=return_lse,
                                 causal=causal, scale=a.scale, q_positions=q_positions,
                                 k_positions=k_positions, q_doc_ids=q_doc_ids,
-                                k_doc_ids=k_doc_ids, backend=backend)
+                                k_doc_ids=k_doc_ids, backend=backend, ordering=ordering)
     if _dense_call(pattern, a, causal, return_lse, backend):
         # The pattern allows every pair here: the fastest dense path is the op (SDPA picks
         # FlashAttention / cuDNN on CUDA, its fused CPU kernel elsewhere).
@@ -87,7 +89,7 @@ def dilated_attention(
                                               scale=a.scale, enable_gqa=a.hq != a.hkv)
     triton = use_triton(q, a, backend)
     if a.natural_positions and a.sq == a.sk > 1 and \
-            storage_ordering(pattern, a.sq, a.head_dim, q.device) == "hilbert":
+            storage_ordering(pattern, a.sq, a.head_dim, q.device, ordering) == "hilbert":
         return in_storage_order(dilated_attention, q, k, v, pattern, causal=causal, scale=a.scale,
                                 q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
                                 return_lse=return_lse, backend=backend)

@@ -323,3 +323,12 @@ def test_op_honours_pattern_ordering(monkeypatch):
                       k_positions=pos)
     dilated_attention(q, k, v, p.replace(ordering="auto"), backend="torch")  # measured: natural
     assert calls == []
+    # the layout as an option of the call (the pattern is the rule only): the same path
+    out2 = dilated_attention(q, k, v, p, backend="torch", ordering="hilbert")
+    assert calls == [97]
+    assert torch.equal(out2, out)
+    calls.clear()
+    dilated_attention(q, k, v, p.replace(ordering="hilbert"), backend="torch", ordering="natural")
+    assert calls == []
+    with pytest.raises(ValueError, match="ordering must be one of"):
+        dilated_attention(q, k, v, p, backend="torch", ordering="snake")

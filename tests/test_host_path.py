@@ -166,3 +166,26 @@ def test_compile_together_leaves_a_callers_async_mode_alone():
     with ThreadPoolExecutor(1) as pool, triton.AsyncCompileMode(pool):
         assert kernels._async_active()
     assert not kernels._async_active()
+
+
+def test_relaunch_guard_sees_what_triton_specializes_on():
+    # kernels/_launch.py relaunches a compiled kernel while the guard of its arguments is
+    # unchanged: it must differ wherever Triton would pick another specialization (dtype,
+    # 16-byte alignment, integer values, bool vs int) and agree for new data of the same layout
+    from hf_hilbert_attn.kernels._common import Strided
+    from hf_hilbert_attn.kernels._launch import _guard, _guard_deep
+
+    def args(t, *ints, flag=True):
+        return (Strided(t, *ints), flag, 0.25, ((t, ints[0]), t))
+
+    a = torch.randn(4, 64)
+    same = _guard(args(a, 64, 16, 1))
+    assert _guard(args(torch.randn(4, 64), 64, 16, 1)) == same
+    assert _guard(args(a.view(-1)[4:], 64, 16, 1)) == same  # 16 bytes in: aligned again
+    assert _guard(args(a.view(-1)[1:], 64, 16, 1)) != same  # 4 bytes in: not aligned
+    assert _guard(args(a.half(), 64, 16, 1)) != same
+    assert _guard(args(a, 64, 17, 1)) != same
+    assert _guard(args(a, 64, 16, 1, flag=1)) != same
+    deep = []
+    _guard_deep(args(a, 64, 16, 1), deep)
+    assert tuple(deep) == same  # the flat loops equal the recursion

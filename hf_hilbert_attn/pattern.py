@@ -161,7 +161,7 @@ class DilatedPattern:
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
                 f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'"
             )
-        _warn_covered(w, r, self.window == "sliding")
+        _warn_covered(w, r, self.window == "sliding", self.query_dilation == "per_head")
         object.__setattr__(self, "segment_lengths", w)
         object.__setattr__(self, "dilation_rates", r)
         object.__setattr__(self, "sink_tokens", sink)
@@ -548,13 +548,16 @@ def _without_dense(pattern: "DilatedPattern", ordering: str) -> "DilatedPattern"
     return pattern.replace(dense_kv_heads=[])
 
 
-def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:
+def _warn_covered(w: tuple, r: tuple, sliding: bool, per_head: bool) -> None:
     """Warn about a config that allows no pair another config does not (e.g. windows given in
-    decreasing order, ``[32, 16]`` with rates ``[1, 2]``): accepted, but it only costs time."""
+    decreasing order, ``[32, 16]`` with rates ``[1, 2]``): accepted, but it only costs time.
+    Segments: config ``j`` covers ``i`` when ``r_j | r_i`` and ``w_i | w_j``, and per head also
+    ``r_j | w_i`` (an ``i``-segment then starts in class 0 of ``j``)."""
     for i, j in itertools.permutations(range(len(w)), 2):
         same = (w[i], r[i]) == (w[j], r[j])
-        if (same and i > j) or (not same and r[i] % r[j] == 0 and
-                                (w[j] >= w[i] if sliding else w[j] % w[i] == 0)):
+        nested = w[j] >= w[i] if sliding else (
+            w[j] % w[i] == 0 and (not per_head or w[i] % r[j] == 0))
+        if (same and i > j) or (not same and r[i] % r[j] == 0 and nested):
             warnings.warn(f"pattern config {i} (w={w[i]}, r={r[i]}) is covered by config {j} "
                           f"(w={w[j]}, r={r[j]}): it allows no pair the pattern would not allow "
                           f"without it; remove it", UserWarning, stacklevel=4)

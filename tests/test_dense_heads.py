@@ -268,6 +268,33 @@ def test_a_covered_config_is_accepted_with_a_warning():
         warnings.simplefilter("error")
         DilatedPattern([32, 16], [2, 1])  # here each config adds pairs
         DilatedPattern([16, 32], [1, 2], window="sliding")
+        # per head, an 43-segment of (43, 2) starts in class 1 of (86, 2) every other time
+        DilatedPattern([43, 86, 200], [2, 2, 1])
+
+
+def test_a_config_said_covered_adds_no_pair():
+    # the warning's claim, checked on the mask: without the config it names, the same pairs
+    import random
+    import re
+    import warnings
+
+    from helpers import random_pattern
+
+    rng = random.Random(torch.initial_seed())
+    said = 0
+    for _ in range(300):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            p = random_pattern(rng, 60, nested=True, window=None)
+        names = [re.match(r"pattern config (\d+)", str(w.message)) for w in got]
+        for m in filter(None, names):
+            i = int(m.group(1))
+            rest = [c for j, c in enumerate(p.configs) if j != i]
+            q = p.replace(segment_lengths=[w for w, _ in rest], dilation_rates=[r for _, r in rest])
+            heads, pos = 2 * max(p.dilation_rates), torch.arange(80)
+            assert torch.equal(q.build_mask(heads, pos, pos), p.build_mask(heads, pos, pos)), p
+            said += 1
+    assert said > 0
 
 
 def test_show_pattern_of_a_model_directory(tmp_path, capsys):

@@ -8,9 +8,8 @@ With gradient checkpointing, what a step keeps grows with the sequence ``S`` in 
   :func:`offload_checkpoints` keeps them in (pinned) host memory instead;
 * the MLP of the layer being recomputed, about four ``[S, intermediate]`` tensors —
   :func:`tile_mlp` runs the MLP and its backward ``chunk_tokens`` rows at a time;
-* the logits, ``[S, vocab]`` — :func:`lm_loss`: Liger-Kernel's fused linear cross-entropy on
-  CUDA where it is installed, else :func:`hf_hilbert_attn.training.chunked_lm_loss` (both in
-  :mod:`hf_hilbert_attn.training`).
+* the logits, ``[S, vocab]`` — :func:`hf_hilbert_attn.training.lm_loss`: Liger-Kernel's fused
+  linear cross-entropy on CUDA where it is installed, else chunked.
 
 Each option changes where and when values are computed, never what: loss and gradients equal
 the plain model's to float rounding (tests/test_long_context.py).
@@ -25,12 +24,7 @@ from typing import Optional
 
 import torch
 
-# The loss lives with the other training helpers (below this module); named here as well
-# because it is the third of the long-sequence memory options.
-from .training import LOSS_BACKENDS, liger_available, lm_loss
-
-__all__ = ["tile_mlp", "offload_checkpoints", "OffloadStats", "offload_stats", "lm_loss",
-           "liger_available", "LOSS_BACKENDS"]
+__all__ = ["tile_mlp", "offload_checkpoints", "OffloadStats", "offload_stats"]
 
 
 def _decoder_layers(model, what: str):

@@ -24,7 +24,7 @@ them.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, Optional, Tuple
 
 __all__ = ["priority", "priority_configs", "period", "sink_keys", "config_meets", "meets",
            "class_uniform", "nests", "covers", "covered_window"]
@@ -129,8 +129,3 @@ def covered_window(earlier: Iterable[Tuple[int, int]], r: Optional[int]) -> int:
     class-uniform ones (:func:`class_uniform`), whose windows nest, so their union is the
     largest."""
     return max((wj for wj, rj in earlier if class_uniform((wj, rj), r, True)), default=0)
-
-
-def earlier_configs(pattern, order: Sequence[int], n: int) -> list:
-    """``[(w, r)]`` of the first ``n`` configs of ``order`` (indices, e.g. :func:`priority`)."""
-    return [pattern.configs[j] for j in order[:n]]

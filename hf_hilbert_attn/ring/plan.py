@@ -25,8 +25,8 @@ from ..planning import meets
 if TYPE_CHECKING:  # pragma: no cover
     from ..kernels._plan import PositionPlan
 
-__all__ = ["key_need", "Step", "RingPlan", "plan_ring", "MAX_RUNS", "run_ranges", "interacts",
-           "Piece", "Pieces", "plan_pieces", "CachedPlan", "PlanCache"]
+__all__ = ["key_need", "Step", "RingPlan", "plan_ring", "MAX_RUNS", "run_ranges", "Piece",
+           "Pieces", "plan_pieces", "CachedPlan", "PlanCache"]
 
 
 # ---------------------------------------------------------------------------------- send plan
@@ -236,16 +236,6 @@ def run_ranges(pos: torch.Tensor) -> List[Tuple[int, int, Tuple[int, int]]]:
              else (int(pos[:, lo:hi].min()), int(pos[:, lo:hi].max()))) for lo, hi, f in runs]
 
 
-def interacts(pattern: DilatedPattern, causal: bool, q_rng: Tuple[int, int],
-              k_rng: Tuple[int, int]) -> bool:
-    """Whether the query and key position ranges ``[lo, hi]`` can hold an allowed pair: some
-    config's segment holds positions of both (sliding windows: the ranges come within ``w``),
-    or the key range holds a sink; and, causal, some key is not after some query. A superset
-    test (classes and documents are ignored), so no allowed pair is dropped
-    (``planning.meets``)."""
-    return meets(pattern, causal, q_rng, k_rng)
-
-
 def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -> Tuple[int, int]:
     """The positions ``[lo, hi]`` outside which no query has an allowed pair with a key in
     ``k_rng`` (a superset: classes are ignored): within the longest window of a key (sliding),
@@ -310,7 +300,7 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
     def reach(ks, ke, krng):
         out = []
         for i, (qs, qe, qrng) in enumerate(qruns):
-            if not interacts(pattern, causal, qrng, krng):
+            if not meets(pattern, causal, qrng, krng):
                 continue
             if consecutive:  # only the rows whose positions can reach the keys
                 lo, hi = _query_span(pattern, causal, krng)

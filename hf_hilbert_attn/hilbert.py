@@ -7,16 +7,10 @@ same construction in a rotated / reflected frame, and the parts are joined end t
 ``2^k x 2^k`` squares it is the classic Hilbert curve; on other shapes it keeps the same
 locality (every part is about as wide as it is long). See ``docs/hilbert.md`` for a drawing.
 
-Guarantees (tested for every shape up to 40 x 40 and many larger ones):
-
-* a bijection onto the cells, starting at cell ``(0, 0)``;
-* consecutive cells are grid neighbours (one unit step) for **every** shape. The classic
-  construction ends on the start's side of the long axis, which no unit-step path can do when
-  the long side is odd and the short side even (checkerboard parity); there we let the last,
-  squarish part end elsewhere instead of taking a diagonal step.
-
-Everything is built from per-shape sub-curves cached by shape, so the recursion visits only a
-few distinct shapes per level and the cells themselves are produced by tensor operations.
+Guarantees (tested for every shape up to 40 x 40 and many larger ones): a bijection onto the
+cells, starting at cell ``(0, 0)``, whose consecutive cells are grid neighbours for **every**
+shape (where parity forbids ending on the start's side, ``_free_end`` ends elsewhere). Sub-curves
+are cached by shape, so the recursion visits few shapes and the cells come from tensor ops.
 """
 
 from __future__ import annotations
@@ -45,11 +39,8 @@ Device = Union[str, torch.device, None]
 
 # ---------------------------------------------------------------------------------- the curve
 def _even_half(n: int) -> int:
-    """About half of ``n``, rounded to an even number when ``n > 2``.
-
-    An even first part can always be traversed from one corner to the next corner along its
-    long side with unit steps, whatever the other side's parity.
-    """
+    """About half of ``n``, rounded to an even number when ``n > 2``: an even first part can
+    always be traversed corner to corner along its long side with unit steps."""
     half = n // 2
     if half % 2 == 1 and n > 2:
         half += 1
@@ -58,11 +49,8 @@ def _even_half(n: int) -> int:
 
 def _frame(uv: torch.Tensor, origin=(0, 0), swap: bool = False, flip_u: int = 0,
            flip_v: int = 0) -> torch.Tensor:
-    """Place a sub-curve ``uv`` ``[n, 2]`` into its parent's frame.
-
-    ``swap`` exchanges the axes (the sub-curve's long axis runs along the parent's minor axis);
-    ``flip_u`` / ``flip_v`` > 0 reflect that axis inside an extent of that many cells.
-    """
+    """Place a sub-curve ``uv`` ``[n, 2]`` into its parent's frame: ``swap`` exchanges the
+    axes; ``flip_u`` / ``flip_v`` > 0 reflect that axis inside an extent of that many cells."""
     if swap:
         uv = uv.flip(1)
     u, v = uv[:, 0], uv[:, 1]
@@ -231,11 +219,8 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
 
 
 def to_storage(x: torch.Tensor, perm: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    """Reorder ``x`` from natural (position) order into storage order along ``dim``.
-
-    ``out.select(dim, i) == x.select(dim, perm[i])``. Differentiable (``index_select``).
-    The default ``dim=-2`` is the sequence dim of ``[B, H, S, D]``.
-    """
+    """Natural (position) order to storage order along ``dim`` (default: the sequence dim of
+    ``[B, H, S, D]``): ``out.select(dim, i) == x.select(dim, perm[i])``. Differentiable."""
     return x.index_select(dim, perm.to(x.device))
 
 
@@ -249,12 +234,10 @@ def resolve_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[i
                      device: Device = None) -> str:
     """What ``ordering="auto"`` means for a shape: ``"natural"`` or ``"hilbert"``.
 
-    The rule is set from benchmark numbers (``docs/decisions.md``), not guessed: the Triton
-    kernels tile each dilation class with strided loads, so natural order already gets dense
-    tiles, and Hilbert order only adds the position-table reads. Measured on an H200
-    (``bench_attention.py``, bf16, Hq=32, Hkv=8, D=128, S = 16K and 64K, longnet_lm and pow2):
-    Hilbert fwd+bwd at 0.75-0.88x the speed of natural, never faster. So ``"natural"`` for
-    every shape; every ordering computes the same function.
+    Measured, not guessed (``docs/decisions.md``): the Triton kernels tile each dilation class
+    with strided loads, so natural order already gets dense tiles and Hilbert order only adds
+    position-table reads (H200, bf16, D=128, 16K and 64K: Hilbert fwd+bwd at 0.75-0.88x the
+    speed of natural, never faster). So ``"natural"`` for every shape.
     """
     return "natural"
 
@@ -283,13 +266,7 @@ def storage_positions(seq_len: int, pattern: DilatedPattern, ordering: Optional[
     Raises:
         ValueError: for an unknown ``ordering``.
     """
-    if ordering is None:
-        ordering = pattern.ordering
-    if ordering not in ORDERINGS:
-        raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
-    if ordering == "auto":
-        ordering = resolve_ordering(pattern, seq_len, head_dim, device)
-    if ordering == "hilbert":
+    if storage_ordering(pattern, seq_len, head_dim, device, ordering) == "hilbert":
         return hilbert_permutation(seq_len, pattern, device)[0]
     return _arange_cached(_check_int("seq_len", seq_len, 0), _device_key(device))
 

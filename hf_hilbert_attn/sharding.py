@@ -11,12 +11,7 @@ layout computes the same function — layouts differ only in per-rank work and c
 * ``hilbert``: the positions in the pattern's Hilbert storage order (docs/hilbert.md; within each
   longest segment a Hilbert curve over the (row, dilation class) grid), cut into ``W``
   contiguous pieces: each rank holds a compact block of rows × classes.
-
-* ``auto`` (the default, :func:`resolve_layout`): for segment windows, ``contiguous`` when every
-  shard is a whole number of the pattern's longest segments (no segment crosses a shard: nothing
-  but the sink tokens is sent and every rank does the same work), else ``zigzag``; for sliding
-  windows, ``contiguous`` when the longest window fits in the sequence, else ``zigzag``. Picked from the per-rank pair counts and send plans (:func:`pairs_per_rank`,
-  ``ring.plan_ring``; ``examples/benchmarks/ring_volume.py``, ``docs/decisions.md``).
+* ``auto`` (the default): ``contiguous`` or ``zigzag``, by :func:`resolve_layout`.
 
 Labels are shifted *before* sharding (``shift_labels[t] = labels[t + 1]``), so the token that
 predicts the first token of the next rank's shard keeps its label; Transformers' causal-LM loss
@@ -64,20 +59,14 @@ def resolve_layout(layout: str, seq_len: int, world_size: int,
                    pattern: Optional[DilatedPattern] = None) -> str:
     """The concrete layout ``"auto"`` stands for (other layouts are returned unchanged).
 
-    * Segment windows: ``contiguous`` if ``seq_len`` splits into ``world_size`` shards that are
-      each a whole number of ``pattern.max_segment`` tokens — then no segment of any config
-      crosses a shard and every shard holds the same segments: the ring sends nothing but the
-      ``sink_tokens`` rows of the first shard to every later rank, which every layout must send
-      — else ``zigzag`` (causal balance).
-    * Sliding windows (no segment boundaries: every layout sends window keys across shards):
-      ``contiguous`` if ``pattern.max_segment <= seq_len``. A query's work is the same
-      everywhere past the first window, so contiguous shards are nearly as balanced as zigzag
-      ones, and each needs keys from its neighbours only, where a zigzag chunk needs the end of
-      the chunk before it from another rank. Measured with the default pattern (windows to 64K;
-      ``bench_ring.py --mode scaling``, H200s): at 32K tokens per GPU on 4 GPUs contiguous
-      reached 55 % of one GPU / W and zigzag 47 %; on 2 GPUs (the longest window = the
-      sequence) 40.6 vs 40.2 ms, a tie. Longer windows than the sequence are causal
-      attention, where contiguous shards fall behind (1.5-1.9x max/mean work): ``zigzag``.
+    * Segment windows: ``contiguous`` if every shard is a whole number of
+      ``pattern.max_segment`` tokens (no segment crosses a shard: the ring sends only the sink
+      rows, which every layout must send, and every rank does the same work), else ``zigzag``
+      (causal balance).
+    * Sliding windows: ``contiguous`` if ``pattern.max_segment <= seq_len``: past the first
+      window a query's work is the same everywhere, and a shard needs keys from its neighbour
+      only (measured: 55 % vs zigzag's 47 % of one GPU / W at 32K per GPU on 4 H200s, a tie on
+      2; ``docs/decisions.md``). Longer windows are causal attention: ``zigzag``.
     * No pattern, or ``seq_len <= 0``: ``zigzag``.
     """
     if layout != "auto":
@@ -242,10 +231,8 @@ def _positions_and_docs(pos, ids: torch.Tensor, sp: int, idx: torch.Tensor,
     out = {"position_ids": full_pos.index_select(1, idx)}
     docs = None if pos is None else restart_documents(pos)
     if docs is not None or out_of_order:
-        # Packed documents (positions restart): a shard cannot see where documents start, so
-        # pass global document ids (padding: -1, never attended) to the attention. Hilbert
-        # shards store positions out of order, which the attention cannot tell from restarts
-        # without them either.
+        # a shard cannot see where packed documents start, nor tell Hilbert order from
+        # restarts: global document ids (padding -1, never attended)
         if docs is None:
             docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
         out["hilbert_doc_ids"] = _pad_sequence(docs, s, sp, -1, 1).index_select(1, idx)
@@ -318,13 +305,9 @@ def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,
             out.append(0)
             continue
         breaks = (torch.nonzero(p[1:] != p[:-1] + 1).flatten() + 1).tolist()
-        starts = [0] + breaks
-        ends = breaks + [p.numel()]
-        tot = 0
-        for a, b in zip(starts, ends):
-            lo, hi = int(p[a]), int(p[b - 1]) + 1
-            # the sparse heads only: dense heads cost the same as causal attention, which the
-            # balanced layouts already even out
-            tot += pattern.sparse_part.count_pairs_total(hi, num_heads, q_len=hi - lo)
-        out.append(tot)
+        # the sparse heads only: dense heads cost what causal attention costs, which the
+        # balanced layouts already even out
+        out.append(sum(pattern.sparse_part.count_pairs_total(
+            int(p[b - 1]) + 1, num_heads, q_len=int(p[b - 1]) + 1 - int(p[a]))
+            for a, b in zip([0] + breaks, breaks + [p.numel()])))
     return out

@@ -21,7 +21,7 @@ import torch
 from .pattern import DilatedPattern
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Head sizes the Triton kernels are built for (``ops.use_triton`` and ``kernels/`` read this).
+# Head sizes the Triton kernels are built for (``backends.use_triton`` and ``kernels/`` read this).
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 
 

@@ -8,9 +8,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-# BACKENDS, document_runs and reset_fallback_warnings stay importable from here
-from .backends import (BACKENDS, TRITON, document_runs, reset_fallback_warnings,  # noqa: F401
-                       select_backend, use_triton)
+from .backends import TRITON, select_backend, use_triton
 from .chunked import chunked_attention
 from .dense_heads import with_dense_heads
 from .hilbert import in_storage_order, storage_ordering
@@ -207,14 +205,13 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
                                q_positions=None, k_positions=None, q_doc_ids=None,
                                k_doc_ids=None, backend: str = "auto", dq=None, dk=None, dv=None,
                                plan=None):
-    """Gradients of one piece of an attention split over disjoint key sets.
+    """Gradients of one piece of an attention split over disjoint key sets (ring attention:
+    one :func:`dilated_attention` call per key block, merged through their log-sum-exps).
 
-    Ring attention computes a query's attention as several calls of :func:`dilated_attention`
-    (one per key block) merged through their log-sum-exps. Given the *merged* ``out`` and
-    ``lse`` of these rows, this returns the gradient of the merged output with respect to this
-    call's ``q``, ``k``, ``v`` — without recomputing the forward on the Triton path (the
-    backward kernels take ``(out, lse)`` as they are). Summing ``dq`` over the pieces gives the
-    full ``dq``. With the call's own ``(out, lse)`` it is the ordinary backward.
+    Given the *merged* ``out`` and ``lse`` of these rows, the gradient of the merged output
+    with respect to this call's ``q``, ``k``, ``v``, without recomputing the forward on the
+    Triton path; summing ``dq`` over the pieces gives the full ``dq``. With the call's own
+    ``(out, lse)`` it is the ordinary backward.
 
     Args:
         dout: ``[B, Hq, Sq, D]`` gradient of the merged output; ``dlse`` ``[B, Hq, Sq]`` that of
@@ -298,16 +295,11 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
-    with torch.autocast(dout.device.type if dout is not None else "cuda", enabled=False):
-        return _backward_impl(ctx, dout, dlse)
-
-
-def _backward_impl(ctx, dout, dlse):
     q, k, v, out, lse, qp, kp, qd, kd = ctx.saved_tensors  # optionals come back as None
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
-        dout, dlse, q, k, v, out, lse, qp, kp, qd, kd, *ctx.static)
+    with torch.autocast(q.device.type, enabled=False):
+        dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
+            torch.zeros_like(out) if dout is None else dout, dlse, q, k, v, out, lse, qp, kp,
+            qd, kd, *ctx.static)
     return (dq, dk, dv) + (None,) * 11
 
 
@@ -322,11 +314,9 @@ def _eager() -> bool:
 
 
 class _EagerKernels(torch.autograd.Function):
-    """The custom ops' work for eager calls, without the dispatcher: the same
-    ``_kernel_forward`` / ``_kernel_backward``, on the inputs ``dilated_attention`` checked
-    once (the ops check them again and rebuild the pattern, and the op's autograd wrapper costs
-    as much again: together a third of the host time of a short call, see
-    ``examples/benchmarks/host_overhead.py``)."""
+    """The custom ops' work for eager calls, without the dispatcher, on the inputs
+    ``dilated_attention`` checked once (the ops' re-check and autograd wrapper cost a third of
+    the host time of a short call: ``examples/benchmarks/host_overhead.py``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, pattern, a, causal):

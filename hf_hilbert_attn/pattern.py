@@ -38,6 +38,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from . import counting
+from .planning import covers
 
 QUERY_DILATION_MODES = ("per_head", "all")
 ORDERINGS = ("natural", "hilbert", "auto")
@@ -49,6 +50,19 @@ LEGACY_FIELDS = {"sink_tokens": 0, "window": "segment", "dense_kv_heads": ()}
 __all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS", "WINDOWS"]
 
 
+def _as_int(v, error: str) -> int:
+    # integral floats / numpy ints from YAML or configs are accepted, anything else raises
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    try:
+        as_int = int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{error}, got {v!r}") from None
+    if as_int != v or isinstance(v, bool):
+        raise ValueError(f"{error}, got {v!r}")
+    return as_int
+
+
 def _as_int_tuple(name: str, values) -> tuple:
     if isinstance(values, (int, str)) or values is None:
         raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}")
@@ -56,19 +70,7 @@ def _as_int_tuple(name: str, values) -> tuple:
         values = tuple(values)
     except TypeError:
         raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}") from None
-    out = []
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int):
-            # Accept integral floats / numpy ints from YAML or configs, reject anything else.
-            try:
-                as_int = int(v)
-            except (TypeError, ValueError):
-                raise ValueError(f"{name}[{i}] must be an integer, got {v!r}") from None
-            if as_int != v or isinstance(v, bool):
-                raise ValueError(f"{name}[{i}] must be an integer, got {v!r}")
-            v = as_int
-        out.append(v)
-    return tuple(out)
+    return tuple(_as_int(v, f"{name}[{i}] must be an integer") for i, v in enumerate(values))
 
 
 @dataclass(frozen=True)
@@ -133,15 +135,7 @@ class DilatedPattern:
             )
         if self.ordering not in ORDERINGS:
             raise ValueError(f"ordering must be one of {ORDERINGS}, got {self.ordering!r}")
-        sink = self.sink_tokens
-        if isinstance(sink, bool) or not isinstance(sink, int):
-            try:
-                as_int = int(sink)
-            except (TypeError, ValueError):
-                as_int = None
-            if as_int is None or as_int != sink or isinstance(sink, bool):
-                raise ValueError(f"sink_tokens must be an integer >= 0, got {sink!r}")
-            sink = as_int
+        sink = _as_int(self.sink_tokens, "sink_tokens must be an integer >= 0")
         if sink < 0:
             raise ValueError(f"sink_tokens must be an integer >= 0, got {sink}")
         if self.window not in WINDOWS:
@@ -553,8 +547,7 @@ def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:
     decreasing order, ``[32, 16]`` with rates ``[1, 2]``): accepted, but it only costs time."""
     for i, j in itertools.permutations(range(len(w)), 2):
         same = (w[i], r[i]) == (w[j], r[j])
-        if (same and i > j) or (not same and r[i] % r[j] == 0 and
-                                (w[j] >= w[i] if sliding else w[j] % w[i] == 0)):
+        if (same and i > j) or (not same and covers((w[j], r[j]), (w[i], r[i]), sliding)):
             warnings.warn(f"pattern config {i} (w={w[i]}, r={r[i]}) is covered by config {j} "
                           f"(w={w[j]}, r={r[j]}): it allows no pair the pattern would not allow "
                           f"without it; remove it", UserWarning, stacklevel=4)

@@ -1,32 +1,18 @@
-"""Sequence parallelism with Accelerate: the group, the batch shards, and the loss.
+"""Sequence parallelism with Accelerate: the group, the batch shards, and the loss
+(``docs/sequence_parallel.md``).
 
-Topology. The world is split into ``dp × sp`` ranks: each sequence-parallel (SP) group of
-``sp`` ranks works on one sequence (each rank holds a shard), and the ``dp`` groups see
-different data. :func:`sequence_parallel_topology` gets the SP group
+Topology: ``dp × sp`` ranks; each sequence-parallel (SP) group of ``sp`` ranks works on one
+sequence. :func:`sequence_parallel_topology` takes the SP group from the Accelerator's device
+mesh (``ParallelismConfig(cp_size=N)``, mesh dim ``"cp"``) where Accelerate allows it (GPU;
+Accelerate 1.15 rejects one on CPU), else consecutive global ranks form the SP groups (one node,
+NVLink). Only the *mesh* is used: Accelerate's own context parallelism
+(``maybe_context_parallel``) patches SDPA, which ``hilbert_dilated`` never calls, and would
+shard the batch a second time; do not wrap our steps in it.
 
-* from the Accelerator's device mesh (``ParallelismConfig(cp_size=N)`` → mesh dim ``"cp"``)
-  where Accelerate allows it (GPU: multi-GPU DDP or FSDP2). Accelerate 1.15 rejects a
-  ``ParallelismConfig`` on CPU (``MULTI_CPU``), hence
-* otherwise a documented split: consecutive global ranks form SP groups,
-  ``sp_group(r) = r // sp`` and ``dp_rank(r) = r // sp``, ``sp_rank(r) = r % sp`` (with
-  ``torchrun --nproc_per_node 8`` and ``sp=4``: ranks 0-3 and 4-7), so an SP group stays on one
-  node and its ring traffic on NVLink.
-
-Coexistence with Accelerate's own context parallelism: Accelerate's CP (``cp_size`` +
-``accelerator.maybe_context_parallel``) shards buffers and patches
-``torch.nn.functional.scaled_dot_product_attention`` only. ``hilbert_dilated`` never calls
-SDPA, so that patch would not make it a ring; we use only the *mesh* of a ``ParallelismConfig``
-and never enter ``maybe_context_parallel``. Inside ``hf_hilbert_attn.sequence_parallel(group)``
-our attention runs as a ring; do not wrap the same step in ``maybe_context_parallel`` (it would
-shard the batch a second time).
-
-Loss and gradients. Each rank's loss is ``sum of its token losses / N`` with ``N`` the
-non-ignored tokens of the *whole* sequence (Transformers' ``num_items_in_batch``), and
-:func:`reduce_loss` sums it over the SP group with an autograd all-reduce. That all-reduce's
-backward also sums, so every rank back-propagates ``sp ×`` its share; DDP (or FSDP) then
-averages gradients over all ``dp · sp`` ranks, which leaves exactly the gradient of the mean
-token loss of each sequence, averaged over data-parallel groups — the gradient of single-process
-training on the whole sequence. Without DDP, :func:`average_gradients` does the same.
+Loss and gradients: each rank's loss is ``sum of its token losses / N`` (``N``: non-ignored
+tokens of the whole sequence); :func:`reduce_loss` sums it over the SP group with an autograd
+all-reduce whose backward sums too, and DDP's average over all ``dp · sp`` ranks then leaves the
+gradient of single-process training (:func:`average_gradients` without DDP).
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
-"""A KV cache bounded by the pattern, and chunked prefill, for ``hilbert_dilated`` generation.
+"""A KV cache bounded by the pattern, and chunked prefill, for ``hilbert_dilated`` generation
+(guide: ``docs/usage.md``, "Generation with a bounded cache").
 
-A causal query at position ``p`` never attends a key older than
-:meth:`DilatedPattern.first_needed_key` of ``p`` unless it is a sink token, and that bound only
-moves forward. :class:`PatternCache` (Transformers' ``Cache`` API, like its sliding-window
-layers) therefore keeps, per layer, the sink keys ``[0, sink_tokens)`` and the keys from
-``first_needed_key(next position)`` (rounded down to a multiple of the pattern's shift period,
-so the attention runs on the kernels' natural-order path) to the newest: memory is bounded by
-the pattern (``sink_tokens + cache_reach()`` keys, about the longest segment or window), not by
-the sequence. Every step computes the same function as a full ``DynamicCache``.
+A causal query at ``p`` never attends a key older than :meth:`DilatedPattern.first_needed_key`
+of ``p`` unless it is a sink, and that bound only moves forward. :class:`PatternCache`
+(Transformers' ``Cache`` API) therefore keeps per layer the sinks and the keys from
+``first_needed_key(next position)`` (rounded down to the pattern's shift period, so the kernels
+run in natural order) on: ``sink_tokens + cache_reach()`` keys, not the sequence, and the same
+function as a ``DynamicCache``.
 
-Layout. The cache stores ``[sinks | tail]``: slot ``j < sink_tokens`` holds position ``j``, slot
-``j >= sink_tokens`` position ``j + dropped``. ``get_mask_sizes`` reports ``dropped`` as the
-``kv_offset``, which :func:`~hf_hilbert_attn.integrations.transformers.hilbert_dilated_mask`
-passes on, and the attention layer computes the tail with the pattern (no sinks) and the sinks
-densely, merged by log-sum-exp (:func:`attend_with_dropped_keys`).
-
-Usage::
-
-    cache = PatternCache(model)                       # the model's pattern and shape
-    out = model.generate(ids, past_key_values=cache, prefill_chunk_size=16384,
-                         max_new_tokens=32)           # a 1M-token prompt fits on one GPU
-    cache = prefill(model, ids[:, :-1])               # or prefill explicitly, then continue
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache)
-
-Rows must not be padded (every row of the batch at the same positions); a padded batch raises a
-``ValueError`` once keys are dropped. Guide: ``docs/usage.md``, "Generation with a bounded cache".
+Layout ``[sinks | tail]``: slot ``j < sink_tokens`` holds position ``j``, slot ``j >=
+sink_tokens`` position ``j + dropped``. ``get_mask_sizes`` reports ``dropped`` as the
+``kv_offset``; the attention layer computes the tail with the pattern (no sinks) and the sinks
+densely, merged by log-sum-exp (:func:`attend_with_dropped_keys`). Rows must not be padded
+(a padded batch raises once keys are dropped).
 """
 
 from __future__ import annotations

@@ -1,37 +1,21 @@
-"""Sequence parallelism for ``transformers.Trainer`` (and TRL's ``SFTTrainer``).
+"""Sequence parallelism for ``transformers.Trainer`` (and TRL's ``SFTTrainer``); guide:
+``docs/trainer.md``.
 
-Trainer's own context parallelism (``ParallelismConfig(cp_size=N)``) shards buffers and patches
-SDPA only, and refuses any other attention. This module gives ``attn_implementation=
-"hilbert_dilated"`` the same place in a Trainer run, built from the pieces of
-:mod:`hf_hilbert_attn.integrations.accelerate`:
+Trainer's own context parallelism (``ParallelismConfig(cp_size=N)``) patches SDPA only and
+refuses any other attention. Here, built from :mod:`hf_hilbert_attn.integrations.accelerate`:
 
-* **Topology.** The world is split into ``dp × sp`` ranks (consecutive ranks form one
-  sequence-parallel group, :func:`~hf_hilbert_attn.integrations.accelerate.sequence_parallel_topology`).
-* **Data.** The DataLoaders are split over the ``dp`` groups, not over all ranks, so every rank of
-  a group reads the same batch (Accelerate's ``prepare_data_loader`` with ``num_processes=dp``;
-  dispatching is off: a dispatcher would slice a batch per rank). Every step checks that the
-  ranks of a group really got the same batch (a 24-byte all-gather) and raises otherwise.
-* **Sharding.** :class:`SequenceParallelCollator` wraps the Trainer's collator: each batch is cut
-  with :func:`~hf_hilbert_attn.sharding.shard_batch` (true positions, global document ids for
-  packed rows, labels shifted *before* sharding and passed as ``shift_labels``).
-* **Step.** ``training_step`` and ``prediction_step`` run inside
+* **Topology**: ``dp × sp`` ranks, consecutive ranks one sequence-parallel group.
+* **Data**: the DataLoaders are split over the ``dp`` groups (Accelerate's
+  ``prepare_data_loader`` with ``num_processes=dp``, no dispatching), so every rank of a group
+  reads the same batch; each step checks that (a 24-byte all-gather) and raises otherwise.
+* **Sharding**: :class:`SequenceParallelCollator` cuts each batch with
+  :func:`~hf_hilbert_attn.sharding.shard_batch` (labels shifted before, as ``shift_labels``).
+* **Step**: ``training_step`` and ``prediction_step`` run inside
   :func:`hf_hilbert_attn.sequence_parallel`, so the registered attention is the ring.
-* **Loss.** Trainer's own token accounting already does the right thing once every rank holds a
-  shard: ``num_items_in_batch`` counts the ``shift_labels`` of all ranks (``average_tokens_
-  across_devices``, the default), each rank's loss is ``sum of its token losses / N`` times the
-  world size, and DDP averages gradients over the world. The gradient is that of
-  ``Σ(all token losses) / N`` — the 1-process gradient — and the logged loss (the mean over ranks)
-  is the 1-process loss. The ring's backward returns each key's gradient to the rank that holds
-  it, so no extra all-reduce of the loss is needed.
+* **Loss**: Trainer's token accounting (``num_items_in_batch`` over all ranks) and DDP's
+  gradient average already give the 1-process gradient and loss; no extra all-reduce.
 
-Usage::
-
-    from hf_hilbert_attn.integrations.trainer import SequenceParallelTrainer
-
-    trainer = SequenceParallelTrainer(model=model, args=args, train_dataset=ds,
-                                      data_collator=collator, sp_size=2)
-    trainer.train()
-
+``SequenceParallelTrainer(..., sp_size=2)`` is the Trainer;
 ``sequence_parallel_trainer(SFTTrainer)`` makes the same class over another Trainer subclass.
 With ``sp_size == 1`` (or one process) the class is the plain Trainer.
 """

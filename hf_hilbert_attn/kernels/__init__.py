@@ -17,9 +17,7 @@ from ..planning import class_uniform, config_meets, nests, sink_keys
 from ..pruning import for_ranges
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
-# (_async_active, _env_int: read by the tests through this package)
-from ._config import (KernelConfig, _async_active, _env_int, _run, configure,  # noqa: F401
-                      configured, kernel_config, set_launch_hook)
+from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._common import LOG2E as _LOG2E
 from ._fwd import _fwd_kernel
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,

@@ -1,23 +1,18 @@
 """The backend seam: one forward/backward interface over the Triton kernels and the PyTorch
-engines, and the one rule that picks between them (:func:`select_backend`).
-
-Every entry point of ``ops.py`` (the op and its custom ops, the piece-level calls of ring
-attention) and the ring itself check their inputs, pick a backend here and call it:
+engines, and the one rule that picks between them (:func:`select_backend`), used by every entry
+point of ``ops.py`` and by the ring:
 
 * ``forward(q, k, v, pattern, a, causal, out=None, lse=None, plan=None) -> (out, lse)``: the
   attention without autograd, written into ``out`` / ``lse`` when given;
 * ``backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None, plan=None) ->
   (dq, dk, dv)``: the gradient of a call whose rows were merged into ``(out, lse)`` (its own
-  result, or the merge of several calls over disjoint keys: ring attention), written into
-  ``grads = (dq, dk, dv)`` where given;
-* ``position_plan(a, pattern)``: the backend's plan of these positions, to pass back as
-  ``plan=`` (the Triton backend's ``PositionPlan``, ``False`` when the kernels cannot take them;
-  None: nothing to keep).
+  result, or several calls' over disjoint keys: the ring), written into ``grads`` where given;
+* ``position_plan(a, pattern)``: the plan of these positions to pass back as ``plan=`` (Triton:
+  a ``PositionPlan``, ``False`` when the kernels cannot take them; None: nothing to keep).
 
-``a`` is ``inputs.check_inputs``'s result; the pattern has no dense heads (``dense_heads.py``
-splits them off above). The Triton backend runs the kernels, one call per document for packed
-documents (``engines/documents.py``), and anything the kernels cannot take on the PyTorch
-backend, saying so once per reason.
+``a`` is ``inputs.check_inputs``'s result; the pattern has no dense heads (``dense_heads.py``).
+The Triton backend runs packed documents one call each (``engines/documents.py``) and sends what
+the kernels cannot take to the PyTorch backend, saying so once per reason.
 """
 
 from __future__ import annotations

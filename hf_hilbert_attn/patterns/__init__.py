@@ -1,13 +1,10 @@
 """The shipped patterns, by name, and what a pattern argument may be.
 
-The YAML files beside this module are installed with the package (``pip install .``), so a
-name such as ``"longnet_lm"`` works from anywhere: ``configure(model, "longnet_lm")``, the
-CLI's ``--pattern longnet_lm``, ``show-pattern longnet_lm``. A pattern can also be written
-inline (:data:`INLINE_FORM`, e.g. ``"256,1024:1,4:sliding:sinks=1"``); :func:`as_pattern` is the
-one parser of every form, for ``configure``, the CLI, the eval, the benchmarks and the
-fine-tune. ``default.yaml`` is the pattern
-of a model whose config has no ``hilbert_attn`` entry (why this one: ``docs/decisions.md``,
-"Quality on a trained model").
+The YAML files beside this module are installed with the package, so ``"longnet_lm"`` works
+from anywhere (``configure``, the CLI); a pattern can also be written inline
+(:data:`INLINE_FORM`, e.g. ``"256,1024:1,4:sliding:sinks=1"``). :func:`as_pattern` is the one
+parser of every form. ``default.yaml`` is the pattern of a model whose config has no
+``hilbert_attn`` entry (why this one: ``docs/decisions.md``, "Quality on a trained model").
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Ring dilated attention: the forward and backward over the plan's steps and pieces.
 
-Each step's pieces (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) are ordinary calls of the
-backend seam (``backends.py``, as ``dilated_attention``) with the block's true key positions; unsent entries of a received block
-are zero and never attended (the send plan is a superset of the allowed pairs).
+Each piece (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) is a call of the backend seam
+(``backends.py``) with the block's true key positions; unsent entries of a received block are
+zero and never attended (the send plan is a superset of the allowed pairs).
 
-* **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed, so
-  communication overlaps compute. A query run written by one piece takes it as it is; runs
-  written by several merge their ``(out_b, lse_b)``
-  (:func:`~hf_hilbert_attn.numerics.merge_partials`) in float32, float64 for float64 inputs.
-  Each key lives on exactly one rank, so the union rule (a key counts once) holds across steps.
-* **Backward** (custom autograd Function). K/V are re-sent with the same plan and each piece's
-  gradient comes from the *merged* ``(out, lse)``
-  (the backend's ``backward``, as :func:`~hf_hilbert_attn.ops.dilated_attention_backward`:
-  FlashAttention's ``dS = P ∘ (dP - delta)`` with the final probabilities, no forward
-  recomputation on the Triton path); each received block's dK/dV (float32, float64 for float64 inputs) go back to
-  the rank owning those keys.
+* **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed. Query runs
+  written by several pieces merge their ``(out, lse)`` (``numerics.merge_partials``, float32 or
+  float64); each key lives on one rank, so a key counts once.
+* **Backward** (custom autograd Function). K/V are re-sent with the same plan; each piece's
+  gradient comes from the *merged* ``(out, lse)`` (no forward recomputation on the Triton
+  path), and each received block's dK/dV go back to the rank owning those keys.
 """
 
 from __future__ import annotations

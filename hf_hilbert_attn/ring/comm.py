@@ -1,14 +1,7 @@
-"""The ring's communication: the active group, the agreement, the point-to-point exchanges.
-
-* :func:`sequence_parallel` / :func:`get_sequence_parallel_group` — the group the registered
-  attention runs its ring over.
-* :func:`agree` — one small ``all_gather`` of shapes / pattern / dtype, so ranks that disagree
-  raise a ``ValueError`` on *every* rank instead of hanging in a mismatched send/recv.
-* :func:`weak_group` — what the ring keeps of its group past a call (the autograd graph of an
-  output must not keep the process group alive past ``destroy_process_group()``).
-* :class:`KVExchange` — step ``j``'s needed K and V entries to ``rank + j``, from ``rank - j``
-  (``batch_isend_irecv``), double-buffered; :class:`GradExchange` — a received block's dK/dV
-  back to the rank owning those keys.
+"""The ring's communication: the active group (:func:`sequence_parallel`), the agreement
+(:func:`agree`: ranks that disagree raise on *every* rank instead of hanging), the weak group
+reference (:func:`weak_group`) and the point-to-point exchanges (:class:`KVExchange`,
+:class:`GradExchange`).
 
 Tags: step ``j`` sends K as ``4j``, V as ``4j + 1``, dK as ``4j + 2``, dV as ``4j + 3``. NCCL
 matches point-to-point operations by order, not by tag, so every pair of ranks posts them in

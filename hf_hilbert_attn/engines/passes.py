@@ -2,7 +2,17 @@
 and keys, cut into blocks with the summaries that decide which masks a block needs
 (``blockwise.py`` runs them).
 
-Work is planned in position space, config by config (in ``planning.priority`` order).
+Work is planned in position space, config by config (``planning.priority`` order). Config ``i``
+allows a pair only inside one (segment, dilation class) group, so its queries and keys are
+sorted by (group, position) and cut into tiles of ``CHUNK_Q`` queries and chunks of at most
+``CHUNK_K`` keys; a tile meets only the keys of its own groups. Sliding windows (one group per
+class) meet only the band of keys within ``w_i`` of a tile's queries: O(S * w_i / r_i) work, with
+smaller tiles and longer chunks. Under the union rule config ``i`` masks the pairs an earlier
+config covers; the sinks come last, one pass of every query against the keys ``< sink_tokens``.
+Passes merge by log-sum-exp; per block the mask comes from ``DilatedPattern.config_allowed`` (or
+the distance ``p - s`` where the rule is a window) plus causality and documents, and min/max
+summaries skip blocks that cannot hold a pair of the pass. Memory: O(B * H * CHUNK_Q * CHUNK_K)
+per block plus O(B * H * S * D) accumulators, never O(Sq * Sk).
 """
 
 from __future__ import annotations
@@ -12,24 +22,6 @@ import torch
 from ..pattern import DilatedPattern
 from ..plan_cache import PlanCache
 from ..planning import class_uniform, config_meets, covered_window, priority
-
-# --------------------------------------------------------------------------------------------
-# Work is planned in position space, config by config. Config ``i`` allows a pair only inside
-# one (segment, dilation class) group (``DilatedPattern.segment_and_class``), so for each config
-# the queries and keys are sorted by (group, position) and cut into tiles of ``CHUNK_Q`` queries
-# and chunks of at most ``CHUNK_K`` keys; a tile meets only the keys of its own groups. Sliding
-# windows have no segments (one group per class), so there a tile meets only the band of its
-# class's keys that lie within ``w_i`` of its queries (searched in the sorted keys): the work is
-# O(S * w_i / r_i), not O(S^2 / r_i); tiles are smaller and chunks longer (same block size), as
-# a band is a diagonal strip. Under the union rule a pair belongs to the *first* config
-# that allows it, so config ``i`` masks the pairs an earlier config already covered; the sink
-# tokens come last, as one pass of every query against the keys at positions
-# ``< sink_tokens``, masking the pairs any config allows. Passes are merged by log-sum-exp. Per
-# block, the mask comes from ``DilatedPattern.config_allowed`` (or from the distance ``p - s``
-# alone, where the rule reduces to a window) plus causality and document ids, and cheap min/max
-# summaries skip blocks that cannot hold a pair the pass owns. Memory is
-# O(B * H * CHUNK_Q * CHUNK_K) per block plus O(B * H * S * D) accumulators, never O(Sq * Sk).
-# --------------------------------------------------------------------------------------------
 
 CHUNK_Q = 512
 CHUNK_K = 512

@@ -159,14 +159,11 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     """Run every decoder layer's ``mlp`` over ``chunk_tokens`` tokens at a time (batch and
     sequence flattened), forward and backward; ``chunk_tokens=0`` restores the plain MLP.
 
-    The forward keeps only the MLP input; the backward recomputes each chunk and takes its
-    gradients before the next, so one chunk's intermediate activations (``[chunk,
-    intermediate]``, about four of them for a gated MLP) exist at a time instead of ``[S,
-    intermediate]``. Exact for token-wise MLPs (Llama, Qwen2, Mistral, GPT-2); the cost is one
-    more MLP forward per step. Dropout inside the MLP (a LoRA adapter's, say) draws its masks
-    chunk by chunk, and each chunk's recompute restores its RNG state, so the backward sees the
-    forward's masks. Calling again changes the chunk (idempotent); the state dict is
-    unchanged. Inputs of at most ``chunk_tokens`` tokens run the plain MLP.
+    One chunk's ``[chunk, intermediate]`` activations exist at a time instead of ``[S,
+    intermediate]`` (:class:`_TiledMLPFunction`; dropout masks are replayed). Exact for
+    token-wise MLPs (Llama, Qwen2, Mistral, GPT-2), for one more MLP forward per step. Calling
+    again changes the chunk; the state dict is unchanged. Inputs of at most ``chunk_tokens``
+    tokens run the plain MLP.
 
     Args:
         model: a Transformers model (or a module containing one).
@@ -219,16 +216,13 @@ class _Packed:
 
 
 class _Offloader:
-    """``saved_tensors_hooks`` pair. Under non-reentrant checkpointing the only tensors saved
-    outside the checkpoint's own hooks are the layer's positional inputs (the hidden states),
-    so these hooks see exactly the checkpointed inputs.
+    """``saved_tensors_hooks`` pair: under non-reentrant checkpointing the only tensors saved
+    outside the checkpoint's own hooks are the layer's inputs, so these see exactly those.
 
-    On CUDA both copies run on a side stream: device to pinned host memory as the layer starts
-    (overlapping its forward), and back when the backward reaches the layer. With ``prefetch``,
-    giving back layer ``i``'s input also starts copying back layer ``i - 1``'s (the one packed
-    before it), which the backward needs next: the copy overlaps layer ``i``'s recompute and
-    backward at the price of one more ``[B, S, hidden]`` on the device. ``copy_cpu`` (tests)
-    makes CPU tensors take the same path, with ``clone`` for the copies."""
+    On CUDA both copies run on a side stream (to pinned host memory as the layer starts, back
+    when the backward reaches it). With ``prefetch``, giving back layer ``i``'s input also starts
+    copying back layer ``i - 1``'s, which the backward needs next. ``copy_cpu`` (tests) makes
+    CPU tensors take the same path, with ``clone`` for the copies."""
 
     def __init__(self, stats: OffloadStats, pin_memory: bool, prefetch: bool = True):
         self.stats, self.pin_memory, self.prefetch = stats, pin_memory, prefetch

@@ -27,7 +27,6 @@ from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from .cache import attend_pattern_cache, check_unpadded
 from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern
-from .model_config import reset_notes  # noqa: F401  (re-exported: tests reset the notes here)
 from .transformers_checks import check_call, check_config, check_mask_function
 
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedMaskInfo", "configure", "get_pattern",

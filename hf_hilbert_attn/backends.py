@@ -17,6 +17,7 @@ the kernels cannot take to the PyTorch backend, saying so once per reason.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import torch
@@ -36,12 +37,11 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def use_triton(q: torch.Tensor, a, backend: str) -> bool:
     """Whether a call goes to the Triton kernels (the one dispatch rule of every entry point).
 
-    ``backend="triton"``: yes (on any device: the interpreter runs them on CPU), or a
-    ``ValueError`` when the kernels cannot take the dtype or head size. ``"auto"``: yes on CUDA
-    when they can; ``"torch"``: no. Static checks only (no device sync, so the decision traces
-    under ``torch.compile``); calls without work (an empty batch) take the PyTorch path, and
-    data-dependent limits (repeated or negative positions) are checked inside the op, which
-    then runs the PyTorch path itself.
+    ``backend="triton"``: yes (any device: the interpreter runs them on CPU), or a
+    ``ValueError`` when the kernels cannot take the dtype or head size; ``"auto"``: yes on CUDA
+    when they can; ``"torch"``: no. Static checks only (no device sync: it traces under
+    ``torch.compile``); data-dependent limits (repeated or negative positions) are checked
+    inside the op, which then runs the PyTorch path itself; an empty batch takes it too.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -59,11 +59,7 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
 
 
 def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
-        return False
-    return True
+    return importlib.util.find_spec("triton") is not None  # ships with CUDA builds of torch
 
 
 def select_backend(q: torch.Tensor, a, backend: str):
@@ -102,9 +98,7 @@ class TritonBackend:
     name = "triton"
 
     def position_plan(self, a, pattern):
-        from .kernels import plan_positions
-
-        plan, _ = plan_positions(a, pattern)
+        plan, _ = self._plan(a, pattern, None)
         return False if plan is None else plan
 
     def _plan(self, a, pattern, plan):
@@ -205,14 +199,11 @@ def _warn_fallback(why: str) -> None:
 
 
 def _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
-    """(dq, dk, dv) on the PyTorch path, for a call whose rows were merged into ``(out, lse)``.
-
-    ``(out, lse)`` may be this call's own result or the merge of several calls over disjoint
-    key sets (ring attention). The call is recomputed as ``(o_b, lse_b)`` and differentiated
-    with ``grad(o_b) = c·dout`` and ``grad(lse_b) = c·(dout·o_b - dout·out + dlse)``, where
-    ``c = exp(lse_b - lse)`` is the share of this call in the merge (1 for its own result).
-    That is FlashAttention's ``dS = P ∘ (dP - delta)`` with the merged probabilities, the same
-    gradient the Triton backward computes from ``(out, lse)``.
+    """(dq, dk, dv) on the PyTorch path, for a call whose rows were merged into ``(out, lse)``
+    (its own result, or the ring's merge over disjoint keys): the call is recomputed as
+    ``(o_b, lse_b)`` and differentiated with ``grad(o_b) = c·dout`` and ``grad(lse_b) =
+    c·(dout·o_b - dout·out + dlse)``, ``c = exp(lse_b - lse)`` its share of the merge: the
+    Triton backward's ``dS = P ∘ (dP - delta)`` with the merged probabilities.
     """
     acc = accum_dtype(q.dtype)
     with torch.enable_grad():

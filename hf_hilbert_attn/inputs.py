@@ -1,14 +1,9 @@
 """Validation and normalisation of attention inputs, shared by every implementation.
 
-Conventions (as in ``ops.dilated_attention``): q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``; ``Hq % Hkv == 0``.
-Positions and document ids are ``[S]`` or ``[B, S]`` integer tensors. Without positions, keys
-sit at ``0..Sk-1`` and queries at the *last* ``Sq`` positions (``Sk-Sq..Sk-1``, bottom-right
-aligned, as in decoding with a cache)::
-
-    keys     0 1 2 3 4 5 6 7
-    queries            5 6 7      (Sq = 3, Sk = 8)
-
-Document ids: a pair is allowed only inside one document; a key with a negative id is padding.
+Conventions are ``ops.dilated_attention``'s: q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``;
+positions and document ids ``[S]`` or ``[B, S]`` integer tensors; without positions, keys sit at
+``0..Sk-1`` and queries at the *last* ``Sq`` positions; a key with a negative document id is
+padding.
 """
 
 from __future__ import annotations

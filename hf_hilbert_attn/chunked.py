@@ -31,11 +31,7 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     """Memory-efficient dilated attention in PyTorch (any device), differentiable.
 
     Computes exactly what :func:`reference_attention` computes, in float32 (float64 for float64
-    inputs), without ever materialising ``[Sq, Sk]``: blocks of at most ``CHUNK_Q x CHUNK_K``
-    scores (per batch row and head) planned in position space, with FlashAttention-style
-    recomputation in the backward. Sliding windows visit only the keys within each query
-    tile's windows, and sink tokens are one pass of every query against the first
-    ``sink_tokens`` positions.
+    inputs), without ever materialising ``[Sq, Sk]`` (the engines of :data:`ENGINES`).
 
     Args:
         q: ``[B, Hq, Sq, D]``.
@@ -46,7 +42,7 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
 
     Returns:
         ``(out, lse)``: ``out`` ``[B, Hq, Sq, Dv]`` in ``q.dtype``; ``lse`` ``[B, Hq, Sq]`` in
-        float32, float64 for float64 inputs (natural log; ``-inf`` and ``out = 0`` for a query with no allowed key).
+        float32 (float64 inputs: float64), natural log, ``-inf`` (``out = 0``) with no key.
     """
     b, hq, sq, _ = q.shape
     if b == 0 or sq == 0 or k.shape[2] == 0:  # nothing to attend: empty / all -inf rows

@@ -183,12 +183,9 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
     """Dilated attention over a :class:`PatternCache` layer that dropped ``dropped`` positions
     after the sinks: ``key``/``value`` ``[B, Hkv, Sk, D]`` hold positions ``0..sinks-1`` then
     ``sinks + dropped ..``, ending with the queries' own keys; the ``Sq`` queries sit at
-    ``q_start ..``. Returns ``[B, Hq, Sq, D]``.
-
-    The tail runs through :func:`~hf_hilbert_attn.dilated_attention` with the pattern minus its
-    sinks (in natural order, shifted, when its first position is a multiple of the pattern's
-    shift period; else with explicit positions); every query attends every sink key, so the
-    sinks are a dense softmax; the two merge by log-sum-exp (the key sets are disjoint).
+    ``q_start ..``. Returns ``[B, Hq, Sq, D]``: the tail with the pattern minus its sinks
+    (natural order, shifted, where its first position is a multiple of the shift period),
+    the sinks as a dense softmax, merged by log-sum-exp.
     """
     if not causal:
         raise ValueError("a PatternCache serves causal decoding only (got a non-causal layer)")

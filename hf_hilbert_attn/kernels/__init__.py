@@ -117,11 +117,10 @@ class _Launch(tuple):
 
 def _launches(pattern, plan: PositionPlan, causal: bool = True):
     """``(priority configs, launches in order, sinks)``: the config covering every query comes
-    last (it writes the final result, and takes the sink keys: ``sinks`` > 0 when some key of
-    this call is one, positions relative to ``plan.base``). Other configs are launched only
-    where they can join a query and a key of this call (``planning.config_meets``): a ring piece between two
-    chunks of a zigzag shard launched every config over its whole query run, for the pairs of
-    one (docs/decisions.md "Ring pieces launch only the configs that join them")."""
+    last (it writes the final result and takes the sink keys: ``sinks`` > 0 when some key of
+    this call is one, relative to ``plan.base``). Other configs are launched only where they can
+    join a query and a key of this call (``planning.config_meets``; docs/decisions.md "Ring
+    pieces launch only the configs that join them")."""
     prio, order = config_order(pattern)
     out = []
     q_rng, k_rng = (plan.qlo, plan.qhi), (plan.klo, plan.khi)
@@ -220,10 +219,8 @@ def _launch_table(rows, device):
 def _needs_pair_mask(earlier, r: int) -> bool:
     """Whether a launch of rate ``r`` after the configs ``earlier`` tests the union rule pair by
     pair on whole tiles: some earlier rate does not divide ``r``, or its classes shift from one
-    of its segments to the next. Otherwise what they cover is skipped as whole key ranges and
-    the forward's runtime loop is faster than the key tables (1.16 vs 1.24 ms on longnet_lm's
-    (4096, 2) launch at 64K); with the pair mask the tables are (1.86 -> 1.24 ms on (16384, 6);
-    H100, docs/decisions.md "Union tables in the forward")."""
+    of its segments to the next. Only then are the key tables faster than the forward's runtime
+    loop (docs/decisions.md "Union tables in the forward")."""
     return not all(class_uniform(cfg, r, False) for cfg in earlier)
 
 
@@ -231,12 +228,9 @@ def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
     """Whether a program of a launch of ``(w, r)`` (``tile`` class indices per program, on its
     own side) may need the per-pair union mask on whole tiles (the kernels' ``MIXED``): some
     earlier config's rate does not divide ``r``, or a program's positions may straddle one of
-    its segments. A program spans ``r * tile`` positions from a multiple of ``r * tile`` (plus
-    its class, below ``r``) inside a segment of ``w``, so none straddles when ``r * tile``
-    divides ``wj`` and ``wj`` divides ``w``. Without it the launch compiles the kernels' loops
-    once (no union code: a third of the loops of the mixed form, and of its compile time);
-    with it every program takes the loops with the union code, correct for every program.
-    Sliding windows: always (the window's edges)."""
+    its segments (none does when ``r * tile`` divides ``wj`` and ``wj`` divides ``w``). Without
+    it the launch compiles the loops once, without union code (a third of the mixed form's
+    loops and compile time). Sliding windows: always (the window's edges)."""
     if sliding:
         return bool(earlier)
     return not all(class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
@@ -487,11 +481,10 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 plan: PositionPlan, dq=None, dk=None, dv=None):
     """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
 
-    ``dq``/``dk``/``dv``: optional tensors to write into (any strides with a unit last one, e.g.
-    rows of a longer sequence's gradient), shaped like ``q``/``k``/``v``. Inputs may be such
-    views too. The float32 buffers that sum ``dq`` and ``dk``/``dv`` over configs hold a chunk
-    of heads at a time (at most ``acc_bytes`` each), like the forward's; the dk/dv sums reuse
-    the dq sum's memory (``_sum_buffers``). Planned once per call key (:func:`plan_bwd`).
+    ``dq``/``dk``/``dv``: optional tensors to write into (unit last stride, e.g. rows of a
+    longer sequence's gradient), shaped like ``q``/``k``/``v``; inputs may be such views too.
+    The float32 sums over configs hold a chunk of heads at a time (``_sum_buffers``). Planned
+    once per call key (:func:`plan_bwd`).
     """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape

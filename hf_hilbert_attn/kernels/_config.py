@@ -76,10 +76,8 @@ class KernelConfig:
             forward's merge buffer, and each of the backward's dq and dk / dv sums; heads are
             processed in chunks beyond it (``HF_HILBERT_ACC_BYTES``).
         compile_threads: threads that compile the kernels of a call side by side the first
-            time it runs. Triton's JIT compiles at launch, one kernel after the other: 10-20
-            specializations of ~5 s each for a first forward and backward; its compile releases
-            the GIL (LLVM passes, ``ptxas``), so threads scale. 1: compile in turn at launch
-            (``HF_HILBERT_COMPILE_THREADS``).
+            time it runs (Triton compiles 10-20 specializations of ~5 s at launch, one after
+            the other, releasing the GIL); 1: in turn at launch (``HF_HILBERT_COMPILE_THREADS``).
         smem: shared memory per program the tiles are chosen for: None (the GPU's own), or
             bytes (the compile check plans the launches of another GPU with it).
         interpret: the Triton interpreter runs the kernels (``TRITON_INTERPRET=1``): small

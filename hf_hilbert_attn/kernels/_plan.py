@@ -90,11 +90,10 @@ def plan_positions(a, pattern=None) -> tuple:
     """Build the :class:`PositionPlan` for checked inputs ``a`` (``inputs.AttnInputs``).
 
     Natural (no table) when queries and keys each sit at consecutive positions (any start, the
-    same in every row); else a position -> storage table. With ``pattern`` given, positions are
-    taken relative to the largest multiple of its period at or below the smallest position.
-    Explicit positions and document ids are planned once per (positions, document ids, period)
-    and the plan reused while those tensors are unchanged (``plan_cache``); callers must not
-    modify a returned plan (``dataclasses.replace`` makes a changed copy).
+    same in every row); else a position -> storage table. With ``pattern``, positions are taken
+    relative to the largest multiple of its period at or below the smallest one. Plans are
+    reused while the tensors are unchanged (``plan_cache``): never modify one
+    (``dataclasses.replace`` makes a changed copy).
 
     Returns:
         ``(plan, None)`` or ``(None, reason)`` when the kernels cannot take these positions.
@@ -203,11 +202,9 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
 
 def fwd_max_registers(tile, first: bool) -> Optional[int]:
     """Register cap (``maxnreg``) of a forward launch with tile ``(BM, BN, warps, stages)``, or
-    None. The first launch at head size 64 (64 x 64, 4 warps: 57 KiB of shared memory) fits 3
-    programs per SM at up to 168 registers each. ptxas, left alone, gave it 164 registers in
-    one build and 182 (2 programs per SM, a 12 % slower forward of the default pattern at 64K
-    on an H100) after an unrelated change to the kernel's arguments; capped it takes 162 and
-    spills nothing (``kernel_resources.py``, sm_90, Triton 3.6; docs/decisions.md)."""
+    None. The first launch at head size 64 fits 3 programs per SM at up to 168 registers; ptxas
+    alone once gave it 182 (2 per SM, a 12 % slower forward on an H100); capped it takes 162 and
+    spills nothing (``kernel_resources.py``, sm_90; docs/decisions.md)."""
     return 168 if first and tuple(tile[:3]) == (64, 64, 4) else None
 
 

@@ -110,14 +110,9 @@ def all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
 
 # ---------------------------------------------------------------------------------- exchanges
 def weak_group(group) -> Callable[[], Optional[object]]:
-    """A weak reference to ``group`` (None: a callable returning None).
-
-    The ring's autograd context lives as long as the caller keeps an output (a script's result
-    held to the end). A strong reference there kept the process group, its gloo worker threads
-    and sockets alive past ``destroy_process_group()`` into interpreter teardown, where a gloo
-    job was seen to abort ("terminate called without an active exception", exit -6; issue 27).
-    The group's owner keeps it alive while it is in use.
-    """
+    """A weak reference to ``group`` (None: a callable returning None): the ring's autograd
+    context lives as long as an output is kept, and a strong reference kept the group's gloo
+    threads alive into interpreter teardown, where a job aborted (exit -6; issue 27)."""
     return (lambda: None) if group is None else weakref.ref(group)
 
 

@@ -92,12 +92,8 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
 def _window_reach(qp: torch.Tensor, kp: torch.Tensor, w: int, r: int, causal: bool,
                   hi: int) -> torch.Tensor:
     """bool ``[B, Sk]``: some query of the key's batch entry and class ``p ≡ s (mod r)`` lies
-    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``.
-
-    Queries sorted by (batch entry, class, position) as one int64 key; per key, one search for
-    the first query at or after the window's start, which is in the window iff it is not past
-    its end.
-    """
+    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``. One
+    search per key among the queries sorted by (batch entry, class, position)."""
     b = qp.shape[0]
     dev = qp.device
     lo_off = 0 if causal else w - 1
@@ -255,15 +251,11 @@ def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -
 
 @dataclass(eq=False)
 class Piece:
-    """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` against key rows
-    ``[ks, ke)`` of the step's block. The query rows are the part of run ``run`` whose
-    positions can reach the keys (a sliding window's reach into the previous shard: the first
-    ``w_max`` rows, not the whole shard).
-
-    The kernels' position plan of the piece is made on its first call that goes to the kernels
-    and kept here, with the cached ring plan, so later layers and the backward plan nothing
-    again (no host syncs): ``kernel_planned`` says it was made, and ``kernel_plan`` is then the
-    plan, or None when the kernels cannot take these positions (the PyTorch path runs).
+    """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` (the part of run
+    ``run`` whose positions can reach the keys) against key rows ``[ks, ke)`` of the step's
+    block. The kernels' position plan is made on the first kernel call and kept here with the
+    cached ring plan, so later layers and the backward plan nothing again: ``kernel_planned``
+    says it was made, ``kernel_plan`` is it, or None (the PyTorch path runs).
     """
 
     qs: int
@@ -288,11 +280,9 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
                 k_pos: torch.Tensor) -> Pieces:
     """Pieces of every step, the query runs, and how many pieces write each query run.
 
-    Query rows are split into runs of consecutive positions; the local block (step 0) is split
-    into key runs too, so a contiguous or zigzag shard runs the kernels on consecutive
-    positions (no position table, no masks beyond the pattern's) and skips run pairs that no
-    segment joins. A received block (rows chosen by the send plan) stays one call per query
-    run whose positions its key range can reach.
+    Query rows are split into runs of consecutive positions, and the local block (step 0) into
+    key runs too, so contiguous and zigzag shards run the kernels in natural order and skip run
+    pairs no segment joins; a received block is one call per query run it can reach.
     """
     qruns = run_ranges(q_pos)
     consecutive = _runs(q_pos) is not None  # run rows hold positions first, first + 1, ...
@@ -342,14 +332,11 @@ class CachedPlan:
 
 
 class PlanCache:
-    """The last plans per process group (held weakly: a destroyed group's plans go with it), one
-    per key (pattern, heads, causal, device) — a layer with dense heads runs two rings, one
-    sparse and one dense, so two keys alternate — and at most ``PER_GROUP`` keys.
-
-    Every layer of a model calls ring attention with the same positions, so the plan made for
-    the first layer serves the others; a rank uses it only if every rank of the group still has
-    the inputs it was made from (the ring's agreement gathers one flag per rank), so all ranks
-    take the same branch.
+    """The last plans per process group (held weakly), one per key (pattern, heads, causal,
+    device; a layer with dense heads runs a sparse and a dense ring), at most ``PER_GROUP``.
+    Every layer calls the ring with the same positions, so the first layer's plan serves the
+    others; a rank uses it only if every rank still has its inputs (one flag per rank in the
+    agreement), so all ranks take the same branch.
     """
 
     PER_GROUP = 4

@@ -339,13 +339,9 @@ class DilatedPattern:
 
     # ------------------------------------------------------------------ the rule
     def segment_and_class(self, i: int, pos) -> tuple:
-        """Config ``i``'s segment ``pos // w_i`` and dilation class ``(pos % w_i) % r_i``.
-
-        Config ``i`` can only allow a pair whose two positions agree in both (and, per_head,
-        whose class is the head's ``h % r_i``), so grouping tokens by ``(segment, class)``
-        finds every pair the config can allow. Works on any integer tensor, elementwise.
-        Sliding windows have no segments: the segment is 0 and the class ``pos % r_i``; the
-        window ``|p - s| < w_i`` is checked apart (:meth:`in_window`).
+        """Config ``i``'s segment ``pos // w_i`` and dilation class ``(pos % w_i) % r_i``
+        (elementwise on integer tensors): the config allows only pairs that agree in both.
+        Sliding windows: segment 0, class ``pos % r_i``; the window is :meth:`in_window`.
         """
         w, r = self.configs[i]
         pos = torch.as_tensor(pos)
@@ -356,12 +352,9 @@ class DilatedPattern:
         return seg, cls
 
     def config_keys(self, i: int, head, q_pos, k_pos) -> tuple:
-        """Integer keys with ``config_allowed(i, head, p, s) == (q_key == k_key)`` (broadcast).
-
-        A key is ``2 * (segment * r_i + class)``; per_head, a query whose class is not its
-        head's ``h % r_i`` gets the odd key ``+ 1``, which no key matches. One comparison of
-        keys replaces the three of the rule, which is what block masks of long sequences need.
-        Sliding windows: equal keys mean same class only; :meth:`config_allowed` adds the window.
+        """Integer keys with ``config_allowed(i, head, p, s) == (q_key == k_key)`` (broadcast;
+        sliding windows: the class only): ``2 * (segment * r_i + class)``, per_head ``+ 1`` for
+        a query whose class is not its head's ``h % r_i``. One comparison instead of three.
         """
         w, r = self.configs[i]
         q_seg, q_cls = self.segment_and_class(i, q_pos)
@@ -373,12 +366,8 @@ class DilatedPattern:
         return q_key, k_key
 
     def config_allowed(self, i: int, head, q_pos, k_pos) -> torch.Tensor:
-        """The rule of config ``i`` alone, on broadcastable integer tensors: same segment of
-        ``w_i``, same dilation class, and (per_head) that class is ``head % r_i``.
-
-        The pattern's rule is the OR of this over all configs (see :meth:`allowed`); the result
-        has no head dimension when config ``i`` does not depend on the head.
-        """
+        """The rule of config ``i`` alone, on broadcastable integer tensors (no head dimension
+        where it does not depend on the head); :meth:`allowed` is the OR over the configs."""
         q_key, k_key = self.config_keys(i, head, q_pos, k_pos)
         ok = q_key == k_key
         if self.sliding:
@@ -424,12 +413,9 @@ class DilatedPattern:
         k_doc_ids: Optional[torch.Tensor] = None,
         num_kv_heads: Optional[int] = None,
     ) -> torch.Tensor:
-        """Dense boolean mask ``[B, H, Sq, Sk]`` (True = attend) for given positions.
-
-        Positions are ``[S]`` or ``[B, S]`` integer tensors. Document ids (same shapes) forbid
-        pairs across documents; a key whose document id is negative is padding and never allowed.
-        ``num_kv_heads``: needed when the pattern has dense heads. This is O(Sq*Sk): it is for
-        references, tests and small masks.
+        """Dense boolean mask ``[B, H, Sq, Sk]`` (True = attend), O(Sq*Sk): for references,
+        tests and small masks. Positions and document ids ``[S]`` or ``[B, S]``; a negative key
+        document id is padding. ``num_kv_heads``: needed when the pattern has dense heads.
         """
         qp = _as_2d(q_positions)
         kp = _as_2d(k_positions)
@@ -458,11 +444,9 @@ class DilatedPattern:
         num_heads: Optional[int] = None,
         num_kv_heads: Optional[int] = None,
     ) -> Callable:
-        """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for this pattern.
-
-        With no positions, index == position. Position / document tensors are ``[S]`` or
-        ``[B, S]`` and are indexed with the storage indices FlexAttention passes in.
-        ``num_heads`` / ``num_kv_heads``: needed when the pattern has dense heads.
+        """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for this pattern; position
+        and document tensors (``[S]`` or ``[B, S]``; none: index == position) are indexed with
+        the storage indices it passes in. ``num_heads`` / ``num_kv_heads``: for dense heads.
         """
         dense = self.dense_query_heads(num_heads, num_kv_heads) if self.dense_kv_heads else None
         qp = None if q_positions is None else _as_2d(q_positions)

@@ -41,9 +41,8 @@ __all__ = ["SequenceParallelCollator", "SequenceParallelMixin", "SequenceParalle
 ATTN = "hilbert_dilated"
 FINGERPRINT_KEY = "hilbert_sp_fingerprint"
 IGNORE_INDEX = -100
-# Keys that describe the *unsharded* packed layout for flash/varlen kernels (TRL's padding-free
-# collator, DataCollatorWithFlattening(return_flash_attn_kwargs=True)). A shard's documents are
-# given by hilbert_doc_ids instead; these would be wrong for it.
+# Flash/varlen keys of the *unsharded* packed layout (wrong for a shard, whose documents come as
+# hilbert_doc_ids): DataCollatorWithFlattening(return_flash_attn_kwargs=True), TRL's collator.
 _VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
@@ -61,21 +60,19 @@ class SequenceParallelCollator:
     """Collate with ``collator``, then keep this rank's shard of every sequence.
 
     Args:
-        collator: the collator to wrap (``DataCollatorForLanguageModeling``,
-            ``DataCollatorWithFlattening``, TRL's collator, ``default_data_collator``, ...). Its
-            output needs ``input_ids`` ``[B, S]``; ``labels`` (unshifted, or pre-shifted as
-            ``shift_labels``), ``position_ids`` (restarting per document for packed rows) and
-            ``attention_mask`` are used when present.
+        collator: the collator to wrap (``DataCollatorWithFlattening``, TRL's, ...; None:
+            ``default_data_collator``). Its output needs ``input_ids`` ``[B, S]``; ``labels``
+            (or pre-shifted ``shift_labels``), ``position_ids`` and ``attention_mask`` are used
+            when present.
         sp_rank, sp_size: this rank's place in its sequence-parallel group.
         layout: a layout of :data:`~hf_hilbert_attn.sharding.LAYOUT_CHOICES`.
         pattern: the model's :class:`~hf_hilbert_attn.DilatedPattern` (``layout`` ``"auto"`` and
             ``"hilbert"`` use it).
         pad_token_id: ``input_ids`` value of the padding :func:`shard_batch` adds.
 
-    Returns (per call) the dict of :func:`~hf_hilbert_attn.sharding.shard_batch` without
-    ``num_items`` (Trainer counts ``shift_labels`` itself), without the varlen keys of the
-    unsharded batch, plus :data:`FINGERPRINT_KEY` (checked and removed by the trainer).
-    Picklable: it runs in DataLoader workers.
+    Returns (per call) :func:`~hf_hilbert_attn.sharding.shard_batch`'s dict without
+    ``num_items`` (Trainer counts ``shift_labels``) and the unsharded varlen keys, plus
+    :data:`FINGERPRINT_KEY` (checked and removed by the trainer). Picklable (DataLoader workers).
     """
 
     def __init__(self, collator, sp_rank: int, sp_size: int, layout: str = DEFAULT_LAYOUT,

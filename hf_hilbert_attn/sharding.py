@@ -24,6 +24,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from .inputs import restart_documents
 from .pattern import DilatedPattern
@@ -43,8 +44,6 @@ def _rank_world(group) -> Tuple[int, int]:
             raise ValueError(f"group must be a process group or (rank, world_size), got {group!r}")
         rank, world = int(group[0]), int(group[1])
     else:
-        import torch.distributed as dist
-
         if not dist.is_available() or not dist.is_initialized():
             if group is None:
                 return 0, 1
@@ -255,8 +254,6 @@ def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *
         The tensor in natural position order along ``dim``. Differentiable when ``x`` requires
         grad (the gradient of each rank's slice flows back to that rank).
     """
-    import torch.distributed as dist
-
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
         return x if seq_len is None else x.narrow(dim, 0, seq_len)
     world = dist.get_world_size(group)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from ..sharding import DEFAULT_LAYOUT, shard_batch
 
@@ -55,8 +56,6 @@ _SPLIT_CACHE = {}
 
 
 def _split_groups(world: int, sp: int):
-    import torch.distributed as dist
-
     key = (world, sp)
     if key not in _SPLIT_CACHE:
         # every rank must create every group, in the same order
@@ -79,8 +78,6 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
     Raises:
         ValueError: ``sp_size`` does not divide the world size, or disagrees with the mesh.
     """
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         if sp_size not in (None, 1):
             raise ValueError(f"sp_size={sp_size} needs torch.distributed to be initialised "
@@ -114,8 +111,6 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
 
 def global_num_items(num_items: torch.Tensor, group) -> torch.Tensor:
     """Sum of non-ignored label counts over the SP group (no gradient)."""
-    import torch.distributed as dist
-
     n = torch.as_tensor(num_items).detach().clone().to(torch.int64)
     if group is not None:
         dist.all_reduce(n, group=group)
@@ -154,8 +149,6 @@ class _SumOverGroup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        import torch.distributed as dist
-
         ctx.group = group
         y = x.clone()
         dist.all_reduce(y, group=group)
@@ -163,8 +156,6 @@ class _SumOverGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        import torch.distributed as dist
-
         g = grad.clone()
         dist.all_reduce(g, group=ctx.group)
         return g, None
@@ -172,8 +163,6 @@ class _SumOverGroup(torch.autograd.Function):
 
 def average_gradients(model: torch.nn.Module, group=None) -> None:
     """Average ``.grad`` over ``group`` (default: world) — what DDP does, for runs without it."""
-    import torch.distributed as dist
-
     world = dist.get_world_size(group)
     for p in model.parameters():
         if p.grad is not None:

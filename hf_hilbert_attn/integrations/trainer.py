@@ -27,6 +27,7 @@ import logging
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from transformers import Trainer
 
 from .. import DilatedPattern, get_pattern, sequence_parallel, shard_batch
@@ -116,8 +117,6 @@ class SequenceParallelCollator:
 
 
 def _world_size() -> int:
-    import torch.distributed as dist
-
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
@@ -203,8 +202,6 @@ class SequenceParallelMixin:
 
     def _check_same_batch(self, inputs: dict) -> None:
         """Every rank of a group must hold a shard of the same batch; raise on all of them if not."""
-        import torch.distributed as dist
-
         fp = inputs.pop(FINGERPRINT_KEY, None)
         if fp is None:
             raise ValueError("the batch was not sharded by SequenceParallelCollator (was "

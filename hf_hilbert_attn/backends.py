@@ -62,6 +62,12 @@ def _triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None  # ships with CUDA builds of torch
 
 
+def _kernels():
+    from . import kernels  # imports Triton: only once a call goes to the kernels
+
+    return kernels
+
+
 def select_backend(q: torch.Tensor, a, backend: str):
     """The backend of a call (:func:`use_triton`)."""
     return TRITON if use_triton(q, a, backend) else TORCH
@@ -102,15 +108,10 @@ class TritonBackend:
         return False if plan is None else plan
 
     def _plan(self, a, pattern, plan):
-        if plan:
-            return plan, None
-        from .kernels import plan_positions
-
-        return plan_positions(a, pattern)
+        return (plan, None) if plan else _kernels().plan_positions(a, pattern)
 
     def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
-        from .kernels import dilated_fwd
-
+        dilated_fwd = _kernels().dilated_fwd
         plan, why = self._plan(a, pattern, plan)
         if plan is not None:
             return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
@@ -130,8 +131,7 @@ class TritonBackend:
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
                  plan=None):
-        from .kernels import dilated_bwd
-
+        dilated_bwd = _kernels().dilated_bwd
         grads = (None, None, None) if grads is None else grads
         plan, _ = self._plan(a, pattern, plan)
         if plan is not None:
@@ -161,8 +161,6 @@ def document_runs(q, k, v, pattern, a):
     .document_runs`` and the kernels' plan of each — or None when the layout is anything else
     or the kernels cannot plan a document (then the PyTorch path runs).
     """
-    from .kernels import plan_positions
-
     ranges = _document_ranges(a)
     if ranges is None:
         return None
@@ -172,7 +170,7 @@ def document_runs(q, k, v, pattern, a):
             a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
         sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
                            pattern, scale=a.scale, q_positions=positions, k_positions=positions)
-        plan, _ = plan_positions(sub, pattern)
+        plan, _ = _kernels().plan_positions(sub, pattern)
         if plan is None:
             return None
         runs.append((b, lo, hi, plan))

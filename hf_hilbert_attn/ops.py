@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import List, Optional, Tuple
 
@@ -279,8 +280,6 @@ def with_documents(plan, q_doc_ids, k_doc_ids):
     """``plan`` with these document ids (``[B or 1, S]`` integer tensors, or None)."""
     if not plan or k_doc_ids is None:
         return plan
-    import dataclasses
-
     return dataclasses.replace(plan, qdoc=q_doc_ids.to(torch.int32).contiguous(),
                                kdoc=k_doc_ids.to(torch.int32).contiguous())
 

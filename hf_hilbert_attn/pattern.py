@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
+import yaml
 
 from . import counting
 from .planning import covers
@@ -202,8 +203,6 @@ class DilatedPattern:
 
     @classmethod
     def from_yaml(cls, path: Union[str, Path]) -> "DilatedPattern":
-        import yaml
-
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"pattern file not found: {path}")
@@ -212,8 +211,6 @@ class DilatedPattern:
         return cls.from_dict(data)
 
     def to_yaml(self, path: Union[str, Path, None] = None) -> str:
-        import yaml
-
         text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
         if path is not None:
             Path(path).write_text(text)

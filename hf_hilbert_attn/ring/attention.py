@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from ..compiler import disable_lazily
 from ..dense_heads import with_dense_heads
@@ -322,8 +323,6 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         ValueError: bad shapes / positions, or (on every rank) ranks that disagree on shapes,
             pattern, dtype or options.
     """
-    import torch.distributed as dist
-
     if group is None or dist.get_world_size(group) == 1:
         return dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
                                  q_positions=q_positions, k_positions=k_positions,

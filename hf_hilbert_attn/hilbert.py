@@ -1,11 +1,10 @@
 """Hilbert-curve storage layouts (``docs/hilbert.md``): a layout of tokens, never a change of
 the function.
 
-The curve is the *generalised* Hilbert curve on any ``W x H`` rectangle: the rectangle is cut in
-halves (when it is long) or in three parts (when it is squarish), each part is traversed by the
-same construction in a rotated / reflected frame, and the parts are joined end to start. On
-``2^k x 2^k`` squares it is the classic Hilbert curve; on other shapes it keeps the same
-locality (every part is about as wide as it is long). See ``docs/hilbert.md`` for a drawing.
+The curve is the *generalised* Hilbert curve on any ``W x H`` rectangle: cut in halves (long)
+or three parts (squarish), each traversed by the same construction in a rotated / reflected
+frame, joined end to start; the classic curve on ``2^k x 2^k`` squares, with the same locality
+elsewhere (a drawing: ``docs/hilbert.md``).
 
 Guarantees (tested for every shape up to 40 x 40 and many larger ones): a bijection onto the
 cells, starting at cell ``(0, 0)``, whose consecutive cells are grid neighbours for **every**
@@ -192,11 +191,10 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
                         device: Device = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The Hilbert storage layout of ``seq_len`` tokens for ``pattern`` (``docs/hilbert.md``).
 
-    Within each segment of the longest config (``w = pattern.max_segment``; the last segment may
-    be partial), offsets ``t`` form a grid of ``ceil(w / R)`` rows by ``R`` columns
-    (``R = pattern.max_rate``; cell ``(t // R, t % R)``, so each column is one dilation class of
-    the sparsest config), visited in Hilbert-curve order. Tokens never leave their segment.
-    With ``R == 1`` (dense) the layout is the identity.
+    Within each segment of the longest config (``w = pattern.max_segment``; the last may be
+    partial), offsets ``t`` form a grid of ``ceil(w / R)`` rows by ``R = pattern.max_rate``
+    columns (cell ``(t // R, t % R)``: a column per dilation class), visited in Hilbert-curve
+    order; tokens never leave their segment (``R == 1``: the identity).
 
     Args:
         seq_len: number of tokens, ``>= 0``.
@@ -251,20 +249,10 @@ def storage_positions(seq_len: int, pattern: DilatedPattern, ordering: Optional[
                       device: Device = None, *, head_dim: Optional[int] = None) -> torch.Tensor:
     """True positions of the tokens in storage order, int64 ``[seq_len]``.
 
-    Args:
-        seq_len: number of tokens.
-        pattern: the :class:`DilatedPattern`.
-        ordering: ``"natural"`` (``arange``), ``"hilbert"`` (``perm`` of
-            :func:`hilbert_permutation`) or ``"auto"`` (:func:`resolve_ordering`); default
-            ``pattern.ordering``.
-        device: device of the result.
-        head_dim: passed to :func:`resolve_ordering` for ``"auto"``.
-
-    Returns:
-        A cached, shared tensor (do not modify).
-
-    Raises:
-        ValueError: for an unknown ``ordering``.
+    ``ordering``: ``"natural"`` (``arange``), ``"hilbert"`` (``perm`` of
+    :func:`hilbert_permutation`) or ``"auto"`` (:func:`resolve_ordering`, given ``head_dim``);
+    default ``pattern.ordering``; anything else raises ``ValueError``. The result is cached and
+    shared: do not modify it.
     """
     if storage_ordering(pattern, seq_len, head_dim, device, ordering) == "hilbert":
         return hilbert_permutation(seq_len, pattern, device)[0]

@@ -215,17 +215,14 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
     """The positions a model's attention layer hands the op (the pattern follows true positions,
     never storage indices).
 
-    * No cache (training, prefill: ``q_offset == 0`` and ``sq == sk``): ``position_ids``
-      ``[B or 1, S]``; restarting positions are packed documents (:func:`restart_documents`),
-      unless ``doc_ids`` are given. Positions ``0..S-1`` with one document become None (the
-      op's natural order, where ``pattern.ordering`` applies). ``sharded`` (a sequence-parallel
-      shard, whose positions jump between zigzag chunks) needs ``doc_ids`` for packed rows.
-    * With a cache (decode, static-cache prefill): key ``j`` of row ``b`` sits at
-      ``cumsum(padding_mask[b])[j] - 1`` (left padding shifts nothing), or at ``j`` without a
-      padding mask; the queries are the cache slots ``q_offset ..`` they were written to.
-      Generate's ``position_ids`` are the same numbers, computed from the same mask. (A
-      ``PatternCache`` that dropped keys never comes here: its slots ``>= sink_tokens`` are
-      shifted positions, handled by ``integrations.cache.attend_with_dropped_keys``.)
+    * No cache (``q_offset == 0`` and ``sq == sk``): ``position_ids`` ``[B or 1, S]``;
+      restarting positions are packed documents (:func:`restart_documents`) unless ``doc_ids``
+      are given; ``0..S-1`` with one document becomes None (natural order, where
+      ``pattern.ordering`` applies). A ``sharded`` (sequence-parallel) row needs ``doc_ids``.
+    * With a cache: key ``j`` of row ``b`` sits at ``cumsum(padding_mask[b])[j] - 1`` (at ``j``
+      without a mask), as generate's ``position_ids``; the queries are the cache slots
+      ``q_offset ..``. (A ``PatternCache`` that dropped keys goes to
+      ``integrations.cache.attend_with_dropped_keys`` instead.)
 
     ``padding_mask`` ``[B, Sk]`` (True = a real token) or None; padded keys get document id -1
     and are never attended. Every returned ``[B', S]`` tensor has the same leading size.

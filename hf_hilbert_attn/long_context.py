@@ -315,11 +315,9 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
     """Keep each decoder layer's checkpointed input (``[B, S, hidden]``) in host memory from
     its forward until its backward recompute, instead of on the accelerator.
 
-    Needs non-reentrant gradient checkpointing
-    (:func:`hf_hilbert_attn.training.enable_checkpointing`) when the model runs, enabled
-    before or after this call; a layer that is not checkpointed (or runs without gradients) is
-    left alone. Exact: the values are copied, not changed. ``enable=False`` undoes; calling
-    twice is the same as once.
+    Needs non-reentrant gradient checkpointing when the model runs
+    (:func:`hf_hilbert_attn.training.enable_checkpointing`, before or after this call); other
+    layers are left alone. Exact (values are copied); ``enable=False`` undoes; idempotent.
 
     Args:
         model: a Transformers model (or a module containing one).

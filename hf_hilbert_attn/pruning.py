@@ -1,20 +1,15 @@
 """The configs a call needs, given the span of its positions.
 
 A config whose pairs another config already allows for every pair *this call can hold* adds
-nothing to the union, so it is not launched. Over a short span that is common: at 4K tokens
-the default pattern's sliding windows of 8K..64K at rates 4..32 allow only pairs that its
-(4096, 2) window allows too, so 2 of its 6 configs do all the work. The union rule makes this
-exact: a key counts once whichever config allows it (tested against the reference with and
-without the dropped configs in ``tests/test_pruning.py``).
+nothing to the union (a key counts once), so it is not launched. Over a short span that is
+common: at 4K tokens 2 of the default pattern's 6 sliding configs do all the work (tested
+against the reference in ``tests/test_pruning.py``).
 
-Config ``i`` covers config ``j`` over a call when ``r_i`` divides ``r_j`` (so ``j``'s class
-conditions imply ``i``'s: ``p ≡ s`` and, per head, ``p ≡ h`` modulo ``r_j`` hold modulo ``r_i``)
-and every pair of ``j`` in the call lies in a window/segment of ``i``:
-
-* sliding windows: ``w_i >= min(w_j, reach + 1)``, ``reach`` the largest ``|p - s|`` the call's
-  position ranges allow;
-* segment windows: every position of the call lies in the first segment of both (positions
-  relative to a base that is a multiple of every segment length, as the kernels' plans use).
+Config ``i`` covers config ``j`` over a call when ``r_i`` divides ``r_j`` (``j``'s class
+conditions then imply ``i``'s) and every pair of ``j`` in the call lies in a window/segment of
+``i``: sliding, ``w_i >= min(w_j, reach + 1)`` (``reach`` the largest ``|p - s|`` of the call);
+segments, every position of the call lies in the first segment of both (positions relative to a
+base that is a multiple of every segment length, as the kernels' plans use).
 """
 
 from __future__ import annotations

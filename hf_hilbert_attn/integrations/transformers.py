@@ -1,13 +1,11 @@
-"""``attn_implementation="hilbert_dilated"``: the attention and mask functions for Transformers.
+"""``attn_implementation="hilbert_dilated"``: the attention and mask functions for Transformers
+(guide: ``docs/transformers.md``).
 
-Transformers calls the registered *mask* function once per forward and the *attention*
-function once per layer. :func:`hilbert_dilated_mask` never builds an ``[B, 1, Sq, Sk]`` mask:
-it returns a :class:`DilatedMaskInfo` (the 2-D padding mask, if any, and where the queries sit
-in the KV cache). :func:`hilbert_dilated_attention_forward` turns it and ``position_ids`` into
-true positions and document ids (``inputs.model_positions``) and calls
-:func:`hf_hilbert_attn.dilated_attention`, or ring attention inside
-:func:`hf_hilbert_attn.sequence_parallel`. The model's pattern lives in ``config.hilbert_attn``
-(a dict, saved in ``config.json``); see :func:`configure`. Guide: ``docs/transformers.md``.
+Transformers calls the *mask* function once per forward and the *attention* function once per
+layer. :func:`hilbert_dilated_mask` never builds a ``[B, 1, Sq, Sk]`` mask: it returns a
+:class:`DilatedMaskInfo` (padding, cache offsets), which :func:`hilbert_dilated_attention_forward`
+turns with ``position_ids`` into true positions (``inputs.model_positions``) for
+:func:`hf_hilbert_attn.dilated_attention`, or the ring inside ``sequence_parallel``.
 """
 
 from __future__ import annotations

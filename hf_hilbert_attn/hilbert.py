@@ -22,16 +22,8 @@ import torch
 
 from .pattern import ORDERINGS, DilatedPattern
 
-__all__ = [
-    "hilbert_curve",
-    "hilbert_permutation",
-    "to_storage",
-    "from_storage",
-    "storage_positions",
-    "resolve_ordering",
-    "storage_ordering",
-    "in_storage_order",
-]
+__all__ = ["hilbert_curve", "hilbert_permutation", "to_storage", "from_storage",
+           "storage_positions", "resolve_ordering", "storage_ordering", "in_storage_order"]
 
 Device = Union[str, torch.device, None]
 

@@ -57,11 +57,9 @@ def dilated_attention(
         backend: ``"auto"`` (Triton on CUDA when the shape is supported, else PyTorch),
             ``"torch"`` or ``"triton"``.
 
-    ``pattern.ordering`` is honoured here: with ``"hilbert"`` (or ``"auto"`` resolving to it),
-    self-attention over positions ``0..S-1`` (no positions given) stores the tokens in the
-    pattern's Hilbert order for the computation and returns them in natural order
-    (``hilbert.in_storage_order``); the result is the same function. Calls with explicit
-    positions are already in the caller's storage order.
+    ``pattern.ordering`` is honoured for self-attention without positions: ``"hilbert"`` stores
+    the tokens in Hilbert order for the computation (``hilbert.in_storage_order``), the same
+    function; explicit positions are already in the caller's storage order.
 
     Returns:
         ``out`` ``[B, Hq, Sq, D]`` in the input dtype, and ``lse`` if ``return_lse``.
@@ -245,9 +243,8 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
                            q_doc_ids=None, k_doc_ids=None, backend: str = "auto", plan=None):
     """:func:`dilated_attention` without autograd, writing ``out`` and ``lse`` into the given
     tensors (e.g. views into a longer sequence's result): in place on the Triton path, by a copy
-    otherwise. ``lse`` is float32, or float64 for float64 inputs (the PyTorch path computes it
-    so; ring attention merges float64 pieces without a float32 step). ``plan``: as in
-    :func:`dilated_attention_backward`. Returns ``(out, lse)``."""
+    otherwise. ``lse`` is float32 (float64 inputs: float64, so the ring merges them without a
+    float32 step). ``plan``: as in :func:`dilated_attention_backward`. Returns ``(out, lse)``."""
     _no_dense_heads(pattern, "attention_forward_into")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
@@ -258,11 +255,10 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
 def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_positions=None,
                   backend: str = "auto"):
     """The kernels' ``PositionPlan`` for these positions (without document ids); ``False`` when
-    the kernels cannot take these positions (the call falls back to the PyTorch path); None when
-    this call would not go to the kernels at all (backend, device, dtype, head size: decided per
-    call, so nothing to keep). Planning reads the positions (a few host syncs); a caller that
-    repeats a call with the same positions (ring attention, layer after layer) passes the
-    result back through ``plan=`` instead, with its document ids attached (:func:`with_documents`)."""
+    the kernels cannot take them (PyTorch path); None when the call would not go to the kernels
+    (decided per call: nothing to keep). Planning syncs with the host; a caller repeating a call
+    at the same positions (the ring) passes the plan back through ``plan=``, with its document
+    ids attached (:func:`with_documents`)."""
     _no_dense_heads(pattern, "position_plan")
     a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
     return select_backend(q, a, backend).position_plan(a, pattern)

@@ -158,13 +158,11 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
 
     Returns:
         A new dict: ``input_ids`` ``[B, L]``; ``position_ids`` ``[B, L]`` (true positions;
-        padding continues after the last position so it is never attended causally);
-        ``hilbert_doc_ids`` (global document ids, -1 on padding) when ``position_ids`` restart
-        (packed documents) or the layout is ``"hilbert"`` (positions out of order); ``labels``
-        and ``shift_labels`` — both the *already shifted* labels of this shard, -100 on
-        padding — so that ``model(**shard)`` computes the shard's loss without shifting again;
-        ``attention_mask`` (0 on padding) when the batch had one; and ``num_items`` — the
-        number of non-ignored labels of this shard (a 0-dim tensor).
+        padding continues after the last one); ``hilbert_doc_ids`` (global document ids, -1 on
+        padding) for packed documents or the ``"hilbert"`` layout; ``labels`` and
+        ``shift_labels``, both the *already shifted* labels of this shard (-100 on padding), so
+        ``model(**shard)`` does not shift again; ``attention_mask`` (0 on padding) when given;
+        ``num_items``: the shard's non-ignored labels (0-dim tensor).
 
     Raises:
         ValueError: unknown layout, missing ``input_ids``, inconsistent shapes.

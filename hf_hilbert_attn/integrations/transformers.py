@@ -91,17 +91,15 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
               keep_dense_heads: bool = True):
     """Give ``model`` a dilated attention pattern, stored where ``save_pretrained`` keeps it.
 
-    Writes ``pattern.to_dict()`` to ``model.config.hilbert_attn`` and to the config of every
-    sub-model (composite models), so ``config.json`` carries it and ``from_pretrained`` restores it.
-
-    ``pattern``: a :class:`DilatedPattern`, its dict, a YAML path, a shipped name (``"longnet_lm"``;
-    ``hf_hilbert_attn.patterns.names()``) or None (the default). ``set_attn_implementation``:
-    also call ``model.set_attn_implementation("hilbert_dilated")``. Returns ``model`` (changed in
-    place). ``keep_dense_heads``: a calibration's per-layer dense heads already in the config
-    (:func:`set_dense_kv_heads`, ``hf-hilbert-attn calibrate``) stay with the new pattern — they
-    say which heads of this model retrieve, whatever the sparse pattern (docs/decisions.md,
-    "Shipped retrieval defaults"); False drops them. Raises ``ValueError`` for an invalid pattern
-    or a config with sliding-window layers, ``TypeError`` for a model without ``config``.
+    Writes ``pattern.to_dict()`` to ``config.hilbert_attn`` of the model and every sub-model, so
+    ``config.json`` carries it. ``pattern``: a :class:`DilatedPattern`, its dict, a YAML path, a
+    shipped name (``hf_hilbert_attn.patterns.names()``) or None (the default).
+    ``set_attn_implementation``: also switch the model to ``"hilbert_dilated"``.
+    ``keep_dense_heads``: a calibration's per-layer dense heads (:func:`set_dense_kv_heads`)
+    stay with the new pattern, as they describe the model (docs/decisions.md, "Shipped
+    retrieval defaults"); False drops them. Returns ``model`` (changed in place). Raises
+    ``ValueError`` for an invalid pattern or sliding-window layers, ``TypeError`` without a
+    ``config``.
     """
     pattern = as_pattern(pattern)
     configs = _model_configs(model)

@@ -21,23 +21,17 @@ SLIDING_MESSAGE = (
 # Mask functions Transformers composes for plain causal / bidirectional / packed / padded
 # attention; anything else (sliding windows, chunks, bidirectional image blocks, user overlays)
 # changes the function in a way the dilated pattern does not express.
-_KNOWN_MASK_LEAVES = {
-    "causal_mask_function",
-    "bidirectional_mask_function",
-    "packed_sequence_mask_function.<locals>.inner_mask",
-    "padding_mask_function.<locals>.inner_mask",
-}
+_KNOWN_MASK_LEAVES = {"causal_mask_function", "bidirectional_mask_function",
+                      "packed_sequence_mask_function.<locals>.inner_mask",
+                      "padding_mask_function.<locals>.inner_mask"}
 _MASK_WRAPPERS = {
     "and_masks.<locals>.and_mask": "mask_functions",
     "remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_function",
     "add_offsets_to_mask_function.<locals>.inner_mask": "mask_function",
 }
-_UNSUPPORTED_KWARGS = {
-    "softcap": "attention logit soft-capping (softcap)",
-    "s_aux": "attention sinks (s_aux)",
-    "sinks": "attention sinks",
-    "position_bias": "additive position bias (position_bias)",
-}
+_UNSUPPORTED_KWARGS = {"softcap": "attention logit soft-capping (softcap)",
+                       "s_aux": "attention sinks (s_aux)", "sinks": "attention sinks",
+                       "position_bias": "additive position bias (position_bias)"}
 
 
 def check_config(cfg) -> None:

@@ -23,18 +23,8 @@ from ._fwd import _fwd_kernel
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
                     fwd_max_registers, plan_positions, union_keys)
 
-__all__ = [
-    "dilated_fwd",
-    "dilated_bwd",
-    "plan_positions",
-    "PositionPlan",
-    "SUPPORTED_HEAD_DIMS",
-    "KernelConfig",
-    "kernel_config",
-    "configure",
-    "configured",
-    "set_launch_hook",
-]
+__all__ = ["dilated_fwd", "dilated_bwd", "plan_positions", "PositionPlan", "SUPPORTED_HEAD_DIMS",
+           "KernelConfig", "kernel_config", "configure", "configured", "set_launch_hook"]
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
 def _earlier(npri: int) -> bool:

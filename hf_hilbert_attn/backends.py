@@ -53,8 +53,7 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
         raise ValueError(
             f"backend='triton' needs float16/bfloat16/float32 and head_dim in "
             f"{KERNEL_HEAD_DIMS} (same for v), got {q.dtype}, head_dim {a.head_dim}/"
-            f"{a.head_dim_v}; use backend='auto' or 'torch'"
-        )
+            f"{a.head_dim_v}; use backend='auto' or 'torch'")
     return ok and a.batch > 0
 
 

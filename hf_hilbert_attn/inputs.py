@@ -48,8 +48,7 @@ def _positions(name, t, batch, length, device, default):
         t = t.unsqueeze(0)
     if t.dim() != 2 or t.shape[-1] != length or t.shape[0] not in (1, batch):
         raise ValueError(
-            f"{name} must have shape [{length}] or [1 or {batch}, {length}], got {tuple(t.shape)}"
-        )
+            f"{name} must have shape [{length}] or [1 or {batch}, {length}], got {tuple(t.shape)}")
     return t.to(device=device, dtype=torch.int64)
 
 
@@ -86,18 +85,9 @@ def _layout_hint(q: torch.Tensor, k: torch.Tensor) -> str:
             f"{tuple(k.shape)}: did you pass [B, S, H, D]? use .transpose(1, 2)")
 
 
-def check_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pattern: DilatedPattern,
-    *,
-    scale: Optional[float] = None,
-    q_positions=None,
-    k_positions=None,
-    q_doc_ids=None,
-    k_doc_ids=None,
-) -> AttnInputs:
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *,
+                 scale: Optional[float] = None, q_positions=None, k_positions=None,
+                 q_doc_ids=None, k_doc_ids=None) -> AttnInputs:
     """Validate shapes/dtypes and normalise positions; raises ``ValueError``/``TypeError``."""
     if not isinstance(pattern, DilatedPattern):
         raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
@@ -247,8 +237,7 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
         if pos.dim() != 2 or pos.shape[-1] != sq or pos.shape[0] not in (1, batch):
             raise ValueError(
                 f"position_ids must have shape [B, S] = [{batch}, {sq}] (or [1, {sq}]), got "
-                f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported)"
-            )
+                f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported)")
         pos = pos.to(device=device, dtype=torch.int64)
     if pos is not None and doc_ids is None and _is_natural(pos, sq):
         pos = None  # the model's default position_ids (0..S-1, pads included)
@@ -264,8 +253,7 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
         if bool((torch.diff(pos, dim=-1) <= 0).any()):
             raise ValueError(
                 "packed sequences under sequence_parallel need global document ids: pass "
-                "hilbert_doc_ids=[B, S_local] to the model's forward"
-            )
+                "hilbert_doc_ids=[B, S_local] to the model's forward")
     elif pos is not None:
         docs = restart_documents(pos)
     if docs is None and pos is not None and _is_natural(pos, sq):

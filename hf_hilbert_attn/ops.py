@@ -18,21 +18,13 @@ from .numerics import accum_dtype, call_under_autocast
 from .pattern import DilatedPattern
 
 
-def dilated_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pattern: DilatedPattern,
-    *,
-    causal: bool = True,
-    scale: Optional[float] = None,
-    q_positions: Optional[torch.Tensor] = None,
-    k_positions: Optional[torch.Tensor] = None,
-    q_doc_ids: Optional[torch.Tensor] = None,
-    k_doc_ids: Optional[torch.Tensor] = None,
-    return_lse: bool = False,
-    backend: str = "auto",
-):
+def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern,
+                      *, causal: bool = True, scale: Optional[float] = None,
+                      q_positions: Optional[torch.Tensor] = None,
+                      k_positions: Optional[torch.Tensor] = None,
+                      q_doc_ids: Optional[torch.Tensor] = None,
+                      k_doc_ids: Optional[torch.Tensor] = None, return_lse: bool = False,
+                      backend: str = "auto"):
     """LongNet-style dilated attention (the rule: README "The pattern", ``pattern.py``),
     differentiable.
 

@@ -118,8 +118,7 @@ class DilatedPattern:
         if len(w) != len(r):
             raise ValueError(
                 f"segment_lengths and dilation_rates must have equal length, got {len(w)} "
-                f"segment_lengths {list(w)} and {len(r)} dilation_rates {list(r)}"
-            )
+                f"segment_lengths {list(w)} and {len(r)} dilation_rates {list(r)}")
         for i, wi in enumerate(w):
             if wi < 1:
                 raise ValueError(f"segment_lengths[{i}] must be >= 1, got {wi}")
@@ -128,8 +127,7 @@ class DilatedPattern:
                 raise ValueError(f"dilation_rates[{i}] must be >= 1, got {ri}")
             if ri > wi:
                 raise ValueError(
-                    f"dilation_rates[{i}] must be <= segment_lengths[{i}] = {wi}, got {ri}"
-                )
+                    f"dilation_rates[{i}] must be <= segment_lengths[{i}] = {wi}, got {ri}")
         if self.query_dilation not in QUERY_DILATION_MODES:
             raise ValueError(
                 f"query_dilation must be one of {QUERY_DILATION_MODES}, got {self.query_dilation!r}"
@@ -154,8 +152,7 @@ class DilatedPattern:
         if self.query_dilation == "per_head" and 1 not in r:
             raise ValueError(
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
-                f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'"
-            )
+                f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'")
         _warn_covered(w, r, self.window == "sliding")
         object.__setattr__(self, "segment_lengths", w)
         object.__setattr__(self, "dilation_rates", r)
@@ -399,17 +396,10 @@ class DilatedPattern:
             out = out | dense[torch.as_tensor(head, device=out.device)]
         return out
 
-    def build_mask(
-        self,
-        num_heads: int,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
-        *,
-        causal: bool = True,
-        q_doc_ids: Optional[torch.Tensor] = None,
-        k_doc_ids: Optional[torch.Tensor] = None,
-        num_kv_heads: Optional[int] = None,
-    ) -> torch.Tensor:
+    def build_mask(self, num_heads: int, q_positions: torch.Tensor, k_positions: torch.Tensor, *,
+                   causal: bool = True, q_doc_ids: Optional[torch.Tensor] = None,
+                   k_doc_ids: Optional[torch.Tensor] = None,
+                   num_kv_heads: Optional[int] = None) -> torch.Tensor:
         """Dense boolean mask ``[B, H, Sq, Sk]`` (True = attend), O(Sq*Sk): for references,
         tests and small masks. Positions and document ids ``[S]`` or ``[B, S]``; a negative key
         document id is padding. ``num_kv_heads``: needed when the pattern has dense heads.
@@ -431,16 +421,11 @@ class DilatedPattern:
         batch = max(qp.shape[0], kp.shape[0], mask.shape[0])
         return mask.expand(batch, num_heads, qp.shape[1], kp.shape[1])
 
-    def mask_mod(
-        self,
-        causal: bool = True,
-        q_positions: Optional[torch.Tensor] = None,
-        k_positions: Optional[torch.Tensor] = None,
-        q_doc_ids: Optional[torch.Tensor] = None,
-        k_doc_ids: Optional[torch.Tensor] = None,
-        num_heads: Optional[int] = None,
-        num_kv_heads: Optional[int] = None,
-    ) -> Callable:
+    def mask_mod(self, causal: bool = True, q_positions: Optional[torch.Tensor] = None,
+                 k_positions: Optional[torch.Tensor] = None,
+                 q_doc_ids: Optional[torch.Tensor] = None,
+                 k_doc_ids: Optional[torch.Tensor] = None, num_heads: Optional[int] = None,
+                 num_kv_heads: Optional[int] = None) -> Callable:
         """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for this pattern; position
         and document tensors (``[S]`` or ``[B, S]``; none: index == position) are indexed with
         the storage indices it passes in. ``num_heads`` / ``num_kv_heads``: for dense heads.

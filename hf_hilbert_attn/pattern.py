@@ -128,17 +128,13 @@ class DilatedPattern:
             if ri > wi:
                 raise ValueError(
                     f"dilation_rates[{i}] must be <= segment_lengths[{i}] = {wi}, got {ri}")
-        if self.query_dilation not in QUERY_DILATION_MODES:
-            raise ValueError(
-                f"query_dilation must be one of {QUERY_DILATION_MODES}, got {self.query_dilation!r}"
-            )
-        if self.ordering not in ORDERINGS:
-            raise ValueError(f"ordering must be one of {ORDERINGS}, got {self.ordering!r}")
+        for name, choices in (("query_dilation", QUERY_DILATION_MODES), ("ordering", ORDERINGS),
+                              ("window", WINDOWS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         sink = _as_int(self.sink_tokens, "sink_tokens must be an integer >= 0")
         if sink < 0:
             raise ValueError(f"sink_tokens must be an integer >= 0, got {sink}")
-        if self.window not in WINDOWS:
-            raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
         dense = self.dense_kv_heads
         if isinstance(dense, (int, str)) or dense is None:
             raise ValueError(f"dense_kv_heads must be a list of key/value head indices, "
@@ -186,14 +182,9 @@ class DilatedPattern:
         return cls(**fields)
 
     def to_dict(self) -> dict:
-        d = {
-            "segment_lengths": list(self.segment_lengths),
-            "dilation_rates": list(self.dilation_rates),
-            "query_dilation": self.query_dilation,
-            "ordering": self.ordering,
-            "sink_tokens": self.sink_tokens,
-            "window": self.window,
-        }
+        d = {"segment_lengths": list(self.segment_lengths),
+             "dilation_rates": list(self.dilation_rates), "query_dilation": self.query_dilation,
+             "ordering": self.ordering, "sink_tokens": self.sink_tokens, "window": self.window}
         if self.dense_kv_heads:  # absent means none: older readers and files agree
             d["dense_kv_heads"] = list(self.dense_kv_heads)
         return d

@@ -16,6 +16,9 @@ from .hilbert import in_storage_order, storage_ordering
 from .inputs import check_inputs
 from .numerics import accum_dtype, call_under_autocast
 from .pattern import DilatedPattern
+# a call may skip the custom ops when eager, under no torch.func transform (the condition under
+# which plans are memoised): torch.compile and transforms need the ops and their formulas
+from .plan_cache import caching_enabled as _eager
 
 
 def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern,
@@ -291,13 +294,6 @@ def _backward(ctx, dout, dlse):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-def _eager() -> bool:
-    """Whether a call may skip the custom ops: not traced by ``torch.compile`` and under no
-    ``torch.func`` transform (those need the ops and their registered formulas)."""
-    return not torch.compiler.is_compiling() and \
-        not torch._C._are_functorch_transforms_active()
 
 
 class _EagerKernels(torch.autograd.Function):

@@ -1,25 +1,19 @@
 """The planning facts of a pattern, in one place for every engine (Triton host code, the PyTorch
-engines, the ring planner, the cache).
+engines, the ring planner, the cache); the rule itself lives in ``pattern.py``. Conventions:
 
-The rule itself lives in ``pattern.py``; what the planners derive from it is here, with one
-convention:
+* configs are ``(w, r)`` pairs (segment length or window, rate); pattern-level functions name
+  them by their index in ``pattern.configs``;
+* **priority**: the union rule gives a pair to the first config (in :func:`priority`: by rate,
+  then segment length, then index; repeats left out) that allows it, the sinks after every
+  config. Any order computes the same function; this one lets the densest config (rate 1) keep
+  all its pairs and run without a mask. "Earlier" configs come before a config in it;
+* **ranges** are inclusive position ranges ``(lo, hi)``; the range tests take integers or
+  integer tensors (elementwise) and over-estimate (classes, gaps and documents are ignored), so
+  no allowed pair is ever dropped;
+* a **class group** of config ``(w, r)`` is one dilation class of one segment (sliding windows:
+  one class ``p % r`` of the whole sequence).
 
-* configs are ``(w, r)`` pairs (segment length or window, rate); the pattern-level functions
-  name them by their index in ``pattern.configs``;
-* **priority**: the union rule gives a pair to the first config (in :func:`priority`) that allows
-  it, the sink rule after every config. The order is by rate, then segment length, then index;
-  a repeated config is left out (it allows nothing new). Any order computes the same function
-  (a key counts once, whichever config owns it); this one lets the densest config (rate 1)
-  keep all its pairs and run without a mask;
-* **ranges** are inclusive position ranges ``(lo, hi)``; the range tests take Python integers
-  or integer tensors (elementwise, for many blocks at once) and over-estimate: classes, gaps
-  and documents are not looked at, so no allowed pair is ever dropped;
-* a **class group** of config ``(w, r)`` is the positions of one dilation class of one segment
-  (sliding windows: one class ``p % r`` of the whole sequence). "Earlier" configs are those
-  before a config in priority.
-
-Dense key/value heads are split off above every engine (``dense_heads.py``): nothing here knows
-them.
+Dense key/value heads are split off above every engine (``dense_heads.py``).
 """
 
 from __future__ import annotations

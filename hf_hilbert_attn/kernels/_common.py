@@ -1,20 +1,17 @@
 """Device helpers shared by the forward and backward kernels.
 
-Position space (docs/kernels.md): a tile of config ``(W, R)`` is ``BLOCK`` positions of one dilation
-class ``c`` of one segment ``seg``: ``seg*W + c + R*n`` for consecutive ``n``. Every pair
-inside such a (query tile, key tile) is allowed by the config (same segment, same class), so
-the only masks left are the causal diagonal, range ends, absent positions, documents and the
-*union* rule: a pair belongs to the first config (in priority order, ``CFG[0:NPRI]``) that
-allows it, so later configs mask pairs an earlier one already covers.
+Position space (docs/kernels.md): a tile of config ``(W, R)`` is ``BLOCK`` positions
+``seg*W + c + R*n`` of one class ``c`` of one segment ``seg``, so every pair of a (query tile,
+key tile) is allowed by the config; the only masks left are the causal diagonal, range ends,
+absent positions, documents and the *union* rule (a pair belongs to the first config in
+priority order, ``CFG[0:NPRI]``, that allows it). Sliding windows (``SLIDING``) have no
+segments: a tile is one class of the whole sequence and a key is allowed within ``LB = (w - 1)
+// r`` class steps of the query (a band, whose edges are masked like the diagonal). Sink tokens
+(last in priority) are one more key run of the last launch: positions ``< SINKS``, with the
+union mask against every config (``NCFG``).
 
-Sliding windows (``SLIDING``) have no segments: a config's tiles are one class of the whole
-sequence (``W`` is a cap, ``seg == 0``) and a key is allowed within ``LB = (w - 1) // r`` class
-steps of the query (a band in class space); the band's edges are masked like the diagonal.
-Sink tokens (last in priority) are one more key run of the last launch, the one covering every
-query: positions ``< SINKS``, with the union mask against every config (``NCFG``).
-
-All divisions and remainders here act on non-negative integers: Triton's ``//`` truncates
-while the interpreter floors, and the two only agree there.
+All divisions and remainders act on non-negative integers: Triton's ``//`` truncates while the
+interpreter floors, and the two only agree there.
 """
 
 from collections import namedtuple

@@ -1,19 +1,12 @@
 """Host-side planning: position → storage maps, config order, block sizes.
 
-Two orderings run through the same kernels:
-
-* natural: queries at consecutive positions ``qoff..`` stored at index ``position - qoff``,
-  keys likewise from ``koff`` (by default keys at ``0..Sk-1`` and queries at the last ``Sq``
-  positions; a contiguous ring shard or a document slice has other offsets): no table, strided
-  loads;
-* mapped: any per-row injective map position → storage (Hilbert order, ring shards, explicit
-  ``position_ids``): an ``int32`` inverse table ``inv[b, pos]`` (``-1`` = absent) over the
-  positions in use is built once per call and read by the kernels.
-
-Unsupported (the op falls back to the PyTorch path, see ``docs/kernels.md``): negative
-positions, a position stored twice in one row (e.g. packed documents whose positions restart),
-or positions spread over more than ``MAX_SPREAD`` × the sequence length (tables and empty tiles
-would dominate).
+Two orderings run through the same kernels: natural (queries at consecutive positions ``qoff..``
+stored at ``position - qoff``, keys likewise from ``koff``: no table, strided loads), and mapped
+(any per-row injective map, e.g. Hilbert order, ring shards, explicit ``position_ids``: an
+``int32`` inverse table ``inv[b, pos]``, ``-1`` = absent, built once per call). Unsupported (the
+op falls back to the PyTorch path, ``docs/kernels.md``): negative positions, a position stored
+twice in one row (restarting packed documents), or positions spread over more than
+``MAX_SPREAD`` × the sequence length.
 """
 
 from __future__ import annotations

@@ -83,17 +83,14 @@ class DilatedPattern:
         dilation_rates: ``r_i`` for each config, ``1 <= r_i <= w_i``.
         query_dilation: ``"per_head"`` (head ``h`` uses class ``h % r_i``; LongNet) or ``"all"``
             (every query uses every config with its own class).
-        ordering: storage layout of tokens: ``"natural"``, ``"hilbert"`` or ``"auto"``; the op
-            honours it for self-attention over ``0..S-1``. A layout, not part of the rule: it
-            never changes the function, so patterns differing only in it are equal (same hash,
-            same counts).
+        ordering: storage layout of tokens (``"natural"``, ``"hilbert"``, ``"auto"``), honoured
+            for self-attention over ``0..S-1``; never part of the rule (equality, hash).
         sink_tokens: ``k >= 0``: keys at positions ``< k`` (of the query's own document) are
             allowed for every query and head (attention sinks; 0 = none).
         window: ``"segment"`` (fixed segments of ``w_i``, LongNet) or ``"sliding"`` (config
             ``i`` allows keys less than ``w_i`` positions before the query, same class).
         dense_kv_heads: key/value head indices whose query heads attend every key (retrieval
-            heads; checked against ``Hkv`` where it is known: :meth:`check_kv_heads`). Stored
-            sorted.
+            heads; stored sorted, checked against ``Hkv`` by :meth:`check_kv_heads`).
 
     Raises:
         ValueError: naming the bad field and value.

@@ -211,14 +211,11 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
         dout: ``[B, Hq, Sq, D]`` gradient of the merged output; ``dlse`` ``[B, Hq, Sq]`` that of
             the merged lse (None: 0).
         q, k, v, pattern, causal, scale, positions, doc ids, backend: as in
-            :func:`dilated_attention` for this piece. Inputs may be views (rows of a longer
-            sequence): the kernels read them through their strides.
+            :func:`dilated_attention` for this piece (views of longer sequences are fine).
         out, lse: the merged output and float32 lse of these query rows.
-        dq, dk, dv: optional tensors (e.g. views into the full gradients) to write the results
-            into, in place on the Triton path, by a copy otherwise.
-        plan: :func:`position_plan`'s result for these positions (a ``PositionPlan``, or
-            ``False``: the kernels cannot take them), to skip planning them again (host syncs);
-            used on the Triton path only.
+        dq, dk, dv: optional tensors (e.g. views into the full gradients) to write into: in
+            place on the Triton path, by a copy otherwise.
+        plan: :func:`position_plan`'s result for these positions, not to plan them again.
 
     Returns:
         ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.

@@ -130,12 +130,10 @@ class SequenceParallelMixin:
         sp_layout: how a sequence is cut over the group (default ``"auto"``, see
             :func:`hf_hilbert_attn.sharding.resolve_layout`).
 
-    Raises (one-line ``ValueError``, the same on every rank):
-        ``sp_size`` does not divide the world size (of two or more processes); the model's
-        attention is not ``hilbert_dilated``; Trainer's own context/sequence parallelism is
-        configured; ``average_tokens_across_devices=False``, ``label_smoothing_factor > 0``,
-        ``compute_loss_func``, or a model whose forward takes no ``num_items_in_batch`` (the
-        token-reduced loss needs Trainer's token count and the model's own loss).
+    Raises (one-line ``ValueError``, the same on every rank): ``sp_size`` does not divide the
+        world size; attention other than ``hilbert_dilated``; Trainer's own context parallelism;
+        ``average_tokens_across_devices=False``, ``label_smoothing_factor > 0``,
+        ``compute_loss_func``, or a forward without ``num_items_in_batch``.
     """
 
     def __init__(self, *args, sp_size: Optional[int] = None, sp_layout: str = DEFAULT_LAYOUT,

@@ -239,9 +239,8 @@ class _RingAttention(torch.autograd.Function):
 
 def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
                   k_doc_ids) -> AttnInputs:
-    """``check_inputs`` of a shard's call, with the ring's own rules: positions are required
-    and >= 0 (true positions), and positions and document ids are expanded to the batch (one
-    batch convention on every rank)."""
+    """``check_inputs`` of a shard's call, plus the ring's rules: positions required and >= 0,
+    positions and document ids expanded to the batch (one convention on every rank)."""
     for name, t in (("q_positions", q_positions), ("k_positions", k_positions)):
         if t is None:
             raise ValueError(f"ring_attention needs {name} (the true positions of this rank's "
@@ -262,11 +261,10 @@ def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
 
 def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, scale=None,
                     q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
-    """A shard's attention to its own keys only, computed as ring attention computes its local
-    step: per run of consecutive positions (no position tables for contiguous or zigzag
-    shards). Equals :func:`~hf_hilbert_attn.dilated_attention` with the same positions; what a
-    ring rank would cost with nothing to exchange (``bench_ring.py``'s shard-alone ideal).
-    Arguments and result as in :func:`ring_attention` without ``group``."""
+    """A shard's attention to its own keys only, as the ring computes its local step (per run
+    of consecutive positions): :func:`~hf_hilbert_attn.dilated_attention` at the same positions,
+    at a ring rank's cost without exchanges (``bench_ring.py``). Arguments and result as
+    :func:`ring_attention` without ``group``."""
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
     done = call_under_autocast(local_attention, q, k, v, pattern, **kw)
@@ -308,12 +306,9 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
             :func:`~hf_hilbert_attn.dilated_attention`).
         q_positions, k_positions: true positions ``[S]`` or ``[B, S]`` (int, >= 0) of this
             rank's queries and keys in the full sequence. Required.
-        causal, scale: as in :func:`~hf_hilbert_attn.dilated_attention`.
-        q_doc_ids, k_doc_ids: document ids of this rank's tokens, ``[S]`` or ``[B, S]``; a
-            negative key id is padding.
-        return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (as
-            ``dilated_attention``; float64 inputs merge in float64 inside).
-        backend: forwarded to ``dilated_attention`` for every block.
+        causal, scale, q_doc_ids, k_doc_ids, return_lse, backend: as in
+            :func:`~hf_hilbert_attn.dilated_attention` (for this rank's tokens; float64 inputs
+            merge in float64 inside).
 
     Returns:
         ``out`` ``[B, Hq, Sq, D]`` (rows of the full-sequence attention for this rank's queries),

@@ -88,11 +88,10 @@ def _corner_to_corner(major: int, minor: int) -> torch.Tensor:
 def _free_end(major: int, minor: int) -> torch.Tensor:
     """Curve on ``major x minor`` cells from ``(0, 0)``, ending anywhere; unit steps only.
 
-    When ``major`` is odd and ``minor`` even, a unit-step path cannot end on the start's side
-    (both ends would have the same checkerboard colour, while an even number of cells needs
-    them different). Peel even-length halves off with ``_corner_to_corner`` while the rest is
-    long, then traverse the last squarish block with its (even) minor side as the long axis:
-    it ends at the far side, which nothing follows.
+    When ``major`` is odd and ``minor`` even, no unit-step path ends on the start's side
+    (checkerboard parity): peel even halves off with ``_corner_to_corner`` while the rest is
+    long, then traverse the last squarish block along its (even) minor side, ending at the far
+    side.
     """
     if major % 2 == 0 or minor % 2 == 1:
         return _corner_to_corner(major, minor)

@@ -272,11 +272,10 @@ def _is_natural(pos: torch.Tensor, sq: int) -> bool:
 def padded_positions(pos: Optional[torch.Tensor], padding_mask: torch.Tensor) -> torch.Tensor:
     """True positions ``[B, S]`` of padded rows, so that a row computes what it computes alone.
 
-    The pattern reads absolute positions (segments, dilation classes, sinks), so the pads must
-    not count: a left-padded row's real tokens sit at ``0, 1, ...`` (``pos`` None: the model's
-    default ``0..S-1`` counted the pads) or keep the positions given. Pads, never attended as
-    keys, take the positions after the row's last real one, so each row stays a permutation the
-    kernels map without a fallback (right padding stays ``0..S-1``: the natural order).
+    The pattern reads absolute positions, so pads must not count: a left-padded row's real
+    tokens sit at ``0, 1, ...`` (``pos`` None) or keep the positions given; pads (never
+    attended) take the positions after the row's last real one, so each row stays a
+    permutation the kernels map (right padding stays ``0..S-1``).
     """
     real = padding_mask.to(torch.bool)
     if pos is None:

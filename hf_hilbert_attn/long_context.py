@@ -160,10 +160,9 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     sequence flattened), forward and backward; ``chunk_tokens=0`` restores the plain MLP.
 
     One chunk's ``[chunk, intermediate]`` activations exist at a time instead of ``[S,
-    intermediate]`` (:class:`_TiledMLPFunction`; dropout masks are replayed). Exact for
-    token-wise MLPs (Llama, Qwen2, Mistral, GPT-2), for one more MLP forward per step. Calling
-    again changes the chunk; the state dict is unchanged. Inputs of at most ``chunk_tokens``
-    tokens run the plain MLP.
+    intermediate]`` (:class:`_TiledMLPFunction`; dropout masks are replayed): exact for
+    token-wise MLPs, for one more MLP forward per step. Calling again changes the chunk; shorter
+    inputs run the plain MLP; the state dict is unchanged.
 
     Args:
         model: a Transformers model (or a module containing one).

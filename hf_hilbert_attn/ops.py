@@ -154,11 +154,6 @@ def _fwd_op(
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
                             window, scale)
-    return _kernel_forward(q, k, v, pattern, a, causal)
-
-
-def _kernel_forward(q, k, v, pattern, a, causal):
-    """(out, lse) of the kernel path for checked inputs ``a`` (the forward op's work)."""
     return TRITON.forward(q, k, v, pattern, a, causal)
 
 
@@ -300,7 +295,7 @@ class _EagerKernels(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, pattern, a, causal):
-        out, lse = _kernel_forward(q, k, v, pattern, a, causal)
+        out, lse = TRITON.forward(q, k, v, pattern, a, causal)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.call = (pattern, a, causal)
         ctx.set_materialize_grads(False)

@@ -32,10 +32,9 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
         weight: ``[V, H]`` the LM head.
         labels: ``[B, S]``, ``labels[:, t]`` is the target of position ``t`` (already shifted;
             -100 = ignored).
-        chunk: positions per chunk; each chunk's ``[chunk, V]`` logits live only inside it
-            (recomputed in backward by activation checkpointing).
-        num_items: divide the summed loss by this instead of the number of non-ignored labels
-            here (a sequence-parallel shard divides by the count over the whole sequence).
+        chunk: positions per chunk; its ``[chunk, V]`` logits are recomputed in the backward.
+        num_items: divide the summed loss by this instead of the non-ignored labels here (a
+            sequence-parallel shard divides by the whole sequence's count).
 
     Returns:
         The scalar mean loss over non-ignored labels (float32), or ``sum / num_items``.

@@ -511,8 +511,7 @@ def _fast_documents(q, k, v, pattern, a, runs):
 
 
 # Two engines of ``chunked.ENGINES``: the whole sequence, and one call per document.
-def plan_whole(pattern, a, causal, q):
-    return _fast_plan(pattern, a, causal, q)
+plan_whole, attend_documents = _fast_plan, _fast_documents
 
 
 def attend_whole(q, k, v, pattern, a, plan):
@@ -521,7 +520,3 @@ def attend_whole(q, k, v, pattern, a, plan):
 
 def plan_documents(pattern, a, causal, q):
     return _document_runs(pattern, a, causal, q) or None
-
-
-def attend_documents(q, k, v, pattern, a, runs):
-    return _fast_documents(q, k, v, pattern, a, runs)

@@ -34,14 +34,11 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
              q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``.
 
-    ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key row is needed for a
-    batch entry if, for some config, some query of that entry is in the key's (segment, class)
-    bucket (sliding windows: has the key's class and lies less than ``w`` positions from it)
-    and is not before it (causal), and — per_head — some query head of the kv head uses that
-    class; or if the key is a sink (position ``< sink_tokens``) and some query is not before it.
-    Documents are ignored: the result is a superset of the allowed pairs, which is all a send
-    plan needs. Exactly the pairs of ``pattern.build_mask`` otherwise (tested against it).
-    O((Sq + Sk) · log · configs + S/w·r), no S².
+    ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key is needed if, for some
+    config, a query of its batch entry is in its (segment, class) bucket (sliding: its class,
+    within ``w``), not before it (causal), of a class some query head of the kv head uses
+    (per_head); or if it is a sink some query is not before. Exactly ``pattern.build_mask``'s
+    pairs but for documents (ignored: a superset is all a send plan needs). No S² work.
     """
     dev = k_pos.device
     b = max(q_pos.shape[0], k_pos.shape[0])
@@ -181,8 +178,8 @@ def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: in
         k_doc_ids: per group rank ``[Bd, S]`` or None.
 
     Returns:
-        A :class:`RingPlan`. A pure function of its arguments, so sender and receiver compute
-        matching halves of each exchange without telling each other sizes.
+        A :class:`RingPlan`, a pure function of its arguments: sender and receiver compute
+        matching halves of each exchange without exchanging sizes.
     """
     world = len(k_positions)
     plan = RingPlan(rank, world, hkv)

@@ -2,9 +2,7 @@
 Triton kernels do not run (CPU, float64, other head sizes, positions the kernels cannot plan).
 
 Its engines (``engines/``) all compute exactly what ``reference.reference_attention``
-computes; this picks one per call: the dense tiles of PyTorch's fused CPU kernel (causal
-self-attention at positions 0..S-1, whole or per document), the masked fused call for a few
-queries (decoding), else the blockwise engine (any device, positions and documents).
+computes; :data:`ENGINES` lists them in the order a call tries them.
 """
 
 from __future__ import annotations

@@ -134,9 +134,8 @@ def hilbert_curve(rows: int, cols: int) -> torch.Tensor:
         rows, cols: grid size, any integers ``>= 1`` (not only powers of two).
 
     Returns:
-        int64 CPU tensor ``[rows * cols]``: the flat cell indices ``row * cols + col`` in visiting
-        order, starting at cell 0. Consecutive cells are grid neighbours. The tensor is cached
-        and shared between callers: do not modify it in place.
+        int64 CPU tensor ``[rows * cols]``: the flat cells ``row * cols + col`` in visiting order
+        from cell 0, consecutive cells grid neighbours; cached and shared: do not modify.
 
     Raises:
         ValueError: if ``rows`` or ``cols`` is not an integer ``>= 1``.

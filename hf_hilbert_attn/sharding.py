@@ -114,9 +114,8 @@ def shard_positions(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
         pad_to_multiple: each shard's length is a multiple of this.
 
     Returns:
-        int64 ``[world_size, L]``; row ``r`` lists the positions (indices into the padded
-        sequence of length ``world_size · L``) rank ``r`` holds. Positions ``>= seq_len`` are
-        padding.
+        int64 ``[world_size, L]``: row ``r`` the positions rank ``r`` holds in the padded
+        sequence of ``world_size · L`` (``>= seq_len``: padding).
     """
     layout = resolve_layout(layout, seq_len, world_size, pattern)
     _check_layout(layout, pattern)
@@ -249,8 +248,8 @@ def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *
         dim: the sequence dim.
 
     Returns:
-        The tensor in natural position order along ``dim``. Differentiable when ``x`` requires
-        grad (the gradient of each rank's slice flows back to that rank).
+        The tensor in natural position order along ``dim``; differentiable (each rank's slice
+        gets its gradient back).
     """
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
         return x if seq_len is None else x.narrow(dim, 0, seq_len)

@@ -68,12 +68,11 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
     """The SP group of this process.
 
     Args:
-        accelerator: an ``accelerate.Accelerator`` (optional). If its ``parallelism_config``
-            enables ``cp`` and it has a device mesh, the mesh's ``"cp"`` dimension is the group.
+        accelerator: an ``accelerate.Accelerator`` (optional); with ``cp`` enabled in its
+            ``parallelism_config`` and a device mesh, the mesh's ``"cp"`` dimension is the group.
         sp_size: ranks per sequence. Default: the mesh's ``cp`` size, else the world size.
 
-    Returns:
-        An :class:`SPTopology`.
+    Returns an :class:`SPTopology`.
 
     Raises:
         ValueError: ``sp_size`` does not divide the world size, or disagrees with the mesh.

@@ -124,10 +124,9 @@ class PatternCache(Cache):
         align: keep from a multiple of this (default: the pattern's shift period where it is
             at most the longest segment, so the attention stays on the kernels' fast path).
 
-    ``max_stored_tokens`` bounds the keys each layer stores between steps (a step adds its own
-    queries' keys while it runs), except in layers with dense key/value heads
-    (``set_dense_kv_heads``): those keep every key, as a ``DynamicCache`` does. Works with
-    ``generate(past_key_values=...)`` and :func:`prefill`; rows must not be padded.
+    ``max_stored_tokens`` bounds the keys a layer stores between steps, except in layers with
+    dense key/value heads, which keep every key. Works with ``generate(past_key_values=...)``
+    and :func:`prefill`; rows must not be padded.
     """
 
     def __init__(self, model=None, *, pattern=None, num_layers: Optional[int] = None,

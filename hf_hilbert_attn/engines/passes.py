@@ -38,15 +38,13 @@ _OWN_NONE, _OWN_WINDOW, _OWN_RULE = 0, 1, 2
 
 
 class _Pass:
-    """One config (in per_head mode, one dilation class of it), or the sink tokens
-    (``config is None``), over one set of batch rows.
-
-    ``q_order``/``k_order`` are storage indices sorted by (group, position); ``tiles`` holds
-    ``(q_lo, q_hi, chunks)`` slices of ``q_order`` with, per key chunk (a slice of ``k_order``),
-    ``(k_lo, k_hi, need_causal, own, need_docs, dedupe_configs, covered)``: ``own`` is one of
-    ``_OWN_*``; ``dedupe_configs`` the earlier configs whose rule masks pairs of the block;
-    ``covered`` a distance ``W`` (0: none) such that an earlier config owns every pair of the
-    block with ``|p - s| < W``.
+    """One config (per_head: one dilation class of it), or the sinks (``config is None``), over
+    one set of batch rows. ``q_order``/``k_order``: storage indices sorted by (group, position);
+    ``tiles``: ``(q_lo, q_hi, chunks)`` slices of ``q_order`` with, per key chunk (a slice of
+    ``k_order``), ``(k_lo, k_hi, need_causal, own, need_docs, dedupe_configs, covered)``:
+    ``own`` one of ``_OWN_*``; ``dedupe_configs`` the earlier configs whose rule masks pairs of
+    the block; ``covered`` a distance ``W`` (0: none) below which an earlier config owns every
+    pair of the block.
     """
 
     __slots__ = ("config", "causal", "rows", "heads", "head_ids", "kv_ids", "q_order", "q_pos",
@@ -91,11 +89,8 @@ def _lex_search(kg: torch.Tensor, kpos: torch.Tensor, g: torch.Tensor, p: torch.
 
 
 def _tile_bounds(counts: list, cq: int) -> list:
-    """Cut a sequence of consecutive groups into tiles of at most ``cq`` queries.
-
-    Small groups are packed together; a group larger than ``cq`` gets tiles of its own (near
-    equal sizes), so a tile never pays for a big neighbour's keys.
-    """
+    """Cut consecutive groups into tiles of at most ``cq`` queries: small groups packed together,
+    a larger one in near-equal tiles of its own (a tile never pays for a big neighbour's keys)."""
     bounds, start, cur = [], 0, 0
     for n in counts:
         if n > cq:
@@ -119,9 +114,8 @@ def _tile_bounds(counts: list, cq: int) -> list:
 
 def _merge_ranges(ranges, ck: int) -> list:
     """Key ranges ``[(a, b)]`` sorted by ``a`` (overlaps allowed) as disjoint chunks of at most
-    ``ck`` keys. A range near the previous chunk joins it, gap included (the gap's keys
-    are masked), so a class whose band is split in two, or small neighbouring bands, do not
-    become many tiny blocks."""
+    ``ck`` keys; a range near the previous chunk joins it, gap included (masked), so split or
+    small bands do not become many tiny blocks."""
     chunks, cs, ce = [], None, None
     for a, b in ranges:
         if ce is not None:

@@ -46,9 +46,7 @@ _PLAN_CACHE_SIZE = 64
 
 class _Tiles:
     """One fused-kernel call over ``n`` problems of ``lq`` queries and ``lk`` keys, each with
-    every head (``grouped``, rows in (problem, head, token) order) or with one.
-
-    ``qr`` indexes the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output
+    every head (``grouped``, rows in (problem, head, token) order) or with one. ``qr`` indexes the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output
     ``[Hq * (S + 1)]`` (row S of a head: the dummy a padded query writes to); ``q_range`` /
     ``k_range``: the positions ``(lo, hi)`` of a grouped tile over one range (read and written
     as views). ``mask`` ``[n, lq, lk]`` bool or None; ``empty`` ``[n * lq]`` rows without an

@@ -28,10 +28,8 @@ __all__ = ["dilated_fwd", "dilated_bwd", "plan_positions", "PositionPlan", "SUPP
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
 def _earlier(npri: int) -> bool:
-    """Compile-time flag of a launch: does any config come before it in priority order? The
-    first one (rate 1 in longnet_lm, most of the work) then compiles without the union code:
-    no spills in its forward and dq kernels on sm_90 (``kernel_resources.py``), and 18 % less
-    forward+backward time on the default pattern (docs/decisions.md)."""
+    """Compile-time flag: does any config come before the launch in priority order? Without,
+    it compiles without the union code (no spills on sm_90, 18 % faster; docs/decisions.md)."""
     return npri > 0
 
 
@@ -75,8 +73,8 @@ _SMALL: dict = {}  # small int32 device tensors by (content, device): made once,
 
 
 def _small_tensor(values: tuple, device) -> torch.Tensor:
-    """A cached int32 tensor on ``device``. Made per call, each of these was a host-to-device copy
-    (4 per layer and step): a pageable copy waits for the host, and CUDA graphs cannot hold one."""
+    """A cached int32 tensor on ``device``: made per call, each was a host-to-device copy, which
+    waits for the host and which CUDA graphs cannot hold."""
     key = (values, str(device))
     t = _SMALL.get(key)
     if t is None:
@@ -91,11 +89,10 @@ def _dummy(device):
 
 
 class _Launch(tuple):
-    """One launch of a kernel: ``(w, r, lb, npri, entry, pair)`` — the tiling segment length
-    ``w`` (sliding: ``W_CAP``, one segment), rate ``r``, band reach ``lb`` in class steps
-    (sliding), the number of configs before it in priority order, its ``(w, r)`` entry in the
-    launch table that ``_participates`` reads, and whether it tests the union rule pair by pair
-    on whole tiles (``_needs_pair_mask``; segments only), which picks its tiles."""
+    """One launch: ``(w, r, lb, npri, entry, pair)``: tiling segment length (sliding:
+    ``W_CAP``), rate, band reach in class steps (sliding), configs before it in priority, its
+    ``(w, r)`` entry for ``_participates``, and whether it tests the union rule pair by pair on
+    whole tiles (``_needs_pair_mask``), which picks its tiles."""
 
     w = property(lambda s: s[0])
     r = property(lambda s: s[1])
@@ -392,10 +389,9 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
 
 
 def _sum_buffers(B, hch, kch, SQ, SK, D, device):
-    """The backward's float32 sums over configs: dq's ``[B, hch, SQ, D]``, then dk's and dv's
-    ``[B, kch, SK, D]``, in one workspace of the larger of the two. Every dq launch (all chunks
-    of heads) precedes every dk/dv launch on the stream, so the dk/dv sums reuse the dq sum's
-    memory: at 32 / 32 heads, 64K, D 128 the sums take 2 GiB instead of 3 (docs/kernels.md)."""
+    """The backward's float32 sums over configs, dq's ``[B, hch, SQ, D]`` and dk's and dv's
+    ``[B, kch, SK, D]``, in one workspace: every dq launch precedes every dk/dv launch on the
+    stream, so the dk/dv sums reuse the dq sum's memory (docs/kernels.md)."""
     nq, nk = B * hch * SQ * D, B * kch * SK * D
     work = torch.empty(max(nq, 2 * nk), device=device, dtype=torch.float32)
     return (work[:nq].view(B, hch, SQ, D), work[:nk].view(B, kch, SK, D),

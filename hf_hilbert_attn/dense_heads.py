@@ -45,11 +45,9 @@ def _select(t: torch.Tensor, idx: torch.Tensor, heads: tuple) -> torch.Tensor:
 
 def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      pattern: DilatedPattern, *, return_lse: bool = False, **kwargs):
-    """``attend(q, k, v, pattern, return_lse=..., **kwargs)`` for a pattern with dense heads, from
-    two calls of ``attend`` on patterns without them (module docstring).
-
-    ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``; ``attend`` returns ``out`` or ``(out, lse)`` with
-    heads in dimension 1 (``lse [B, Hq, Sq]``). Returns the same, for ``pattern``.
+    """``attend(q, k, v, pattern, return_lse=..., **kwargs)`` for a pattern with dense heads,
+    from two calls of ``attend`` on patterns without them (module docstring): ``q [B, Hq, Sq,
+    D]``, ``k/v [B, Hkv, Sk, D]``, ``out`` (and ``lse [B, Hq, Sq]``) with heads in dimension 1.
     """
     hq, hkv = q.shape[1], k.shape[1]
     pattern.check_kv_heads(hkv)

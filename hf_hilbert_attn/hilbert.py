@@ -56,10 +56,9 @@ def _frame(uv: torch.Tensor, origin=(0, 0), swap: bool = False, flip_u: int = 0,
 def _corner_to_corner(major: int, minor: int) -> torch.Tensor:
     """Generalised Hilbert curve on ``major x minor`` cells, as ``(u, v)`` int64 ``[n, 2]``.
 
-    Starts at ``(0, 0)`` and ends at ``(major - 1, 0)``: both ends on the ``v = 0`` side, like a
-    Hilbert curve entering and leaving a quadrant. All steps are unit steps when (``major`` is
-    even or ``minor`` odd) and (``major >= 2`` or ``minor == 1``); every part this function
-    creates satisfies that whenever its parent does. ``_free_end`` handles the other shapes.
+    From ``(0, 0)`` to ``(major - 1, 0)``, both ends on the ``v = 0`` side like a Hilbert curve
+    through a quadrant; unit steps only when (``major`` even or ``minor`` odd) and (``major >=
+    2`` or ``minor == 1``), which every part inherits. ``_free_end`` takes the other shapes.
     """
     if minor == 1:
         u = torch.arange(major, dtype=torch.int64)

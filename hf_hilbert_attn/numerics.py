@@ -20,12 +20,10 @@ def finite_or_zero(lse: torch.Tensor) -> torch.Tensor:
 
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                    lse_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Attention over keys ``A ∪ B`` from the results over ``A`` and over ``B``.
-
-    ``out_*`` ``[..., S, D]`` and ``lse_*`` ``[..., S]`` (natural log, ``-inf`` for an empty
-    row, whose ``out`` is 0). ``lse = logaddexp(lse_a, lse_b)`` and
-    ``out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b``; a row empty in both stays
-    ``(0, -inf)``. Computed in the inputs' dtype (pass :func:`accum_dtype` tensors).
+    """Attention over keys ``A ∪ B`` from the results over ``A`` and over ``B``: ``out_*``
+    ``[..., S, D]``, ``lse_*`` ``[..., S]`` (natural log; an empty row is ``(0, -inf)`` and
+    stays so). ``lse = logaddexp(lse_a, lse_b)``, ``out = exp(lse_a - lse) out_a + exp(lse_b -
+    lse) out_b``, in the inputs' dtype (pass :func:`accum_dtype` tensors).
     """
     lse = torch.logaddexp(lse_a, lse_b)
     ref = finite_or_zero(lse)

@@ -80,11 +80,10 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ch
             num_items=None, backend: str = "auto") -> torch.Tensor:
     """Mean next-token cross-entropy from the final hidden states, never the whole logits.
 
-    ``backend``: ``"liger"`` — Liger-Kernel's fused linear cross-entropy (CUDA only; computes
-    the gradients chunk by chunk during the forward); ``"chunked"`` —
-    :func:`chunked_lm_loss` with ``chunk`` positions at a time;
-    ``"auto"`` — Liger where installed and ``hidden`` is on CUDA, else chunked. Arguments and
-    result as :func:`chunked_lm_loss` (a float32 scalar).
+    ``backend``: ``"liger"`` (Liger-Kernel's fused linear cross-entropy, CUDA only: gradients
+    chunk by chunk during the forward), ``"chunked"`` (:func:`chunked_lm_loss`) or ``"auto"``
+    (Liger where installed and on CUDA, else chunked). Arguments and result as
+    :func:`chunked_lm_loss` (a float32 scalar).
     """
     if backend not in LOSS_BACKENDS:
         raise ValueError(f"loss backend must be one of {', '.join(LOSS_BACKENDS)}, got {backend!r}")

@@ -258,10 +258,9 @@ def _eager_dilated_attention(*args, **kwargs):
 def register() -> None:
     """Register ``"hilbert_dilated"`` with ``AttentionInterface`` and ``AttentionMaskInterface``.
 
-    Idempotent (called by ``import hf_hilbert_attn``). Afterwards
-    ``from_pretrained(..., attn_implementation="hilbert_dilated")`` and
-    ``model.set_attn_implementation("hilbert_dilated")`` work. Registers our own names only:
-    no other implementation's function is touched (docs/decisions.md D36).
+    Idempotent (``import hf_hilbert_attn`` calls it); then ``from_pretrained`` and
+    ``set_attn_implementation`` take ``"hilbert_dilated"``. No other implementation's function
+    is touched (docs/decisions.md D36).
     """
     AttentionInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_mask)

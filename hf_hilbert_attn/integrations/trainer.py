@@ -31,6 +31,7 @@ import torch.distributed as dist
 from transformers import Trainer
 
 from .. import DilatedPattern, get_pattern, sequence_parallel, shard_batch
+from ..ring.comm import all_gather
 from ..sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
 from .accelerate import SPTopology, sequence_parallel_topology
 
@@ -204,9 +205,7 @@ class SequenceParallelMixin:
         if fp is None:
             raise ValueError("the batch was not sharded by SequenceParallelCollator (was "
                              "trainer.data_collator replaced after the trainer was built?)")
-        group = self.sp_topology.group
-        parts = [torch.empty_like(fp) for _ in range(self.sp_topology.sp_size)]
-        dist.all_gather(parts, fp.contiguous(), group=group)
+        parts = all_gather(fp, self.sp_topology.group)
         if any(not torch.equal(p, parts[0]) for p in parts):
             raise ValueError(
                 "the ranks of a sequence-parallel group got different batches (shape, checksum "
@@ -238,8 +237,7 @@ class SequenceParallelMixin:
             yield
             return
         acc = self.accelerator
-        # Trainer builds its DataLoaders and hands them to accelerator.prepare, which calls
-        # prepare_data_loader: shadow that one method for the duration of the call.
+        # Trainer's DataLoaders go through accelerator.prepare -> prepare_data_loader: shadow it
         acc.prepare_data_loader = self._prepare_dataloader_per_group
         try:
             yield

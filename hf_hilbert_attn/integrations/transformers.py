@@ -171,9 +171,8 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
 
 @torch.compiler.disable
 def _positions(info: Optional[DilatedMaskInfo], position_ids, doc_ids, b, sq, sk, device, ring):
-    # Derived in the first layer of a forward, reused by the others (same tensors). Under
-    # torch.compile one opaque call: traced, its data-dependent checks broke a compiled layer
-    # into several graphs and its memo put guards on every layer.
+    # Derived in a forward's first layer, reused by the others. Opaque to torch.compile: traced,
+    # its checks broke a layer into several graphs and its memo guarded every layer.
     memo, key = ({} if info is None else info._memo), (sq, sk, id(position_ids), id(doc_ids), ring)
     hit = memo.get(key)
     if hit is not None and hit[0] is position_ids and hit[1] is doc_ids:
@@ -237,12 +236,10 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
 
 
 def _layer_sizes(info, config, sq: int, sk: int):
-    """The mask of this layer of a :class:`PatternCache` whose layers store different key counts.
-
-    Transformers describes one mask per forward, from the first layer's cache. With per-layer
-    dense heads (:func:`set_dense_kv_heads`) a PatternCache keeps every key in layers with dense
-    heads and drops old ones elsewhere; both store ``[sinks | tail]`` with the tail ending at
-    the newest query, so this layer's dropped count is ``q_offset + Sq - Sk``."""
+    """This layer's mask where a :class:`PatternCache`'s layers store different key counts
+    (per-layer dense heads keep every key): Transformers describes one mask per forward, from
+    the first layer; every layer's tail ends at the newest query, so this layer dropped
+    ``q_offset + Sq - Sk``."""
     if (isinstance(info, DilatedMaskInfo) and info.kv_length != sk and info.padding_mask is None
             and isinstance(info.q_offset, int) and info.q_offset + sq >= sk
             and LAYER_DENSE in (getattr(config, "hilbert_attn", None) or {})):

@@ -333,8 +333,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         return with_dense_heads(ring_attention, q, k, v, pattern, **kw)
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
-    # Every layer of a model calls this with the same positions: reuse the plan when every rank
-    # still has the inputs it was made from (compared by value; one flag per rank in agree).
+    # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)
     key = (pattern, a.hq, a.hkv, bool(causal), q.device)
     entry = _PLANS.lookup(group, key, (qp, kp, kd))
     if not agree(q, k, v, pattern, causal, a.scale, qp, kp, kd, group,
@@ -345,8 +344,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                          all_kd)
         entry = _PLANS.store(group, key, (qp, kp, kd), plan,
                              plan_pieces(pattern, causal, plan, qp, kp))
-    # the autograd graph holds the group weakly: an output kept to the end of a script must not
-    # keep the process group alive past destroy_process_group() (comm.weak_group)
+    # the autograd graph holds the group weakly (comm.weak_group)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(group), entry.plan, qp, kp, a.q_doc_ids, kd,
                backend, entry.pieces)
     out, lse = _RingAttention.apply(q, k, v, ctx)

@@ -74,10 +74,7 @@ def _pattern_crc(pattern: DilatedPattern) -> int:
 
 def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = False) -> bool:
     """All-gather a small descriptor; raise the same ``ValueError`` on every rank on mismatch.
-
-    Also gathers each rank's ``cached`` flag (its inputs equal those of its cached plan) and
-    returns True only if every rank has it, so all ranks take the same branch.
-    """
+    Returns whether every rank's ``cached`` flag (inputs equal its cached plan's) is set."""
     meta = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
             int(causal), _pattern_crc(pattern),
             struct.unpack("<q", struct.pack("<d", float(scale)))[0],

@@ -89,8 +89,8 @@ def _check_layout(layout: str, pattern: Optional[DilatedPattern]):
 
 def padded_length(seq_len: int, world_size: int, layout: str = "zigzag",
                   pad_to_multiple: int = 1) -> int:
-    """Smallest length ``>= seq_len`` that ``layout`` can split evenly over ``world_size`` ranks
-    and that is a multiple of ``pad_to_multiple`` per rank."""
+    """Smallest length ``>= seq_len`` that ``layout`` splits evenly over ``world_size`` ranks, a
+    multiple of ``pad_to_multiple`` per rank."""
     if seq_len < 0 or world_size < 1 or pad_to_multiple < 1:
         raise ValueError(f"need seq_len >= 0, world_size >= 1, pad_to_multiple >= 1; got "
                          f"{seq_len}, {world_size}, {pad_to_multiple}")

@@ -61,8 +61,8 @@ class PatternCacheLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Append the new keys/values; return every stored one (what this step's queries may
-        attend); keep only those a later query can attend."""
+        """Append the new keys/values and return all (this step attends them); keep only those
+        a later query can attend."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keys = torch.cat([self.keys, key_states], dim=-2)

@@ -140,11 +140,9 @@ class DilatedMaskInfo:
 def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
                          kv_offset: int = 0, mask_function=None,
                          attention_mask: Optional[torch.Tensor] = None, **kwargs) -> DilatedMaskInfo:
-    """``AttentionMaskInterface`` entry: the mask described in O(B·Sk), never built.
-
-    Args mirror ``transformers.masking_utils.sdpa_mask``; ``attention_mask`` is the 2-D padding
-    mask ``[B, past + Sq]`` (or None). Raises ``ValueError`` for mask functions other than
-    causal / bidirectional / packed / padding (sliding windows, chunks, block overlays).
+    """``AttentionMaskInterface`` entry: the mask described in O(B·Sk), never built. Arguments
+    as ``transformers.masking_utils.sdpa_mask`` (``attention_mask``: the 2-D padding mask or
+    None); ``ValueError`` for mask functions other than causal / bidirectional / packed / padding.
     """
     if isinstance(attention_mask, DilatedMaskInfo):
         return attention_mask  # prepared by generate() for this very step

@@ -202,8 +202,8 @@ MAX_RUNS = 16  # more runs of consecutive positions than this: one mapped call p
 
 
 def _runs(pos: torch.Tensor):
-    """Maximal storage ranges of consecutive positions ``[(lo, hi, first position)]`` when every
-    batch row has the same positions and there are at most ``MAX_RUNS``; else None."""
+    """Storage ranges of consecutive positions ``[(lo, hi, first position)]``, or None when batch
+    rows differ or there are more than ``MAX_RUNS``."""
     if pos.shape[1] == 0:
         return []
     if pos.shape[0] > 1 and not bool((pos == pos[:1]).all()):
@@ -218,10 +218,8 @@ def _runs(pos: torch.Tensor):
 
 
 def run_ranges(pos: torch.Tensor) -> List[Tuple[int, int, Tuple[int, int]]]:
-    """``[(lo, hi, (first, last position))]``: the storage ranges ``[lo, hi)`` of ``pos``
-    ``[Bp, S]`` that hold consecutive positions, or the whole shard as one range when it has more
-    than :data:`MAX_RUNS` runs or its batch rows differ (then ``(first, last)`` are its min and
-    max)."""
+    """``[(lo, hi, (first, last position))]``: the storage ranges of ``pos`` ``[Bp, S]`` holding
+    consecutive positions, else (:func:`_runs` None) the whole shard with its min and max."""
     runs = _runs(pos)
     if runs is None:
         runs = [(0, pos.shape[1], None)]

@@ -17,7 +17,6 @@ the kernels cannot take to the PyTorch backend, saying so once per reason.
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 
 import torch
@@ -58,7 +57,11 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
 
 
 def _triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None  # ships with CUDA builds of torch
+    try:  # an import, not find_spec: a broken install must take the PyTorch path
+        import triton  # noqa: F401
+    except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
+        return False
+    return True
 
 
 def _kernels():

@@ -206,8 +206,8 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
 
 
 def to_storage(x: torch.Tensor, perm: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    """Natural (position) order to storage order along ``dim`` (default: the sequence dim of
-    ``[B, H, S, D]``): ``out.select(dim, i) == x.select(dim, perm[i])``. Differentiable."""
+    """Natural to storage order along ``dim`` (default: ``S`` of ``[B, H, S, D]``):
+    ``out.select(dim, i) == x.select(dim, perm[i])``. Differentiable."""
     return x.index_select(dim, perm.to(x.device))
 
 

@@ -196,10 +196,8 @@ def tile_mlp(model, chunk_tokens: int = 8192):
 # ------------------------------------------------------------------ offloaded checkpoints
 @dataclass
 class OffloadStats:
-    """Counters of one model's offload hooks (all layers): tensors and bytes packed in
-    forwards (``packed``, ``packed_bytes``; a CPU tensor is counted but stays where it is),
-    tensors given back in backwards (``unpacked``) and how many of those had been copied back
-    ahead of time (``prefetched``)."""
+    """Counters of one model's offload hooks: tensors and bytes packed in forwards (a CPU
+    tensor counts but stays), tensors given back in backwards, and those prefetched."""
     packed: int = 0
     packed_bytes: int = 0
     unpacked: int = 0

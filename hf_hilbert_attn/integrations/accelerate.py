@@ -34,15 +34,10 @@ __all__ = ["SPTopology", "sequence_parallel_topology", "shard_for_sequence_paral
 
 @dataclass(frozen=True)
 class SPTopology:
-    """Where this process sits in the ``dp × sp`` split.
-
-    Attributes:
-        group: the sequence-parallel process group (None when ``sp_size == 1``).
-        sp_rank, sp_size: rank inside the SP group and its size.
-        dp_rank, dp_size: index of the SP group among all of them, and their number (which
-            data each group reads).
-        source: ``"mesh"`` (Accelerate's ``cp`` mesh dim), ``"split"`` or ``"single"``.
-    """
+    """Where this process sits in the ``dp × sp`` split: the SP ``group`` (None when
+    ``sp_size == 1``), the rank in it and its size, the group's index among the groups and their
+    number (which data each reads), and the ``source``: ``"mesh"`` (Accelerate's ``cp`` mesh
+    dim), ``"split"`` or ``"single"``."""
 
     group: object
     sp_rank: int

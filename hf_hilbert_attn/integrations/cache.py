@@ -264,9 +264,9 @@ def prefill_chunks(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAUL
     ``cache`` (default: a :class:`PatternCache` for ``hilbert_dilated`` models, else a
     ``DynamicCache``; a non-empty cache continues where it stands).
 
-    Yields ``(begin, end, logits)`` per chunk (positions relative to ``input_ids``): the logits
-    ``[B, n, V]`` at positions ``max(begin, logits_from) .. end - 1``, or None when
-    ``logits_from`` is None or after ``end`` (only the last position's logits are computed).
+    Yields ``(begin, end, logits)`` per chunk: the logits ``[B, n, V]`` at positions
+    ``max(begin, logits_from) .. end - 1`` of ``input_ids``, or None (``logits_from`` None or
+    after ``end``: only the last position's logits are computed).
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")

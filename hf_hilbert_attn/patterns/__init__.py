@@ -68,9 +68,8 @@ def parse_inline(spec: str) -> DilatedPattern:
     ``DilatedPattern([256, 1024], [1, 4])``; ``:sliding`` / ``:segment`` set ``window``,
     ``:sinks=K`` sets ``sink_tokens``; the other fields keep their defaults.
 
-    Raises:
-        ValueError: naming the spec and the part that is not of the form, or the pattern's own
-        validation error (e.g. a rate larger than its segment).
+    Raises ``ValueError`` naming the spec and the bad part, or the pattern's own validation
+    error.
     """
     if ":" not in spec:
         raise ValueError(f"inline pattern {spec!r} has no ':' between segment lengths and "
@@ -102,12 +101,9 @@ def _from_frozen(frozen: tuple) -> DilatedPattern:
 def as_pattern(pattern: PatternLike) -> DilatedPattern:
     """A :class:`DilatedPattern` from a pattern, its dict, a YAML path, a shipped name
     (:func:`names`), an inline spec (:func:`parse_inline`, e.g. ``"256,1024:1,4:sinks=1"``), or
-    ``None`` (:func:`default`). Dicts are cached per distinct content, so a per-layer call costs
-    a dict walk.
-
-    Raises:
-        ValueError: an invalid pattern or an unknown name; FileNotFoundError: a missing
-        ``.yaml`` file; TypeError: anything else.
+    ``None`` (:func:`default`); dicts are cached per content (a per-layer call costs a dict
+    walk). Raises ``ValueError`` (invalid pattern, unknown name), ``FileNotFoundError`` (a
+    missing ``.yaml``) or ``TypeError`` (anything else).
     """
     if pattern is None:
         return default()

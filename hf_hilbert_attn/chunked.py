@@ -34,9 +34,7 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     Args:
         q: ``[B, Hq, Sq, D]``.
         k, v: ``[B, Hkv, Sk, D]`` / ``[B, Hkv, Sk, Dv]``, read in place for GQA.
-        pattern: the :class:`DilatedPattern`.
-        a: the ``AttnInputs`` from ``check_inputs`` (scale, positions, document ids).
-        causal: mask keys at later positions.
+        pattern, causal: as in ``dilated_attention``; ``a``: ``check_inputs``'s result.
 
     Returns:
         ``(out, lse)``: ``out`` ``[B, Hq, Sq, Dv]`` in ``q.dtype``; ``lse`` ``[B, Hq, Sq]`` in

@@ -269,8 +269,7 @@ class DilatedPattern:
     @property
     def reach(self) -> int:
         """How far back a query can see apart from the sinks: a key at ``s < p - reach`` is never
-        allowed unless it is a sink (sliding: the largest window; segment: the longest segment).
-        KV caches may drop older keys (plus the first ``sink_tokens``)."""
+        allowed unless it is a sink (the longest window or segment)."""
         return self.max_segment - 1
 
     @property
@@ -280,11 +279,10 @@ class DilatedPattern:
         return math.lcm(*(self.dilation_rates if self.sliding else self.segment_lengths))
 
     def first_needed_key(self, position: int, num_heads: Optional[int] = None) -> int:
-        """The oldest key that a causal query at ``position`` or later can still attend through
-        a config (the sink rule aside): no query at ``>= position`` attends a key in
-        ``[sink_tokens, first_needed_key(position))``, so a KV cache may drop those. Returns
-        ``position`` when no older key is needed. Exact: the returned key is attended by some
-        later query (of some head ``< num_heads``; per_head mode, None: every class has a head).
+        """The oldest key a causal query at ``position`` or later can still attend through a
+        config (sinks aside): a KV cache may drop ``[sink_tokens, first_needed_key(position))``.
+        ``position`` when no older key is needed. Exact: some later query of some head ``<
+        num_heads`` (None: every class has a head) attends the returned key.
         """
         p = int(position)
         first = p

@@ -119,10 +119,10 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
 
 @dataclass(eq=False)
 class DilatedMaskInfo:
-    """The compact "mask" every layer of one forward receives (instead of ``[B, 1, Sq, Sk]``):
-    ``q_offset``, the cache slot of the first query (int, or a 0-d tensor for static caches);
-    the query / key lengths; ``padding_mask`` ``[B, kv_length]`` bool (True = a real token) or
-    None when every key slot holds one; ``kv_offset``: keys a ``PatternCache`` dropped."""
+    """The compact "mask" every layer of a forward receives instead of ``[B, 1, Sq, Sk]``: the
+    first query's cache slot (int; static caches: a 0-d tensor), the query / key lengths, the
+    ``[B, kv_length]`` padding mask (True = real; None: no padding) and the keys a
+    ``PatternCache`` dropped."""
 
     q_offset: Any
     q_length: int
@@ -188,13 +188,11 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
                                       is_causal: Optional[bool] = None, **kwargs):
     """``AttentionInterface`` entry: dilated attention of one layer.
 
-    query ``[B, Hq, Sq, D]``, key/value ``[B, Hkv, Sk, D]`` (GQA from the shapes);
-    ``attention_mask`` the :class:`DilatedMaskInfo` of :func:`hilbert_dilated_mask` or None;
-    ``dropout`` must be 0; ``scaling`` defaults to ``D ** -0.5``; ``is_causal`` overrides
-    ``module.is_causal``. ``kwargs``: ``position_ids`` ``[B, S]``, and optionally document ids
-    ``hilbert_doc_ids`` ``[B, S]`` or flash-style ``cu_seq_lens_q`` (over restarting positions).
-    Returns ``(out [B, Sq, Hq, D] contiguous, None)``; ``ValueError`` for what the op cannot do
-    (``transformers_checks``).
+    query ``[B, Hq, Sq, D]``, key/value ``[B, Hkv, Sk, D]``; ``attention_mask``: the
+    :class:`DilatedMaskInfo` or None; ``dropout`` must be 0; ``is_causal`` overrides
+    ``module.is_causal``; ``kwargs``: ``position_ids`` ``[B, S]`` and optionally
+    ``hilbert_doc_ids`` ``[B, S]`` or flash-style ``cu_seq_lens_q``. Returns ``(out [B, Sq, Hq,
+    D] contiguous, None)``; ``ValueError`` for what the op cannot do (``transformers_checks``).
     """
     (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

@@ -174,8 +174,8 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi
                  covs):
     """Per tile, the key chunks of sliding config ``i``: for each group (class) of the tile,
     its keys within ``w_i`` of the group's queries, less the keys every one of those queries
-    already gets from an earlier config (``covs``: :func:`_covered_distances`), as
-    :func:`_merge_ranges` chunks. ``q_pos``/``qg`` and ``k_pos``/``kg`` are sorted by (group, position)."""
+    already gets from an earlier config (``covs``), as :func:`_merge_ranges` chunks (positions
+    and groups sorted by (group, position))."""
     w = pattern.segment_lengths[i]
     dev = q_pos.device
     tile_start = torch.tensor([b[0] for b in bounds], device=dev)

@@ -132,11 +132,8 @@ def _seg_range(lo: int, hi: int, w: int):
 
 
 def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
-    """(first segment, segments, first block, blocks per segment and class) of the query tiles.
-
-    A short query range inside one segment (decoding, chunked prefill) gets only the blocks
-    that can hold its queries, whatever the class; otherwise every block of the segment.
-    """
+    """(first segment, segments, first block, blocks per segment and class) of the query tiles:
+    a short query range inside one segment (decoding) gets only the blocks that can hold it."""
     seg0, nseg = _seg_range(plan.qlo, plan.qhi, w)
     nblk = triton.cdiv(triton.cdiv(w, r), bm)
     if nseg == 1:

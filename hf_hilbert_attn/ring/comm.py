@@ -33,11 +33,8 @@ _ACTIVE_GROUP = []
 def sequence_parallel(group):
     """Inside this context the registered ``hilbert_dilated`` attention runs as ring attention.
 
-    Args:
-        group: a ``torch.distributed`` process group whose ranks each hold one shard of the
-            sequence (see :func:`hf_hilbert_attn.sharding.shard_batch`), or None (no ring).
-
-    Example::
+    ``group``: a process group whose ranks each hold one shard of the sequence
+    (:func:`hf_hilbert_attn.sharding.shard_batch`), or None (no ring). Example::
 
         with hf_hilbert_attn.sequence_parallel(group):
             loss = model(**shard_batch(batch, group)).loss

@@ -69,9 +69,8 @@ class _TiledMLPFunction(torch.autograd.Function):
     """``y = forward(x)`` for a token-wise ``forward``, ``chunk`` rows of ``x.reshape(-1, H)``
     at a time. Saves only ``x``; backward recomputes each chunk under autograd and takes its
     gradients at once, so one chunk's ``[chunk, intermediate]`` tensors exist at a time.
-    ``params`` are inputs so their gradients flow through this node (one AccumulateGrad per
-    parameter per step, as DDP expects). With ``rng`` (an MLP with dropout) each chunk's RNG
-    state is kept and restored for its recompute, so it draws the same masks."""
+    ``params`` are inputs, so one AccumulateGrad per parameter per step (as DDP expects). With
+    ``rng`` (dropout) each chunk's RNG state is restored for its recompute (the same masks)."""
 
     @staticmethod
     def forward(ctx, forward, chunk: int, rng: bool, x: torch.Tensor, *params):

@@ -285,11 +285,9 @@ def _table_for_padded(padded: int, world: int, layout: str, pattern) -> torch.Te
 
 def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,
                    layout: str = DEFAULT_LAYOUT, num_heads: int = 1) -> list:
-    """Exact allowed (query, key) pairs (causal, summed over heads) per rank for a layout.
-
-    Ranks' query sets are split into runs of consecutive positions; a run ``[a, b)`` of causal
-    queries sees only keys ``< b``, so its count is ``pattern.count_pairs(b, q_len=b - a)`` —
-    the pattern module's exact counter, no S² work. Padding positions are excluded.
+    """Exact allowed (query, key) pairs (causal, summed over heads) per rank for a layout: per
+    run ``[a, b)`` of consecutive query positions, ``pattern.count_pairs(b, q_len=b - a)`` (no
+    S² work); padding excluded.
     """
     table = shard_positions(seq_len, world_size, layout, pattern)  # resolves "auto"
     out = []

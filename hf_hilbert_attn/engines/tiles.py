@@ -46,11 +46,12 @@ _PLAN_CACHE_SIZE = 64
 
 class _Tiles:
     """One fused-kernel call over ``n`` problems of ``lq`` queries and ``lk`` keys, each with
-    every head (``grouped``, rows in (problem, head, token) order) or with one. ``qr`` indexes the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output
-    ``[Hq * (S + 1)]`` (row S of a head: the dummy a padded query writes to); ``q_range`` /
-    ``k_range``: the positions ``(lo, hi)`` of a grouped tile over one range (read and written
-    as views). ``mask`` ``[n, lq, lk]`` bool or None; ``empty`` ``[n * lq]`` rows without an
-    allowed key, or None; ``first``: no earlier tile wrote these rows (``mixed``: some)."""
+    every head (``grouped``, rows in (problem, head, token) order) or with one. ``qr`` indexes
+    the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output ``[Hq * (S +
+    1)]`` (row S of a head: a padded query's dummy); ``q_range`` / ``k_range``: the positions
+    ``(lo, hi)`` of a grouped tile over one range (views). ``mask`` ``[n, lq, lk]`` bool or
+    None; ``empty`` ``[n * lq]`` rows without an allowed key, or None; ``first``: no earlier
+    tile wrote these rows (``mixed``: some)."""
 
     __slots__ = ("n", "lq", "lk", "grouped", "qr", "kr", "qw", "causal", "mask", "empty",
                  "first", "mixed", "q_range", "k_range")

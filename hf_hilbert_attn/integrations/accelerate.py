@@ -125,12 +125,8 @@ def shard_for_sequence_parallel(batch: dict, topo: SPTopology, layout: str = DEF
 
 
 def reduce_loss(loss: torch.Tensor, group) -> torch.Tensor:
-    """Sum a per-shard loss over the SP group, differentiably (see the module docstring).
-
-    Args:
-        loss: this shard's ``sum of token losses / N`` (``N`` over the whole sequence).
-        group: the SP group, or None (returned unchanged).
-    """
+    """Sum ``loss`` (this shard's ``sum of token losses / N``, ``N`` over the whole sequence)
+    over the SP ``group`` (None: unchanged), differentiably (see the module docstring)."""
     if group is None:
         return loss
     return _SumOverGroup.apply(loss, group)

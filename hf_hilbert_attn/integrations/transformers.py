@@ -49,10 +49,10 @@ def _model_configs(model) -> list:
 
 def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
     """Give each decoder layer of ``model`` its own dense key/value heads (a calibration's choice,
-    ``hf-hilbert-attn calibrate``), stored in ``config.hilbert_attn``. ``per_layer``: one list of key/value head indices per layer (``[]``: none), or a dict
-    ``{layer: [heads]}`` (other layers none), or None to remove the per-layer choice. The pattern
-    is the model's (:func:`get_pattern`; the default if it has none). Returns ``model``. Raises
-    ``ValueError`` naming a bad layer or head.
+    ``hf-hilbert-attn calibrate``), stored in ``config.hilbert_attn``. ``per_layer``: one list
+    of key/value head indices per layer (``[]``: none), a dict ``{layer: [heads]}`` (other layers
+    none), or None to remove the per-layer choice. The pattern is the model's
+    (:func:`get_pattern`). Returns ``model``; ``ValueError`` names a bad layer or head.
     """
     configs = _model_configs(model)
     cfg = model.config

@@ -1,23 +1,18 @@
 """The backend seam: one forward/backward interface over the Triton kernels and the PyTorch
-engines, and the one rule that picks between them (:func:`select_backend`).
-
-Every entry point of ``ops.py`` (the op and its custom ops, the piece-level calls of ring
-attention) and the ring itself check their inputs, pick a backend here and call it:
+engines, and the one rule that picks between them (:func:`select_backend`), used by every entry
+point of ``ops.py`` and by the ring:
 
 * ``forward(q, k, v, pattern, a, causal, out=None, lse=None, plan=None) -> (out, lse)``: the
   attention without autograd, written into ``out`` / ``lse`` when given;
 * ``backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None, plan=None) ->
   (dq, dk, dv)``: the gradient of a call whose rows were merged into ``(out, lse)`` (its own
-  result, or the merge of several calls over disjoint keys: ring attention), written into
-  ``grads = (dq, dk, dv)`` where given;
-* ``position_plan(a, pattern)``: the backend's plan of these positions, to pass back as
-  ``plan=`` (the Triton backend's ``PositionPlan``, ``False`` when the kernels cannot take them;
-  None: nothing to keep).
+  result, or several calls' over disjoint keys: the ring), written into ``grads`` where given;
+* ``position_plan(a, pattern)``: the plan of these positions to pass back as ``plan=`` (Triton:
+  a ``PositionPlan``, ``False`` when the kernels cannot take them; None: nothing to keep).
 
-``a`` is ``inputs.check_inputs``'s result; the pattern has no dense heads (``dense_heads.py``
-splits them off above). The Triton backend runs the kernels, one call per document for packed
-documents (``engines/documents.py``), and anything the kernels cannot take on the PyTorch
-backend, saying so once per reason.
+``a`` is ``inputs.check_inputs``'s result; the pattern has no dense heads (``dense_heads.py``).
+The Triton backend runs packed documents one call each (``engines/documents.py``) and sends what
+the kernels cannot take to the PyTorch backend, saying so once per reason.
 """
 
 from __future__ import annotations
@@ -41,12 +36,11 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def use_triton(q: torch.Tensor, a, backend: str) -> bool:
     """Whether a call goes to the Triton kernels (the one dispatch rule of every entry point).
 
-    ``backend="triton"``: yes (on any device: the interpreter runs them on CPU), or a
-    ``ValueError`` when the kernels cannot take the dtype or head size. ``"auto"``: yes on CUDA
-    when they can; ``"torch"``: no. Static checks only (no device sync, so the decision traces
-    under ``torch.compile``); calls without work (an empty batch) take the PyTorch path, and
-    data-dependent limits (repeated or negative positions) are checked inside the op, which
-    then runs the PyTorch path itself.
+    ``backend="triton"``: yes (any device: the interpreter runs them on CPU), or a
+    ``ValueError`` when the kernels cannot take the dtype or head size; ``"auto"``: yes on CUDA
+    when they can; ``"torch"``: no. Static checks only (no device sync: it traces under
+    ``torch.compile``); data-dependent limits (repeated or negative positions) are checked
+    inside the op, which then runs the PyTorch path itself; an empty batch takes it too.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -58,17 +52,22 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
         raise ValueError(
             f"backend='triton' needs float16/bfloat16/float32 and head_dim in "
             f"{KERNEL_HEAD_DIMS} (same for v), got {q.dtype}, head_dim {a.head_dim}/"
-            f"{a.head_dim_v}; use backend='auto' or 'torch'"
-        )
+            f"{a.head_dim_v}; use backend='auto' or 'torch'")
     return ok and a.batch > 0
 
 
 def _triton_importable() -> bool:
-    try:
+    try:  # an import, not find_spec: a broken install must take the PyTorch path
         import triton  # noqa: F401
     except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
         return False
     return True
+
+
+def _kernels():
+    from . import kernels  # imports Triton: only once a call goes to the kernels
+
+    return kernels
 
 
 def select_backend(q: torch.Tensor, a, backend: str):
@@ -107,21 +106,14 @@ class TritonBackend:
     name = "triton"
 
     def position_plan(self, a, pattern):
-        from .kernels import plan_positions
-
-        plan, _ = plan_positions(a, pattern)
+        plan, _ = self._plan(a, pattern, None)
         return False if plan is None else plan
 
     def _plan(self, a, pattern, plan):
-        if plan:
-            return plan, None
-        from .kernels import plan_positions
-
-        return plan_positions(a, pattern)
+        return (plan, None) if plan else _kernels().plan_positions(a, pattern)
 
     def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
-        from .kernels import dilated_fwd
-
+        dilated_fwd = _kernels().dilated_fwd
         plan, why = self._plan(a, pattern, plan)
         if plan is not None:
             return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
@@ -141,8 +133,7 @@ class TritonBackend:
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
                  plan=None):
-        from .kernels import dilated_bwd
-
+        dilated_bwd = _kernels().dilated_bwd
         grads = (None, None, None) if grads is None else grads
         plan, _ = self._plan(a, pattern, plan)
         if plan is not None:
@@ -172,8 +163,6 @@ def document_runs(q, k, v, pattern, a):
     .document_runs`` and the kernels' plan of each — or None when the layout is anything else
     or the kernels cannot plan a document (then the PyTorch path runs).
     """
-    from .kernels import plan_positions
-
     ranges = _document_ranges(a)
     if ranges is None:
         return None
@@ -183,7 +172,7 @@ def document_runs(q, k, v, pattern, a):
             a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
         sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
                            pattern, scale=a.scale, q_positions=positions, k_positions=positions)
-        plan, _ = plan_positions(sub, pattern)
+        plan, _ = _kernels().plan_positions(sub, pattern)
         if plan is None:
             return None
         runs.append((b, lo, hi, plan))
@@ -210,14 +199,11 @@ def _warn_fallback(why: str) -> None:
 
 
 def _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
-    """(dq, dk, dv) on the PyTorch path, for a call whose rows were merged into ``(out, lse)``.
-
-    ``(out, lse)`` may be this call's own result or the merge of several calls over disjoint
-    key sets (ring attention). The call is recomputed as ``(o_b, lse_b)`` and differentiated
-    with ``grad(o_b) = c·dout`` and ``grad(lse_b) = c·(dout·o_b - dout·out + dlse)``, where
-    ``c = exp(lse_b - lse)`` is the share of this call in the merge (1 for its own result).
-    That is FlashAttention's ``dS = P ∘ (dP - delta)`` with the merged probabilities, the same
-    gradient the Triton backward computes from ``(out, lse)``.
+    """(dq, dk, dv) on the PyTorch path, for a call whose rows were merged into ``(out, lse)``
+    (its own result, or the ring's merge over disjoint keys): the call is recomputed as
+    ``(o_b, lse_b)`` and differentiated with ``grad(o_b) = c·dout`` and ``grad(lse_b) =
+    c·(dout·o_b - dout·out + dlse)``, ``c = exp(lse_b - lse)`` its share of the merge: the
+    Triton backward's ``dS = P ∘ (dP - delta)`` with the merged probabilities.
     """
     acc = accum_dtype(q.dtype)
     with torch.enable_grad():

@@ -2,9 +2,7 @@
 Triton kernels do not run (CPU, float64, other head sizes, positions the kernels cannot plan).
 
 Its engines (``engines/``) all compute exactly what ``reference.reference_attention``
-computes; this picks one per call: the dense tiles of PyTorch's fused CPU kernel (causal
-self-attention at positions 0..S-1, whole or per document), the masked fused call for a few
-queries (decoding), else the blockwise engine (any device, positions and documents).
+computes; :data:`ENGINES` lists them in the order a call tries them.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 from .engines import blockwise, masked, tiles
 from .engines.passes import CHUNK_K, CHUNK_Q
 from .numerics import accum_dtype
-from .pruning import for_ranges
+from .planning import for_ranges
 
 __all__ = ["chunked_attention", "CHUNK_Q", "CHUNK_K", "ENGINES"]
 
@@ -31,22 +29,16 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     """Memory-efficient dilated attention in PyTorch (any device), differentiable.
 
     Computes exactly what :func:`reference_attention` computes, in float32 (float64 for float64
-    inputs), without ever materialising ``[Sq, Sk]``: blocks of at most ``CHUNK_Q x CHUNK_K``
-    scores (per batch row and head) planned in position space, with FlashAttention-style
-    recomputation in the backward. Sliding windows visit only the keys within each query
-    tile's windows, and sink tokens are one pass of every query against the first
-    ``sink_tokens`` positions.
+    inputs), without ever materialising ``[Sq, Sk]`` (the engines of :data:`ENGINES`).
 
     Args:
         q: ``[B, Hq, Sq, D]``.
         k, v: ``[B, Hkv, Sk, D]`` / ``[B, Hkv, Sk, Dv]``, read in place for GQA.
-        pattern: the :class:`DilatedPattern`.
-        a: the ``AttnInputs`` from ``check_inputs`` (scale, positions, document ids).
-        causal: mask keys at later positions.
+        pattern, causal: as in ``dilated_attention``; ``a``: ``check_inputs``'s result.
 
     Returns:
         ``(out, lse)``: ``out`` ``[B, Hq, Sq, Dv]`` in ``q.dtype``; ``lse`` ``[B, Hq, Sq]`` in
-        float32, float64 for float64 inputs (natural log; ``-inf`` and ``out = 0`` for a query with no allowed key).
+        float32 (float64 inputs: float64), natural log, ``-inf`` (``out = 0``) with no key.
     """
     b, hq, sq, _ = q.shape
     if b == 0 or sq == 0 or k.shape[2] == 0:  # nothing to attend: empty / all -inf rows

@@ -1,9 +1,6 @@
-"""``torch.compile`` boundaries that cost nothing at import.
-
-``torch.compiler.disable`` imports dynamo (``torch._dynamo``, about a second and a few hundred
-modules) when it decorates, so a module-level ``@torch.compiler.disable`` makes
-``import hf_hilbert_attn`` load it. Nothing compiles before dynamo is loaded, so the decorator can
-wait for the first call.
+"""``torch.compile`` boundaries that cost nothing at import: ``torch.compiler.disable`` imports
+dynamo (about a second, a few hundred modules) when it decorates, and nothing compiles before
+dynamo is loaded, so the decorator can wait for the first call.
 """
 
 from __future__ import annotations

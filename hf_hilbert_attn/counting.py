@@ -2,11 +2,9 @@
 without materialising ``S²`` (``DilatedPattern.count_pairs`` and friends call these).
 
 Inclusion–exclusion over subsets of configs: a subset's intersection is "same segment (sliding:
-inside every window) in every config, ``p ≡ s`` modulo the lcm of its rates" (pattern.py's
-identity), whose per-query count is closed form; queries are grouped by their class vector so
-every head is one lookup. Sinks: the ``min(k, ...)`` sink keys, plus the configs' pairs counted
-on keys ``>= k`` only (each key once). A query head of a dense key/value head counts every
-(causal) pair.
+inside every window) in every config, ``p ≡ s`` modulo the lcm of its rates", counted in closed
+form per query, one lookup per head (queries grouped by class vector). Sinks: the sink keys plus
+the configs' pairs on keys ``>= k`` only; a head of a dense key/value head counts every pair.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """Dense key/value heads (``DilatedPattern.dense_kv_heads``): the one place that splits them off.
 
-Query head ``h`` reads key/value head ``h // G`` (``G = Hq // Hkv``). The query heads of a dense
-key/value head attend every key: plain attention, which every engine already runs fastest as
-the one-config pattern ``[(2**30, 1)]`` (SDPA / FlashAttention where nothing else applies: see
-``ops.dilated_attention``). So a call with dense heads is two calls of an attention function
+Query head ``h`` reads key/value head ``h // G`` (``G = Hq // Hkv``); the query heads of a dense
+key/value head attend every key. A call with dense heads is two calls of an attention function
 that knows nothing of them:
 
-* the sparse pattern (``pattern.sparse_part``) over **all** heads — per_head dilation classes are
-  ``h % r`` of the absolute head index, so the sparse heads cannot be gathered into a smaller
-  call without renumbering them; the dense heads' share of that call is discarded;
-* the dense pattern over the dense heads' slice, whose result replaces theirs.
+* the sparse pattern (``pattern.sparse_part``) over **all** heads (per_head classes are ``h % r``
+  of the absolute head index, so the sparse heads cannot be gathered without renumbering); the
+  dense heads' share is discarded;
+* the one-config pattern ``[(2**30, 1)]`` over the dense heads' slice (plain attention: SDPA /
+  FlashAttention where nothing else applies), whose result replaces theirs.
 
-Every pair of a dense head is in the dense call, so the union rule holds (a key counts once).
-Autograd routes each head's gradient to the call whose output it kept; the engines, the kernel
-planners and the ring planner never see dense heads.
+Autograd routes each head's gradient to the call whose output it kept; the engines and planners
+never see dense heads.
 """
 
 from __future__ import annotations
@@ -47,11 +45,9 @@ def _select(t: torch.Tensor, idx: torch.Tensor, heads: tuple) -> torch.Tensor:
 
 def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      pattern: DilatedPattern, *, return_lse: bool = False, **kwargs):
-    """``attend(q, k, v, pattern, return_lse=..., **kwargs)`` for a pattern with dense heads, from
-    two calls of ``attend`` on patterns without them (module docstring).
-
-    ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``; ``attend`` returns ``out`` or ``(out, lse)`` with
-    heads in dimension 1 (``lse [B, Hq, Sq]``). Returns the same, for ``pattern``.
+    """``attend(q, k, v, pattern, return_lse=..., **kwargs)`` for a pattern with dense heads,
+    from two calls of ``attend`` on patterns without them (module docstring): ``q [B, Hq, Sq,
+    D]``, ``k/v [B, Hkv, Sk, D]``, ``out`` (and ``lse [B, Hq, Sq]``) with heads in dimension 1.
     """
     hq, hkv = q.shape[1], k.shape[1]
     pattern.check_kv_heads(hkv)

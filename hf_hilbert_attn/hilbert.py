@@ -1,22 +1,15 @@
 """Hilbert-curve storage layouts (``docs/hilbert.md``): a layout of tokens, never a change of
 the function.
 
-The curve is the *generalised* Hilbert curve on any ``W x H`` rectangle: the rectangle is cut in
-halves (when it is long) or in three parts (when it is squarish), each part is traversed by the
-same construction in a rotated / reflected frame, and the parts are joined end to start. On
-``2^k x 2^k`` squares it is the classic Hilbert curve; on other shapes it keeps the same
-locality (every part is about as wide as it is long). See ``docs/hilbert.md`` for a drawing.
+The curve is the *generalised* Hilbert curve on any ``W x H`` rectangle: cut in halves (long)
+or three parts (squarish), each traversed by the same construction in a rotated / reflected
+frame, joined end to start; the classic curve on ``2^k x 2^k`` squares, with the same locality
+elsewhere (a drawing: ``docs/hilbert.md``).
 
-Guarantees (tested for every shape up to 40 x 40 and many larger ones):
-
-* a bijection onto the cells, starting at cell ``(0, 0)``;
-* consecutive cells are grid neighbours (one unit step) for **every** shape. The classic
-  construction ends on the start's side of the long axis, which no unit-step path can do when
-  the long side is odd and the short side even (checkerboard parity); there we let the last,
-  squarish part end elsewhere instead of taking a diagonal step.
-
-Everything is built from per-shape sub-curves cached by shape, so the recursion visits only a
-few distinct shapes per level and the cells themselves are produced by tensor operations.
+Guarantees (tested for every shape up to 40 x 40 and many larger ones): a bijection onto the
+cells, starting at cell ``(0, 0)``, whose consecutive cells are grid neighbours for **every**
+shape (where parity forbids ending on the start's side, ``_free_end`` ends elsewhere). Sub-curves
+are cached by shape, so the recursion visits few shapes and the cells come from tensor ops.
 """
 
 from __future__ import annotations
@@ -29,27 +22,16 @@ import torch
 
 from .pattern import ORDERINGS, DilatedPattern
 
-__all__ = [
-    "hilbert_curve",
-    "hilbert_permutation",
-    "to_storage",
-    "from_storage",
-    "storage_positions",
-    "resolve_ordering",
-    "storage_ordering",
-    "in_storage_order",
-]
+__all__ = ["hilbert_curve", "hilbert_permutation", "to_storage", "from_storage",
+           "storage_positions", "resolve_ordering", "storage_ordering", "in_storage_order"]
 
 Device = Union[str, torch.device, None]
 
 
 # ---------------------------------------------------------------------------------- the curve
 def _even_half(n: int) -> int:
-    """About half of ``n``, rounded to an even number when ``n > 2``.
-
-    An even first part can always be traversed from one corner to the next corner along its
-    long side with unit steps, whatever the other side's parity.
-    """
+    """About half of ``n``, rounded to an even number when ``n > 2``: an even first part can
+    always be traversed corner to corner along its long side with unit steps."""
     half = n // 2
     if half % 2 == 1 and n > 2:
         half += 1
@@ -58,11 +40,8 @@ def _even_half(n: int) -> int:
 
 def _frame(uv: torch.Tensor, origin=(0, 0), swap: bool = False, flip_u: int = 0,
            flip_v: int = 0) -> torch.Tensor:
-    """Place a sub-curve ``uv`` ``[n, 2]`` into its parent's frame.
-
-    ``swap`` exchanges the axes (the sub-curve's long axis runs along the parent's minor axis);
-    ``flip_u`` / ``flip_v`` > 0 reflect that axis inside an extent of that many cells.
-    """
+    """Place a sub-curve ``uv`` ``[n, 2]`` into its parent's frame: ``swap`` exchanges the
+    axes; ``flip_u`` / ``flip_v`` > 0 reflect that axis inside an extent of that many cells."""
     if swap:
         uv = uv.flip(1)
     u, v = uv[:, 0], uv[:, 1]
@@ -77,10 +56,9 @@ def _frame(uv: torch.Tensor, origin=(0, 0), swap: bool = False, flip_u: int = 0,
 def _corner_to_corner(major: int, minor: int) -> torch.Tensor:
     """Generalised Hilbert curve on ``major x minor`` cells, as ``(u, v)`` int64 ``[n, 2]``.
 
-    Starts at ``(0, 0)`` and ends at ``(major - 1, 0)``: both ends on the ``v = 0`` side, like a
-    Hilbert curve entering and leaving a quadrant. All steps are unit steps when (``major`` is
-    even or ``minor`` odd) and (``major >= 2`` or ``minor == 1``); every part this function
-    creates satisfies that whenever its parent does. ``_free_end`` handles the other shapes.
+    From ``(0, 0)`` to ``(major - 1, 0)``, both ends on the ``v = 0`` side like a Hilbert curve
+    through a quadrant; unit steps only when (``major`` even or ``minor`` odd) and (``major >=
+    2`` or ``minor == 1``), which every part inherits. ``_free_end`` takes the other shapes.
     """
     if minor == 1:
         u = torch.arange(major, dtype=torch.int64)
@@ -109,11 +87,10 @@ def _corner_to_corner(major: int, minor: int) -> torch.Tensor:
 def _free_end(major: int, minor: int) -> torch.Tensor:
     """Curve on ``major x minor`` cells from ``(0, 0)``, ending anywhere; unit steps only.
 
-    When ``major`` is odd and ``minor`` even, a unit-step path cannot end on the start's side
-    (both ends would have the same checkerboard colour, while an even number of cells needs
-    them different). Peel even-length halves off with ``_corner_to_corner`` while the rest is
-    long, then traverse the last squarish block with its (even) minor side as the long axis:
-    it ends at the far side, which nothing follows.
+    When ``major`` is odd and ``minor`` even, no unit-step path ends on the start's side
+    (checkerboard parity): peel even halves off with ``_corner_to_corner`` while the rest is
+    long, then traverse the last squarish block along its (even) minor side, ending at the far
+    side.
     """
     if major % 2 == 0 or minor % 2 == 1:
         return _corner_to_corner(major, minor)
@@ -156,9 +133,8 @@ def hilbert_curve(rows: int, cols: int) -> torch.Tensor:
         rows, cols: grid size, any integers ``>= 1`` (not only powers of two).
 
     Returns:
-        int64 CPU tensor ``[rows * cols]``: the flat cell indices ``row * cols + col`` in visiting
-        order, starting at cell 0. Consecutive cells are grid neighbours. The tensor is cached
-        and shared between callers: do not modify it in place.
+        int64 CPU tensor ``[rows * cols]``: the flat cells ``row * cols + col`` in visiting order
+        from cell 0, consecutive cells grid neighbours; cached and shared: do not modify.
 
     Raises:
         ValueError: if ``rows`` or ``cols`` is not an integer ``>= 1``.
@@ -204,11 +180,10 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
                         device: Device = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The Hilbert storage layout of ``seq_len`` tokens for ``pattern`` (``docs/hilbert.md``).
 
-    Within each segment of the longest config (``w = pattern.max_segment``; the last segment may
-    be partial), offsets ``t`` form a grid of ``ceil(w / R)`` rows by ``R`` columns
-    (``R = pattern.max_rate``; cell ``(t // R, t % R)``, so each column is one dilation class of
-    the sparsest config), visited in Hilbert-curve order. Tokens never leave their segment.
-    With ``R == 1`` (dense) the layout is the identity.
+    Within each segment of the longest config (``w = pattern.max_segment``; the last may be
+    partial), offsets ``t`` form a grid of ``ceil(w / R)`` rows by ``R = pattern.max_rate``
+    columns (cell ``(t // R, t % R)``: a column per dilation class), visited in Hilbert-curve
+    order; tokens never leave their segment (``R == 1``: the identity).
 
     Args:
         seq_len: number of tokens, ``>= 0``.
@@ -231,11 +206,8 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
 
 
 def to_storage(x: torch.Tensor, perm: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    """Reorder ``x`` from natural (position) order into storage order along ``dim``.
-
-    ``out.select(dim, i) == x.select(dim, perm[i])``. Differentiable (``index_select``).
-    The default ``dim=-2`` is the sequence dim of ``[B, H, S, D]``.
-    """
+    """Natural to storage order along ``dim`` (default: ``S`` of ``[B, H, S, D]``):
+    ``out.select(dim, i) == x.select(dim, perm[i])``. Differentiable."""
     return x.index_select(dim, perm.to(x.device))
 
 
@@ -249,12 +221,10 @@ def resolve_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[i
                      device: Device = None) -> str:
     """What ``ordering="auto"`` means for a shape: ``"natural"`` or ``"hilbert"``.
 
-    The rule is set from benchmark numbers (``docs/decisions.md``), not guessed: the Triton
-    kernels tile each dilation class with strided loads, so natural order already gets dense
-    tiles, and Hilbert order only adds the position-table reads. Measured on an H200
-    (``bench_attention.py``, bf16, Hq=32, Hkv=8, D=128, S = 16K and 64K, longnet_lm and pow2):
-    Hilbert fwd+bwd at 0.75-0.88x the speed of natural, never faster. So ``"natural"`` for
-    every shape; every ordering computes the same function.
+    Measured, not guessed (``docs/decisions.md``): the Triton kernels tile each dilation class
+    with strided loads, so natural order already gets dense tiles and Hilbert order only adds
+    position-table reads (H200, bf16, D=128, 16K and 64K: Hilbert fwd+bwd at 0.75-0.88x the
+    speed of natural, never faster). So ``"natural"`` for every shape.
     """
     return "natural"
 
@@ -268,28 +238,12 @@ def storage_positions(seq_len: int, pattern: DilatedPattern, ordering: Optional[
                       device: Device = None, *, head_dim: Optional[int] = None) -> torch.Tensor:
     """True positions of the tokens in storage order, int64 ``[seq_len]``.
 
-    Args:
-        seq_len: number of tokens.
-        pattern: the :class:`DilatedPattern`.
-        ordering: ``"natural"`` (``arange``), ``"hilbert"`` (``perm`` of
-            :func:`hilbert_permutation`) or ``"auto"`` (:func:`resolve_ordering`); default
-            ``pattern.ordering``.
-        device: device of the result.
-        head_dim: passed to :func:`resolve_ordering` for ``"auto"``.
-
-    Returns:
-        A cached, shared tensor (do not modify).
-
-    Raises:
-        ValueError: for an unknown ``ordering``.
+    ``ordering``: ``"natural"`` (``arange``), ``"hilbert"`` (``perm`` of
+    :func:`hilbert_permutation`) or ``"auto"`` (:func:`resolve_ordering`, given ``head_dim``);
+    default ``pattern.ordering``; anything else raises ``ValueError``. The result is cached and
+    shared: do not modify it.
     """
-    if ordering is None:
-        ordering = pattern.ordering
-    if ordering not in ORDERINGS:
-        raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
-    if ordering == "auto":
-        ordering = resolve_ordering(pattern, seq_len, head_dim, device)
-    if ordering == "hilbert":
+    if storage_ordering(pattern, seq_len, head_dim, device, ordering) == "hilbert":
         return hilbert_permutation(seq_len, pattern, device)[0]
     return _arange_cached(_check_int("seq_len", seq_len, 0), _device_key(device))
 

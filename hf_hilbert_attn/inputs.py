@@ -1,14 +1,9 @@
 """Validation and normalisation of attention inputs, shared by every implementation.
 
-Conventions (as in ``ops.dilated_attention``): q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``; ``Hq % Hkv == 0``.
-Positions and document ids are ``[S]`` or ``[B, S]`` integer tensors. Without positions, keys
-sit at ``0..Sk-1`` and queries at the *last* ``Sq`` positions (``Sk-Sq..Sk-1``, bottom-right
-aligned, as in decoding with a cache)::
-
-    keys     0 1 2 3 4 5 6 7
-    queries            5 6 7      (Sq = 3, Sk = 8)
-
-Document ids: a pair is allowed only inside one document; a key with a negative id is padding.
+Conventions are ``ops.dilated_attention``'s: q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``;
+positions and document ids ``[S]`` or ``[B, S]`` integer tensors; without positions, keys sit at
+``0..Sk-1`` and queries at the *last* ``Sq`` positions; a key with a negative document id is
+padding.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ import torch
 from .pattern import DilatedPattern
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Head sizes the Triton kernels are built for (``ops.use_triton`` and ``kernels/`` read this).
+# Head sizes the Triton kernels are built for (``backends.use_triton`` and ``kernels/`` read this).
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 
 
@@ -53,8 +48,7 @@ def _positions(name, t, batch, length, device, default):
         t = t.unsqueeze(0)
     if t.dim() != 2 or t.shape[-1] != length or t.shape[0] not in (1, batch):
         raise ValueError(
-            f"{name} must have shape [{length}] or [1 or {batch}, {length}], got {tuple(t.shape)}"
-        )
+            f"{name} must have shape [{length}] or [1 or {batch}, {length}], got {tuple(t.shape)}")
     return t.to(device=device, dtype=torch.int64)
 
 
@@ -91,18 +85,9 @@ def _layout_hint(q: torch.Tensor, k: torch.Tensor) -> str:
             f"{tuple(k.shape)}: did you pass [B, S, H, D]? use .transpose(1, 2)")
 
 
-def check_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pattern: DilatedPattern,
-    *,
-    scale: Optional[float] = None,
-    q_positions=None,
-    k_positions=None,
-    q_doc_ids=None,
-    k_doc_ids=None,
-) -> AttnInputs:
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *,
+                 scale: Optional[float] = None, q_positions=None, k_positions=None,
+                 q_doc_ids=None, k_doc_ids=None) -> AttnInputs:
     """Validate shapes/dtypes and normalise positions; raises ``ValueError``/``TypeError``."""
     if not isinstance(pattern, DilatedPattern):
         raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
@@ -220,17 +205,14 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
     """The positions a model's attention layer hands the op (the pattern follows true positions,
     never storage indices).
 
-    * No cache (training, prefill: ``q_offset == 0`` and ``sq == sk``): ``position_ids``
-      ``[B or 1, S]``; restarting positions are packed documents (:func:`restart_documents`),
-      unless ``doc_ids`` are given. Positions ``0..S-1`` with one document become None (the
-      op's natural order, where ``pattern.ordering`` applies). ``sharded`` (a sequence-parallel
-      shard, whose positions jump between zigzag chunks) needs ``doc_ids`` for packed rows.
-    * With a cache (decode, static-cache prefill): key ``j`` of row ``b`` sits at
-      ``cumsum(padding_mask[b])[j] - 1`` (left padding shifts nothing), or at ``j`` without a
-      padding mask; the queries are the cache slots ``q_offset ..`` they were written to.
-      Generate's ``position_ids`` are the same numbers, computed from the same mask. (A
-      ``PatternCache`` that dropped keys never comes here: its slots ``>= sink_tokens`` are
-      shifted positions, handled by ``integrations.cache.attend_with_dropped_keys``.)
+    * No cache (``q_offset == 0`` and ``sq == sk``): ``position_ids`` ``[B or 1, S]``;
+      restarting positions are packed documents (:func:`restart_documents`) unless ``doc_ids``
+      are given; ``0..S-1`` with one document becomes None (natural order, where
+      ``pattern.ordering`` applies). A ``sharded`` (sequence-parallel) row needs ``doc_ids``.
+    * With a cache: key ``j`` of row ``b`` sits at ``cumsum(padding_mask[b])[j] - 1`` (at ``j``
+      without a mask), as generate's ``position_ids``; the queries are the cache slots
+      ``q_offset ..``. (A ``PatternCache`` that dropped keys goes to
+      ``integrations.cache.attend_with_dropped_keys`` instead.)
 
     ``padding_mask`` ``[B, Sk]`` (True = a real token) or None; padded keys get document id -1
     and are never attended. Every returned ``[B', S]`` tensor has the same leading size.
@@ -255,8 +237,7 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
         if pos.dim() != 2 or pos.shape[-1] != sq or pos.shape[0] not in (1, batch):
             raise ValueError(
                 f"position_ids must have shape [B, S] = [{batch}, {sq}] (or [1, {sq}]), got "
-                f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported)"
-            )
+                f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported)")
         pos = pos.to(device=device, dtype=torch.int64)
     if pos is not None and doc_ids is None and _is_natural(pos, sq):
         pos = None  # the model's default position_ids (0..S-1, pads included)
@@ -272,8 +253,7 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
         if bool((torch.diff(pos, dim=-1) <= 0).any()):
             raise ValueError(
                 "packed sequences under sequence_parallel need global document ids: pass "
-                "hilbert_doc_ids=[B, S_local] to the model's forward"
-            )
+                "hilbert_doc_ids=[B, S_local] to the model's forward")
     elif pos is not None:
         docs = restart_documents(pos)
     if docs is None and pos is not None and _is_natural(pos, sq):
@@ -292,11 +272,10 @@ def _is_natural(pos: torch.Tensor, sq: int) -> bool:
 def padded_positions(pos: Optional[torch.Tensor], padding_mask: torch.Tensor) -> torch.Tensor:
     """True positions ``[B, S]`` of padded rows, so that a row computes what it computes alone.
 
-    The pattern reads absolute positions (segments, dilation classes, sinks), so the pads must
-    not count: a left-padded row's real tokens sit at ``0, 1, ...`` (``pos`` None: the model's
-    default ``0..S-1`` counted the pads) or keep the positions given. Pads, never attended as
-    keys, take the positions after the row's last real one, so each row stays a permutation the
-    kernels map without a fallback (right padding stays ``0..S-1``: the natural order).
+    The pattern reads absolute positions, so pads must not count: a left-padded row's real
+    tokens sit at ``0, 1, ...`` (``pos`` None) or keep the positions given; pads (never
+    attended) take the positions after the row's last real one, so each row stays a
+    permutation the kernels map (right padding stays ``0..S-1``).
     """
     real = padding_mask.to(torch.bool)
     if pos is None:

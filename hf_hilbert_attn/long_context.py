@@ -8,9 +8,8 @@ With gradient checkpointing, what a step keeps grows with the sequence ``S`` in 
   :func:`offload_checkpoints` keeps them in (pinned) host memory instead;
 * the MLP of the layer being recomputed, about four ``[S, intermediate]`` tensors —
   :func:`tile_mlp` runs the MLP and its backward ``chunk_tokens`` rows at a time;
-* the logits, ``[S, vocab]`` — :func:`lm_loss`: Liger-Kernel's fused linear cross-entropy on
-  CUDA where it is installed, else :func:`hf_hilbert_attn.training.chunked_lm_loss` (both in
-  :mod:`hf_hilbert_attn.training`).
+* the logits, ``[S, vocab]`` — :func:`hf_hilbert_attn.training.lm_loss`: Liger-Kernel's fused
+  linear cross-entropy on CUDA where it is installed, else chunked.
 
 Each option changes where and when values are computed, never what: loss and gradients equal
 the plain model's to float rounding (tests/test_long_context.py).
@@ -25,12 +24,7 @@ from typing import Optional
 
 import torch
 
-# The loss lives with the other training helpers (below this module); named here as well
-# because it is the third of the long-sequence memory options.
-from .training import LOSS_BACKENDS, liger_available, lm_loss
-
-__all__ = ["tile_mlp", "offload_checkpoints", "OffloadStats", "offload_stats", "lm_loss",
-           "liger_available", "LOSS_BACKENDS"]
+__all__ = ["tile_mlp", "offload_checkpoints", "OffloadStats", "offload_stats"]
 
 
 def _decoder_layers(model, what: str):
@@ -75,9 +69,8 @@ class _TiledMLPFunction(torch.autograd.Function):
     """``y = forward(x)`` for a token-wise ``forward``, ``chunk`` rows of ``x.reshape(-1, H)``
     at a time. Saves only ``x``; backward recomputes each chunk under autograd and takes its
     gradients at once, so one chunk's ``[chunk, intermediate]`` tensors exist at a time.
-    ``params`` are inputs so their gradients flow through this node (one AccumulateGrad per
-    parameter per step, as DDP expects). With ``rng`` (an MLP with dropout) each chunk's RNG
-    state is kept and restored for its recompute, so it draws the same masks."""
+    ``params`` are inputs, so one AccumulateGrad per parameter per step (as DDP expects). With
+    ``rng`` (dropout) each chunk's RNG state is restored for its recompute (the same masks)."""
 
     @staticmethod
     def forward(ctx, forward, chunk: int, rng: bool, x: torch.Tensor, *params):
@@ -165,14 +158,10 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     """Run every decoder layer's ``mlp`` over ``chunk_tokens`` tokens at a time (batch and
     sequence flattened), forward and backward; ``chunk_tokens=0`` restores the plain MLP.
 
-    The forward keeps only the MLP input; the backward recomputes each chunk and takes its
-    gradients before the next, so one chunk's intermediate activations (``[chunk,
-    intermediate]``, about four of them for a gated MLP) exist at a time instead of ``[S,
-    intermediate]``. Exact for token-wise MLPs (Llama, Qwen2, Mistral, GPT-2); the cost is one
-    more MLP forward per step. Dropout inside the MLP (a LoRA adapter's, say) draws its masks
-    chunk by chunk, and each chunk's recompute restores its RNG state, so the backward sees the
-    forward's masks. Calling again changes the chunk (idempotent); the state dict is
-    unchanged. Inputs of at most ``chunk_tokens`` tokens run the plain MLP.
+    One chunk's ``[chunk, intermediate]`` activations exist at a time instead of ``[S,
+    intermediate]`` (:class:`_TiledMLPFunction`; dropout masks are replayed): exact for
+    token-wise MLPs, for one more MLP forward per step. Calling again changes the chunk; shorter
+    inputs run the plain MLP; the state dict is unchanged.
 
     Args:
         model: a Transformers model (or a module containing one).
@@ -206,10 +195,8 @@ def tile_mlp(model, chunk_tokens: int = 8192):
 # ------------------------------------------------------------------ offloaded checkpoints
 @dataclass
 class OffloadStats:
-    """Counters of one model's offload hooks (all layers): tensors and bytes packed in
-    forwards (``packed``, ``packed_bytes``; a CPU tensor is counted but stays where it is),
-    tensors given back in backwards (``unpacked``) and how many of those had been copied back
-    ahead of time (``prefetched``)."""
+    """Counters of one model's offload hooks: tensors and bytes packed in forwards (a CPU
+    tensor counts but stays), tensors given back in backwards, and those prefetched."""
     packed: int = 0
     packed_bytes: int = 0
     unpacked: int = 0
@@ -225,16 +212,13 @@ class _Packed:
 
 
 class _Offloader:
-    """``saved_tensors_hooks`` pair. Under non-reentrant checkpointing the only tensors saved
-    outside the checkpoint's own hooks are the layer's positional inputs (the hidden states),
-    so these hooks see exactly the checkpointed inputs.
+    """``saved_tensors_hooks`` pair: under non-reentrant checkpointing the only tensors saved
+    outside the checkpoint's own hooks are the layer's inputs, so these see exactly those.
 
-    On CUDA both copies run on a side stream: device to pinned host memory as the layer starts
-    (overlapping its forward), and back when the backward reaches the layer. With ``prefetch``,
-    giving back layer ``i``'s input also starts copying back layer ``i - 1``'s (the one packed
-    before it), which the backward needs next: the copy overlaps layer ``i``'s recompute and
-    backward at the price of one more ``[B, S, hidden]`` on the device. ``copy_cpu`` (tests)
-    makes CPU tensors take the same path, with ``clone`` for the copies."""
+    On CUDA both copies run on a side stream (to pinned host memory as the layer starts, back
+    when the backward reaches it). With ``prefetch``, giving back layer ``i``'s input also starts
+    copying back layer ``i - 1``'s, which the backward needs next. ``copy_cpu`` (tests) makes
+    CPU tensors take the same path, with ``clone`` for the copies."""
 
     def __init__(self, stats: OffloadStats, pin_memory: bool, prefetch: bool = True):
         self.stats, self.pin_memory, self.prefetch = stats, pin_memory, prefetch
@@ -327,11 +311,9 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
     """Keep each decoder layer's checkpointed input (``[B, S, hidden]``) in host memory from
     its forward until its backward recompute, instead of on the accelerator.
 
-    Needs non-reentrant gradient checkpointing
-    (:func:`hf_hilbert_attn.training.enable_checkpointing`) when the model runs, enabled
-    before or after this call; a layer that is not checkpointed (or runs without gradients) is
-    left alone. Exact: the values are copied, not changed. ``enable=False`` undoes; calling
-    twice is the same as once.
+    Needs non-reentrant gradient checkpointing when the model runs
+    (:func:`hf_hilbert_attn.training.enable_checkpointing`, before or after this call); other
+    layers are left alone. Exact (values are copied); ``enable=False`` undoes; idempotent.
 
     Args:
         model: a Transformers model (or a module containing one).

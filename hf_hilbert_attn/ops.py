@@ -2,39 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-# BACKENDS, document_runs and reset_fallback_warnings stay importable from here
-from .backends import (BACKENDS, TRITON, document_runs, reset_fallback_warnings,  # noqa: F401
-                       select_backend, use_triton)
+from .backends import TRITON, select_backend, use_triton
 from .chunked import chunked_attention
 from .dense_heads import with_dense_heads
 from .hilbert import in_storage_order, storage_ordering
 from .inputs import check_inputs
 from .numerics import accum_dtype, call_under_autocast
 from .pattern import ORDERINGS, DilatedPattern
+# a call may skip the custom ops when eager, under no torch.func transform (the condition under
+# which plans are memoised): torch.compile and transforms need the ops and their formulas
+from .plan_cache import caching_enabled as _eager
 
 
-def dilated_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pattern: DilatedPattern,
-    *,
-    causal: bool = True,
-    scale: Optional[float] = None,
-    q_positions: Optional[torch.Tensor] = None,
-    k_positions: Optional[torch.Tensor] = None,
-    q_doc_ids: Optional[torch.Tensor] = None,
-    k_doc_ids: Optional[torch.Tensor] = None,
-    return_lse: bool = False,
-    backend: str = "auto",
-    ordering: Optional[str] = None,
-):
+def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern,
+                      *, causal: bool = True, scale: Optional[float] = None,
+                      q_positions: Optional[torch.Tensor] = None,
+                      k_positions: Optional[torch.Tensor] = None,
+                      q_doc_ids: Optional[torch.Tensor] = None,
+                      k_doc_ids: Optional[torch.Tensor] = None, return_lse: bool = False,
+                      backend: str = "auto", ordering: Optional[str] = None):
     """LongNet-style dilated attention (the rule: README "The pattern", ``pattern.py``),
     differentiable.
 
@@ -164,11 +157,6 @@ def _fwd_op(
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
                             window, scale)
-    return _kernel_forward(q, k, v, pattern, a, causal)
-
-
-def _kernel_forward(q, k, v, pattern, a, causal):
-    """(out, lse) of the kernel path for checked inputs ``a`` (the forward op's work)."""
     return TRITON.forward(q, k, v, pattern, a, causal)
 
 
@@ -209,27 +197,23 @@ def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern,
                                q_positions=None, k_positions=None, q_doc_ids=None,
                                k_doc_ids=None, backend: str = "auto", dq=None, dk=None, dv=None,
                                plan=None):
-    """Gradients of one piece of an attention split over disjoint key sets.
+    """Gradients of one piece of an attention split over disjoint key sets (ring attention:
+    one :func:`dilated_attention` call per key block, merged through their log-sum-exps).
 
-    Ring attention computes a query's attention as several calls of :func:`dilated_attention`
-    (one per key block) merged through their log-sum-exps. Given the *merged* ``out`` and
-    ``lse`` of these rows, this returns the gradient of the merged output with respect to this
-    call's ``q``, ``k``, ``v`` — without recomputing the forward on the Triton path (the
-    backward kernels take ``(out, lse)`` as they are). Summing ``dq`` over the pieces gives the
-    full ``dq``. With the call's own ``(out, lse)`` it is the ordinary backward.
+    Given the *merged* ``out`` and ``lse`` of these rows, the gradient of the merged output
+    with respect to this call's ``q``, ``k``, ``v``, without recomputing the forward on the
+    Triton path; summing ``dq`` over the pieces gives the full ``dq``. With the call's own
+    ``(out, lse)`` it is the ordinary backward.
 
     Args:
         dout: ``[B, Hq, Sq, D]`` gradient of the merged output; ``dlse`` ``[B, Hq, Sq]`` that of
             the merged lse (None: 0).
         q, k, v, pattern, causal, scale, positions, doc ids, backend: as in
-            :func:`dilated_attention` for this piece. Inputs may be views (rows of a longer
-            sequence): the kernels read them through their strides.
+            :func:`dilated_attention` for this piece (views of longer sequences are fine).
         out, lse: the merged output and float32 lse of these query rows.
-        dq, dk, dv: optional tensors (e.g. views into the full gradients) to write the results
-            into, in place on the Triton path, by a copy otherwise.
-        plan: :func:`position_plan`'s result for these positions (a ``PositionPlan``, or
-            ``False``: the kernels cannot take them), to skip planning them again (host syncs);
-            used on the Triton path only.
+        dq, dk, dv: optional tensors (e.g. views into the full gradients) to write into: in
+            place on the Triton path, by a copy otherwise.
+        plan: :func:`position_plan`'s result for these positions, not to plan them again.
 
     Returns:
         ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
@@ -249,9 +233,8 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
                            q_doc_ids=None, k_doc_ids=None, backend: str = "auto", plan=None):
     """:func:`dilated_attention` without autograd, writing ``out`` and ``lse`` into the given
     tensors (e.g. views into a longer sequence's result): in place on the Triton path, by a copy
-    otherwise. ``lse`` is float32, or float64 for float64 inputs (the PyTorch path computes it
-    so; ring attention merges float64 pieces without a float32 step). ``plan``: as in
-    :func:`dilated_attention_backward`. Returns ``(out, lse)``."""
+    otherwise. ``lse`` is float32 (float64 inputs: float64, so the ring merges them without a
+    float32 step). ``plan``: as in :func:`dilated_attention_backward`. Returns ``(out, lse)``."""
     _no_dense_heads(pattern, "attention_forward_into")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
@@ -262,11 +245,10 @@ def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal
 def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_positions=None,
                   backend: str = "auto"):
     """The kernels' ``PositionPlan`` for these positions (without document ids); ``False`` when
-    the kernels cannot take these positions (the call falls back to the PyTorch path); None when
-    this call would not go to the kernels at all (backend, device, dtype, head size: decided per
-    call, so nothing to keep). Planning reads the positions (a few host syncs); a caller that
-    repeats a call with the same positions (ring attention, layer after layer) passes the
-    result back through ``plan=`` instead, with its document ids attached (:func:`with_documents`)."""
+    the kernels cannot take them (PyTorch path); None when the call would not go to the kernels
+    (decided per call: nothing to keep). Planning syncs with the host; a caller repeating a call
+    at the same positions (the ring) passes the plan back through ``plan=``, with its document
+    ids attached (:func:`with_documents`)."""
     _no_dense_heads(pattern, "position_plan")
     a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
     return select_backend(q, a, backend).position_plan(a, pattern)
@@ -284,8 +266,6 @@ def with_documents(plan, q_doc_ids, k_doc_ids):
     """``plan`` with these document ids (``[B or 1, S]`` integer tensors, or None)."""
     if not plan or k_doc_ids is None:
         return plan
-    import dataclasses
-
     return dataclasses.replace(plan, qdoc=q_doc_ids.to(torch.int32).contiguous(),
                                kdoc=k_doc_ids.to(torch.int32).contiguous())
 
@@ -300,39 +280,25 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
-    with torch.autocast(dout.device.type if dout is not None else "cuda", enabled=False):
-        return _backward_impl(ctx, dout, dlse)
-
-
-def _backward_impl(ctx, dout, dlse):
     q, k, v, out, lse, qp, kp, qd, kd = ctx.saved_tensors  # optionals come back as None
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
-        dout, dlse, q, k, v, out, lse, qp, kp, qd, kd, *ctx.static)
+    with torch.autocast(q.device.type, enabled=False):
+        dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
+            torch.zeros_like(out) if dout is None else dout, dlse, q, k, v, out, lse, qp, kp,
+            qd, kd, *ctx.static)
     return (dq, dk, dv) + (None,) * 11
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _eager() -> bool:
-    """Whether a call may skip the custom ops: not traced by ``torch.compile`` and under no
-    ``torch.func`` transform (those need the ops and their registered formulas)."""
-    return not torch.compiler.is_compiling() and \
-        not torch._C._are_functorch_transforms_active()
-
-
 class _EagerKernels(torch.autograd.Function):
-    """The custom ops' work for eager calls, without the dispatcher: the same
-    ``_kernel_forward`` / ``_kernel_backward``, on the inputs ``dilated_attention`` checked
-    once (the ops check them again and rebuild the pattern, and the op's autograd wrapper costs
-    as much again: together a third of the host time of a short call, see
-    ``examples/benchmarks/host_overhead.py``)."""
+    """The custom ops' work for eager calls, without the dispatcher, on the inputs
+    ``dilated_attention`` checked once (the ops' re-check and autograd wrapper cost a third of
+    the host time of a short call: ``examples/benchmarks/host_overhead.py``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, pattern, a, causal):
-        out, lse = _kernel_forward(q, k, v, pattern, a, causal)
+        out, lse = TRITON.forward(q, k, v, pattern, a, causal)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.call = (pattern, a, causal)
         ctx.set_materialize_grads(False)

@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
+import yaml
 
 from . import counting
+from .planning import covers
 
 QUERY_DILATION_MODES = ("per_head", "all")
 ORDERINGS = ("natural", "hilbert", "auto")
@@ -49,6 +51,19 @@ LEGACY_FIELDS = {"sink_tokens": 0, "window": "segment", "dense_kv_heads": ()}
 __all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS", "WINDOWS"]
 
 
+def _as_int(v, error: str) -> int:
+    # integral floats / numpy ints from YAML or configs are accepted, anything else raises
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    try:
+        as_int = int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{error}, got {v!r}") from None
+    if as_int != v or isinstance(v, bool):
+        raise ValueError(f"{error}, got {v!r}")
+    return as_int
+
+
 def _as_int_tuple(name: str, values) -> tuple:
     if isinstance(values, (int, str)) or values is None:
         raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}")
@@ -56,19 +71,7 @@ def _as_int_tuple(name: str, values) -> tuple:
         values = tuple(values)
     except TypeError:
         raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}") from None
-    out = []
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int):
-            # Accept integral floats / numpy ints from YAML or configs, reject anything else.
-            try:
-                as_int = int(v)
-            except (TypeError, ValueError):
-                raise ValueError(f"{name}[{i}] must be an integer, got {v!r}") from None
-            if as_int != v or isinstance(v, bool):
-                raise ValueError(f"{name}[{i}] must be an integer, got {v!r}")
-            v = as_int
-        out.append(v)
-    return tuple(out)
+    return tuple(_as_int(v, f"{name}[{i}] must be an integer") for i, v in enumerate(values))
 
 
 @dataclass(frozen=True)
@@ -80,17 +83,14 @@ class DilatedPattern:
         dilation_rates: ``r_i`` for each config, ``1 <= r_i <= w_i``.
         query_dilation: ``"per_head"`` (head ``h`` uses class ``h % r_i``; LongNet) or ``"all"``
             (every query uses every config with its own class).
-        ordering: storage layout of tokens: ``"natural"``, ``"hilbert"`` or ``"auto"``; the op
-            honours it for self-attention over ``0..S-1``. A layout, not part of the rule: it
-            never changes the function, so patterns differing only in it are equal (same hash,
-            same counts).
+        ordering: storage layout of tokens (``"natural"``, ``"hilbert"``, ``"auto"``), honoured
+            for self-attention over ``0..S-1``; never part of the rule (equality, hash).
         sink_tokens: ``k >= 0``: keys at positions ``< k`` (of the query's own document) are
             allowed for every query and head (attention sinks; 0 = none).
         window: ``"segment"`` (fixed segments of ``w_i``, LongNet) or ``"sliding"`` (config
             ``i`` allows keys less than ``w_i`` positions before the query, same class).
         dense_kv_heads: key/value head indices whose query heads attend every key (retrieval
-            heads; checked against ``Hkv`` where it is known: :meth:`check_kv_heads`). Stored
-            sorted.
+            heads; stored sorted, checked against ``Hkv`` by :meth:`check_kv_heads`).
 
     Raises:
         ValueError: naming the bad field and value.
@@ -115,8 +115,7 @@ class DilatedPattern:
         if len(w) != len(r):
             raise ValueError(
                 f"segment_lengths and dilation_rates must have equal length, got {len(w)} "
-                f"segment_lengths {list(w)} and {len(r)} dilation_rates {list(r)}"
-            )
+                f"segment_lengths {list(w)} and {len(r)} dilation_rates {list(r)}")
         for i, wi in enumerate(w):
             if wi < 1:
                 raise ValueError(f"segment_lengths[{i}] must be >= 1, got {wi}")
@@ -125,27 +124,14 @@ class DilatedPattern:
                 raise ValueError(f"dilation_rates[{i}] must be >= 1, got {ri}")
             if ri > wi:
                 raise ValueError(
-                    f"dilation_rates[{i}] must be <= segment_lengths[{i}] = {wi}, got {ri}"
-                )
-        if self.query_dilation not in QUERY_DILATION_MODES:
-            raise ValueError(
-                f"query_dilation must be one of {QUERY_DILATION_MODES}, got {self.query_dilation!r}"
-            )
-        if self.ordering not in ORDERINGS:
-            raise ValueError(f"ordering must be one of {ORDERINGS}, got {self.ordering!r}")
-        sink = self.sink_tokens
-        if isinstance(sink, bool) or not isinstance(sink, int):
-            try:
-                as_int = int(sink)
-            except (TypeError, ValueError):
-                as_int = None
-            if as_int is None or as_int != sink or isinstance(sink, bool):
-                raise ValueError(f"sink_tokens must be an integer >= 0, got {sink!r}")
-            sink = as_int
+                    f"dilation_rates[{i}] must be <= segment_lengths[{i}] = {wi}, got {ri}")
+        for name, choices in (("query_dilation", QUERY_DILATION_MODES), ("ordering", ORDERINGS),
+                              ("window", WINDOWS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        sink = _as_int(self.sink_tokens, "sink_tokens must be an integer >= 0")
         if sink < 0:
             raise ValueError(f"sink_tokens must be an integer >= 0, got {sink}")
-        if self.window not in WINDOWS:
-            raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
         dense = self.dense_kv_heads
         if isinstance(dense, (int, str)) or dense is None:
             raise ValueError(f"dense_kv_heads must be a list of key/value head indices, "
@@ -159,9 +145,8 @@ class DilatedPattern:
         if self.query_dilation == "per_head" and 1 not in r:
             raise ValueError(
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
-                f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'"
-            )
-        _warn_covered(w, r, self.window == "sliding", self.query_dilation == "per_head")
+                f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'")
+        _warn_covered(w, r, self.window == "sliding")
         object.__setattr__(self, "segment_lengths", w)
         object.__setattr__(self, "dilation_rates", r)
         object.__setattr__(self, "sink_tokens", sink)
@@ -194,22 +179,15 @@ class DilatedPattern:
         return cls(**fields)
 
     def to_dict(self) -> dict:
-        d = {
-            "segment_lengths": list(self.segment_lengths),
-            "dilation_rates": list(self.dilation_rates),
-            "query_dilation": self.query_dilation,
-            "ordering": self.ordering,
-            "sink_tokens": self.sink_tokens,
-            "window": self.window,
-        }
+        d = {"segment_lengths": list(self.segment_lengths),
+             "dilation_rates": list(self.dilation_rates), "query_dilation": self.query_dilation,
+             "ordering": self.ordering, "sink_tokens": self.sink_tokens, "window": self.window}
         if self.dense_kv_heads:  # absent means none: older readers and files agree
             d["dense_kv_heads"] = list(self.dense_kv_heads)
         return d
 
     @classmethod
     def from_yaml(cls, path: Union[str, Path]) -> "DilatedPattern":
-        import yaml
-
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"pattern file not found: {path}")
@@ -218,8 +196,6 @@ class DilatedPattern:
         return cls.from_dict(data)
 
     def to_yaml(self, path: Union[str, Path, None] = None) -> str:
-        import yaml
-
         text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
         if path is not None:
             Path(path).write_text(text)
@@ -293,8 +269,7 @@ class DilatedPattern:
     @property
     def reach(self) -> int:
         """How far back a query can see apart from the sinks: a key at ``s < p - reach`` is never
-        allowed unless it is a sink (sliding: the largest window; segment: the longest segment).
-        KV caches may drop older keys (plus the first ``sink_tokens``)."""
+        allowed unless it is a sink (the longest window or segment)."""
         return self.max_segment - 1
 
     @property
@@ -304,11 +279,10 @@ class DilatedPattern:
         return math.lcm(*(self.dilation_rates if self.sliding else self.segment_lengths))
 
     def first_needed_key(self, position: int, num_heads: Optional[int] = None) -> int:
-        """The oldest key that a causal query at ``position`` or later can still attend through
-        a config (the sink rule aside): no query at ``>= position`` attends a key in
-        ``[sink_tokens, first_needed_key(position))``, so a KV cache may drop those. Returns
-        ``position`` when no older key is needed. Exact: the returned key is attended by some
-        later query (of some head ``< num_heads``; per_head mode, None: every class has a head).
+        """The oldest key a causal query at ``position`` or later can still attend through a
+        config (sinks aside): a KV cache may drop ``[sink_tokens, first_needed_key(position))``.
+        ``position`` when no older key is needed. Exact: some later query of some head ``<
+        num_heads`` (None: every class has a head) attends the returned key.
         """
         p = int(position)
         first = p
@@ -345,13 +319,9 @@ class DilatedPattern:
 
     # ------------------------------------------------------------------ the rule
     def segment_and_class(self, i: int, pos) -> tuple:
-        """Config ``i``'s segment ``pos // w_i`` and dilation class ``(pos % w_i) % r_i``.
-
-        Config ``i`` can only allow a pair whose two positions agree in both (and, per_head,
-        whose class is the head's ``h % r_i``), so grouping tokens by ``(segment, class)``
-        finds every pair the config can allow. Works on any integer tensor, elementwise.
-        Sliding windows have no segments: the segment is 0 and the class ``pos % r_i``; the
-        window ``|p - s| < w_i`` is checked apart (:meth:`in_window`).
+        """Config ``i``'s segment ``pos // w_i`` and dilation class ``(pos % w_i) % r_i``
+        (elementwise on integer tensors): the config allows only pairs that agree in both.
+        Sliding windows: segment 0, class ``pos % r_i``; the window is :meth:`in_window`.
         """
         w, r = self.configs[i]
         pos = torch.as_tensor(pos)
@@ -362,12 +332,9 @@ class DilatedPattern:
         return seg, cls
 
     def config_keys(self, i: int, head, q_pos, k_pos) -> tuple:
-        """Integer keys with ``config_allowed(i, head, p, s) == (q_key == k_key)`` (broadcast).
-
-        A key is ``2 * (segment * r_i + class)``; per_head, a query whose class is not its
-        head's ``h % r_i`` gets the odd key ``+ 1``, which no key matches. One comparison of
-        keys replaces the three of the rule, which is what block masks of long sequences need.
-        Sliding windows: equal keys mean same class only; :meth:`config_allowed` adds the window.
+        """Integer keys with ``config_allowed(i, head, p, s) == (q_key == k_key)`` (broadcast;
+        sliding windows: the class only): ``2 * (segment * r_i + class)``, per_head ``+ 1`` for
+        a query whose class is not its head's ``h % r_i``. One comparison instead of three.
         """
         w, r = self.configs[i]
         q_seg, q_cls = self.segment_and_class(i, q_pos)
@@ -379,12 +346,8 @@ class DilatedPattern:
         return q_key, k_key
 
     def config_allowed(self, i: int, head, q_pos, k_pos) -> torch.Tensor:
-        """The rule of config ``i`` alone, on broadcastable integer tensors: same segment of
-        ``w_i``, same dilation class, and (per_head) that class is ``head % r_i``.
-
-        The pattern's rule is the OR of this over all configs (see :meth:`allowed`); the result
-        has no head dimension when config ``i`` does not depend on the head.
-        """
+        """The rule of config ``i`` alone, on broadcastable integer tensors (no head dimension
+        where it does not depend on the head); :meth:`allowed` is the OR over the configs."""
         q_key, k_key = self.config_keys(i, head, q_pos, k_pos)
         ok = q_key == k_key
         if self.sliding:
@@ -419,23 +382,13 @@ class DilatedPattern:
             out = out | dense[torch.as_tensor(head, device=out.device)]
         return out
 
-    def build_mask(
-        self,
-        num_heads: int,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
-        *,
-        causal: bool = True,
-        q_doc_ids: Optional[torch.Tensor] = None,
-        k_doc_ids: Optional[torch.Tensor] = None,
-        num_kv_heads: Optional[int] = None,
-    ) -> torch.Tensor:
-        """Dense boolean mask ``[B, H, Sq, Sk]`` (True = attend) for given positions.
-
-        Positions are ``[S]`` or ``[B, S]`` integer tensors. Document ids (same shapes) forbid
-        pairs across documents; a key whose document id is negative is padding and never allowed.
-        ``num_kv_heads``: needed when the pattern has dense heads. This is O(Sq*Sk): it is for
-        references, tests and small masks.
+    def build_mask(self, num_heads: int, q_positions: torch.Tensor, k_positions: torch.Tensor, *,
+                   causal: bool = True, q_doc_ids: Optional[torch.Tensor] = None,
+                   k_doc_ids: Optional[torch.Tensor] = None,
+                   num_kv_heads: Optional[int] = None) -> torch.Tensor:
+        """Dense boolean mask ``[B, H, Sq, Sk]`` (True = attend), O(Sq*Sk): for references,
+        tests and small masks. Positions and document ids ``[S]`` or ``[B, S]``; a negative key
+        document id is padding. ``num_kv_heads``: needed when the pattern has dense heads.
         """
         qp = _as_2d(q_positions)
         kp = _as_2d(k_positions)
@@ -454,21 +407,14 @@ class DilatedPattern:
         batch = max(qp.shape[0], kp.shape[0], mask.shape[0])
         return mask.expand(batch, num_heads, qp.shape[1], kp.shape[1])
 
-    def mask_mod(
-        self,
-        causal: bool = True,
-        q_positions: Optional[torch.Tensor] = None,
-        k_positions: Optional[torch.Tensor] = None,
-        q_doc_ids: Optional[torch.Tensor] = None,
-        k_doc_ids: Optional[torch.Tensor] = None,
-        num_heads: Optional[int] = None,
-        num_kv_heads: Optional[int] = None,
-    ) -> Callable:
-        """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for this pattern.
-
-        With no positions, index == position. Position / document tensors are ``[S]`` or
-        ``[B, S]`` and are indexed with the storage indices FlexAttention passes in.
-        ``num_heads`` / ``num_kv_heads``: needed when the pattern has dense heads.
+    def mask_mod(self, causal: bool = True, q_positions: Optional[torch.Tensor] = None,
+                 k_positions: Optional[torch.Tensor] = None,
+                 q_doc_ids: Optional[torch.Tensor] = None,
+                 k_doc_ids: Optional[torch.Tensor] = None, num_heads: Optional[int] = None,
+                 num_kv_heads: Optional[int] = None) -> Callable:
+        """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for this pattern; position
+        and document tensors (``[S]`` or ``[B, S]``; none: index == position) are indexed with
+        the storage indices it passes in. ``num_heads`` / ``num_kv_heads``: for dense heads.
         """
         dense = self.dense_query_heads(num_heads, num_kv_heads) if self.dense_kv_heads else None
         qp = None if q_positions is None else _as_2d(q_positions)
@@ -548,16 +494,13 @@ def _without_dense(pattern: "DilatedPattern", ordering: str) -> "DilatedPattern"
     return pattern.replace(dense_kv_heads=[])
 
 
-def _warn_covered(w: tuple, r: tuple, sliding: bool, per_head: bool) -> None:
+def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:
     """Warn about a config that allows no pair another config does not (e.g. windows given in
-    decreasing order, ``[32, 16]`` with rates ``[1, 2]``): accepted, but it only costs time.
-    Segments: config ``j`` covers ``i`` when ``r_j | r_i`` and ``w_i | w_j``, and per head also
-    ``r_j | w_i`` (an ``i``-segment then starts in class 0 of ``j``)."""
+    decreasing order, ``[32, 16]`` with rates ``[1, 2]``; the rule: ``planning.covers``):
+    accepted, but it only costs time."""
     for i, j in itertools.permutations(range(len(w)), 2):
         same = (w[i], r[i]) == (w[j], r[j])
-        nested = w[j] >= w[i] if sliding else (
-            w[j] % w[i] == 0 and (not per_head or w[i] % r[j] == 0))
-        if (same and i > j) or (not same and r[i] % r[j] == 0 and nested):
+        if (same and i > j) or (not same and covers((w[j], r[j]), (w[i], r[i]), sliding)):
             warnings.warn(f"pattern config {i} (w={w[i]}, r={r[i]}) is covered by config {j} "
                           f"(w={w[j]}, r={r[j]}): it allows no pair the pattern would not allow "
                           f"without it; remove it", UserWarning, stacklevel=4)

@@ -1,23 +1,15 @@
 """A bounded memo for host work that depends on positions only (plans), shared by the PyTorch
-path (``chunked.py``) and the kernels' host planning (``kernels/_plan.py``).
+path (``chunked.py``) and the kernels' host planning (``kernels/_plan.py``): every layer of a
+forward or decode step attends at the same positions, so the first layer's plan serves the
+others (FlashInfer's ``plan()`` / ``run()`` split).
 
-Every layer of a forward, and every layer of a decode step, calls attention with the same
-positions, so the plan made for the first layer serves the others (FlashInfer's ``plan()`` /
-``run()`` split). A plan is looked up by a key of plain values (pattern, shapes, flags) and
-the position / document-id tensors it was made from:
-
-* a CPU tensor of at most ``SMALL`` elements (decode positions are ``[1, 1]``) is keyed by
-  its content;
-* any other tensor by its shape, dtype and device, and on a hit checked against the tensor
-  the plan was made from: the same object with the same version counter (no copy, no device
-  sync), else equal content (one comparison with a copy kept by the entry). Inference tensors
-  keep no version counter, so they are always compared by content.
-
-A stale plan is never returned: a tensor changed in place has a new version and is compared
-by content. Nothing is cached while ``torch.compile`` traces or a ``torch.func`` transform
-runs (the tensors are fakes or wrappers, and a memo would put guards on every layer). A plan
-made in inference mode holds inference tensors, which autograd cannot save, so the mode is
-part of every key.
+A plan is keyed by plain values plus the position / document-id tensors it was made from: a CPU
+tensor of at most ``SMALL`` elements by its content; any other by shape, dtype and device, and
+on a hit checked against the tensor the plan was made from (the same object at the same version:
+no sync; else equal content, compared with a kept copy; inference tensors have no version). So a
+stale plan is never returned. Nothing is cached while ``torch.compile`` traces or a
+``torch.func`` transform runs (fakes, wrappers, guards on every layer); inference mode is part
+of every key (its tensors cannot be saved by autograd).
 """
 
 from __future__ import annotations

@@ -1,33 +1,34 @@
 """The planning facts of a pattern, in one place for every engine (Triton host code, the PyTorch
-engines, the ring planner, the cache).
+engines, the ring planner, the cache); the rule itself lives in ``pattern.py``. Conventions:
 
-The rule itself lives in ``pattern.py``; what the planners derive from it is here, with one
-convention:
+* configs are ``(w, r)`` pairs (segment length or window, rate); pattern-level functions name
+  them by their index in ``pattern.configs``;
+* **priority**: the union rule gives a pair to the first config (in :func:`priority`: by rate,
+  then segment length, then index; repeats left out) that allows it, the sinks after every
+  config. Any order computes the same function; this one lets the densest config (rate 1) keep
+  all its pairs and run without a mask. "Earlier" configs come before a config in it;
+* **ranges** are inclusive position ranges ``(lo, hi)``; the range tests take integers or
+  integer tensors (elementwise) and over-estimate (classes, gaps and documents are ignored), so
+  no allowed pair is ever dropped;
+* **span**: a config covered by another over every pair a call can hold adds nothing to that
+  call (:func:`for_ranges`): at 4K tokens 2 of the default pattern's 6 sliding configs do all
+  the work. Config ``i`` covers ``j`` over a call when ``r_i | r_j`` and every pair of ``j`` lies
+  in a window/segment of ``i``: sliding, ``w_i >= min(w_j, reach + 1)`` (``reach`` the call's
+  largest ``|p - s|``); segments, every position in the first segment of both (positions
+  relative to a base that is a multiple of every segment length, as the kernels' plans use).
+* a **class group** of config ``(w, r)`` is one dilation class of one segment (sliding windows:
+  one class ``p % r`` of the whole sequence).
 
-* configs are ``(w, r)`` pairs (segment length or window, rate); the pattern-level functions
-  name them by their index in ``pattern.configs``;
-* **priority**: the union rule gives a pair to the first config (in :func:`priority`) that allows
-  it, the sink rule after every config. The order is by rate, then segment length, then index;
-  a repeated config is left out (it allows nothing new). Any order computes the same function
-  (a key counts once, whichever config owns it); this one lets the densest config (rate 1)
-  keep all its pairs and run without a mask;
-* **ranges** are inclusive position ranges ``(lo, hi)``; the range tests take Python integers
-  or integer tensors (elementwise, for many blocks at once) and over-estimate: classes, gaps
-  and documents are not looked at, so no allowed pair is ever dropped;
-* a **class group** of config ``(w, r)`` is the positions of one dilation class of one segment
-  (sliding windows: one class ``p % r`` of the whole sequence). "Earlier" configs are those
-  before a config in priority.
-
-Dense key/value heads are split off above every engine (``dense_heads.py``): nothing here knows
-them.
+Dense key/value heads are split off above every engine (``dense_heads.py``).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence, Tuple
+from functools import lru_cache
+from typing import Iterable, Optional, Tuple
 
 __all__ = ["priority", "priority_configs", "period", "sink_keys", "config_meets", "meets",
-           "class_uniform", "nests", "covers", "covered_window"]
+           "class_uniform", "nests", "covers", "covered_window", "needed_configs", "for_ranges"]
 
 
 def priority(pattern) -> Tuple[int, ...]:
@@ -131,6 +132,44 @@ def covered_window(earlier: Iterable[Tuple[int, int]], r: Optional[int]) -> int:
     return max((wj for wj, rj in earlier if class_uniform((wj, rj), r, True)), default=0)
 
 
-def earlier_configs(pattern, order: Sequence[int], n: int) -> list:
-    """``[(w, r)]`` of the first ``n`` configs of ``order`` (indices, e.g. :func:`priority`)."""
-    return [pattern.configs[j] for j in order[:n]]
+@lru_cache(maxsize=512)
+def needed_configs(configs: tuple, sliding: bool, reach: int, hi: int) -> tuple:
+    """Indices of the configs ``((w, r), ...)`` that no other config covers over a call whose
+    pairs are at most ``reach`` apart and whose (relative) positions are ``<= hi``. Of configs
+    that cover each other, the first is kept."""
+    def covers(i, j):
+        (wi, ri), (wj, rj) = configs[i], configs[j]
+        if rj % ri:
+            return False
+        if sliding:
+            return wi >= min(wj, reach + 1)
+        return hi < wi and hi < wj
+
+    keep = []
+    for j in range(len(configs)):
+        if not any(covers(i, j) and not (covers(j, i) and i > j)
+                   for i in range(len(configs)) if i != j):
+            keep.append(j)
+    return tuple(keep)
+
+
+@lru_cache(maxsize=256)
+def _pruned(pattern, keep: tuple):
+    return pattern.replace(segment_lengths=[pattern.segment_lengths[i] for i in keep],
+                           dilation_rates=[pattern.dilation_rates[i] for i in keep])
+
+
+def for_ranges(pattern, qlo: int, qhi: int, klo: int, khi: int, causal: bool):
+    """``pattern`` without the configs another covers for queries at positions ``[qlo, qhi]``
+    and keys at ``[klo, khi]`` (relative to a base that is a multiple of the pattern's period);
+    the same object when none is dropped."""
+    if pattern.num_configs == 1:
+        return pattern
+    reach = max(qhi - klo, 0) if causal else max(qhi - klo, khi - qlo, 0)
+    cap = pattern.max_segment  # beyond the longest window the answer no longer changes
+    if pattern.sliding:
+        key = (min(reach, cap), 0)
+    else:
+        key = (0, min(max(qhi, khi), cap))
+    keep = needed_configs(pattern.configs, pattern.sliding, *key)
+    return pattern if len(keep) == pattern.num_configs else _pruned(pattern, keep)

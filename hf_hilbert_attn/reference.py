@@ -1,7 +1,5 @@
-"""Ground truth: ``reference_attention``, dense masked softmax in float32 or float64.
-
-It materialises the full ``[B, H, Sq, Sk]`` mask from ``pattern.py``; it is O(Sq*Sk) and exists
-for tests and benchmarks, never for production paths (those are ``chunked.py`` and ``kernels/``).
+"""Ground truth: ``reference_attention``, dense masked softmax in float32 or float64, from the
+full ``[B, H, Sq, Sk]`` mask of ``pattern.py``: O(Sq*Sk), for tests and benchmarks only.
 """
 
 from __future__ import annotations

@@ -11,12 +11,7 @@ layout computes the same function — layouts differ only in per-rank work and c
 * ``hilbert``: the positions in the pattern's Hilbert storage order (docs/hilbert.md; within each
   longest segment a Hilbert curve over the (row, dilation class) grid), cut into ``W``
   contiguous pieces: each rank holds a compact block of rows × classes.
-
-* ``auto`` (the default, :func:`resolve_layout`): for segment windows, ``contiguous`` when every
-  shard is a whole number of the pattern's longest segments (no segment crosses a shard: nothing
-  but the sink tokens is sent and every rank does the same work), else ``zigzag``; for sliding
-  windows, ``contiguous`` when the longest window fits in the sequence, else ``zigzag``. Picked from the per-rank pair counts and send plans (:func:`pairs_per_rank`,
-  ``ring.plan_ring``; ``examples/benchmarks/ring_volume.py``, ``docs/decisions.md``).
+* ``auto`` (the default): ``contiguous`` or ``zigzag``, by :func:`resolve_layout`.
 
 Labels are shifted *before* sharding (``shift_labels[t] = labels[t + 1]``), so the token that
 predicts the first token of the next rank's shard keeps its label; Transformers' causal-LM loss
@@ -29,6 +24,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from .inputs import restart_documents
 from .pattern import DilatedPattern
@@ -48,8 +44,6 @@ def _rank_world(group) -> Tuple[int, int]:
             raise ValueError(f"group must be a process group or (rank, world_size), got {group!r}")
         rank, world = int(group[0]), int(group[1])
     else:
-        import torch.distributed as dist
-
         if not dist.is_available() or not dist.is_initialized():
             if group is None:
                 return 0, 1
@@ -64,20 +58,14 @@ def resolve_layout(layout: str, seq_len: int, world_size: int,
                    pattern: Optional[DilatedPattern] = None) -> str:
     """The concrete layout ``"auto"`` stands for (other layouts are returned unchanged).
 
-    * Segment windows: ``contiguous`` if ``seq_len`` splits into ``world_size`` shards that are
-      each a whole number of ``pattern.max_segment`` tokens — then no segment of any config
-      crosses a shard and every shard holds the same segments: the ring sends nothing but the
-      ``sink_tokens`` rows of the first shard to every later rank, which every layout must send
-      — else ``zigzag`` (causal balance).
-    * Sliding windows (no segment boundaries: every layout sends window keys across shards):
-      ``contiguous`` if ``pattern.max_segment <= seq_len``. A query's work is the same
-      everywhere past the first window, so contiguous shards are nearly as balanced as zigzag
-      ones, and each needs keys from its neighbours only, where a zigzag chunk needs the end of
-      the chunk before it from another rank. Measured with the default pattern (windows to 64K;
-      ``bench_ring.py --mode scaling``, H200s): at 32K tokens per GPU on 4 GPUs contiguous
-      reached 55 % of one GPU / W and zigzag 47 %; on 2 GPUs (the longest window = the
-      sequence) 40.6 vs 40.2 ms, a tie. Longer windows than the sequence are causal
-      attention, where contiguous shards fall behind (1.5-1.9x max/mean work): ``zigzag``.
+    * Segment windows: ``contiguous`` if every shard is a whole number of
+      ``pattern.max_segment`` tokens (no segment crosses a shard: the ring sends only the sink
+      rows, which every layout must send, and every rank does the same work), else ``zigzag``
+      (causal balance).
+    * Sliding windows: ``contiguous`` if ``pattern.max_segment <= seq_len``: past the first
+      window a query's work is the same everywhere, and a shard needs keys from its neighbour
+      only (measured: 55 % vs zigzag's 47 % of one GPU / W at 32K per GPU on 4 H200s, a tie on
+      2; ``docs/decisions.md``). Longer windows are causal attention: ``zigzag``.
     * No pattern, or ``seq_len <= 0``: ``zigzag``.
     """
     if layout != "auto":
@@ -101,8 +89,8 @@ def _check_layout(layout: str, pattern: Optional[DilatedPattern]):
 
 def padded_length(seq_len: int, world_size: int, layout: str = "zigzag",
                   pad_to_multiple: int = 1) -> int:
-    """Smallest length ``>= seq_len`` that ``layout`` can split evenly over ``world_size`` ranks
-    and that is a multiple of ``pad_to_multiple`` per rank."""
+    """Smallest length ``>= seq_len`` that ``layout`` splits evenly over ``world_size`` ranks, a
+    multiple of ``pad_to_multiple`` per rank."""
     if seq_len < 0 or world_size < 1 or pad_to_multiple < 1:
         raise ValueError(f"need seq_len >= 0, world_size >= 1, pad_to_multiple >= 1; got "
                          f"{seq_len}, {world_size}, {pad_to_multiple}")
@@ -126,9 +114,8 @@ def shard_positions(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
         pad_to_multiple: each shard's length is a multiple of this.
 
     Returns:
-        int64 ``[world_size, L]``; row ``r`` lists the positions (indices into the padded
-        sequence of length ``world_size · L``) rank ``r`` holds. Positions ``>= seq_len`` are
-        padding.
+        int64 ``[world_size, L]``: row ``r`` the positions rank ``r`` holds in the padded
+        sequence of ``world_size · L`` (``>= seq_len``: padding).
     """
     layout = resolve_layout(layout, seq_len, world_size, pattern)
     _check_layout(layout, pattern)
@@ -170,13 +157,11 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
 
     Returns:
         A new dict: ``input_ids`` ``[B, L]``; ``position_ids`` ``[B, L]`` (true positions;
-        padding continues after the last position so it is never attended causally);
-        ``hilbert_doc_ids`` (global document ids, -1 on padding) when ``position_ids`` restart
-        (packed documents) or the layout is ``"hilbert"`` (positions out of order); ``labels``
-        and ``shift_labels`` — both the *already shifted* labels of this shard, -100 on
-        padding — so that ``model(**shard)`` computes the shard's loss without shifting again;
-        ``attention_mask`` (0 on padding) when the batch had one; and ``num_items`` — the
-        number of non-ignored labels of this shard (a 0-dim tensor).
+        padding continues after the last one); ``hilbert_doc_ids`` (global document ids, -1 on
+        padding) for packed documents or the ``"hilbert"`` layout; ``labels`` and
+        ``shift_labels``, both the *already shifted* labels of this shard (-100 on padding), so
+        ``model(**shard)`` does not shift again; ``attention_mask`` (0 on padding) when given;
+        ``num_items``: the shard's non-ignored labels (0-dim tensor).
 
     Raises:
         ValueError: unknown layout, missing ``input_ids``, inconsistent shapes.
@@ -242,10 +227,8 @@ def _positions_and_docs(pos, ids: torch.Tensor, sp: int, idx: torch.Tensor,
     out = {"position_ids": full_pos.index_select(1, idx)}
     docs = None if pos is None else restart_documents(pos)
     if docs is not None or out_of_order:
-        # Packed documents (positions restart): a shard cannot see where documents start, so
-        # pass global document ids (padding: -1, never attended) to the attention. Hilbert
-        # shards store positions out of order, which the attention cannot tell from restarts
-        # without them either.
+        # a shard cannot see where packed documents start, nor tell Hilbert order from
+        # restarts: global document ids (padding -1, never attended)
         if docs is None:
             docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
         out["hilbert_doc_ids"] = _pad_sequence(docs, s, sp, -1, 1).index_select(1, idx)
@@ -265,11 +248,9 @@ def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *
         dim: the sequence dim.
 
     Returns:
-        The tensor in natural position order along ``dim``. Differentiable when ``x`` requires
-        grad (the gradient of each rank's slice flows back to that rank).
+        The tensor in natural position order along ``dim``; differentiable (each rank's slice
+        gets its gradient back).
     """
-    import torch.distributed as dist
-
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
         return x if seq_len is None else x.narrow(dim, 0, seq_len)
     world = dist.get_world_size(group)
@@ -304,11 +285,9 @@ def _table_for_padded(padded: int, world: int, layout: str, pattern) -> torch.Te
 
 def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,
                    layout: str = DEFAULT_LAYOUT, num_heads: int = 1) -> list:
-    """Exact allowed (query, key) pairs (causal, summed over heads) per rank for a layout.
-
-    Ranks' query sets are split into runs of consecutive positions; a run ``[a, b)`` of causal
-    queries sees only keys ``< b``, so its count is ``pattern.count_pairs(b, q_len=b - a)`` —
-    the pattern module's exact counter, no S² work. Padding positions are excluded.
+    """Exact allowed (query, key) pairs (causal, summed over heads) per rank for a layout: per
+    run ``[a, b)`` of consecutive query positions, ``pattern.count_pairs(b, q_len=b - a)`` (no
+    S² work); padding excluded.
     """
     table = shard_positions(seq_len, world_size, layout, pattern)  # resolves "auto"
     out = []
@@ -318,13 +297,9 @@ def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,
             out.append(0)
             continue
         breaks = (torch.nonzero(p[1:] != p[:-1] + 1).flatten() + 1).tolist()
-        starts = [0] + breaks
-        ends = breaks + [p.numel()]
-        tot = 0
-        for a, b in zip(starts, ends):
-            lo, hi = int(p[a]), int(p[b - 1]) + 1
-            # the sparse heads only: dense heads cost the same as causal attention, which the
-            # balanced layouts already even out
-            tot += pattern.sparse_part.count_pairs_total(hi, num_heads, q_len=hi - lo)
-        out.append(tot)
+        # the sparse heads only: dense heads cost what causal attention costs, which the
+        # balanced layouts already even out
+        out.append(sum(pattern.sparse_part.count_pairs_total(
+            int(p[b - 1]) + 1, num_heads, q_len=int(p[b - 1]) + 1 - int(p[a]))
+            for a, b in zip([0] + breaks, breaks + [p.numel()])))
     return out

@@ -73,11 +73,11 @@ def test_docs_name_shipped_patterns_not_checkout_paths(tmp_path, monkeypatch, ca
 
 
 def test_default_pattern_note_points_at_the_users_line_and_installed_help():
-    from hf_hilbert_attn.integrations import transformers as integ
+    from hf_hilbert_attn.integrations import model_config
 
     model, _ = _tiny_model()
     model.set_attn_implementation("hilbert_dilated")  # no config.hilbert_attn: the default
-    integ.reset_notes()
+    model_config.reset_notes()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.no_grad():

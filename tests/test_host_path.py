@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hf_hilbert_attn.kernels as kernels
+import hf_hilbert_attn.kernels._config as kconfig
 from hf_hilbert_attn import DilatedPattern, dilated_attention
 from hf_hilbert_attn import ops
 from hf_hilbert_attn.inputs import check_inputs
@@ -141,18 +142,18 @@ def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
 
 def test_acc_bytes_and_compile_threads_from_the_environment(monkeypatch):
     monkeypatch.setenv("HF_HILBERT_ACC_BYTES", "536870912")
-    assert kernels._env_int("HF_HILBERT_ACC_BYTES", 7) == 536870912
+    assert kconfig._env_int("HF_HILBERT_ACC_BYTES", 7) == 536870912
     monkeypatch.delenv("HF_HILBERT_ACC_BYTES")
-    assert kernels._env_int("HF_HILBERT_ACC_BYTES", 7) == 7
+    assert kconfig._env_int("HF_HILBERT_ACC_BYTES", 7) == 7
     for bad in ("abc", "0", "-5", "1.5"):
         monkeypatch.setenv("HF_HILBERT_ACC_BYTES", bad)
         with pytest.raises(ValueError, match="HF_HILBERT_ACC_BYTES must be a positive number of "
                                              "bytes"):
-            kernels._env_int("HF_HILBERT_ACC_BYTES", 7)
+            kconfig._env_int("HF_HILBERT_ACC_BYTES", 7)
     monkeypatch.setenv("HF_HILBERT_COMPILE_THREADS", "x")
     with pytest.raises(ValueError, match="HF_HILBERT_COMPILE_THREADS must be a positive number "
                                          "of threads"):
-        kernels._env_int("HF_HILBERT_COMPILE_THREADS", 4, "threads")
+        kconfig._env_int("HF_HILBERT_COMPILE_THREADS", 4, "threads")
 
 
 def test_compile_together_leaves_a_callers_async_mode_alone():
@@ -162,10 +163,10 @@ def test_compile_together_leaves_a_callers_async_mode_alone():
 
     import triton
 
-    assert not kernels._async_active()
+    assert not kconfig._async_active()
     with ThreadPoolExecutor(1) as pool, triton.AsyncCompileMode(pool):
-        assert kernels._async_active()
-    assert not kernels._async_active()
+        assert kconfig._async_active()
+    assert not kconfig._async_active()
 
 
 def test_relaunch_guard_sees_what_triton_specializes_on():

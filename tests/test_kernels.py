@@ -178,7 +178,7 @@ def test_packed_documents_run_per_document(monkeypatch):
     # per document. Row 0: docs of 15 and 25 tokens; row 1: a continuation chunk starting at
     # position 30 (consecutive positions from 30: natural loads with an offset), a 12-token
     # doc, then padding.
-    from hf_hilbert_attn import backends, ops
+    from hf_hilbert_attn import backends
 
     s = 40
     pos = torch.stack([torch.cat([torch.arange(15), torch.arange(25)]),
@@ -188,7 +188,7 @@ def test_packed_documents_run_per_document(monkeypatch):
     a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
     plan, why = plan_positions(a)
     assert plan is None and "repeats" in why
-    runs = ops.document_runs(q, q, q, PAT, a)
+    runs = backends.document_runs(q, q, q, PAT, a)
     assert [(b, lo, hi, p.mapped) for b, lo, hi, p in runs] == [
         (0, 0, 15, False), (0, 15, 40, False), (1, 0, 23, False), (1, 23, 35, False)]
     calls = []
@@ -201,15 +201,15 @@ def test_packed_documents_run_per_document(monkeypatch):
 def test_packed_document_split_in_two_falls_back():
     # document 0 appears in two storage ranges: per-document calls would miss the pairs
     # between them, so the op runs the PyTorch path
-    from hf_hilbert_attn import ops
+    from hf_hilbert_attn import backends
 
     s = 30
     pos = torch.cat([torch.arange(10), torch.arange(10), torch.arange(10, 20)]).to(DEV)
     doc = torch.tensor([0] * 10 + [1] * 10 + [0] * 10, device=DEV)
     q = torch.randn(1, 2, s, 16, device=DEV)
     a = check_inputs(q, q, q, PAT, k_positions=pos, k_doc_ids=doc)
-    assert ops.document_runs(q, q, q, PAT, a) is None
-    ops.reset_fallback_warnings()
+    assert backends.document_runs(q, q, q, PAT, a) is None
+    backends.reset_fallback_warnings()
     with pytest.warns(RuntimeWarning, match="runs on the PyTorch path") as rec:
         _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)
         _run(PAT, sq=s, hq=2, hkv=1, k_positions=pos, k_doc_ids=doc)

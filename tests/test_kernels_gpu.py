@@ -125,7 +125,7 @@ def test_position_map():
 
 @NATURAL
 def test_packed_documents():
-    # positions restarting per document: one kernel call per document (ops.document_runs)
+    # positions restarting per document: one kernel call per document (backends.document_runs)
     lengths = DOC_LENGTHS
     pos = torch.cat([torch.arange(n) for n in lengths]).cuda()
     doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).cuda()

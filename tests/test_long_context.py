@@ -17,8 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_hilbert_attn import DilatedPattern, configure
-from hf_hilbert_attn.long_context import lm_loss, offload_checkpoints, offload_stats, tile_mlp
-from hf_hilbert_attn.training import _liger_loss, chunked_lm_loss, enable_checkpointing
+from hf_hilbert_attn.long_context import offload_checkpoints, offload_stats, tile_mlp
+from hf_hilbert_attn.training import _liger_loss, chunked_lm_loss, enable_checkpointing, lm_loss
 
 from conftest import assert_error_within, reorder_tol
 from helpers import assert_close

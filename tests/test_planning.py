@@ -3,7 +3,6 @@ small random patterns: segments and sliding windows, sinks, per_head and all, ca
 
 from __future__ import annotations
 
-import itertools
 import random
 import warnings
 
@@ -224,14 +223,3 @@ def test_sink_keys():
     assert planning.sink_keys(pat, 1, base=3) == 2 and planning.sink_keys(pat, 0, base=8) == 0
     assert planning.meets(pat, True, (30, 40), (2, 3))  # the sinks, whatever the segment
     assert not planning.meets(pat, True, (2, 3), (30, 40))  # but never after the queries
-
-
-def test_interacts_is_meets():
-    from hf_hilbert_attn.ring.plan import interacts
-
-    rng = random.Random(3)
-    for seed, causal in itertools.product(range(10), (False, True)):
-        pattern = _pattern(seed, sinks=None, window=rng.choice(["segment", "sliding"]))
-        for _ in range(10):
-            q, k = _ranges(rng)
-            assert interacts(pattern, causal, q, k) == planning.meets(pattern, causal, q, k)

@@ -1,4 +1,4 @@
-"""Configs a call does not need (``hf_hilbert_attn.pruning``): the union without them is the
+"""Configs a call does not need (``planning.for_ranges``): the union without them is the
 union with them, for every pair the call can hold; and the op computes the same function."""
 
 import random
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention, kernels, reference_attention
-from hf_hilbert_attn.pruning import for_ranges
+from hf_hilbert_attn.planning import for_ranges
 
 from conftest import attention_tol
 from helpers import assert_close, random_pattern

@@ -19,7 +19,8 @@ from conftest import RANDN_MAX, attention_tol, lse_float32_tol
 from helpers import random_pattern
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn.ring import cached_plan, local_attention, plan_ring, ring_attention
-from hf_hilbert_attn.ring.plan import interacts, key_need, run_ranges
+from hf_hilbert_attn.planning import meets
+from hf_hilbert_attn.ring.plan import key_need, run_ranges
 from hf_hilbert_attn.sharding import padded_length, shard_positions
 
 pytestmark = pytest.mark.multiprocess
@@ -558,7 +559,7 @@ def test_ring_plan_sends_every_allowed_key(trial):
             for qs, qe, qrng in run_ranges(shards[r]):
                 for ks, ke, krng in run_ranges(shards[src]):
                     if bool(mask[qs:qe, ks:ke].any()):
-                        assert interacts(pat, causal, qrng, krng), (pat, qrng, krng)
+                        assert meets(pat, causal, qrng, krng), (pat, qrng, krng)
 
 
 def test_sinks_are_sent_to_every_later_rank():

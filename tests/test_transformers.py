@@ -27,6 +27,7 @@ from transformers import (
 import hf_hilbert_attn
 from conftest import eps, model_tol
 from hf_hilbert_attn import DilatedPattern, configure
+from hf_hilbert_attn.integrations import model_config
 from hf_hilbert_attn.integrations import transformers as integ
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hf_hilbert_attn" / "patterns"
@@ -119,7 +120,7 @@ def test_default_pattern_matches_yaml():
     model = tiny_model("llama", "hilbert_dilated")
     assert getattr(model.config, "hilbert_attn", None) is None
     # a model without a pattern says once what the default costs, and how to choose
-    integ.reset_notes()
+    model_config.reset_notes()
     with pytest.warns(UserWarning, match="has no 'hilbert_attn' pattern.*configure"):
         assert integ.get_pattern(model.config) == DilatedPattern.from_yaml(CONFIGS / "default.yaml")
     with warnings.catch_warnings():
@@ -405,7 +406,7 @@ def test_loaded_without_attn_implementation_runs_sdpa_and_prefill_says_so(tmp_pa
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert loaded.config._attn_implementation == "sdpa"
-    integ.reset_notes()
+    model_config.reset_notes()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loaded(tokens(1, 20))

@@ -1,5 +1,5 @@
 """The few-queries engine: a handful of queries against many keys (decoding) as one call of
-the fused CPU kernel with the pattern's mask (see the comment below)."""
+the fused CPU kernel with the pattern's mask."""
 
 from __future__ import annotations
 
@@ -10,20 +10,13 @@ from ..plan_cache import PlanCache
 from .tiles import _FLASH_FWD
 
 # --------------------------------------------------------------------------------------------
-# Few queries against many keys (decoding: one query per step, at any context): one call of
-# the fused CPU kernel over every key, with the pattern's boolean mask
-# (``DilatedPattern.build_mask``) as an additive float mask: SDPA's work plus a mask add. The
-# mask is made once per (pattern, positions, document ids) and reused by every layer of the
-# step (``plan_cache``). It reads every key, where the blockwise path reads about
-# sum_i min(w_i, Sk) / r_i of them per query but plans (sorts, searches, gathers per config and
-# class) once per step: the fused call is taken while Sk is at most FEW_QUERIES_KEY_RATIO times
-# that sum. Measured on CPU, one thread, the default pattern, heads of 64 (a shared machine:
-# single timings vary by +-30 % and more): per layer with the plan reused, 8K keys (Sk 1.0x the
-# sum), 4 / 32 query heads: fused 0.4 / 13.5 ms, blockwise 2.1 / 41 ms; 16K (1.7x): 2.3 / 25
-# vs 2.2 / 32 ms (another run: 2.1 / 45 vs 1.9 / 17), and a whole 4-layer decode step
-# (examples/benchmarks/decode_cpu.py) 1.23x SDPA fused vs 1.66x blockwise; 32K (2.9x): 11 / 61
-# vs 2.1 / 24 ms. The backward recomputes the probabilities from lse in plain matmuls (as
-# small as the mask: FEW_QUERIES_MAX_ELEMENTS).
+# Few queries against many keys (decoding): one call of the fused CPU kernel over every key,
+# with the pattern's boolean mask (``DilatedPattern.build_mask``) as an additive float mask,
+# made once per (pattern, positions, document ids) and reused by the layers of a step
+# (``plan_cache``). It reads every key, where the blockwise path reads about
+# sum_i min(w_i, Sk) / r_i per query but plans more per step: taken while Sk is at most
+# FEW_QUERIES_KEY_RATIO times that sum (measured: docs/decisions.md D35). The backward
+# recomputes the probabilities from lse in plain matmuls (as small as the mask).
 # --------------------------------------------------------------------------------------------
 
 FEW_QUERIES_MAX = 16  # queries per call (decode, speculative decode); more: the blockwise plan

@@ -2,7 +2,17 @@
 and keys, cut into blocks with the summaries that decide which masks a block needs
 (``blockwise.py`` runs them).
 
-Work is planned in position space, config by config (in ``planning.priority`` order).
+Work is planned in position space, config by config (``planning.priority`` order). Config ``i``
+allows a pair only inside one (segment, dilation class) group, so its queries and keys are
+sorted by (group, position) and cut into tiles of ``CHUNK_Q`` queries and chunks of at most
+``CHUNK_K`` keys; a tile meets only the keys of its own groups. Sliding windows (one group per
+class) meet only the band of keys within ``w_i`` of a tile's queries: O(S * w_i / r_i) work, with
+smaller tiles and longer chunks. Under the union rule config ``i`` masks the pairs an earlier
+config covers; the sinks come last, one pass of every query against the keys ``< sink_tokens``.
+Passes merge by log-sum-exp; per block the mask comes from ``DilatedPattern.config_allowed`` (or
+the distance ``p - s`` where the rule is a window) plus causality and documents, and min/max
+summaries skip blocks that cannot hold a pair of the pass. Memory: O(B * H * CHUNK_Q * CHUNK_K)
+per block plus O(B * H * S * D) accumulators, never O(Sq * Sk).
 """
 
 from __future__ import annotations
@@ -12,24 +22,6 @@ import torch
 from ..pattern import DilatedPattern
 from ..plan_cache import PlanCache
 from ..planning import class_uniform, config_meets, covered_window, priority
-
-# --------------------------------------------------------------------------------------------
-# Work is planned in position space, config by config. Config ``i`` allows a pair only inside
-# one (segment, dilation class) group (``DilatedPattern.segment_and_class``), so for each config
-# the queries and keys are sorted by (group, position) and cut into tiles of ``CHUNK_Q`` queries
-# and chunks of at most ``CHUNK_K`` keys; a tile meets only the keys of its own groups. Sliding
-# windows have no segments (one group per class), so there a tile meets only the band of its
-# class's keys that lie within ``w_i`` of its queries (searched in the sorted keys): the work is
-# O(S * w_i / r_i), not O(S^2 / r_i); tiles are smaller and chunks longer (same block size), as
-# a band is a diagonal strip. Under the union rule a pair belongs to the *first* config
-# that allows it, so config ``i`` masks the pairs an earlier config already covered; the sink
-# tokens come last, as one pass of every query against the keys at positions
-# ``< sink_tokens``, masking the pairs any config allows. Passes are merged by log-sum-exp. Per
-# block, the mask comes from ``DilatedPattern.config_allowed`` (or from the distance ``p - s``
-# alone, where the rule reduces to a window) plus causality and document ids, and cheap min/max
-# summaries skip blocks that cannot hold a pair the pass owns. Memory is
-# O(B * H * CHUNK_Q * CHUNK_K) per block plus O(B * H * S * D) accumulators, never O(Sq * Sk).
-# --------------------------------------------------------------------------------------------
 
 CHUNK_Q = 512
 CHUNK_K = 512
@@ -46,15 +38,13 @@ _OWN_NONE, _OWN_WINDOW, _OWN_RULE = 0, 1, 2
 
 
 class _Pass:
-    """One config (in per_head mode, one dilation class of it), or the sink tokens
-    (``config is None``), over one set of batch rows.
-
-    ``q_order``/``k_order`` are storage indices sorted by (group, position); ``tiles`` holds
-    ``(q_lo, q_hi, chunks)`` slices of ``q_order`` with, per key chunk (a slice of ``k_order``),
-    ``(k_lo, k_hi, need_causal, own, need_docs, dedupe_configs, covered)``: ``own`` is one of
-    ``_OWN_*``; ``dedupe_configs`` the earlier configs whose rule masks pairs of the block;
-    ``covered`` a distance ``W`` (0: none) such that an earlier config owns every pair of the
-    block with ``|p - s| < W``.
+    """One config (per_head: one dilation class of it), or the sinks (``config is None``), over
+    one set of batch rows. ``q_order``/``k_order``: storage indices sorted by (group, position);
+    ``tiles``: ``(q_lo, q_hi, chunks)`` slices of ``q_order`` with, per key chunk (a slice of
+    ``k_order``), ``(k_lo, k_hi, need_causal, own, need_docs, dedupe_configs, covered)``:
+    ``own`` one of ``_OWN_*``; ``dedupe_configs`` the earlier configs whose rule masks pairs of
+    the block; ``covered`` a distance ``W`` (0: none) below which an earlier config owns every
+    pair of the block.
     """
 
     __slots__ = ("config", "causal", "rows", "heads", "head_ids", "kv_ids", "q_order", "q_pos",
@@ -99,11 +89,8 @@ def _lex_search(kg: torch.Tensor, kpos: torch.Tensor, g: torch.Tensor, p: torch.
 
 
 def _tile_bounds(counts: list, cq: int) -> list:
-    """Cut a sequence of consecutive groups into tiles of at most ``cq`` queries.
-
-    Small groups are packed together; a group larger than ``cq`` gets tiles of its own (near
-    equal sizes), so a tile never pays for a big neighbour's keys.
-    """
+    """Cut consecutive groups into tiles of at most ``cq`` queries: small groups packed together,
+    a larger one in near-equal tiles of its own (a tile never pays for a big neighbour's keys)."""
     bounds, start, cur = [], 0, 0
     for n in counts:
         if n > cq:
@@ -127,9 +114,8 @@ def _tile_bounds(counts: list, cq: int) -> list:
 
 def _merge_ranges(ranges, ck: int) -> list:
     """Key ranges ``[(a, b)]`` sorted by ``a`` (overlaps allowed) as disjoint chunks of at most
-    ``ck`` keys. A range near the previous chunk joins it, gap included (the gap's keys
-    are masked), so a class whose band is split in two, or small neighbouring bands, do not
-    become many tiny blocks."""
+    ``ck`` keys; a range near the previous chunk joins it, gap included (masked), so split or
+    small bands do not become many tiny blocks."""
     chunks, cs, ce = [], None, None
     for a, b in ranges:
         if ce is not None:
@@ -188,8 +174,8 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi
                  covs):
     """Per tile, the key chunks of sliding config ``i``: for each group (class) of the tile,
     its keys within ``w_i`` of the group's queries, less the keys every one of those queries
-    already gets from an earlier config (``covs``: :func:`_covered_distances`), as
-    :func:`_merge_ranges` chunks. ``q_pos``/``qg`` and ``k_pos``/``kg`` are sorted by (group, position)."""
+    already gets from an earlier config (``covs``), as :func:`_merge_ranges` chunks (positions
+    and groups sorted by (group, position))."""
     w = pattern.segment_lengths[i]
     dev = q_pos.device
     tile_start = torch.tensor([b[0] for b in bounds], device=dev)

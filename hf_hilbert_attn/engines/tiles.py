@@ -1,5 +1,32 @@
-"""The dense-tile engine: PyTorch's fused CPU attention kernel over dense tiles in class
-coordinates, for causal self-attention at positions 0..S-1 (see the comment below)."""
+"""The dense-tile engine: PyTorch's fused CPU attention (the kernel SDPA runs on CPU) over dense
+tiles in class coordinates, for causal self-attention at positions 0..S-1 (a prefill or training
+step; packed documents and padding: one call per document, ``_document_runs``).
+
+Planned once per (pattern, length, heads) as batched calls of that kernel, each over tiles in
+the *class coordinates* of a config: the tokens ``c, c + r, c + 2r, ...`` of one segment (or of
+the sequence, sliding windows). A unit is a (query head, class) pair: per_head, head h and class
+h % r; in "all" mode every head with every class; a rate-1 config keeps all heads in one tile
+(grouped-query layout, no per-head copies of K/V).
+
+- segment config with no earlier config: one causal square per (unit, segment);
+- segment config whose earlier configs cover whole blocks (rates divide r_i, segments divide
+  w_i and are multiples of r_i): a block staircase, query block b against the keys of blocks
+  < b, as unmasked rectangles;
+- any other segment config: query blocks of FAST_QUERY_BLOCK against the keys up to the block,
+  with a boolean mask (causality and the union rule, ``DilatedPattern.config_allowed``);
+- sliding config whose earlier configs all have rates dividing r_i: within a class the pairs
+  are the band ``a <= t_p - t_s < b`` (a = ceil(cov / r), b = ceil(w_i / r), cov the largest
+  earlier window), cut into blocks of width b - a: each against itself (causal) and against the
+  block before it, which, both orders reversed, is causal too;
+- sink tokens: every query against keys 0..k-1 with the union mask, in plain matmuls.
+
+Tiles padded to equal length read any valid row (causality or the mask hides a padded key; a
+padded query writes to a dummy row S, with lse = +inf in the backward). The tiles' (out, lse)
+are merged; the backward runs the kernel's own backward per tile with the merged (out, lse),
+the gradient of the union, and folds a gradient of lse in through one extra feature column
+(dout 1, out -dlse): the kernel's delta becomes rowsum(dout * out) - dlse. Anything else takes
+the blockwise engine. Measured against SDPA: docs/decisions.md D26.
+"""
 
 from __future__ import annotations
 
@@ -8,37 +35,6 @@ import torch
 from ..numerics import accum_dtype, finite_or_zero
 from ..planning import class_uniform, covered_window, covers, nests, priority
 from .documents import document_runs
-
-# --------------------------------------------------------------------------------------------
-# Dense tiles for PyTorch's fused CPU attention (the kernel SDPA runs on CPU). Causal
-# self-attention at positions 0..S-1 (a model's prefill and training step; packed documents
-# and padding: one such call per document, ``_document_runs``) is planned once per (pattern,
-# length, heads) as batched calls of that kernel, each over dense tiles
-# in the *class coordinates* of a config: the tokens ``c, c + r, c + 2r, ...`` of one segment
-# (or of the whole sequence, sliding windows). A unit is a (query head, class) pair: per_head,
-# head h and class h % r; in "all" mode every head with every class; a rate-1 config keeps all
-# heads in one tile (grouped-query layout, no per-head copies of K/V).
-#
-# - segment config with no earlier config: one causal square per (unit, segment);
-# - segment config whose earlier configs cover whole blocks (their rates divide r_i, their
-#   segments divide w_i and are multiples of r_i): the union leaves a block staircase, query
-#   block b against the keys of blocks < b, as unmasked rectangles;
-# - any other segment config: query blocks of FAST_QUERY_BLOCK against the keys up to the
-#   block, with a boolean mask (causality and the union rule, ``DilatedPattern.config_allowed``);
-# - sliding config whose earlier configs all have rates dividing r_i: within a class the pair
-#   set is the band ``a <= t_p - t_s < b`` (a = ceil(cov / r), b = ceil(w_i / r), cov the
-#   largest earlier window), cut into blocks of width b - a: each block against itself
-#   (causal) and against the block before it, which, both orders reversed, is causal too;
-# - sink tokens: every query against keys 0..k-1 with the union rule's mask, in plain matmuls.
-# Tiles padded to equal length read any valid row (causality or the mask hides a padded key;
-# a padded query writes to a dummy row S). Several tiles meet a query; their (out, lse) are
-# merged. The backward calls the kernel's own backward per tile with the merged (out, lse),
-# which is the gradient of the union; padded queries get lse = +inf there (p = 0). A gradient
-# of lse is folded in through one extra feature column (dout 1, out -dlse, zeros in q, k, v):
-# the kernel's delta = rowsum(dout * out) becomes rowsum(dout * out) - dlse. Anything else
-# (other positions, non-causal, other sliding patterns, other devices) takes the blockwise
-# path above. Measured against SDPA in docs/decisions.md, "CPU fallback".
-# --------------------------------------------------------------------------------------------
 
 _FLASH_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward",
@@ -50,13 +46,12 @@ _PLAN_CACHE_SIZE = 64
 
 class _Tiles:
     """One fused-kernel call over ``n`` problems of ``lq`` queries and ``lk`` keys, each with
-    every head (``grouped``, rows in (problem, head, token) order) or with one.
-
-    ``qr`` indexes the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output
-    ``[Hq * (S + 1)]`` (row S of a head: the dummy a padded query writes to); ``q_range`` /
-    ``k_range``: the positions ``(lo, hi)`` of a grouped tile over one range (read and written
-    as views). ``mask`` ``[n, lq, lk]`` bool or None; ``empty`` ``[n * lq]`` rows without an
-    allowed key, or None; ``first``: no earlier tile wrote these rows (``mixed``: some)."""
+    every head (``grouped``, rows in (problem, head, token) order) or with one. ``qr`` indexes
+    the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output ``[Hq * (S +
+    1)]`` (row S of a head: a padded query's dummy); ``q_range`` / ``k_range``: the positions
+    ``(lo, hi)`` of a grouped tile over one range (views). ``mask`` ``[n, lq, lk]`` bool or
+    None; ``empty`` ``[n * lq]`` rows without an allowed key, or None; ``first``: no earlier
+    tile wrote these rows (``mixed``: some)."""
 
     __slots__ = ("n", "lq", "lk", "grouped", "qr", "kr", "qw", "causal", "mask", "empty",
                  "first", "mixed", "q_range", "k_range")
@@ -514,11 +509,8 @@ def _fast_documents(q, k, v, pattern, a, runs):
     return torch.cat([o for o, _ in rows]), torch.cat([l for _, l in rows])
 
 
-# The engine interface (``chunked.ENGINES``): ``plan(pattern, a, causal, q)`` -> a plan or None
-# (the engine does not take the call), ``attend(q, k, v, pattern, a, plan)`` -> differentiable
-# ``(out, lse)``. The dense tiles are two engines: the whole sequence, and one call per document.
-def plan_whole(pattern, a, causal, q):
-    return _fast_plan(pattern, a, causal, q)
+# Two engines of ``chunked.ENGINES``: the whole sequence, and one call per document.
+plan_whole, attend_documents = _fast_plan, _fast_documents
 
 
 def attend_whole(q, k, v, pattern, a, plan):
@@ -527,7 +519,3 @@ def attend_whole(q, k, v, pattern, a, plan):
 
 def plan_documents(pattern, a, causal, q):
     return _document_runs(pattern, a, causal, q) or None
-
-
-def attend_documents(q, k, v, pattern, a, runs):
-    return _fast_documents(q, k, v, pattern, a, runs)

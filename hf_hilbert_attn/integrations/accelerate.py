@@ -1,32 +1,18 @@
-"""Sequence parallelism with Accelerate: the group, the batch shards, and the loss.
+"""Sequence parallelism with Accelerate: the group, the batch shards, and the loss
+(``docs/sequence_parallel.md``).
 
-Topology. The world is split into ``dp × sp`` ranks: each sequence-parallel (SP) group of
-``sp`` ranks works on one sequence (each rank holds a shard), and the ``dp`` groups see
-different data. :func:`sequence_parallel_topology` gets the SP group
+Topology: ``dp × sp`` ranks; each sequence-parallel (SP) group of ``sp`` ranks works on one
+sequence. :func:`sequence_parallel_topology` takes the SP group from the Accelerator's device
+mesh (``ParallelismConfig(cp_size=N)``, mesh dim ``"cp"``) where Accelerate allows it (GPU;
+Accelerate 1.15 rejects one on CPU), else consecutive global ranks form the SP groups (one node,
+NVLink). Only the *mesh* is used: Accelerate's own context parallelism
+(``maybe_context_parallel``) patches SDPA, which ``hilbert_dilated`` never calls, and would
+shard the batch a second time; do not wrap our steps in it.
 
-* from the Accelerator's device mesh (``ParallelismConfig(cp_size=N)`` → mesh dim ``"cp"``)
-  where Accelerate allows it (GPU: multi-GPU DDP or FSDP2). Accelerate 1.15 rejects a
-  ``ParallelismConfig`` on CPU (``MULTI_CPU``), hence
-* otherwise a documented split: consecutive global ranks form SP groups,
-  ``sp_group(r) = r // sp`` and ``dp_rank(r) = r // sp``, ``sp_rank(r) = r % sp`` (with
-  ``torchrun --nproc_per_node 8`` and ``sp=4``: ranks 0-3 and 4-7), so an SP group stays on one
-  node and its ring traffic on NVLink.
-
-Coexistence with Accelerate's own context parallelism: Accelerate's CP (``cp_size`` +
-``accelerator.maybe_context_parallel``) shards buffers and patches
-``torch.nn.functional.scaled_dot_product_attention`` only. ``hilbert_dilated`` never calls
-SDPA, so that patch would not make it a ring; we use only the *mesh* of a ``ParallelismConfig``
-and never enter ``maybe_context_parallel``. Inside ``hf_hilbert_attn.sequence_parallel(group)``
-our attention runs as a ring; do not wrap the same step in ``maybe_context_parallel`` (it would
-shard the batch a second time).
-
-Loss and gradients. Each rank's loss is ``sum of its token losses / N`` with ``N`` the
-non-ignored tokens of the *whole* sequence (Transformers' ``num_items_in_batch``), and
-:func:`reduce_loss` sums it over the SP group with an autograd all-reduce. That all-reduce's
-backward also sums, so every rank back-propagates ``sp ×`` its share; DDP (or FSDP) then
-averages gradients over all ``dp · sp`` ranks, which leaves exactly the gradient of the mean
-token loss of each sequence, averaged over data-parallel groups — the gradient of single-process
-training on the whole sequence. Without DDP, :func:`average_gradients` does the same.
+Loss and gradients: each rank's loss is ``sum of its token losses / N`` (``N``: non-ignored
+tokens of the whole sequence); :func:`reduce_loss` sums it over the SP group with an autograd
+all-reduce whose backward sums too, and DDP's average over all ``dp · sp`` ranks then leaves the
+gradient of single-process training (:func:`average_gradients` without DDP).
 """
 
 from __future__ import annotations
@@ -36,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from ..sharding import DEFAULT_LAYOUT, shard_batch
 
@@ -47,15 +34,10 @@ __all__ = ["SPTopology", "sequence_parallel_topology", "shard_for_sequence_paral
 
 @dataclass(frozen=True)
 class SPTopology:
-    """Where this process sits in the ``dp × sp`` split.
-
-    Attributes:
-        group: the sequence-parallel process group (None when ``sp_size == 1``).
-        sp_rank, sp_size: rank inside the SP group and its size.
-        dp_rank, dp_size: index of the SP group among all of them, and their number (which
-            data each group reads).
-        source: ``"mesh"`` (Accelerate's ``cp`` mesh dim), ``"split"`` or ``"single"``.
-    """
+    """Where this process sits in the ``dp × sp`` split: the SP ``group`` (None when
+    ``sp_size == 1``), the rank in it and its size, the group's index among the groups and their
+    number (which data each reads), and the ``source``: ``"mesh"`` (Accelerate's ``cp`` mesh
+    dim), ``"split"`` or ``"single"``."""
 
     group: object
     sp_rank: int
@@ -69,8 +51,6 @@ _SPLIT_CACHE = {}
 
 
 def _split_groups(world: int, sp: int):
-    import torch.distributed as dist
-
     key = (world, sp)
     if key not in _SPLIT_CACHE:
         # every rank must create every group, in the same order
@@ -83,18 +63,15 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
     """The SP group of this process.
 
     Args:
-        accelerator: an ``accelerate.Accelerator`` (optional). If its ``parallelism_config``
-            enables ``cp`` and it has a device mesh, the mesh's ``"cp"`` dimension is the group.
+        accelerator: an ``accelerate.Accelerator`` (optional); with ``cp`` enabled in its
+            ``parallelism_config`` and a device mesh, the mesh's ``"cp"`` dimension is the group.
         sp_size: ranks per sequence. Default: the mesh's ``cp`` size, else the world size.
 
-    Returns:
-        An :class:`SPTopology`.
+    Returns an :class:`SPTopology`.
 
     Raises:
         ValueError: ``sp_size`` does not divide the world size, or disagrees with the mesh.
     """
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         if sp_size not in (None, 1):
             raise ValueError(f"sp_size={sp_size} needs torch.distributed to be initialised "
@@ -128,8 +105,6 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
 
 def global_num_items(num_items: torch.Tensor, group) -> torch.Tensor:
     """Sum of non-ignored label counts over the SP group (no gradient)."""
-    import torch.distributed as dist
-
     n = torch.as_tensor(num_items).detach().clone().to(torch.int64)
     if group is not None:
         dist.all_reduce(n, group=group)
@@ -150,12 +125,8 @@ def shard_for_sequence_parallel(batch: dict, topo: SPTopology, layout: str = DEF
 
 
 def reduce_loss(loss: torch.Tensor, group) -> torch.Tensor:
-    """Sum a per-shard loss over the SP group, differentiably (see the module docstring).
-
-    Args:
-        loss: this shard's ``sum of token losses / N`` (``N`` over the whole sequence).
-        group: the SP group, or None (returned unchanged).
-    """
+    """Sum ``loss`` (this shard's ``sum of token losses / N``, ``N`` over the whole sequence)
+    over the SP ``group`` (None: unchanged), differentiably (see the module docstring)."""
     if group is None:
         return loss
     return _SumOverGroup.apply(loss, group)
@@ -168,8 +139,6 @@ class _SumOverGroup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        import torch.distributed as dist
-
         ctx.group = group
         y = x.clone()
         dist.all_reduce(y, group=group)
@@ -177,8 +146,6 @@ class _SumOverGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        import torch.distributed as dist
-
         g = grad.clone()
         dist.all_reduce(g, group=ctx.group)
         return g, None
@@ -186,8 +153,6 @@ class _SumOverGroup(torch.autograd.Function):
 
 def average_gradients(model: torch.nn.Module, group=None) -> None:
     """Average ``.grad`` over ``group`` (default: world) — what DDP does, for runs without it."""
-    import torch.distributed as dist
-
     world = dist.get_world_size(group)
     for p in model.parameters():
         if p.grad is not None:

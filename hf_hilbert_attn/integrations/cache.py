@@ -1,30 +1,18 @@
-"""A KV cache bounded by the pattern, and chunked prefill, for ``hilbert_dilated`` generation.
+"""A KV cache bounded by the pattern, and chunked prefill, for ``hilbert_dilated`` generation
+(guide: ``docs/usage.md``, "Generation with a bounded cache").
 
-A causal query at position ``p`` never attends a key older than
-:meth:`DilatedPattern.first_needed_key` of ``p`` unless it is a sink token, and that bound only
-moves forward. :class:`PatternCache` (Transformers' ``Cache`` API, like its sliding-window
-layers) therefore keeps, per layer, the sink keys ``[0, sink_tokens)`` and the keys from
-``first_needed_key(next position)`` (rounded down to a multiple of the pattern's shift period,
-so the attention runs on the kernels' natural-order path) to the newest: memory is bounded by
-the pattern (``sink_tokens + cache_reach()`` keys, about the longest segment or window), not by
-the sequence. Every step computes the same function as a full ``DynamicCache``.
+A causal query at ``p`` never attends a key older than :meth:`DilatedPattern.first_needed_key`
+of ``p`` unless it is a sink, and that bound only moves forward. :class:`PatternCache`
+(Transformers' ``Cache`` API) therefore keeps per layer the sinks and the keys from
+``first_needed_key(next position)`` (rounded down to the pattern's shift period, so the kernels
+run in natural order) on: ``sink_tokens + cache_reach()`` keys, not the sequence, and the same
+function as a ``DynamicCache``.
 
-Layout. The cache stores ``[sinks | tail]``: slot ``j < sink_tokens`` holds position ``j``, slot
-``j >= sink_tokens`` position ``j + dropped``. ``get_mask_sizes`` reports ``dropped`` as the
-``kv_offset``, which :func:`~hf_hilbert_attn.integrations.transformers.hilbert_dilated_mask`
-passes on, and the attention layer computes the tail with the pattern (no sinks) and the sinks
-densely, merged by log-sum-exp (:func:`attend_with_dropped_keys`).
-
-Usage::
-
-    cache = PatternCache(model)                       # the model's pattern and shape
-    out = model.generate(ids, past_key_values=cache, prefill_chunk_size=16384,
-                         max_new_tokens=32)           # a 1M-token prompt fits on one GPU
-    cache = prefill(model, ids[:, :-1])               # or prefill explicitly, then continue
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache)
-
-Rows must not be padded (every row of the batch at the same positions); a padded batch raises a
-``ValueError`` once keys are dropped. Guide: ``docs/usage.md``, "Generation with a bounded cache".
+Layout ``[sinks | tail]``: slot ``j < sink_tokens`` holds position ``j``, slot ``j >=
+sink_tokens`` position ``j + dropped``. ``get_mask_sizes`` reports ``dropped`` as the
+``kv_offset``; the attention layer computes the tail with the pattern (no sinks) and the sinks
+densely, merged by log-sum-exp (:func:`attend_with_dropped_keys`). Rows must not be padded
+(a padded batch raises once keys are dropped).
 """
 
 from __future__ import annotations
@@ -73,8 +61,8 @@ class PatternCacheLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Append the new keys/values; return every stored one (what this step's queries may
-        attend); keep only those a later query can attend."""
+        """Append the new keys/values and return all (this step attends them); keep only those
+        a later query can attend."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keys = torch.cat([self.keys, key_states], dim=-2)
@@ -136,10 +124,9 @@ class PatternCache(Cache):
         align: keep from a multiple of this (default: the pattern's shift period where it is
             at most the longest segment, so the attention stays on the kernels' fast path).
 
-    ``max_stored_tokens`` bounds the keys each layer stores between steps (a step adds its own
-    queries' keys while it runs), except in layers with dense key/value heads
-    (``set_dense_kv_heads``): those keep every key, as a ``DynamicCache`` does. Works with
-    ``generate(past_key_values=...)`` and :func:`prefill`; rows must not be padded.
+    ``max_stored_tokens`` bounds the keys a layer stores between steps, except in layers with
+    dense key/value heads, which keep every key. Works with ``generate(past_key_values=...)``
+    and :func:`prefill`; rows must not be padded.
     """
 
     def __init__(self, model=None, *, pattern=None, num_layers: Optional[int] = None,
@@ -195,12 +182,9 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
     """Dilated attention over a :class:`PatternCache` layer that dropped ``dropped`` positions
     after the sinks: ``key``/``value`` ``[B, Hkv, Sk, D]`` hold positions ``0..sinks-1`` then
     ``sinks + dropped ..``, ending with the queries' own keys; the ``Sq`` queries sit at
-    ``q_start ..``. Returns ``[B, Hq, Sq, D]``.
-
-    The tail runs through :func:`~hf_hilbert_attn.dilated_attention` with the pattern minus its
-    sinks (in natural order, shifted, when its first position is a multiple of the pattern's
-    shift period; else with explicit positions); every query attends every sink key, so the
-    sinks are a dense softmax; the two merge by log-sum-exp (the key sets are disjoint).
+    ``q_start ..``. Returns ``[B, Hq, Sq, D]``: the tail with the pattern minus its sinks
+    (natural order, shifted, where its first position is a multiple of the shift period),
+    the sinks as a dense softmax, merged by log-sum-exp.
     """
     if not causal:
         raise ValueError("a PatternCache serves causal decoding only (got a non-causal layer)")
@@ -280,9 +264,9 @@ def prefill_chunks(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAUL
     ``cache`` (default: a :class:`PatternCache` for ``hilbert_dilated`` models, else a
     ``DynamicCache``; a non-empty cache continues where it stands).
 
-    Yields ``(begin, end, logits)`` per chunk (positions relative to ``input_ids``): the logits
-    ``[B, n, V]`` at positions ``max(begin, logits_from) .. end - 1``, or None when
-    ``logits_from`` is None or after ``end`` (only the last position's logits are computed).
+    Yields ``(begin, end, logits)`` per chunk: the logits ``[B, n, V]`` at positions
+    ``max(begin, logits_from) .. end - 1`` of ``input_ids``, or None (``logits_from`` None or
+    after ``end``: only the last position's logits are computed).
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")

@@ -1,37 +1,21 @@
-"""Sequence parallelism for ``transformers.Trainer`` (and TRL's ``SFTTrainer``).
+"""Sequence parallelism for ``transformers.Trainer`` (and TRL's ``SFTTrainer``); guide:
+``docs/trainer.md``.
 
-Trainer's own context parallelism (``ParallelismConfig(cp_size=N)``) shards buffers and patches
-SDPA only, and refuses any other attention. This module gives ``attn_implementation=
-"hilbert_dilated"`` the same place in a Trainer run, built from the pieces of
-:mod:`hf_hilbert_attn.integrations.accelerate`:
+Trainer's own context parallelism (``ParallelismConfig(cp_size=N)``) patches SDPA only and
+refuses any other attention. Here, built from :mod:`hf_hilbert_attn.integrations.accelerate`:
 
-* **Topology.** The world is split into ``dp × sp`` ranks (consecutive ranks form one
-  sequence-parallel group, :func:`~hf_hilbert_attn.integrations.accelerate.sequence_parallel_topology`).
-* **Data.** The DataLoaders are split over the ``dp`` groups, not over all ranks, so every rank of
-  a group reads the same batch (Accelerate's ``prepare_data_loader`` with ``num_processes=dp``;
-  dispatching is off: a dispatcher would slice a batch per rank). Every step checks that the
-  ranks of a group really got the same batch (a 24-byte all-gather) and raises otherwise.
-* **Sharding.** :class:`SequenceParallelCollator` wraps the Trainer's collator: each batch is cut
-  with :func:`~hf_hilbert_attn.sharding.shard_batch` (true positions, global document ids for
-  packed rows, labels shifted *before* sharding and passed as ``shift_labels``).
-* **Step.** ``training_step`` and ``prediction_step`` run inside
+* **Topology**: ``dp × sp`` ranks, consecutive ranks one sequence-parallel group.
+* **Data**: the DataLoaders are split over the ``dp`` groups (Accelerate's
+  ``prepare_data_loader`` with ``num_processes=dp``, no dispatching), so every rank of a group
+  reads the same batch; each step checks that (a 24-byte all-gather) and raises otherwise.
+* **Sharding**: :class:`SequenceParallelCollator` cuts each batch with
+  :func:`~hf_hilbert_attn.sharding.shard_batch` (labels shifted before, as ``shift_labels``).
+* **Step**: ``training_step`` and ``prediction_step`` run inside
   :func:`hf_hilbert_attn.sequence_parallel`, so the registered attention is the ring.
-* **Loss.** Trainer's own token accounting already does the right thing once every rank holds a
-  shard: ``num_items_in_batch`` counts the ``shift_labels`` of all ranks (``average_tokens_
-  across_devices``, the default), each rank's loss is ``sum of its token losses / N`` times the
-  world size, and DDP averages gradients over the world. The gradient is that of
-  ``Σ(all token losses) / N`` — the 1-process gradient — and the logged loss (the mean over ranks)
-  is the 1-process loss. The ring's backward returns each key's gradient to the rank that holds
-  it, so no extra all-reduce of the loss is needed.
+* **Loss**: Trainer's token accounting (``num_items_in_batch`` over all ranks) and DDP's
+  gradient average already give the 1-process gradient and loss; no extra all-reduce.
 
-Usage::
-
-    from hf_hilbert_attn.integrations.trainer import SequenceParallelTrainer
-
-    trainer = SequenceParallelTrainer(model=model, args=args, train_dataset=ds,
-                                      data_collator=collator, sp_size=2)
-    trainer.train()
-
+``SequenceParallelTrainer(..., sp_size=2)`` is the Trainer;
 ``sequence_parallel_trainer(SFTTrainer)`` makes the same class over another Trainer subclass.
 With ``sp_size == 1`` (or one process) the class is the plain Trainer.
 """
@@ -43,9 +27,11 @@ import logging
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from transformers import Trainer
 
 from .. import DilatedPattern, get_pattern, sequence_parallel, shard_batch
+from ..ring.comm import all_gather
 from ..sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
 from .accelerate import SPTopology, sequence_parallel_topology
 
@@ -57,9 +43,8 @@ __all__ = ["SequenceParallelCollator", "SequenceParallelMixin", "SequenceParalle
 ATTN = "hilbert_dilated"
 FINGERPRINT_KEY = "hilbert_sp_fingerprint"
 IGNORE_INDEX = -100
-# Keys that describe the *unsharded* packed layout for flash/varlen kernels (TRL's padding-free
-# collator, DataCollatorWithFlattening(return_flash_attn_kwargs=True)). A shard's documents are
-# given by hilbert_doc_ids instead; these would be wrong for it.
+# Flash/varlen keys of the *unsharded* packed layout (wrong for a shard, whose documents come as
+# hilbert_doc_ids): DataCollatorWithFlattening(return_flash_attn_kwargs=True), TRL's collator.
 _VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
@@ -77,21 +62,19 @@ class SequenceParallelCollator:
     """Collate with ``collator``, then keep this rank's shard of every sequence.
 
     Args:
-        collator: the collator to wrap (``DataCollatorForLanguageModeling``,
-            ``DataCollatorWithFlattening``, TRL's collator, ``default_data_collator``, ...). Its
-            output needs ``input_ids`` ``[B, S]``; ``labels`` (unshifted, or pre-shifted as
-            ``shift_labels``), ``position_ids`` (restarting per document for packed rows) and
-            ``attention_mask`` are used when present.
+        collator: the collator to wrap (``DataCollatorWithFlattening``, TRL's, ...; None:
+            ``default_data_collator``). Its output needs ``input_ids`` ``[B, S]``; ``labels``
+            (or pre-shifted ``shift_labels``), ``position_ids`` and ``attention_mask`` are used
+            when present.
         sp_rank, sp_size: this rank's place in its sequence-parallel group.
         layout: a layout of :data:`~hf_hilbert_attn.sharding.LAYOUT_CHOICES`.
         pattern: the model's :class:`~hf_hilbert_attn.DilatedPattern` (``layout`` ``"auto"`` and
             ``"hilbert"`` use it).
         pad_token_id: ``input_ids`` value of the padding :func:`shard_batch` adds.
 
-    Returns (per call) the dict of :func:`~hf_hilbert_attn.sharding.shard_batch` without
-    ``num_items`` (Trainer counts ``shift_labels`` itself), without the varlen keys of the
-    unsharded batch, plus :data:`FINGERPRINT_KEY` (checked and removed by the trainer).
-    Picklable: it runs in DataLoader workers.
+    Returns (per call) :func:`~hf_hilbert_attn.sharding.shard_batch`'s dict without
+    ``num_items`` (Trainer counts ``shift_labels``) and the unsharded varlen keys, plus
+    :data:`FINGERPRINT_KEY` (checked and removed by the trainer). Picklable (DataLoader workers).
     """
 
     def __init__(self, collator, sp_rank: int, sp_size: int, layout: str = DEFAULT_LAYOUT,
@@ -135,8 +118,6 @@ class SequenceParallelCollator:
 
 
 def _world_size() -> int:
-    import torch.distributed as dist
-
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
@@ -150,12 +131,10 @@ class SequenceParallelMixin:
         sp_layout: how a sequence is cut over the group (default ``"auto"``, see
             :func:`hf_hilbert_attn.sharding.resolve_layout`).
 
-    Raises (one-line ``ValueError``, the same on every rank):
-        ``sp_size`` does not divide the world size (of two or more processes); the model's
-        attention is not ``hilbert_dilated``; Trainer's own context/sequence parallelism is
-        configured; ``average_tokens_across_devices=False``, ``label_smoothing_factor > 0``,
-        ``compute_loss_func``, or a model whose forward takes no ``num_items_in_batch`` (the
-        token-reduced loss needs Trainer's token count and the model's own loss).
+    Raises (one-line ``ValueError``, the same on every rank): ``sp_size`` does not divide the
+        world size; attention other than ``hilbert_dilated``; Trainer's own context parallelism;
+        ``average_tokens_across_devices=False``, ``label_smoothing_factor > 0``,
+        ``compute_loss_func``, or a forward without ``num_items_in_batch``.
     """
 
     def __init__(self, *args, sp_size: Optional[int] = None, sp_layout: str = DEFAULT_LAYOUT,
@@ -222,15 +201,11 @@ class SequenceParallelMixin:
 
     def _check_same_batch(self, inputs: dict) -> None:
         """Every rank of a group must hold a shard of the same batch; raise on all of them if not."""
-        import torch.distributed as dist
-
         fp = inputs.pop(FINGERPRINT_KEY, None)
         if fp is None:
             raise ValueError("the batch was not sharded by SequenceParallelCollator (was "
                              "trainer.data_collator replaced after the trainer was built?)")
-        group = self.sp_topology.group
-        parts = [torch.empty_like(fp) for _ in range(self.sp_topology.sp_size)]
-        dist.all_gather(parts, fp.contiguous(), group=group)
+        parts = all_gather(fp, self.sp_topology.group)
         if any(not torch.equal(p, parts[0]) for p in parts):
             raise ValueError(
                 "the ranks of a sequence-parallel group got different batches (shape, checksum "
@@ -262,8 +237,7 @@ class SequenceParallelMixin:
             yield
             return
         acc = self.accelerator
-        # Trainer builds its DataLoaders and hands them to accelerator.prepare, which calls
-        # prepare_data_loader: shadow that one method for the duration of the call.
+        # Trainer's DataLoaders go through accelerator.prepare -> prepare_data_loader: shadow it
         acc.prepare_data_loader = self._prepare_dataloader_per_group
         try:
             yield

@@ -1,13 +1,11 @@
-"""``attn_implementation="hilbert_dilated"``: the attention and mask functions for Transformers.
+"""``attn_implementation="hilbert_dilated"``: the attention and mask functions for Transformers
+(guide: ``docs/transformers.md``).
 
-Transformers calls the registered *mask* function once per forward and the *attention*
-function once per layer. :func:`hilbert_dilated_mask` never builds an ``[B, 1, Sq, Sk]`` mask:
-it returns a :class:`DilatedMaskInfo` (the 2-D padding mask, if any, and where the queries sit
-in the KV cache). :func:`hilbert_dilated_attention_forward` turns it and ``position_ids`` into
-true positions and document ids (``inputs.model_positions``) and calls
-:func:`hf_hilbert_attn.dilated_attention`, or ring attention inside
-:func:`hf_hilbert_attn.sequence_parallel`. The model's pattern lives in ``config.hilbert_attn``
-(a dict, saved in ``config.json``); see :func:`configure`. Guide: ``docs/transformers.md``.
+Transformers calls the *mask* function once per forward and the *attention* function once per
+layer. :func:`hilbert_dilated_mask` never builds a ``[B, 1, Sq, Sk]`` mask: it returns a
+:class:`DilatedMaskInfo` (padding, cache offsets), which :func:`hilbert_dilated_attention_forward`
+turns with ``position_ids`` into true positions (``inputs.model_positions``) for
+:func:`hf_hilbert_attn.dilated_attention`, or the ring inside ``sequence_parallel``.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from .cache import attend_pattern_cache, check_unpadded
 from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern
-from .model_config import reset_notes  # noqa: F401  (re-exported: tests reset the notes here)
 from .transformers_checks import check_call, check_config, check_mask_function
 
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedMaskInfo", "configure", "get_pattern",
@@ -52,13 +49,10 @@ def _model_configs(model) -> list:
 
 def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
     """Give each decoder layer of ``model`` its own dense key/value heads (a calibration's choice,
-    ``hf-hilbert-attn calibrate``), stored in ``config.hilbert_attn`` so ``save_pretrained`` /
-    ``from_pretrained`` keep it.
-
-    ``per_layer``: one list of key/value head indices per layer (``[]``: none), or a dict
-    ``{layer: [heads]}`` (other layers none), or None to remove the per-layer choice. The pattern
-    is the model's (:func:`get_pattern`; the default if it has none). Returns ``model``. Raises
-    ``ValueError`` naming a bad layer or head.
+    ``hf-hilbert-attn calibrate``), stored in ``config.hilbert_attn``. ``per_layer``: one list
+    of key/value head indices per layer (``[]``: none), a dict ``{layer: [heads]}`` (other layers
+    none), or None to remove the per-layer choice. The pattern is the model's
+    (:func:`get_pattern`). Returns ``model``; ``ValueError`` names a bad layer or head.
     """
     configs = _model_configs(model)
     cfg = model.config
@@ -94,17 +88,15 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
               keep_dense_heads: bool = True):
     """Give ``model`` a dilated attention pattern, stored where ``save_pretrained`` keeps it.
 
-    Writes ``pattern.to_dict()`` to ``model.config.hilbert_attn`` and to the config of every
-    sub-model (composite models), so ``config.json`` carries it and ``from_pretrained`` restores it.
-
-    ``pattern``: a :class:`DilatedPattern`, its dict, a YAML path, a shipped name (``"longnet_lm"``;
-    ``hf_hilbert_attn.patterns.names()``) or None (the default). ``set_attn_implementation``:
-    also call ``model.set_attn_implementation("hilbert_dilated")``. Returns ``model`` (changed in
-    place). ``keep_dense_heads``: a calibration's per-layer dense heads already in the config
-    (:func:`set_dense_kv_heads`, ``hf-hilbert-attn calibrate``) stay with the new pattern — they
-    say which heads of this model retrieve, whatever the sparse pattern (docs/decisions.md,
-    "Shipped retrieval defaults"); False drops them. Raises ``ValueError`` for an invalid pattern
-    or a config with sliding-window layers, ``TypeError`` for a model without ``config``.
+    Writes ``pattern.to_dict()`` to ``config.hilbert_attn`` of the model and every sub-model, so
+    ``config.json`` carries it. ``pattern``: a :class:`DilatedPattern`, its dict, a YAML path, a
+    shipped name (``hf_hilbert_attn.patterns.names()``) or None (the default).
+    ``set_attn_implementation``: also switch the model to ``"hilbert_dilated"``.
+    ``keep_dense_heads``: a calibration's per-layer dense heads (:func:`set_dense_kv_heads`)
+    stay with the new pattern, as they describe the model (docs/decisions.md, "Shipped
+    retrieval defaults"); False drops them. Returns ``model`` (changed in place). Raises
+    ``ValueError`` for an invalid pattern or sliding-window layers, ``TypeError`` without a
+    ``config``.
     """
     pattern = as_pattern(pattern)
     configs = _model_configs(model)
@@ -124,10 +116,10 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
 
 @dataclass(eq=False)
 class DilatedMaskInfo:
-    """The compact "mask" every layer of one forward receives (instead of ``[B, 1, Sq, Sk]``):
-    ``q_offset``, the cache slot of the first query (int, or a 0-d tensor for static caches);
-    the query / key lengths; ``padding_mask`` ``[B, kv_length]`` bool (True = a real token) or
-    None when every key slot holds one; ``kv_offset``: keys a ``PatternCache`` dropped."""
+    """The compact "mask" every layer of a forward receives instead of ``[B, 1, Sq, Sk]``: the
+    first query's cache slot (int; static caches: a 0-d tensor), the query / key lengths, the
+    ``[B, kv_length]`` padding mask (True = real; None: no padding) and the keys a
+    ``PatternCache`` dropped."""
 
     q_offset: Any
     q_length: int
@@ -145,11 +137,9 @@ class DilatedMaskInfo:
 def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
                          kv_offset: int = 0, mask_function=None,
                          attention_mask: Optional[torch.Tensor] = None, **kwargs) -> DilatedMaskInfo:
-    """``AttentionMaskInterface`` entry: the mask described in O(B·Sk), never built.
-
-    Args mirror ``transformers.masking_utils.sdpa_mask``; ``attention_mask`` is the 2-D padding
-    mask ``[B, past + Sq]`` (or None). Raises ``ValueError`` for mask functions other than
-    causal / bidirectional / packed / padding (sliding windows, chunks, block overlays).
+    """``AttentionMaskInterface`` entry: the mask described in O(B·Sk), never built. Arguments
+    as ``transformers.masking_utils.sdpa_mask`` (``attention_mask``: the 2-D padding mask or
+    None); ``ValueError`` for mask functions other than causal / bidirectional / packed / padding.
     """
     if isinstance(attention_mask, DilatedMaskInfo):
         return attention_mask  # prepared by generate() for this very step
@@ -176,9 +166,8 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
 
 @torch.compiler.disable
 def _positions(info: Optional[DilatedMaskInfo], position_ids, doc_ids, b, sq, sk, device, ring):
-    # Derived in the first layer of a forward, reused by the others (same tensors). Under
-    # torch.compile one opaque call: traced, its data-dependent checks broke a compiled layer
-    # into several graphs and its memo put guards on every layer.
+    # Derived in a forward's first layer, reused by the others. Opaque to torch.compile: traced,
+    # its checks broke a layer into several graphs and its memo guarded every layer.
     memo, key = ({} if info is None else info._memo), (sq, sk, id(position_ids), id(doc_ids), ring)
     hit = memo.get(key)
     if hit is not None and hit[0] is position_ids and hit[1] is doc_ids:
@@ -196,13 +185,11 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
                                       is_causal: Optional[bool] = None, **kwargs):
     """``AttentionInterface`` entry: dilated attention of one layer.
 
-    query ``[B, Hq, Sq, D]``, key/value ``[B, Hkv, Sk, D]`` (GQA from the shapes);
-    ``attention_mask`` the :class:`DilatedMaskInfo` of :func:`hilbert_dilated_mask` or None;
-    ``dropout`` must be 0; ``scaling`` defaults to ``D ** -0.5``; ``is_causal`` overrides
-    ``module.is_causal``. ``kwargs``: ``position_ids`` ``[B, S]``, and optionally document ids
-    ``hilbert_doc_ids`` ``[B, S]`` or flash-style ``cu_seq_lens_q`` (over restarting positions).
-    Returns ``(out [B, Sq, Hq, D] contiguous, None)``; ``ValueError`` for what the op cannot do
-    (``transformers_checks``).
+    query ``[B, Hq, Sq, D]``, key/value ``[B, Hkv, Sk, D]``; ``attention_mask``: the
+    :class:`DilatedMaskInfo` or None; ``dropout`` must be 0; ``is_causal`` overrides
+    ``module.is_causal``; ``kwargs``: ``position_ids`` ``[B, S]`` and optionally
+    ``hilbert_doc_ids`` ``[B, S]`` or flash-style ``cu_seq_lens_q``. Returns ``(out [B, Sq, Hq,
+    D] contiguous, None)``; ``ValueError`` for what the op cannot do (``transformers_checks``).
     """
     (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -242,12 +229,10 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
 
 
 def _layer_sizes(info, config, sq: int, sk: int):
-    """The mask of this layer of a :class:`PatternCache` whose layers store different key counts.
-
-    Transformers describes one mask per forward, from the first layer's cache. With per-layer
-    dense heads (:func:`set_dense_kv_heads`) a PatternCache keeps every key in layers with dense
-    heads and drops old ones elsewhere; both store ``[sinks | tail]`` with the tail ending at
-    the newest query, so this layer's dropped count is ``q_offset + Sq - Sk``."""
+    """This layer's mask where a :class:`PatternCache`'s layers store different key counts
+    (per-layer dense heads keep every key): Transformers describes one mask per forward, from
+    the first layer; every layer's tail ends at the newest query, so this layer dropped
+    ``q_offset + Sq - Sk``."""
     if (isinstance(info, DilatedMaskInfo) and info.kv_length != sk and info.padding_mask is None
             and isinstance(info.q_offset, int) and info.q_offset + sq >= sk
             and LAYER_DENSE in (getattr(config, "hilbert_attn", None) or {})):
@@ -263,10 +248,9 @@ def _eager_dilated_attention(*args, **kwargs):
 def register() -> None:
     """Register ``"hilbert_dilated"`` with ``AttentionInterface`` and ``AttentionMaskInterface``.
 
-    Idempotent (called by ``import hf_hilbert_attn``). Afterwards
-    ``from_pretrained(..., attn_implementation="hilbert_dilated")`` and
-    ``model.set_attn_implementation("hilbert_dilated")`` work. Registers our own names only:
-    no other implementation's function is touched (docs/decisions.md D36).
+    Idempotent (``import hf_hilbert_attn`` calls it); then ``from_pretrained`` and
+    ``set_attn_implementation`` take ``"hilbert_dilated"``. No other implementation's function
+    is touched (docs/decisions.md D36).
     """
     AttentionInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_mask)

@@ -21,23 +21,17 @@ SLIDING_MESSAGE = (
 # Mask functions Transformers composes for plain causal / bidirectional / packed / padded
 # attention; anything else (sliding windows, chunks, bidirectional image blocks, user overlays)
 # changes the function in a way the dilated pattern does not express.
-_KNOWN_MASK_LEAVES = {
-    "causal_mask_function",
-    "bidirectional_mask_function",
-    "packed_sequence_mask_function.<locals>.inner_mask",
-    "padding_mask_function.<locals>.inner_mask",
-}
+_KNOWN_MASK_LEAVES = {"causal_mask_function", "bidirectional_mask_function",
+                      "packed_sequence_mask_function.<locals>.inner_mask",
+                      "padding_mask_function.<locals>.inner_mask"}
 _MASK_WRAPPERS = {
     "and_masks.<locals>.and_mask": "mask_functions",
     "remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_function",
     "add_offsets_to_mask_function.<locals>.inner_mask": "mask_function",
 }
-_UNSUPPORTED_KWARGS = {
-    "softcap": "attention logit soft-capping (softcap)",
-    "s_aux": "attention sinks (s_aux)",
-    "sinks": "attention sinks",
-    "position_bias": "additive position bias (position_bias)",
-}
+_UNSUPPORTED_KWARGS = {"softcap": "attention logit soft-capping (softcap)",
+                       "s_aux": "attention sinks (s_aux)", "sinks": "attention sinks",
+                       "position_bias": "additive position bias (position_bias)"}
 
 
 def check_config(cfg) -> None:
@@ -76,8 +70,7 @@ def check_mask_function(mask_function, local_size=None) -> None:
         raise ValueError(
             f"hilbert_dilated cannot apply the mask function(s) {bad} this model adds to causal "
             "attention (chunked attention, bidirectional blocks, custom overlays); "
-            "supported: causal, bidirectional, packed sequences, padding. Use sdpa for this model."
-        )
+            "supported: causal, bidirectional, packed sequences, padding. Use sdpa for this model.")
 
 
 @torch.compiler.assume_constant_result  # a context variable: read when a layer is traced,
@@ -98,15 +91,13 @@ def check_call(module, dropout: float, causal: bool, batch: int, sq: int, sk: in
         raise ValueError(
             f"hilbert_dilated does not support attention dropout (got dropout={dropout} in training); "
             "set the config's attention dropout to 0 (attention_dropout, attn_pdrop for GPT-2) or "
-            "call model.eval()"
-        )
+            "call model.eval()")
     config = getattr(module, "config", None)
     if kwargs.get("output_attentions") or getattr(config, "output_attentions", False) \
             or _collecting_attentions():
         raise ValueError(
             "hilbert_dilated does not compute attention weights, so output_attentions=True is not "
-            "supported; use attn_implementation='eager' to inspect attention weights"
-        )
+            "supported; use attn_implementation='eager' to inspect attention weights")
     if kwargs.get("sliding_window") is not None:
         raise ValueError(SLIDING_MESSAGE.format(window=kwargs["sliding_window"]))
     for key, what in _UNSUPPORTED_KWARGS.items():
@@ -118,15 +109,13 @@ def check_call(module, dropout: float, causal: bool, batch: int, sq: int, sk: in
     if cross or (not causal and sq != sk):
         raise ValueError(
             f"hilbert_dilated supports self-attention only, not cross-attention (queries {sq} vs "
-            f"keys {sk} from another sequence); use sdpa for this model"
-        )
+            f"keys {sk} from another sequence); use sdpa for this model")
     if attention_mask is not None and not isinstance(attention_mask, mask_type):
         shape = tuple(getattr(attention_mask, "shape", ()))
         raise ValueError(
             f"hilbert_dilated got a precomputed attention mask of shape {shape}; it needs the 2-D "
             "padding mask [B, S] that the model turns into its own compact description. Pass "
-            "attention_mask as [B, S] (custom 4-D masks are not supported)"
-        )
+            "attention_mask as [B, S] (custom 4-D masks are not supported)")
     if kwargs.get("hilbert_doc_ids") is None and kwargs.get("cu_seq_lens_q") is not None \
             and (batch != 1 or sq != sk):  # paged caches (continuous batching) send them too
         raise ValueError("hilbert_dilated does not support paged / continuous-batching attention "
@@ -134,5 +123,4 @@ def check_call(module, dropout: float, causal: bool, batch: int, sq: int, sk: in
     if attention_mask is not None and attention_mask.kv_length != sk:
         raise ValueError(
             f"hilbert_dilated: the mask was built for {attention_mask.kv_length} keys but this layer "
-            f"has {sk} (a sliding or otherwise different cache layer?)"
-        )
+            f"has {sk} (a sliding or otherwise different cache layer?)")

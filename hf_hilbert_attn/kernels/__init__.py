@@ -14,36 +14,22 @@ import triton
 
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ..planning import class_uniform, config_meets, nests, sink_keys
-from ..pruning import for_ranges
+from ..planning import for_ranges
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
-# (_async_active, _env_int: read by the tests through this package)
-from ._config import (KernelConfig, _async_active, _env_int, _run, configure,  # noqa: F401
-                      configured, kernel_config, set_launch_hook)
+from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._common import LOG2E as _LOG2E
 from ._fwd import _fwd_kernel
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
                     fwd_max_registers, plan_positions, union_keys)
 
-__all__ = [
-    "dilated_fwd",
-    "dilated_bwd",
-    "plan_positions",
-    "PositionPlan",
-    "SUPPORTED_HEAD_DIMS",
-    "KernelConfig",
-    "kernel_config",
-    "configure",
-    "configured",
-    "set_launch_hook",
-]
+__all__ = ["dilated_fwd", "dilated_bwd", "plan_positions", "PositionPlan", "SUPPORTED_HEAD_DIMS",
+           "KernelConfig", "kernel_config", "configure", "configured", "set_launch_hook"]
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
 def _earlier(npri: int) -> bool:
-    """Compile-time flag of a launch: does any config come before it in priority order? The
-    first one (rate 1 in longnet_lm, most of the work) then compiles without the union code:
-    no spills in its forward and dq kernels on sm_90 (``kernel_resources.py``), and 18 % less
-    forward+backward time on the default pattern (docs/decisions.md)."""
+    """Compile-time flag: does any config come before the launch in priority order? Without,
+    it compiles without the union code (no spills on sm_90, 18 % faster; docs/decisions.md)."""
     return npri > 0
 
 
@@ -87,8 +73,8 @@ _SMALL: dict = {}  # small int32 device tensors by (content, device): made once,
 
 
 def _small_tensor(values: tuple, device) -> torch.Tensor:
-    """A cached int32 tensor on ``device``. Made per call, each of these was a host-to-device copy
-    (4 per layer and step): a pageable copy waits for the host, and CUDA graphs cannot hold one."""
+    """A cached int32 tensor on ``device``: made per call, each was a host-to-device copy, which
+    waits for the host and which CUDA graphs cannot hold."""
     key = (values, str(device))
     t = _SMALL.get(key)
     if t is None:
@@ -103,11 +89,10 @@ def _dummy(device):
 
 
 class _Launch(tuple):
-    """One launch of a kernel: ``(w, r, lb, npri, entry, pair)`` — the tiling segment length
-    ``w`` (sliding: ``W_CAP``, one segment), rate ``r``, band reach ``lb`` in class steps
-    (sliding), the number of configs before it in priority order, its ``(w, r)`` entry in the
-    launch table that ``_participates`` reads, and whether it tests the union rule pair by pair
-    on whole tiles (``_needs_pair_mask``; segments only), which picks its tiles."""
+    """One launch: ``(w, r, lb, npri, entry, pair)``: tiling segment length (sliding:
+    ``W_CAP``), rate, band reach in class steps (sliding), configs before it in priority, its
+    ``(w, r)`` entry for ``_participates``, and whether it tests the union rule pair by pair on
+    whole tiles (``_needs_pair_mask``), which picks its tiles."""
 
     w = property(lambda s: s[0])
     r = property(lambda s: s[1])
@@ -119,11 +104,10 @@ class _Launch(tuple):
 
 def _launches(pattern, plan: PositionPlan, causal: bool = True):
     """``(priority configs, launches in order, sinks)``: the config covering every query comes
-    last (it writes the final result, and takes the sink keys: ``sinks`` > 0 when some key of
-    this call is one, positions relative to ``plan.base``). Other configs are launched only
-    where they can join a query and a key of this call (``planning.config_meets``): a ring piece between two
-    chunks of a zigzag shard launched every config over its whole query run, for the pairs of
-    one (docs/decisions.md "Ring pieces launch only the configs that join them")."""
+    last (it writes the final result and takes the sink keys: ``sinks`` > 0 when some key of
+    this call is one, relative to ``plan.base``). Other configs are launched only where they can
+    join a query and a key of this call (``planning.config_meets``; docs/decisions.md "Ring
+    pieces launch only the configs that join them")."""
     prio, order = config_order(pattern)
     out = []
     q_rng, k_rng = (plan.qlo, plan.qhi), (plan.klo, plan.khi)
@@ -148,11 +132,8 @@ def _seg_range(lo: int, hi: int, w: int):
 
 
 def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
-    """(first segment, segments, first block, blocks per segment and class) of the query tiles.
-
-    A short query range inside one segment (decoding, chunked prefill) gets only the blocks
-    that can hold its queries, whatever the class; otherwise every block of the segment.
-    """
+    """(first segment, segments, first block, blocks per segment and class) of the query tiles:
+    a short query range inside one segment (decoding) gets only the blocks that can hold it."""
     seg0, nseg = _seg_range(plan.qlo, plan.qhi, w)
     nblk = triton.cdiv(triton.cdiv(w, r), bm)
     if nseg == 1:
@@ -222,10 +203,8 @@ def _launch_table(rows, device):
 def _needs_pair_mask(earlier, r: int) -> bool:
     """Whether a launch of rate ``r`` after the configs ``earlier`` tests the union rule pair by
     pair on whole tiles: some earlier rate does not divide ``r``, or its classes shift from one
-    of its segments to the next. Otherwise what they cover is skipped as whole key ranges and
-    the forward's runtime loop is faster than the key tables (1.16 vs 1.24 ms on longnet_lm's
-    (4096, 2) launch at 64K); with the pair mask the tables are (1.86 -> 1.24 ms on (16384, 6);
-    H100, docs/decisions.md "Union tables in the forward")."""
+    of its segments to the next. Only then are the key tables faster than the forward's runtime
+    loop (docs/decisions.md "Union tables in the forward")."""
     return not all(class_uniform(cfg, r, False) for cfg in earlier)
 
 
@@ -233,12 +212,9 @@ def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
     """Whether a program of a launch of ``(w, r)`` (``tile`` class indices per program, on its
     own side) may need the per-pair union mask on whole tiles (the kernels' ``MIXED``): some
     earlier config's rate does not divide ``r``, or a program's positions may straddle one of
-    its segments. A program spans ``r * tile`` positions from a multiple of ``r * tile`` (plus
-    its class, below ``r``) inside a segment of ``w``, so none straddles when ``r * tile``
-    divides ``wj`` and ``wj`` divides ``w``. Without it the launch compiles the kernels' loops
-    once (no union code: a third of the loops of the mixed form, and of its compile time);
-    with it every program takes the loops with the union code, correct for every program.
-    Sliding windows: always (the window's edges)."""
+    its segments (none does when ``r * tile`` divides ``wj`` and ``wj`` divides ``w``). Without
+    it the launch compiles the loops once, without union code (a third of the mixed form's
+    loops and compile time). Sliding windows: always (the window's edges)."""
     if sliding:
         return bool(earlier)
     return not all(class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
@@ -410,10 +386,9 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
 
 
 def _sum_buffers(B, hch, kch, SQ, SK, D, device):
-    """The backward's float32 sums over configs: dq's ``[B, hch, SQ, D]``, then dk's and dv's
-    ``[B, kch, SK, D]``, in one workspace of the larger of the two. Every dq launch (all chunks
-    of heads) precedes every dk/dv launch on the stream, so the dk/dv sums reuse the dq sum's
-    memory: at 32 / 32 heads, 64K, D 128 the sums take 2 GiB instead of 3 (docs/kernels.md)."""
+    """The backward's float32 sums over configs, dq's ``[B, hch, SQ, D]`` and dk's and dv's
+    ``[B, kch, SK, D]``, in one workspace: every dq launch precedes every dk/dv launch on the
+    stream, so the dk/dv sums reuse the dq sum's memory (docs/kernels.md)."""
     nq, nk = B * hch * SQ * D, B * kch * SK * D
     work = torch.empty(max(nq, 2 * nk), device=device, dtype=torch.float32)
     return (work[:nq].view(B, hch, SQ, D), work[:nk].view(B, kch, SK, D),
@@ -489,11 +464,10 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 plan: PositionPlan, dq=None, dk=None, dv=None):
     """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
 
-    ``dq``/``dk``/``dv``: optional tensors to write into (any strides with a unit last one, e.g.
-    rows of a longer sequence's gradient), shaped like ``q``/``k``/``v``. Inputs may be such
-    views too. The float32 buffers that sum ``dq`` and ``dk``/``dv`` over configs hold a chunk
-    of heads at a time (at most ``acc_bytes`` each), like the forward's; the dk/dv sums reuse
-    the dq sum's memory (``_sum_buffers``). Planned once per call key (:func:`plan_bwd`).
+    ``dq``/``dk``/``dv``: optional tensors to write into (unit last stride, e.g. rows of a
+    longer sequence's gradient), shaped like ``q``/``k``/``v``; inputs may be such views too.
+    The float32 sums over configs hold a chunk of heads at a time (``_sum_buffers``). Planned
+    once per call key (:func:`plan_bwd`).
     """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape

@@ -1,20 +1,17 @@
 """Device helpers shared by the forward and backward kernels.
 
-Position space (docs/kernels.md): a tile of config ``(W, R)`` is ``BLOCK`` positions of one dilation
-class ``c`` of one segment ``seg``: ``seg*W + c + R*n`` for consecutive ``n``. Every pair
-inside such a (query tile, key tile) is allowed by the config (same segment, same class), so
-the only masks left are the causal diagonal, range ends, absent positions, documents and the
-*union* rule: a pair belongs to the first config (in priority order, ``CFG[0:NPRI]``) that
-allows it, so later configs mask pairs an earlier one already covers.
+Position space (docs/kernels.md): a tile of config ``(W, R)`` is ``BLOCK`` positions
+``seg*W + c + R*n`` of one class ``c`` of one segment ``seg``, so every pair of a (query tile,
+key tile) is allowed by the config; the only masks left are the causal diagonal, range ends,
+absent positions, documents and the *union* rule (a pair belongs to the first config in
+priority order, ``CFG[0:NPRI]``, that allows it). Sliding windows (``SLIDING``) have no
+segments: a tile is one class of the whole sequence and a key is allowed within ``LB = (w - 1)
+// r`` class steps of the query (a band, whose edges are masked like the diagonal). Sink tokens
+(last in priority) are one more key run of the last launch: positions ``< SINKS``, with the
+union mask against every config (``NCFG``).
 
-Sliding windows (``SLIDING``) have no segments: a config's tiles are one class of the whole
-sequence (``W`` is a cap, ``seg == 0``) and a key is allowed within ``LB = (w - 1) // r`` class
-steps of the query (a band in class space); the band's edges are masked like the diagonal.
-Sink tokens (last in priority) are one more key run of the last launch, the one covering every
-query: positions ``< SINKS``, with the union mask against every config (``NCFG``).
-
-All divisions and remainders here act on non-negative integers: Triton's ``//`` truncates
-while the interpreter floors, and the two only agree there.
+All divisions and remainders act on non-negative integers: Triton's ``//`` truncates while the
+interpreter floors, and the two only agree there.
 """
 
 from collections import namedtuple
@@ -30,30 +27,20 @@ LN2 = tl.constexpr(0.6931471805599453)
 # parameters (docs/kernels.md, "Kernel arguments"):
 # * a tensor as (pointer, batch stride, head stride, row stride); its last stride is 1;
 Strided = namedtuple("Strided", "ptr sb sh ss")
-# * the position maps and document ids of the call (int32 [B or 1, S]) and their batch strides
-#   (positions -> storage rows; storage row -> document id);
+# * the position maps (positions -> storage rows) and document ids (int32 [B or 1, S]) of the
+#   call, with their batch strides;
 Positions = namedtuple("Positions", "QINV sqinv KINV skinv QDOC sqdoc KDOC skdoc")
-# * the compile-time flags of the launch (one tl.constexpr argument ``F``): causal, query
-#   dilation per head, mapped positions (1 permuted, 2 with gaps), document ids, float32
-#   (IEEE dots), sliding windows, the union test's key tables (number of earlier configs in
-#   them, 0: runtime loop), whether an earlier config exists and whether a program may need
-#   the per-pair union mask on whole tiles (``kernels._may_mix``), and the sink keys (forward
-#   and dq: this launch attends to them; dk/dv: the launches add their sums);
+# * the compile-time flags (one tl.constexpr ``F``); MAPPED: 1 permuted, 2 with gaps; UTAB: the
+#   earlier configs in the union key tables (0: runtime loop); MIXED: ``kernels._may_mix``;
+#   SINK: forward and dq attend the sink keys, dk/dv add their sums;
 Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EARLIER MIXED SINK")
-# * the integers of the launch. Those the key loops read (the rate ``R``, the band ``LB`` of
-#   sliding windows, the union test's ``NPRI`` configs before this one and key-table row length
-#   ``PSZ``; the dk/dv kernel's query heads per key/value head ``GROUP`` and query storage offset
-#   ``QOFF``) are arguments, not specialised (``_SCALARS``): in the constant bank they take no
-#   registers through the loops. The others, read once before the loops or after them, are one
-#   int32 row per launch of a table made with the call's plan. As arguments Triton would
-#   specialise them (a variant per value == 1 or divisible by 16: ``do_not_specialize`` does not
-#   reach into tuples), while they vary with the pattern, the config and the positions: from
-#   the table, one set of compiled kernels serves every pattern. Heads: first head and heads of
-#   the launch's chunk; span: the keys' storage offset, the position ranges of queries and keys;
-#   tiles: first segment, classes per segment (programs), blocks per class, first block, the
-#   config's segment length; sinks: sink tokens, this call's sink keys ``[SKLO, SKHI)``, configs
-#   in priority order (read after the key loop: ``_launch_sinks``); order: launches before this
-#   one, first and last launch (read last: ``_launch_order``).
+# * the integers the key loops read (``_SCALARS``) as unspecialised arguments: in the constant
+#   bank they take no register through the loops. The others (``LAUNCH_FIELDS``) are one int32
+#   row per launch of a table made with the call's plan: as arguments Triton would specialise
+#   them (``do_not_specialize`` does not reach into tuples) while they vary with the pattern,
+#   config and positions; from the table, one set of compiled kernels serves every pattern.
+#   ``_launch_scalars`` reads them before the key loops, ``_launch_sinks`` and
+#   ``_launch_order`` after.
 _SCALARS = ["R", "LB", "NPRI", "PSZ", "GROUP", "QOFF"]
 LAUNCH_FIELDS = ("HOFF", "HCH",
                  "KOFF", "QLO", "QHI", "KLO", "KHI",
@@ -307,29 +294,21 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
              SLIDING: tl.constexpr, CAUSAL: tl.constexpr, KSIDE: tl.constexpr):
     """Range ``[ca, cb)`` of class indices of the *other* side covered by earlier configs.
 
-    One side of a tile holds positions ``[p0, p1]`` (all congruent modulo ``R``); the other side
-    runs over positions ``sbase + R*n``. An earlier config whose segment holds the whole first
-    side, and whose rate divides ``R`` (one class for all), covers every pair with a position
-    of that segment (same class) or none (per_head, another head's class). Those segments all
-    contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, ma, mb)``;
-    ``ca == cb == empty_at`` when nothing is covered, and ``[ma, mb)`` the hull of the other
-    side's class indices where an earlier config that needs the per-pair union mask (segment
-    boundary inside the tile, or rate not dividing ``R``) could cover a pair: the config's
-    segments that hold a position of ``[p0, p1]`` (its own segment; the two around the
-    boundary when the tile straddles one); empty (``ma > mb``) when no config needs it. The
-    union mask is needed nowhere else on whole tiles, and the kernels apply it only there.
-    Whether a launch can have a program with such a config at all is decided on the host
-    (``kernels._may_mix``, the kernels' ``MIXED``).
+    One side of a tile holds positions ``[p0, p1]`` (all congruent modulo ``R``); the other runs
+    over ``sbase + R*n``. An earlier config whose segment holds all of ``[p0, p1]`` and whose
+    rate divides ``R`` covers every pair with a position of that segment (or, per_head with
+    another head's class, none); those segments all contain ``[p0, p1]``, so their union is one
+    interval. Returns ``(ca, cb, ma, mb)``: ``ca == cb == empty_at`` when nothing is covered;
+    ``[ma, mb)`` the hull of the other side's class indices where a config that needs the
+    per-pair union mask (a segment boundary inside the tile, or a rate not dividing ``R``) could
+    cover a pair, empty (``ma > mb``) when none does; the kernels apply the mask only there
+    (whether a launch can need it at all: ``kernels._may_mix``, ``MIXED``).
 
-    Sliding windows (``SLIDING``): a config whose rate divides ``R`` (this head's class) covers
-    for the whole tile the other side's positions within its window of every position of
-    ``[p0, p1]`` — ``[p1 - w + 1, p0 + w - 1]``; causal, pairs past the diagonal are masked
-    anyway, so the interval is open upwards for a query tile and downwards for a key tile
-    (``KSIDE``). The windows are nested around the tile, so their union is one interval; the
-    pairs only some positions of the tile reach (the window's edge) need the per-pair mask.
-    Causal, the covered interval therefore starts at 0 for a key tile and ends at ``empty_at``
-    for a query tile (also when nothing is covered), so one of the two ranges around it is
-    always empty.
+    Sliding windows: a config whose rate divides ``R`` covers the other side's positions within
+    its window of every position of ``[p0, p1]``, ``[p1 - w + 1, p0 + w - 1]`` (nested windows:
+    one interval; the window's edges need the per-pair mask). Causal, pairs past the diagonal
+    are masked anyway, so the interval starts at 0 for a key tile (``KSIDE``) and ends at
+    ``empty_at`` for a query tile, and one of the two ranges around it is always empty.
     """
     ca = empty_at + 0 * p0
     if SLIDING and CAUSAL and KSIDE:

@@ -67,23 +67,19 @@ class KernelConfig:
     """Settings of the kernels' host code (each part of every planned call's key).
 
     Attributes:
-        blocks: the one tile override: None (the tuned sizes of ``_plan``), ``(BM, BN)`` or
-            ``(BM, BN, warps, stages)`` for every kernel (tests: small tiles, so tiny shapes
-            have many tiles and every boundary case), or per kind ``{"fwd" | "fwd1" | "dq" |
-            "dkdv": tile}`` ("fwd": every forward launch, "fwd1": the one without an earlier
-            config when given apart). Environment: ``HF_HILBERT_{FWD,FWD1,DQ,DKDV}_BLOCKS``.
-        acc_bytes: largest float32 buffer (bytes) that sums partial results over configs: the
-            forward's merge buffer, and each of the backward's dq and dk / dv sums; heads are
-            processed in chunks beyond it (``HF_HILBERT_ACC_BYTES``).
+        blocks: the tile override: None (``_plan``'s tuned sizes), ``(BM, BN[, warps, stages])``
+            for every kernel (tests: small tiles reach every boundary case), or per kind
+            ``{"fwd" | "fwd1" | "dq" | "dkdv": tile}`` ("fwd1": the forward launch without an
+            earlier config). Environment: ``HF_HILBERT_{FWD,FWD1,DQ,DKDV}_BLOCKS``.
+        acc_bytes: largest float32 buffer (bytes) summing partial results over configs (the
+            forward's, dq's, dk's and dv's); heads go in chunks beyond it
+            (``HF_HILBERT_ACC_BYTES``).
         compile_threads: threads that compile the kernels of a call side by side the first
-            time it runs. Triton's JIT compiles at launch, one kernel after the other: 10-20
-            specializations of ~5 s each for a first forward and backward; its compile releases
-            the GIL (LLVM passes, ``ptxas``), so threads scale. 1: compile in turn at launch
-            (``HF_HILBERT_COMPILE_THREADS``).
-        smem: shared memory per program the tiles are chosen for: None (the GPU's own), or
-            bytes (the compile check plans the launches of another GPU with it).
-        interpret: the Triton interpreter runs the kernels (``TRITON_INTERPRET=1``): small
-            tiles, no compile threads.
+            time it runs (Triton compiles 10-20 specializations of ~5 s at launch, one after
+            the other, releasing the GIL); 1: in turn at launch (``HF_HILBERT_COMPILE_THREADS``).
+        smem: shared memory per program the tiles are chosen for (bytes; None: the GPU's own;
+            the compile check plans another GPU's launches with it).
+        interpret: the Triton interpreter runs the kernels (``TRITON_INTERPRET=1``).
     """
 
     blocks: Optional[tuple] = None

@@ -1,16 +1,13 @@
 """Launching a planned kernel again without Triton's per-call binding.
 
-``jit_fn[grid](*args)`` binds the arguments, computes their specialization (alignment and
-divisibility of every pointer and integer) and a cache key, then launches: about 40 µs of host
-time per launch on an H200's host, and an attention call makes six to thirteen (a small model's
-short training steps are host-bound). A planned call repeats the same launches layer after layer
-with new tensors of the same layout, so after the first launch through Triton the compiled kernel
-is kept with a *guard*: the dtype and 16-byte alignment of every tensor and the value of every
-integer in the arguments. While the guard matches, Triton would pick the same compiled kernel,
-and the launch goes straight to it (``CompiledKernel.run``, as ``JITFunction.run`` ends).
-
-Only for real Triton ``JITFunction``s of a Triton whose ``JITFunction.run`` ends that way
-(checked once); the interpreter, recorded launches (``aot``) and stubs take the plain path.
+``jit_fn[grid](*args)`` binds the arguments, specializes them (alignment, divisibility) and
+builds a cache key: about 40 µs of host time per launch on an H200's host, six to thirteen per
+attention call (short steps of small models are host-bound). A planned call repeats the same
+launches with new tensors of the same layout, so after the first launch the compiled kernel is
+kept with a *guard* (each tensor's dtype and 16-byte alignment, each integer's value); while it
+matches, the launch goes straight to ``CompiledKernel.run``, as ``JITFunction.run`` ends.
+Only for real ``JITFunction``s of a Triton whose ``run`` ends that way (checked once); the
+interpreter, recorded launches (``aot``) and stubs take the plain path.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Host-side planning: position → storage maps, config order, block sizes.
 
-Two orderings run through the same kernels:
-
-* natural: queries at consecutive positions ``qoff..`` stored at index ``position - qoff``,
-  keys likewise from ``koff`` (by default keys at ``0..Sk-1`` and queries at the last ``Sq``
-  positions; a contiguous ring shard or a document slice has other offsets): no table, strided
-  loads;
-* mapped: any per-row injective map position → storage (Hilbert order, ring shards, explicit
-  ``position_ids``): an ``int32`` inverse table ``inv[b, pos]`` (``-1`` = absent) over the
-  positions in use is built once per call and read by the kernels.
-
-Unsupported (the op falls back to the PyTorch path, see ``docs/kernels.md``): negative
-positions, a position stored twice in one row (e.g. packed documents whose positions restart),
-or positions spread over more than ``MAX_SPREAD`` × the sequence length (tables and empty tiles
-would dominate).
+Two orderings run through the same kernels: natural (queries at consecutive positions ``qoff..``
+stored at ``position - qoff``, keys likewise from ``koff``: no table, strided loads), and mapped
+(any per-row injective map, e.g. Hilbert order, ring shards, explicit ``position_ids``: an
+``int32`` inverse table ``inv[b, pos]``, ``-1`` = absent, built once per call). Unsupported (the
+op falls back to the PyTorch path, ``docs/kernels.md``): negative positions, a position stored
+twice in one row (restarting packed documents), or positions spread over more than
+``MAX_SPREAD`` × the sequence length.
 """
 
 from __future__ import annotations
@@ -90,11 +83,10 @@ def plan_positions(a, pattern=None) -> tuple:
     """Build the :class:`PositionPlan` for checked inputs ``a`` (``inputs.AttnInputs``).
 
     Natural (no table) when queries and keys each sit at consecutive positions (any start, the
-    same in every row); else a position -> storage table. With ``pattern`` given, positions are
-    taken relative to the largest multiple of its period at or below the smallest position.
-    Explicit positions and document ids are planned once per (positions, document ids, period)
-    and the plan reused while those tensors are unchanged (``plan_cache``); callers must not
-    modify a returned plan (``dataclasses.replace`` makes a changed copy).
+    same in every row); else a position -> storage table. With ``pattern``, positions are taken
+    relative to the largest multiple of its period at or below the smallest one. Plans are
+    reused while the tensors are unchanged (``plan_cache``): never modify one
+    (``dataclasses.replace`` makes a changed copy).
 
     Returns:
         ``(plan, None)`` or ``(None, reason)`` when the kernels cannot take these positions.
@@ -161,15 +153,9 @@ def union_keys(prio, size: int, device) -> torch.Tensor:
 
 
 def config_order(pattern):
-    """Priority order (union rule) and launch order of the configs.
-
-    Priority: ``planning.priority`` (by rate, then segment length), so the densest config
-    (rate 1) keeps all its pairs and runs mask-free. Launch: the same, with the first (covering
-    every query) moved last so it can write the final output in place.
-
-    Returns:
-        ``(prio, launch)``: lists of ``(w, r)`` with ``w`` capped at 2**30.
-    """
+    """``(prio, launch)``: lists of ``(w, r)`` (``w`` capped at 2**30) in union priority
+    (``planning.priority``) and in launch order, the same with the first (covering every
+    query) moved last so it writes the final output in place."""
     # capped segments past every position behave alike: one of them is enough
     prio = list(dict.fromkeys((min(w, W_CAP), r) for w, r in priority_configs(pattern)))
     launch = prio[1:] + prio[:1]
@@ -187,27 +173,21 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
     if dtype == torch.float32:
         return 64, 32, 4, 2
     if first:
-        # 128 x 64 / 8 warps at head size 128 (dense pattern at 64K: 421 -> 468 TFLOP/s on an
-        # H100; longnet_lm's rate-1 launch unchanged); at 64 it lost (docs/decisions.md "The
-        # first launch's forward tile")
+        # head size 128: 421 -> 468 TFLOP/s (dense, 64K, H100); at 64 it lost
+        # (docs/decisions.md "The first launch's forward tile")
         return (128, 64, 8, 3) if d > 64 else (64, 64, 4, 3)
     if table:
-        # no spills on sm_90 (64 x 64: 80 bytes per thread; kernel_resources.py, Triton 3.6);
-        # with the tables, longnet_lm's rate-6 launch at 64K 1.86 -> 1.24 ms on an H100
-        # (docs/decisions.md)
+        # no spills on sm_90 (64 x 64 spilled; kernel_resources.py; docs/decisions.md)
         return 64, 32, 4, 3
-    # measured on H200 (docs/decisions.md): 64x64 / 4 warps beat 128x64 / 8 warps on the
-    # longnet pattern (short class runs, many boundary tiles)
+    # beat 128x64 / 8 warps on longnet_lm (short class runs; H200, docs/decisions.md)
     return 64, 64, 4, 3
 
 
 def fwd_max_registers(tile, first: bool) -> Optional[int]:
     """Register cap (``maxnreg``) of a forward launch with tile ``(BM, BN, warps, stages)``, or
-    None. The first launch at head size 64 (64 x 64, 4 warps: 57 KiB of shared memory) fits 3
-    programs per SM at up to 168 registers each. ptxas, left alone, gave it 164 registers in
-    one build and 182 (2 programs per SM, a 12 % slower forward of the default pattern at 64K
-    on an H100) after an unrelated change to the kernel's arguments; capped it takes 162 and
-    spills nothing (``kernel_resources.py``, sm_90, Triton 3.6; docs/decisions.md)."""
+    None. The first launch at head size 64 fits 3 programs per SM at up to 168 registers; ptxas
+    alone once gave it 182 (2 per SM, a 12 % slower forward on an H100); capped it takes 162 and
+    spills nothing (``kernel_resources.py``, sm_90; docs/decisions.md)."""
     return 168 if first and tuple(tile[:3]) == (64, 64, 4) else None
 
 
@@ -228,9 +208,8 @@ def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] 
     if dtype == torch.float32:
         return 32, 32, 4, 2
     if not pair and (smem is None or smem > SMALL_SMEM):
-        # a third stage: longnet_lm's rate-1 dq at 64K 4.36 -> 3.64 ms on an H100, but rates
-        # 6 and 12 (the pair mask) slower, 1.58 -> 1.84 ms (docs/decisions.md "dq stages"); it
-        # needs 128 KiB of shared memory, more than an RTX 3090/4090 has
+        # a third stage: faster without the pair mask, slower with it (docs/decisions.md "dq
+        # stages"); 128 KiB of shared memory, more than an RTX 3090/4090 has
         return 128, 64, 8, 3
     return 128, 64, 8, 2
 
@@ -238,11 +217,9 @@ def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] 
 def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None,
                 skips: bool = False):
     """(BM, BN, num_warps, num_stages) of the dk/dv kernel: BN keys per program, BM queries per
-    step. On a GPU with at most ``SMALL_SMEM`` bytes of shared memory per program (RTX 3090,
-    RTX 4090, L4, L40) head size 128 in 16-bit takes a smaller key tile: the default one does
-    not fit there (compiled for sm_86, ``tools/aot.py``). ``skips``: a launch after earlier
-    configs whose programs need no per-pair union mask (``kernels._may_mix`` False: they only
-    skip the covered queries)."""
+    step. With at most ``SMALL_SMEM`` of shared memory (RTX 3090/4090, L4, L40) head size 128
+    in 16-bit takes a smaller key tile. ``skips``: a launch after earlier configs whose programs
+    need no per-pair union mask (``kernels._may_mix`` False)."""
     bm, bn, warps, stages = bwd_blocks(d, dtype, interpret, smem)
     if interpret:
         return bm, bn, warps, stages
@@ -250,18 +227,13 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
         return DKDV_SMALL_SMEM
     if dtype == torch.float32:
         return bn, bm, warps, stages  # the dq tile, roles swapped
-    # 32 queries per step against 128 keys: 64 queries spilled 4.2 KB per thread in the union
-    # variant on sm_90 (32: 0.7 KB; kernel_resources.py, Triton 3.6); dk/dv of 64K longnet_lm
-    # 16.9 -> 14.6 ms on an H100 (docs/decisions.md). A third stage where the loops carry no
-    # union code: longnet_lm's (4096, 2) and (8192, 4) at 64K 2.01 -> 1.80 and 1.33 -> 1.21 ms
-    # on an H100, the first and the mixed launches slower with it (docs/decisions.md "Launches
-    # without mixed programs"); 115 KiB of shared memory
+    # 32 queries per step: 64 spilled in the union variant on sm_90 (kernel_resources.py). A
+    # third stage only where the loops carry no union code, the others were slower with it
+    # (115 KiB of shared memory; docs/decisions.md "Launches without mixed programs")
     stages = 3 if skips and (smem is None or smem > SMALL_SMEM) else 2
     return 32, 128, 8, stages
 
 
-# dk/dv tile (BM queries per step, BN keys per program, warps, stages) where shared memory is
-# small. Compiled for sm_86 (D 128, bf16, the union variant): 68.5 KiB of the 99 KiB and 80 bytes
-# of spills; the default 64 x 128 needs 129 KiB (100 KiB with one stage), 64 x 64 105 KiB. Not
-# yet timed on such a GPU.
+# dk/dv tile (BM, BN, warps, stages) where shared memory is small: 68.5 KiB of sm_86's 99 KiB
+# (D 128, bf16; the default needs 129 KiB). Not yet timed on such a GPU.
 DKDV_SMALL_SMEM = (32, 64, 4, 2)

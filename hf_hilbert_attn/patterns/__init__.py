@@ -1,13 +1,10 @@
 """The shipped patterns, by name, and what a pattern argument may be.
 
-The YAML files beside this module are installed with the package (``pip install .``), so a
-name such as ``"longnet_lm"`` works from anywhere: ``configure(model, "longnet_lm")``, the
-CLI's ``--pattern longnet_lm``, ``show-pattern longnet_lm``. A pattern can also be written
-inline (:data:`INLINE_FORM`, e.g. ``"256,1024:1,4:sliding:sinks=1"``); :func:`as_pattern` is the
-one parser of every form, for ``configure``, the CLI, the eval, the benchmarks and the
-fine-tune. ``default.yaml`` is the pattern
-of a model whose config has no ``hilbert_attn`` entry (why this one: ``docs/decisions.md``,
-"Quality on a trained model").
+The YAML files beside this module are installed with the package, so ``"longnet_lm"`` works
+from anywhere (``configure``, the CLI); a pattern can also be written inline
+(:data:`INLINE_FORM`, e.g. ``"256,1024:1,4:sliding:sinks=1"``). :func:`as_pattern` is the one
+parser of every form. ``default.yaml`` is the pattern of a model whose config has no
+``hilbert_attn`` entry (why this one: ``docs/decisions.md``, "Quality on a trained model").
 """
 
 from __future__ import annotations
@@ -71,9 +68,8 @@ def parse_inline(spec: str) -> DilatedPattern:
     ``DilatedPattern([256, 1024], [1, 4])``; ``:sliding`` / ``:segment`` set ``window``,
     ``:sinks=K`` sets ``sink_tokens``; the other fields keep their defaults.
 
-    Raises:
-        ValueError: naming the spec and the part that is not of the form, or the pattern's own
-        validation error (e.g. a rate larger than its segment).
+    Raises ``ValueError`` naming the spec and the bad part, or the pattern's own validation
+    error.
     """
     if ":" not in spec:
         raise ValueError(f"inline pattern {spec!r} has no ':' between segment lengths and "
@@ -105,12 +101,9 @@ def _from_frozen(frozen: tuple) -> DilatedPattern:
 def as_pattern(pattern: PatternLike) -> DilatedPattern:
     """A :class:`DilatedPattern` from a pattern, its dict, a YAML path, a shipped name
     (:func:`names`), an inline spec (:func:`parse_inline`, e.g. ``"256,1024:1,4:sinks=1"``), or
-    ``None`` (:func:`default`). Dicts are cached per distinct content, so a per-layer call costs
-    a dict walk.
-
-    Raises:
-        ValueError: an invalid pattern or an unknown name; FileNotFoundError: a missing
-        ``.yaml`` file; TypeError: anything else.
+    ``None`` (:func:`default`); dicts are cached per content (a per-layer call costs a dict
+    walk). Raises ``ValueError`` (invalid pattern, unknown name), ``FileNotFoundError`` (a
+    missing ``.yaml``) or ``TypeError`` (anything else).
     """
     if pattern is None:
         return default()

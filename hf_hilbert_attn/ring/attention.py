@@ -1,20 +1,15 @@
 """Ring dilated attention: the forward and backward over the plan's steps and pieces.
 
-Each step's pieces (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) are ordinary calls of the
-backend seam (``backends.py``, as ``dilated_attention``) with the block's true key positions; unsent entries of a received block
-are zero and never attended (the send plan is a superset of the allowed pairs).
+Each piece (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) is a call of the backend seam
+(``backends.py``) with the block's true key positions; unsent entries of a received block are
+zero and never attended (the send plan is a superset of the allowed pairs).
 
-* **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed, so
-  communication overlaps compute. A query run written by one piece takes it as it is; runs
-  written by several merge their ``(out_b, lse_b)``
-  (:func:`~hf_hilbert_attn.numerics.merge_partials`) in float32, float64 for float64 inputs.
-  Each key lives on exactly one rank, so the union rule (a key counts once) holds across steps.
-* **Backward** (custom autograd Function). K/V are re-sent with the same plan and each piece's
-  gradient comes from the *merged* ``(out, lse)``
-  (the backend's ``backward``, as :func:`~hf_hilbert_attn.ops.dilated_attention_backward`:
-  FlashAttention's ``dS = P ∘ (dP - delta)`` with the final probabilities, no forward
-  recomputation on the Triton path); each received block's dK/dV (float32, float64 for float64 inputs) go back to
-  the rank owning those keys.
+* **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed. Query runs
+  written by several pieces merge their ``(out, lse)`` (``numerics.merge_partials``, float32 or
+  float64); each key lives on one rank, so a key counts once.
+* **Backward** (custom autograd Function). K/V are re-sent with the same plan; each piece's
+  gradient comes from the *merged* ``(out, lse)`` (no forward recomputation on the Triton
+  path), and each received block's dK/dV go back to the rank owning those keys.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from ..compiler import disable_lazily
 from ..dense_heads import with_dense_heads
@@ -243,9 +239,8 @@ class _RingAttention(torch.autograd.Function):
 
 def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
                   k_doc_ids) -> AttnInputs:
-    """``check_inputs`` of a shard's call, with the ring's own rules: positions are required
-    and >= 0 (true positions), and positions and document ids are expanded to the batch (one
-    batch convention on every rank)."""
+    """``check_inputs`` of a shard's call, plus the ring's rules: positions required and >= 0,
+    positions and document ids expanded to the batch (one convention on every rank)."""
     for name, t in (("q_positions", q_positions), ("k_positions", k_positions)):
         if t is None:
             raise ValueError(f"ring_attention needs {name} (the true positions of this rank's "
@@ -266,11 +261,10 @@ def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
 
 def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, scale=None,
                     q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
-    """A shard's attention to its own keys only, computed as ring attention computes its local
-    step: per run of consecutive positions (no position tables for contiguous or zigzag
-    shards). Equals :func:`~hf_hilbert_attn.dilated_attention` with the same positions; what a
-    ring rank would cost with nothing to exchange (``bench_ring.py``'s shard-alone ideal).
-    Arguments and result as in :func:`ring_attention` without ``group``."""
+    """A shard's attention to its own keys only, as the ring computes its local step (per run
+    of consecutive positions): :func:`~hf_hilbert_attn.dilated_attention` at the same positions,
+    at a ring rank's cost without exchanges (``bench_ring.py``). Arguments and result as
+    :func:`ring_attention` without ``group``."""
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
     done = call_under_autocast(local_attention, q, k, v, pattern, **kw)
@@ -312,12 +306,9 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
             :func:`~hf_hilbert_attn.dilated_attention`).
         q_positions, k_positions: true positions ``[S]`` or ``[B, S]`` (int, >= 0) of this
             rank's queries and keys in the full sequence. Required.
-        causal, scale: as in :func:`~hf_hilbert_attn.dilated_attention`.
-        q_doc_ids, k_doc_ids: document ids of this rank's tokens, ``[S]`` or ``[B, S]``; a
-            negative key id is padding.
-        return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (as
-            ``dilated_attention``; float64 inputs merge in float64 inside).
-        backend: forwarded to ``dilated_attention`` for every block.
+        causal, scale, q_doc_ids, k_doc_ids, return_lse, backend: as in
+            :func:`~hf_hilbert_attn.dilated_attention` (for this rank's tokens; float64 inputs
+            merge in float64 inside).
 
     Returns:
         ``out`` ``[B, Hq, Sq, D]`` (rows of the full-sequence attention for this rank's queries),
@@ -327,8 +318,6 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         ValueError: bad shapes / positions, or (on every rank) ranks that disagree on shapes,
             pattern, dtype or options.
     """
-    import torch.distributed as dist
-
     if group is None or dist.get_world_size(group) == 1:
         return dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
                                  q_positions=q_positions, k_positions=k_positions,
@@ -344,8 +333,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         return with_dense_heads(ring_attention, q, k, v, pattern, **kw)
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
-    # Every layer of a model calls this with the same positions: reuse the plan when every rank
-    # still has the inputs it was made from (compared by value; one flag per rank in agree).
+    # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)
     key = (pattern, a.hq, a.hkv, bool(causal), q.device)
     entry = _PLANS.lookup(group, key, (qp, kp, kd))
     if not agree(q, k, v, pattern, causal, a.scale, qp, kp, kd, group,
@@ -356,8 +344,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                          all_kd)
         entry = _PLANS.store(group, key, (qp, kp, kd), plan,
                              plan_pieces(pattern, causal, plan, qp, kp))
-    # the autograd graph holds the group weakly: an output kept to the end of a script must not
-    # keep the process group alive past destroy_process_group() (comm.weak_group)
+    # the autograd graph holds the group weakly (comm.weak_group)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(group), entry.plan, qp, kp, a.q_doc_ids, kd,
                backend, entry.pieces)
     out, lse = _RingAttention.apply(q, k, v, ctx)

@@ -1,14 +1,7 @@
-"""The ring's communication: the active group, the agreement, the point-to-point exchanges.
-
-* :func:`sequence_parallel` / :func:`get_sequence_parallel_group` — the group the registered
-  attention runs its ring over.
-* :func:`agree` — one small ``all_gather`` of shapes / pattern / dtype, so ranks that disagree
-  raise a ``ValueError`` on *every* rank instead of hanging in a mismatched send/recv.
-* :func:`weak_group` — what the ring keeps of its group past a call (the autograd graph of an
-  output must not keep the process group alive past ``destroy_process_group()``).
-* :class:`KVExchange` — step ``j``'s needed K and V entries to ``rank + j``, from ``rank - j``
-  (``batch_isend_irecv``), double-buffered; :class:`GradExchange` — a received block's dK/dV
-  back to the rank owning those keys.
+"""The ring's communication: the active group (:func:`sequence_parallel`), the agreement
+(:func:`agree`: ranks that disagree raise on *every* rank instead of hanging), the weak group
+reference (:func:`weak_group`) and the point-to-point exchanges (:class:`KVExchange`,
+:class:`GradExchange`).
 
 Tags: step ``j`` sends K as ``4j``, V as ``4j + 1``, dK as ``4j + 2``, dV as ``4j + 3``. NCCL
 matches point-to-point operations by order, not by tag, so every pair of ranks posts them in
@@ -40,11 +33,8 @@ _ACTIVE_GROUP = []
 def sequence_parallel(group):
     """Inside this context the registered ``hilbert_dilated`` attention runs as ring attention.
 
-    Args:
-        group: a ``torch.distributed`` process group whose ranks each hold one shard of the
-            sequence (see :func:`hf_hilbert_attn.sharding.shard_batch`), or None (no ring).
-
-    Example::
+    ``group``: a process group whose ranks each hold one shard of the sequence
+    (:func:`hf_hilbert_attn.sharding.shard_batch`), or None (no ring). Example::
 
         with hf_hilbert_attn.sequence_parallel(group):
             loss = model(**shard_batch(batch, group)).loss
@@ -81,10 +71,7 @@ def _pattern_crc(pattern: DilatedPattern) -> int:
 
 def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = False) -> bool:
     """All-gather a small descriptor; raise the same ``ValueError`` on every rank on mismatch.
-
-    Also gathers each rank's ``cached`` flag (its inputs equal those of its cached plan) and
-    returns True only if every rank has it, so all ranks take the same branch.
-    """
+    Returns whether every rank's ``cached`` flag (inputs equal its cached plan's) is set."""
     meta = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
             int(causal), _pattern_crc(pattern),
             struct.unpack("<q", struct.pack("<d", float(scale)))[0],
@@ -117,14 +104,9 @@ def all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
 
 # ---------------------------------------------------------------------------------- exchanges
 def weak_group(group) -> Callable[[], Optional[object]]:
-    """A weak reference to ``group`` (None: a callable returning None).
-
-    The ring's autograd context lives as long as the caller keeps an output (a script's result
-    held to the end). A strong reference there kept the process group, its gloo worker threads
-    and sockets alive past ``destroy_process_group()`` into interpreter teardown, where a gloo
-    job was seen to abort ("terminate called without an active exception", exit -6; issue 27).
-    The group's owner keeps it alive while it is in use.
-    """
+    """A weak reference to ``group`` (None: a callable returning None): the ring's autograd
+    context lives as long as an output is kept, and a strong reference kept the group's gloo
+    threads alive into interpreter teardown, where a job aborted (exit -6; issue 27)."""
     return (lambda: None) if group is None else weakref.ref(group)
 
 

@@ -25,8 +25,8 @@ from ..planning import meets
 if TYPE_CHECKING:  # pragma: no cover
     from ..kernels._plan import PositionPlan
 
-__all__ = ["key_need", "Step", "RingPlan", "plan_ring", "MAX_RUNS", "run_ranges", "interacts",
-           "Piece", "Pieces", "plan_pieces", "CachedPlan", "PlanCache"]
+__all__ = ["key_need", "Step", "RingPlan", "plan_ring", "MAX_RUNS", "run_ranges", "Piece",
+           "Pieces", "plan_pieces", "CachedPlan", "PlanCache"]
 
 
 # ---------------------------------------------------------------------------------- send plan
@@ -34,14 +34,11 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
              q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``.
 
-    ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key row is needed for a
-    batch entry if, for some config, some query of that entry is in the key's (segment, class)
-    bucket (sliding windows: has the key's class and lies less than ``w`` positions from it)
-    and is not before it (causal), and — per_head — some query head of the kv head uses that
-    class; or if the key is a sink (position ``< sink_tokens``) and some query is not before it.
-    Documents are ignored: the result is a superset of the allowed pairs, which is all a send
-    plan needs. Exactly the pairs of ``pattern.build_mask`` otherwise (tested against it).
-    O((Sq + Sk) · log · configs + S/w·r), no S².
+    ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key is needed if, for some
+    config, a query of its batch entry is in its (segment, class) bucket (sliding: its class,
+    within ``w``), not before it (causal), of a class some query head of the kv head uses
+    (per_head); or if it is a sink some query is not before. Exactly ``pattern.build_mask``'s
+    pairs but for documents (ignored: a superset is all a send plan needs). No S² work.
     """
     dev = k_pos.device
     b = max(q_pos.shape[0], k_pos.shape[0])
@@ -92,12 +89,8 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
 def _window_reach(qp: torch.Tensor, kp: torch.Tensor, w: int, r: int, causal: bool,
                   hi: int) -> torch.Tensor:
     """bool ``[B, Sk]``: some query of the key's batch entry and class ``p ≡ s (mod r)`` lies
-    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``.
-
-    Queries sorted by (batch entry, class, position) as one int64 key; per key, one search for
-    the first query at or after the window's start, which is in the window iff it is not past
-    its end.
-    """
+    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``. One
+    search per key among the queries sorted by (batch entry, class, position)."""
     b = qp.shape[0]
     dev = qp.device
     lo_off = 0 if causal else w - 1
@@ -185,8 +178,8 @@ def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: in
         k_doc_ids: per group rank ``[Bd, S]`` or None.
 
     Returns:
-        A :class:`RingPlan`. A pure function of its arguments, so sender and receiver compute
-        matching halves of each exchange without telling each other sizes.
+        A :class:`RingPlan`, a pure function of its arguments: sender and receiver compute
+        matching halves of each exchange without exchanging sizes.
     """
     world = len(k_positions)
     plan = RingPlan(rank, world, hkv)
@@ -209,8 +202,8 @@ MAX_RUNS = 16  # more runs of consecutive positions than this: one mapped call p
 
 
 def _runs(pos: torch.Tensor):
-    """Maximal storage ranges of consecutive positions ``[(lo, hi, first position)]`` when every
-    batch row has the same positions and there are at most ``MAX_RUNS``; else None."""
+    """Storage ranges of consecutive positions ``[(lo, hi, first position)]``, or None when batch
+    rows differ or there are more than ``MAX_RUNS``."""
     if pos.shape[1] == 0:
         return []
     if pos.shape[0] > 1 and not bool((pos == pos[:1]).all()):
@@ -225,25 +218,13 @@ def _runs(pos: torch.Tensor):
 
 
 def run_ranges(pos: torch.Tensor) -> List[Tuple[int, int, Tuple[int, int]]]:
-    """``[(lo, hi, (first, last position))]``: the storage ranges ``[lo, hi)`` of ``pos``
-    ``[Bp, S]`` that hold consecutive positions, or the whole shard as one range when it has more
-    than :data:`MAX_RUNS` runs or its batch rows differ (then ``(first, last)`` are its min and
-    max)."""
+    """``[(lo, hi, (first, last position))]``: the storage ranges of ``pos`` ``[Bp, S]`` holding
+    consecutive positions, else (:func:`_runs` None) the whole shard with its min and max."""
     runs = _runs(pos)
     if runs is None:
         runs = [(0, pos.shape[1], None)]
     return [(lo, hi, (f, f + hi - lo - 1) if f is not None
              else (int(pos[:, lo:hi].min()), int(pos[:, lo:hi].max()))) for lo, hi, f in runs]
-
-
-def interacts(pattern: DilatedPattern, causal: bool, q_rng: Tuple[int, int],
-              k_rng: Tuple[int, int]) -> bool:
-    """Whether the query and key position ranges ``[lo, hi]`` can hold an allowed pair: some
-    config's segment holds positions of both (sliding windows: the ranges come within ``w``),
-    or the key range holds a sink; and, causal, some key is not after some query. A superset
-    test (classes and documents are ignored), so no allowed pair is dropped
-    (``planning.meets``)."""
-    return meets(pattern, causal, q_rng, k_rng)
 
 
 def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -> Tuple[int, int]:
@@ -265,15 +246,11 @@ def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -
 
 @dataclass(eq=False)
 class Piece:
-    """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` against key rows
-    ``[ks, ke)`` of the step's block. The query rows are the part of run ``run`` whose
-    positions can reach the keys (a sliding window's reach into the previous shard: the first
-    ``w_max`` rows, not the whole shard).
-
-    The kernels' position plan of the piece is made on its first call that goes to the kernels
-    and kept here, with the cached ring plan, so later layers and the backward plan nothing
-    again (no host syncs): ``kernel_planned`` says it was made, and ``kernel_plan`` is then the
-    plan, or None when the kernels cannot take these positions (the PyTorch path runs).
+    """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` (the part of run
+    ``run`` whose positions can reach the keys) against key rows ``[ks, ke)`` of the step's
+    block. The kernels' position plan is made on the first kernel call and kept here with the
+    cached ring plan, so later layers and the backward plan nothing again: ``kernel_planned``
+    says it was made, ``kernel_plan`` is it, or None (the PyTorch path runs).
     """
 
     qs: int
@@ -298,11 +275,9 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
                 k_pos: torch.Tensor) -> Pieces:
     """Pieces of every step, the query runs, and how many pieces write each query run.
 
-    Query rows are split into runs of consecutive positions; the local block (step 0) is split
-    into key runs too, so a contiguous or zigzag shard runs the kernels on consecutive
-    positions (no position table, no masks beyond the pattern's) and skips run pairs that no
-    segment joins. A received block (rows chosen by the send plan) stays one call per query
-    run whose positions its key range can reach.
+    Query rows are split into runs of consecutive positions, and the local block (step 0) into
+    key runs too, so contiguous and zigzag shards run the kernels in natural order and skip run
+    pairs no segment joins; a received block is one call per query run it can reach.
     """
     qruns = run_ranges(q_pos)
     consecutive = _runs(q_pos) is not None  # run rows hold positions first, first + 1, ...
@@ -310,7 +285,7 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
     def reach(ks, ke, krng):
         out = []
         for i, (qs, qe, qrng) in enumerate(qruns):
-            if not interacts(pattern, causal, qrng, krng):
+            if not meets(pattern, causal, qrng, krng):
                 continue
             if consecutive:  # only the rows whose positions can reach the keys
                 lo, hi = _query_span(pattern, causal, krng)
@@ -352,14 +327,11 @@ class CachedPlan:
 
 
 class PlanCache:
-    """The last plans per process group (held weakly: a destroyed group's plans go with it), one
-    per key (pattern, heads, causal, device) — a layer with dense heads runs two rings, one
-    sparse and one dense, so two keys alternate — and at most ``PER_GROUP`` keys.
-
-    Every layer of a model calls ring attention with the same positions, so the plan made for
-    the first layer serves the others; a rank uses it only if every rank of the group still has
-    the inputs it was made from (the ring's agreement gathers one flag per rank), so all ranks
-    take the same branch.
+    """The last plans per process group (held weakly), one per key (pattern, heads, causal,
+    device; a layer with dense heads runs a sparse and a dense ring), at most ``PER_GROUP``.
+    Every layer calls the ring with the same positions, so the first layer's plan serves the
+    others; a rank uses it only if every rank still has its inputs (one flag per rank in the
+    agreement), so all ranks take the same branch.
     """
 
     PER_GROUP = 4

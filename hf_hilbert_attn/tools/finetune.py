@@ -61,13 +61,13 @@ import hf_hilbert_attn
 from hf_hilbert_attn import patterns
 from hf_hilbert_attn.integrations.accelerate import (
     reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
-from hf_hilbert_attn.long_context import LOSS_BACKENDS, offload_checkpoints, tile_mlp
+from hf_hilbert_attn.long_context import offload_checkpoints, tile_mlp
 from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
-from hf_hilbert_attn.training import (MODEL_SHAPES, CausalLMWithLoss, compile_layers,
-                                      enable_checkpointing)
+from hf_hilbert_attn.training import LOSS_BACKENDS, enable_checkpointing
 
 from .evaluation._args import InputError, InputNotFound, missing_extra, resolve_pattern
 from .finetune_data import ByteTokenizer, RetrievalMix, load_texts, pack, step_batch
+from .models import MODEL_SHAPES, CausalLMWithLoss, compile_layers
 
 logger = logging.getLogger("finetune")
 PROG = "finetune.py"

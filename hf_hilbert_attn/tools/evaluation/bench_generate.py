@@ -46,12 +46,12 @@ def parse_tokens(text: str) -> int:
 
 
 def build_model(shape: str, dtype: torch.dtype, device: torch.device, pattern, seed: int = 0):
-    """A random-initialised ``LlamaForCausalLM`` of ``training.MODEL_SHAPES[shape]`` in eval mode,
+    """A random-initialised ``LlamaForCausalLM`` of ``models.MODEL_SHAPES[shape]`` in eval mode,
     running ``hilbert_dilated`` with ``pattern``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import hf_hilbert_attn
-    from hf_hilbert_attn.training import MODEL_SHAPES
+    from hf_hilbert_attn.tools.models import MODEL_SHAPES
 
     config = LlamaConfig(max_position_embeddings=1 << 22, **MODEL_SHAPES[shape])
     torch.manual_seed(seed)

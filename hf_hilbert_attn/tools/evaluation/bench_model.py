@@ -29,8 +29,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from hf_hilbert_attn.long_context import liger_available, lm_loss, offload_checkpoints, tile_mlp
-from hf_hilbert_attn.training import MODEL_SHAPES, compile_layers, enable_checkpointing
+from hf_hilbert_attn.long_context import offload_checkpoints, tile_mlp
+from hf_hilbert_attn.training import enable_checkpointing, liger_available, lm_loss
+
+from ..models import MODEL_SHAPES, compile_layers
 
 from ._args import (InputError, check_device, length_type, positive_int, report_input_errors,
                     results_dir, show_progress)

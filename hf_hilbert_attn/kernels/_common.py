@@ -294,21 +294,29 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
              SLIDING: tl.constexpr, CAUSAL: tl.constexpr, KSIDE: tl.constexpr):
     """Range ``[ca, cb)`` of class indices of the *other* side covered by earlier configs.
 
-    One side of a tile holds positions ``[p0, p1]`` (all congruent modulo ``R``); the other runs
-    over ``sbase + R*n``. An earlier config whose segment holds all of ``[p0, p1]`` and whose
-    rate divides ``R`` covers every pair with a position of that segment (or, per_head with
-    another head's class, none); those segments all contain ``[p0, p1]``, so their union is one
-    interval. Returns ``(ca, cb, ma, mb)``: ``ca == cb == empty_at`` when nothing is covered;
-    ``[ma, mb)`` the hull of the other side's class indices where a config that needs the
-    per-pair union mask (a segment boundary inside the tile, or a rate not dividing ``R``) could
-    cover a pair, empty (``ma > mb``) when none does; the kernels apply the mask only there
-    (whether a launch can need it at all: ``kernels._may_mix``, ``MIXED``).
+    One side of a tile holds positions ``[p0, p1]`` (all congruent modulo ``R``); the other side
+    runs over positions ``sbase + R*n``. An earlier config whose segment holds the whole first
+    side, and whose rate divides ``R`` (one class for all), covers every pair with a position
+    of that segment (same class) or none (per_head, another head's class). Those segments all
+    contain ``[p0, p1]``, so their union is one interval. Returns ``(ca, cb, ma, mb)``;
+    ``ca == cb == empty_at`` when nothing is covered, and ``[ma, mb)`` the hull of the other
+    side's class indices where an earlier config that needs the per-pair union mask (segment
+    boundary inside the tile, or rate not dividing ``R``) could cover a pair: the config's
+    segments that hold a position of ``[p0, p1]`` (its own segment; the two around the
+    boundary when the tile straddles one); empty (``ma > mb``) when no config needs it. The
+    union mask is needed nowhere else on whole tiles, and the kernels apply it only there.
+    Whether a launch can have a program with such a config at all is decided on the host
+    (``kernels._may_mix``, the kernels' ``MIXED``).
 
-    Sliding windows: a config whose rate divides ``R`` covers the other side's positions within
-    its window of every position of ``[p0, p1]``, ``[p1 - w + 1, p0 + w - 1]`` (nested windows:
-    one interval; the window's edges need the per-pair mask). Causal, pairs past the diagonal
-    are masked anyway, so the interval starts at 0 for a key tile (``KSIDE``) and ends at
-    ``empty_at`` for a query tile, and one of the two ranges around it is always empty.
+    Sliding windows (``SLIDING``): a config whose rate divides ``R`` (this head's class) covers
+    for the whole tile the other side's positions within its window of every position of
+    ``[p0, p1]`` — ``[p1 - w + 1, p0 + w - 1]``; causal, pairs past the diagonal are masked
+    anyway, so the interval is open upwards for a query tile and downwards for a key tile
+    (``KSIDE``). The windows are nested around the tile, so their union is one interval; the
+    pairs only some positions of the tile reach (the window's edge) need the per-pair mask.
+    Causal, the covered interval therefore starts at 0 for a key tile and ends at ``empty_at``
+    for a query tile (also when nothing is covered), so one of the two ranges around it is
+    always empty.
     """
     ca = empty_at + 0 * p0
     if SLIDING and CAUSAL and KSIDE:

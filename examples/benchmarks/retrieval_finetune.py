@@ -37,7 +37,6 @@ CPU, every code path in well under a minute.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shlex
@@ -58,13 +57,10 @@ except ModuleNotFoundError:  # running from a checkout without `pip install -e .
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import hf_hilbert_attn as H
-from hf_hilbert_attn.tools.evaluation.calibrate import calibrate, model_density
+from hf_hilbert_attn.tools.evaluation.calibrate import calibrate
 from hf_hilbert_attn.tools.evaluation.corpus import tokenize_corpus
-from hf_hilbert_attn.tools.evaluation.passkey import evaluate_passkey_teacher_forced
-from hf_hilbert_attn.tools.evaluation.perplexity import perplexity_batched
 from hf_hilbert_attn.tools.evaluation.quality_data import read_documents
 from hf_hilbert_attn.tools.evaluation.report import markdown_table
-from hf_hilbert_attn.tools.evaluation.ruler_report import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrieval_study as shared  # noqa: E402  (the row evaluation, log, lengths)
@@ -237,10 +233,7 @@ FIELDS = ["method", "row", "stage", "mix", "task", "length", "value", "n", "corr
 def write_report(rows: list, train: dict, out: Path, cfg: dict, notes: list) -> None:
     for r in rows:
         r.update(train.get(r["method"], {}))
-    with (out / "retrieval_finetune.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    shared.write_csv(out / "retrieval_finetune.csv", FIELDS, rows)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     val = {(r["method"], r["task"], r["length"]): r for r in rows}
     first = {m: next(r for r in rows if r["method"] == m) for m in methods}

@@ -181,13 +181,17 @@ def evaluate_row(model, tok, cfg, tokens, documents, row: str, rows: list, meta:
 
 
 # ----------------------------------------------------------------------------- report
-def write_report(rows: list, out: Path, cfg: dict, notes: list) -> None:
-    fields = ["method", "task", "length", "value", "n", "correct", "density", "pattern",
-              "dense_kv_heads"]
-    with (out / "retrieval.csv").open("w", newline="") as f:
+def write_csv(path: Path, fields: list, rows: list) -> None:
+    """The rows' ``fields`` as a CSV file (other keys left out)."""
+    with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+def write_report(rows: list, out: Path, cfg: dict, notes: list) -> None:
+    write_csv(out / "retrieval.csv", ["method", "task", "length", "value", "n", "correct",
+                                      "density", "pattern", "dense_kv_heads"], rows)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     val = {(r["method"], r["task"], r["length"]): r for r in rows}
     ref = "dense" if "dense" in methods else None

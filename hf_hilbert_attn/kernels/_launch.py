@@ -44,46 +44,25 @@ def fast_launches_enabled() -> bool:
     return _OK
 
 
-def _guard_deep(x, out: list) -> None:
-    """:func:`_guard` of one value, any nesting."""
-    if isinstance(x, torch.Tensor):
-        out.append((x.dtype, x.data_ptr() & 15 == 0))
-    elif isinstance(x, tuple):
-        for y in x:
-            _guard_deep(y, out)
-    elif isinstance(x, bool):
-        out.append((bool, x))  # True == 1, but Triton types it apart
-    elif isinstance(x, int):
-        out.append(x)
-    else:
-        out.append(type(x))  # floats: not specialized
-
-
 def _guard(args: tuple) -> tuple:
-    """What Triton specializes ``args`` on: tensors' dtype and 16-byte alignment, ints' values,
-    other values' types. The launchers' arguments are tensors, numbers and tuples of those (one
-    level: ``Strided``, ``Positions``, tables), so two flat loops do it (a third of the time of
-    a recursion per value, which mattered: 60 values a launch); deeper tuples recurse."""
+    """What Triton specializes ``args`` on, flat: tensors' dtype and 16-byte alignment, ints'
+    values, bools apart from ints (``True == 1``, but Triton types them apart), other values'
+    types (floats are not specialized). One loop over the values, a call per tuple (``Strided``,
+    ``Positions``, tables), not per value: about 60 values a launch."""
     out = []
     ap = out.append
-    tensor = torch.Tensor
     for x in args:
         tx = type(x)
         if tx is int:
             ap(x)
-        elif isinstance(x, tensor):
+        elif isinstance(x, torch.Tensor):
             ap((x.dtype, x.data_ptr() & 15 == 0))
         elif isinstance(x, tuple):
-            for y in x:
-                ty = type(y)
-                if ty is int:
-                    ap(y)
-                elif isinstance(y, tensor):
-                    ap((y.dtype, y.data_ptr() & 15 == 0))
-                else:
-                    _guard_deep(y, out)
+            out.extend(_guard(x))
+        elif tx is bool:
+            ap((bool, x))
         else:
-            _guard_deep(x, out)
+            ap(tx)
     return tuple(out)
 
 

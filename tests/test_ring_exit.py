@@ -89,3 +89,33 @@ def test_ring_graph_releases_a_destroyed_group():
     for released, error in run_distributed(_destroyed_group_is_released, 2, timeout=120):
         assert released, "the ring output's autograd graph keeps its process group alive"
         assert error is not None and "process group of this 2-rank ring was destroyed" in error
+
+
+def _sp_group_is_released(rank, world):
+    import torch.distributed as dist
+
+    from hf_hilbert_attn.integrations.accelerate import sequence_parallel_topology
+
+    topo = sequence_parallel_topology(None, world)
+    same = sequence_parallel_topology(None, world).group is topo.group  # cached while it lives
+    x = torch.ones(2)
+    dist.all_reduce(x, group=topo.group)
+    ref = weakref.ref(topo.group)
+    dist.destroy_process_group(topo.group)
+    del topo
+    gc.collect()
+    released = ref() is None
+    again = sequence_parallel_topology(None, world)  # a new group, which works
+    y = torch.ones(2)
+    dist.all_reduce(y, group=again.group)
+    return same, released, y.tolist()
+
+
+def test_sequence_parallel_group_is_not_kept_past_its_destruction():
+    """The topology's cache holds its SP groups weakly: a group kept past
+    ``destroy_process_group()`` runs its gloo threads into interpreter teardown (the exit hang of
+    a sequence-parallel fine-tune, CI 2026-11-27)."""
+    for same, released, y in run_distributed(_sp_group_is_released, 2, timeout=120):
+        assert same, "sequence_parallel_topology made a second group for the same split"
+        assert released, "the SP-group cache keeps a destroyed group alive"
+        assert y == [2.0, 2.0]

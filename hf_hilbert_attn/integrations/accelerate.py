@@ -18,6 +18,7 @@ gradient of single-process training (:func:`average_gradients` without DDP).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -47,16 +48,20 @@ class SPTopology:
     source: str
 
 
-_SPLIT_CACHE = {}
+# (world, sp) -> weak references to the SP groups: torch's registry owns a group until
+# destroy_process_group(); a group this cache kept past that ran its gloo threads into interpreter
+# teardown, where a job could hang or abort at exit (as the ring's once did; tests/test_ring_exit)
+_SPLIT_CACHE: dict = {}
 
 
 def _split_groups(world: int, sp: int):
     key = (world, sp)
-    if key not in _SPLIT_CACHE:
+    groups = [ref() for ref in _SPLIT_CACHE.get(key, ())]
+    if not groups or any(g is None for g in groups):
         # every rank must create every group, in the same order
-        _SPLIT_CACHE[key] = [dist.new_group(list(range(i * sp, (i + 1) * sp)))
-                             for i in range(world // sp)]
-    return _SPLIT_CACHE[key]
+        groups = [dist.new_group(list(range(i * sp, (i + 1) * sp))) for i in range(world // sp)]
+        _SPLIT_CACHE[key] = [weakref.ref(g) for g in groups]
+    return groups
 
 
 def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) -> SPTopology:

@@ -116,7 +116,8 @@ class TritonBackend:
         dilated_fwd = _kernels().dilated_fwd
         plan, why = self._plan(a, pattern, plan)
         if plan is not None:
-            return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse)
+            return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse,
+                               skip=a.skip_kv_heads)
         runs = document_runs(q, k, v, pattern, a)
         if runs is not None:  # packed documents: one kernel call per document, in place
             out = torch.zeros_like(q) if out is None else out.zero_()
@@ -125,7 +126,7 @@ class TritonBackend:
             for b, lo, hi, sub_plan in runs:
                 sl = (slice(b, b + 1), slice(None), slice(lo, hi))
                 dilated_fwd(q[sl], k[sl], v[sl], pattern, a.scale, causal, sub_plan, out=out[sl],
-                            lse=lse[sl])
+                            lse=lse[sl], skip=a.skip_kv_heads)
             return out, lse
         _warn_fallback(why)
         o, l = TORCH.forward(q, k, v, pattern, a, causal)
@@ -138,7 +139,7 @@ class TritonBackend:
         plan, _ = self._plan(a, pattern, plan)
         if plan is not None:
             return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan,
-                               *grads)
+                               *grads, skip=a.skip_kv_heads)
         runs = document_runs(q, k, v, pattern, a)
         if runs is not None:  # packed documents, as in the forward
             dq, dk, dv = (torch.zeros_like(t) if g is None else g.zero_()
@@ -147,7 +148,7 @@ class TritonBackend:
                 sl = (slice(b, b + 1), slice(None), slice(lo, hi))
                 dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
                             None if dlse is None else dlse[sl], pattern, a.scale, causal,
-                            sub_plan, dq[sl], dk[sl], dv[sl])
+                            sub_plan, dq[sl], dk[sl], dv[sl], skip=a.skip_kv_heads)
             return dq, dk, dv
         # anything else: differentiate the PyTorch path (the forward's fallback)
         return TORCH.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads)

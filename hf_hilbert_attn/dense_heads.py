@@ -6,7 +6,8 @@ that knows nothing of them:
 
 * the sparse pattern (``pattern.sparse_part``) over **all** heads (per_head classes are ``h % r``
   of the absolute head index, so the sparse heads cannot be gathered without renumbering); the
-  dense heads' share is discarded;
+  dense heads' share is discarded, and the call is told so (``_skip_kv_heads``): the kernels
+  launch no program for those heads and give them zero gradients;
 * the one-config pattern ``[(2**30, 1)]`` over the dense heads' slice (plain attention: SDPA /
   FlashAttention where nothing else applies), whose result replaces theirs.
 
@@ -58,7 +59,8 @@ def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torc
                    _select(v, kvi, pattern.dense_kv_heads), DENSE, return_lse=return_lse, **kwargs)
     if len(pattern.dense_kv_heads) == hkv:
         return dense
-    sparse = attend(q, k, v, pattern.sparse_part, return_lse=return_lse, **kwargs)
+    sparse = attend(q, k, v, pattern.sparse_part, return_lse=return_lse,
+                    _skip_kv_heads=pattern.dense_kv_heads, **kwargs)
     if not return_lse:
         return sparse.index_copy(1, qi, dense)
     return sparse[0].index_copy(1, qi, dense[0]), sparse[1].index_copy(1, qi, dense[1])

@@ -35,6 +35,9 @@ class AttnInputs:
     q_doc_ids: Optional[torch.Tensor]  # [Bd, Sq] int64 or None
     k_doc_ids: Optional[torch.Tensor]  # [Bd, Sk] int64 or None
     natural_positions: bool  # positions were not given (queries/keys at arange)
+    # key/value heads whose results the caller discards (dense_heads.py): out/lse of their query
+    # heads unspecified, gradients arriving for them zero; the kernels skip them
+    skip_kv_heads: tuple = ()
 
 
 def _positions(name, t, batch, length, device, default):

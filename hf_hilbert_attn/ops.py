@@ -9,12 +9,12 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .backends import TRITON, select_backend, use_triton
+from .backends import TRITON, use_triton
 from .chunked import chunked_attention
 from .dense_heads import with_dense_heads
 from .hilbert import in_storage_order, storage_ordering
 from .inputs import check_inputs
-from .numerics import accum_dtype, call_under_autocast
+from .numerics import call_under_autocast
 from .pattern import ORDERINGS, DilatedPattern
 # a call may skip the custom ops when eager, under no torch.func transform (the condition under
 # which plans are memoised): torch.compile and transforms need the ops and their formulas
@@ -27,7 +27,8 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
                       k_positions: Optional[torch.Tensor] = None,
                       q_doc_ids: Optional[torch.Tensor] = None,
                       k_doc_ids: Optional[torch.Tensor] = None, return_lse: bool = False,
-                      backend: str = "auto", ordering: Optional[str] = None):
+                      backend: str = "auto", ordering: Optional[str] = None,
+                      _skip_kv_heads: tuple = ()):
     """LongNet-style dilated attention (the rule: README "The pattern", ``pattern.py``),
     differentiable.
 
@@ -65,7 +66,7 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
     cast = call_under_autocast(  # under torch.autocast: cast like SDPA, compute with it off
         dilated_attention, q, k, v, pattern, causal=causal, scale=scale, q_positions=q_positions,
         k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
-        backend=backend, ordering=ordering)
+        backend=backend, ordering=ordering, _skip_kv_heads=_skip_kv_heads)
     if cast is not None:
         return cast
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
@@ -85,8 +86,11 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
             storage_ordering(pattern, a.sq, a.head_dim, q.device, ordering) == "hilbert":
         return in_storage_order(dilated_attention, q, k, v, pattern, causal=causal, scale=a.scale,
                                 q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
-                                return_lse=return_lse, backend=backend)
+                                return_lse=return_lse, backend=backend,
+                                _skip_kv_heads=_skip_kv_heads)
     if triton:
+        # _skip_kv_heads (dense_heads.py, private): heads whose results the caller discards
+        a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads))
         out, lse = _kernel_attention(q, k, v, pattern, a, causal)
     else:
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
@@ -190,76 +194,6 @@ def _kernel_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
 @_bwd_op.register_fake
 def _(dout, dlse, q, k, v, out, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def dilated_attention_backward(dout, q, k, v, out, lse, pattern: DilatedPattern, *, dlse=None,
-                               causal: bool = True, scale: Optional[float] = None,
-                               q_positions=None, k_positions=None, q_doc_ids=None,
-                               k_doc_ids=None, backend: str = "auto", dq=None, dk=None, dv=None,
-                               plan=None):
-    """Gradients of one piece of an attention split over disjoint key sets (ring attention:
-    one :func:`dilated_attention` call per key block, merged through their log-sum-exps).
-
-    Given the *merged* ``out`` and ``lse`` of these rows, the gradient of the merged output
-    with respect to this call's ``q``, ``k``, ``v``, without recomputing the forward on the
-    Triton path; summing ``dq`` over the pieces gives the full ``dq``. With the call's own
-    ``(out, lse)`` it is the ordinary backward.
-
-    Args:
-        dout: ``[B, Hq, Sq, D]`` gradient of the merged output; ``dlse`` ``[B, Hq, Sq]`` that of
-            the merged lse (None: 0).
-        q, k, v, pattern, causal, scale, positions, doc ids, backend: as in
-            :func:`dilated_attention` for this piece (views of longer sequences are fine).
-        out, lse: the merged output and float32 lse of these query rows.
-        dq, dk, dv: optional tensors (e.g. views into the full gradients) to write into: in
-            place on the Triton path, by a copy otherwise.
-        plan: :func:`position_plan`'s result for these positions, not to plan them again.
-
-    Returns:
-        ``(dq, dk, dv)`` in the dtypes of ``q``, ``k``, ``v``.
-    """
-    _no_dense_heads(pattern, "dilated_attention_backward")
-    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
-    # float64 inputs keep a float64 lse (the PyTorch path; the kernels take float32 only)
-    lse = lse.to(accum_dtype(q.dtype))
-    dlse = None if dlse is None else dlse.to(accum_dtype(q.dtype))
-    return select_backend(q, a, backend).backward(dout, dlse, q, k, v, out, lse, pattern, a,
-                                                  causal, grads=(dq, dk, dv), plan=plan)
-
-
-def attention_forward_into(q, k, v, pattern: DilatedPattern, *, out, lse, causal: bool = True,
-                           scale: Optional[float] = None, q_positions=None, k_positions=None,
-                           q_doc_ids=None, k_doc_ids=None, backend: str = "auto", plan=None):
-    """:func:`dilated_attention` without autograd, writing ``out`` and ``lse`` into the given
-    tensors (e.g. views into a longer sequence's result): in place on the Triton path, by a copy
-    otherwise. ``lse`` is float32 (float64 inputs: float64, so the ring merges them without a
-    float32 step). ``plan``: as in :func:`dilated_attention_backward`. Returns ``(out, lse)``."""
-    _no_dense_heads(pattern, "attention_forward_into")
-    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
-    return select_backend(q, a, backend).forward(q, k, v, pattern, a, causal, out=out, lse=lse,
-                                                 plan=plan)
-
-
-def position_plan(q, k, v, pattern: DilatedPattern, *, q_positions=None, k_positions=None,
-                  backend: str = "auto"):
-    """The kernels' ``PositionPlan`` for these positions (without document ids); ``False`` when
-    the kernels cannot take them (PyTorch path); None when the call would not go to the kernels
-    (decided per call: nothing to keep). Planning syncs with the host; a caller repeating a call
-    at the same positions (the ring) passes the plan back through ``plan=``, with its document
-    ids attached (:func:`with_documents`)."""
-    _no_dense_heads(pattern, "position_plan")
-    a = check_inputs(q, k, v, pattern, q_positions=q_positions, k_positions=k_positions)
-    return select_backend(q, a, backend).position_plan(a, pattern)
-
-
-def _no_dense_heads(pattern: DilatedPattern, name: str) -> None:
-    # The piece-level entry points serve callers that split dense heads off first (ring).
-    if pattern.dense_kv_heads:
-        raise ValueError(f"{name} takes a pattern without dense_kv_heads (got "
-                         f"{list(pattern.dense_kv_heads)}); split them with "
-                         f"hf_hilbert_attn.dense_heads.with_dense_heads, or call dilated_attention")
 
 
 def with_documents(plan, q_doc_ids, k_doc_ids):

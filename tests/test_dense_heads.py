@@ -128,6 +128,54 @@ def test_triton_interpreter_matches_reference():
     _compare(p, q, k, v, 2e-5, backend="triton")
 
 
+def _planned_heads(items, fields):
+    """{config launch: sorted heads its launches cover} of a plan's items (launch rows)."""
+    hoff, hch, nl = (fields.index(f) for f in ("HOFF", "HCH", "NLAUNCHED"))
+    heads = {}
+    for _, row, _, _ in items:
+        h0, n, li = (int(row[i]) for i in (hoff, hch, nl))
+        heads.setdefault(li, []).extend(range(h0, h0 + n))
+    return {li: sorted(h) for li, h in heads.items()}
+
+
+def test_kernels_launch_nothing_for_skipped_heads():
+    # the plans of a call that skips key/value head 1 of 3 (2 query heads each), one head per
+    # float32 chunk: every other head once per config launch, none of the skipped ones
+    from hf_hilbert_attn import kernels
+    from hf_hilbert_attn.inputs import check_inputs
+    from hf_hilbert_attn.kernels._common import LAUNCH_FIELDS
+
+    p = DilatedPattern([8, 16], [1, 2], sink_tokens=1)
+    q, k, v = _inputs(2, 6, 3, 40, 16, dtype=torch.float32)
+    a = check_inputs(q, k, v, p)
+    plan, _ = kernels.plan_positions(a, p)
+    with kernels.configured(acc_bytes=40 * 16 * 4 * 2) as cfg:  # one head (B = 2) per chunk
+        shape = (2, 6, 3, 40, 40, 16)
+        calls = {skip: kernels.Call(p, plan, shape, torch.float32, q.device, True, cfg, skip)
+                 for skip in ((), (1,))}
+        fwd = {skip: _planned_heads(kernels.plan_fwd(c).items, LAUNCH_FIELDS)
+               for skip, c in calls.items()}
+        bwd = {skip: kernels.plan_bwd(c) for skip, c in calls.items()}
+    assert len(fwd[()]) > 1  # several config launches, chunked
+    assert all(h == list(range(6)) for h in fwd[()].values()), fwd[()]
+    assert all(h == [0, 1, 4, 5] for h in fwd[(1,)].values()), fwd[(1,)]
+    assert all(h == [0, 1, 4, 5] for h in _planned_heads(bwd[(1,)].dq_items, LAUNCH_FIELDS)
+               .values())
+    assert all(h == [0, 2] for h in _planned_heads(bwd[(1,)].kv_items, LAUNCH_FIELDS).values())
+
+
+@pytest.mark.parametrize("dense", [[1], [0, 2], [2]])
+def test_triton_interpreter_skips_dense_heads_exactly(dense):
+    # the sparse call skips the dense heads (chunks around them, one head per chunk): outputs,
+    # lse and every gradient as the reference's
+    from hf_hilbert_attn import kernels
+
+    p = DilatedPattern([8, 16], [1, 2], sink_tokens=1, dense_kv_heads=dense)
+    q, k, v = _inputs(1, 6, 3, 29, 16, dtype=torch.float32)
+    with kernels.configured(acc_bytes=29 * 16 * 4):
+        _compare(p, q, k, v, 2e-5, backend="triton")
+
+
 def test_sdpa_serves_calls_the_pattern_makes_dense(monkeypatch):
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
@@ -149,15 +197,6 @@ def test_sdpa_serves_calls_the_pattern_makes_dense(monkeypatch):
     # dense heads of a sparse pattern take SDPA for their slice
     dilated_attention(*_inputs(1, 4, 2, 80, 8), p.replace(dense_kv_heads=[1]))
     assert len(calls) == 3 and calls[2]["enable_gqa"]
-
-
-def test_piece_level_entry_points_refuse_dense_heads():
-    from hf_hilbert_attn.ops import attention_forward_into
-
-    p = DilatedPattern([8], [1], dense_kv_heads=[0])
-    q, k, v = (t.detach() for t in _inputs(1, 2, 1, 8, 8))
-    with pytest.raises(ValueError, match="without dense_kv_heads"):
-        attention_forward_into(q, k, v, p, out=torch.empty_like(q), lse=q.new_empty(1, 2, 8))
 
 
 # ------------------------------------------------------------------------------- the model

@@ -161,19 +161,21 @@ def _worker_cases(rank, world, seeds):
 def _worker_triton(rank, world, cases):
     """The ring over the Triton kernels (interpreter on CPU, float32): query and key runs at
     offsets (contiguous, zigzag), remote pieces through position tables, GQA (2 query heads on
-    1 kv head), both modes, causal and not, packed documents whose positions restart plus
-    padding."""
+    1 kv head; with dense heads 2 on 2, key/value head 1 dense: its sparse share skipped), both
+    modes, causal and not, packed documents whose positions restart plus padding."""
     import torch.distributed as dist
 
     from hf_hilbert_attn import kernels
 
     kernels.configure(blocks=(16, 16))
     out = []
-    for i, layout, mode, causal, docs, grads in cases:
+    for i, layout, mode, causal, docs, grads, dense in cases:
         # shards of 21-22 rows: two 16-row tiles, the 32-segment crosses the shard boundary;
         # with documents s is odd, so the last shard ends in padding
-        c = dict(pattern=DilatedPattern([8, 16, 32], [1, 2, 4], query_dilation=mode),
-                 s=40 + 2 * world + int(docs), hq=2, hkv=1, d=16, b=1, causal=causal,
+        c = dict(pattern=DilatedPattern([8, 16, 32], [1, 2, 4], query_dilation=mode,
+                                        dense_kv_heads=[1] if dense else []),
+                 s=40 + 2 * world + int(docs), hq=2, hkv=1 + int(dense), d=16, b=1,
+                 causal=causal,
                  layout=layout, docs=docs, seed=1000 + i, dtype=torch.float32,
                  backend="triton", tol=attention_tol(48, 16), grads=grads)
         out.append(_check_case(rank, world, c, dist.group.WORLD))
@@ -261,12 +263,12 @@ def test_ring_matches_reference(world):
     run_distributed(_worker_cases, world, seeds, timeout=240)
 
 
-# (layout, query_dilation, causal, packed documents, gradients checked): each layout, mode and
-# causality once; the backward without an lse gradient (training) and with one. One test per
-# case: the interpreter makes each the cost of a minute, so they run side by side (xdist).
-TRITON_RING_CASES = [("contiguous", "per_head", False, False, "out"),
-                     ("zigzag", "all", True, False, "both"),
-                     ("zigzag", "per_head", True, True, "both")]
+# (layout, query_dilation, causal, packed documents, gradients checked, dense heads): each
+# layout, mode and causality once; the backward without an lse gradient (training) and with one.
+# One test per case: the interpreter makes each the cost of a minute, so they run side by side.
+TRITON_RING_CASES = [("contiguous", "per_head", False, False, "out", False),
+                     ("zigzag", "all", True, False, "both", False),
+                     ("zigzag", "per_head", True, True, "both", True)]
 
 
 @pytest.mark.parametrize("case", range(len(TRITON_RING_CASES)))

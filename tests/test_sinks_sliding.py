@@ -20,7 +20,7 @@ from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attenti
 from hf_hilbert_attn.engines import passes as chunked_module
 from hf_hilbert_attn.hilbert import hilbert_permutation
 from hf_hilbert_attn.inputs import check_inputs
-from hf_hilbert_attn.ops import attention_forward_into, dilated_attention_backward
+from hf_hilbert_attn.backends import TORCH
 
 # float64 all the way: the sums' bound at the file's largest shapes (300 keys, head_dim 16),
 # about 4e-13 (conftest.attention_tol)
@@ -240,8 +240,8 @@ def test_left_padding_is_never_a_sink(window):
 # ------------------------------------------------------------------------------ poisoned outputs
 @pytest.mark.parametrize("window", ["segment", "sliding"])
 def test_results_written_into_poisoned_tensors(window):
-    """attention_forward_into / dilated_attention_backward write every element of the tensors
-    they are given (NaN-poisoned first), on the PyTorch path."""
+    """The backend seam's forward / backward (the ring's piece calls) write every element of
+    the tensors they are given (NaN-poisoned first), on the PyTorch path."""
     rng = random.Random(torch.initial_seed())
     s = 97
     pattern = random_pattern(rng, s, window, draw_sinks(rng, s))
@@ -249,14 +249,14 @@ def test_results_written_into_poisoned_tensors(window):
     causal = rng.random() < 0.7
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"))
-    attention_forward_into(q, k, v, pattern, out=out, lse=lse, causal=causal, backend="torch")
+    a = check_inputs(q, k, v, pattern)
+    TORCH.forward(q, k, v, pattern, a, causal, out=out, lse=lse)
     want, want_lse = ref64(q, k, v, pattern, causal=causal, return_lse=True)
     assert_close("out", out, want, F64_TOL, str(pattern))
     assert_close("lse", lse, want_lse, LSE_TOL, str(pattern))
     dout = torch.randn_like(out)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    dilated_attention_backward(dout, q, k, v, out, lse, pattern, causal=causal, backend="torch",
-                               dq=grads[0], dk=grads[1], dv=grads[2])
+    TORCH.backward(dout, None, q, k, v, out, lse, pattern, a, causal, grads=grads)
     qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
     ref_grads = torch.autograd.grad((ref64(qq, kk, vv, pattern, causal=causal) * dout).sum(),
                                     (qq, kk, vv))

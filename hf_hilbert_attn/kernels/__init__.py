@@ -244,12 +244,12 @@ def _check_target(name, t, shape, dtype):
 _CALLS: dict = {}  # FwdPlan / BwdPlan of dilated_fwd / dilated_bwd by _call_key
 
 
-def _call_key(kind, pattern, plan, q, k, causal, scale, cfg):
+def _call_key(kind, pattern, plan, q, k, causal, scale, cfg, skip):
     """What the launches of a call depend on besides its tensors and their strides: everything
     else is planned once per key (layer after layer and step after step repeat one call)."""
     return (kind, pattern, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo, plan.khi,
             plan.base, plan.mapped_kind, plan.qdoc is not None, tuple(q.shape), k.shape[1],
-            k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg)
+            k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg, skip)
 
 
 def _planned(key, build):
@@ -274,6 +274,7 @@ class Call(NamedTuple):
     device: torch.device
     causal: bool
     cfg: KernelConfig
+    skip: tuple = ()  # key/value heads not computed (AttnInputs.skip_kv_heads)
 
 
 class FwdPlan(NamedTuple):
@@ -315,6 +316,30 @@ def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:
     return max(1, min(heads, cfg.acc_bytes // max(rows * 4, 1)))
 
 
+def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
+    """``(first head, heads)`` chunks of at most ``chunk`` heads over the heads that are computed:
+    ``heads`` heads, ``group`` of them per key/value head (1: key/value heads), the key/value
+    heads ``skip`` left out."""
+    out, h = [], 0
+    while h < heads:
+        if h // group in skip:
+            h += group
+            continue
+        end = h
+        while end < heads and end // group not in skip and end - h < chunk:
+            end += 1
+        out.append((h, end - h))
+        h = end
+    return out
+
+
+def _fill_skipped(skip: tuple, group: int, *fills) -> None:
+    """``t[:, heads of skipped key/value head j] = value`` for each ``(t, value)`` in ``fills``."""
+    for j in skip:
+        for t, value in fills:
+            t.narrow(1, j * group, group).fill_(value)
+
+
 def plan_fwd(c: Call) -> FwdPlan:
     """The forward's launches of call ``c``: a pure function of it."""
     B, HQ, HKV, SQ, _, D = c.shape
@@ -328,8 +353,7 @@ def plan_fwd(c: Call) -> FwdPlan:
     tiles = {(t, f): _blocks("fwd", D, c.dtype, smem, t, f, cfg=c.cfg)
              for t, f in ((False, False), (True, False), (False, True))}
     items, rows = [], []
-    for h0 in range(0, HQ, hch):
-        nh = min(hch, HQ - h0)
+    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
         for li, ln in enumerate(launch):
             tab = utab if ln.pair else 0
             BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
@@ -352,12 +376,13 @@ def plan_fwd(c: Call) -> FwdPlan:
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
-                lse=None):
+                lse=None, skip: tuple = ()):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log).
 
     ``out`` / ``lse``: optional tensors to write into (e.g. rows of a longer sequence's result;
     unit last stride), shaped ``q.shape`` / ``q.shape[:3]``. Planned once per call key
-    (:func:`plan_fwd`), then run.
+    (:func:`plan_fwd`), then run. ``skip``: key/value heads not computed (their query heads get
+    out 0, lse -inf).
     """
     q, k, v = _prep(q), _prep(k), _prep(v)
     B, HQ, SQ, D = q.shape
@@ -370,12 +395,13 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return out, lse
+    _fill_skipped(skip, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
     cfg = kernel_config()
     fp, fresh = _planned(
-        _call_key("fwd", pattern, plan, q, k, causal, scale, cfg),
+        _call_key("fwd", pattern, plan, q, k, causal, scale, cfg, skip),
         lambda: plan_fwd(Call(pattern, plan, (B, HQ, k.shape[1], SQ, k.shape[2], D), q.dtype,
-                              dev, bool(causal), cfg)))
+                              dev, bool(causal), cfg, skip)))
     acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch else out
     head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
             _positions(plan, dev), fp.tables)
@@ -420,27 +446,25 @@ def plan_bwd(c: Call) -> BwdPlan:
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
     # the sink launch's dk/dv sums are needed by the dk/dv kernel)
     dq_items, rows = [], []
-    for h0 in range(0, HQ, hch):
+    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
         for li, ln in enumerate(launch):
             BM, BN, warps, stages = dq_tiles[ln.pair]
             seg0, nseg, blk0, nblk = _query_tiles(c.plan, ln.w, ln.r, BM)
             ncls = ncls_q or ln.r
-            rows.append(row(li, ln, h0, min(hch, HQ - h0), (seg0, ncls, nblk, blk0)))
+            rows.append(row(li, ln, h0, nh, (seg0, ncls, nblk, blk0)))
             fl = _flags(c, prio, ln, BM, bool(sinks) and li == len(launch) - 1, utab)
             kw = dict(BM=BM, BN=BN, D=D, F=fl, num_warps=warps, num_stages=stages)
-            dq_items.append(((nseg * ncls * nblk, B * min(hch, HQ - h0)), _scalars(rows[-1]),
-                             kw))
+            dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
     kv_items = []
-    for g0 in range(0, HKV, kch):
+    for g0, ng in _head_runs(HKV, 1, c.skip, kch):
         for li, ln in enumerate(launch):
             kseg0, knseg, kblk0, knblk = _key_tiles(c.plan, ln.w, ln.r, kBN)
-            rows.append(row(li, ln, g0, min(kch, HKV - g0), (kseg0, ln.r, knblk, kblk0)))
+            rows.append(row(li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0)))
             fl = _flags(c, prio, ln, kBN, bool(sinks), utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
-            kv_items.append(((knseg * ln.r * knblk, B * min(kch, HKV - g0)),
-                             _scalars(rows[-1]), kw))
+            kv_items.append(((knseg * ln.r * knblk, B * ng), _scalars(rows[-1]), kw))
     tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
               keys)
     table = _launch_table(rows, c.device)  # the dq launches' rows, then the dk/dv launches'
@@ -461,13 +485,14 @@ def _bwd_stats(lse, B, HQ, SQ, dev):
 
 
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
-                plan: PositionPlan, dq=None, dk=None, dv=None):
+                plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = ()):
     """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
 
     ``dq``/``dk``/``dv``: optional tensors to write into (unit last stride, e.g. rows of a
     longer sequence's gradient), shaped like ``q``/``k``/``v``; inputs may be such views too.
     The float32 sums over configs hold a chunk of heads at a time (``_sum_buffers``). Planned
-    once per call key (:func:`plan_bwd`).
+    once per call key (:func:`plan_bwd`). ``skip``: key/value heads not computed (their
+    gradients, and their query heads', are 0).
     """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
@@ -480,6 +505,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         _check_target(name, g, t.shape, t.dtype)
     if SQ == 0 or SK == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    _fill_skipped(skip, HQ // HKV, (dq, 0.0))
+    _fill_skipped(skip, 1, (dk, 0.0), (dv, 0.0))
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
     cfg = kernel_config()
     lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
@@ -488,9 +515,9 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
              _strided(delta), SQ, HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
     bp, fresh = _planned(
-        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg),
+        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg, skip),
         lambda: plan_bwd(Call(pattern, plan, (B, HQ, HKV, SQ, SK, D), q.dtype, dev,
-                              bool(causal), cfg)))
+                              bool(causal), cfg, skip)))
     if bp.chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
     else:

@@ -47,6 +47,7 @@ class _Ctx:
     k_doc: Optional[torch.Tensor]
     backend: str
     pieces: Pieces
+    skip: tuple = ()  # key/value heads whose results the caller discards (dense_heads.py)
 
 
 def _block_inputs(ctx: _Ctx, xchg: KVExchange, j: int, k, v):
@@ -83,6 +84,7 @@ def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
     kd = None if kdoc is None else kdoc[:, rk]
     a = check_inputs(q, k, v, ctx.pattern, scale=ctx.scale, q_positions=qp, k_positions=kp,
                      q_doc_ids=qd, k_doc_ids=kd)
+    a = dataclasses.replace(a, skip_kv_heads=ctx.skip) if ctx.skip else a
     backend = select_backend(q, a, ctx.backend)
     return backend, a, with_documents(_kernel_plan(ctx, pc, backend, q, k, v, qp, kp), qd, kd)
 
@@ -158,7 +160,7 @@ def _ring_forward(ctx: _Ctx, q, k, v):
 
 def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     """``(dq, dk, dv)`` of the ring forward: each piece's gradient from the merged
-    ``(out, lse)`` (:func:`~hf_hilbert_attn.ops.dilated_attention_backward`), summed."""
+    ``(out, lse)`` (the backend seam's ``backward``), summed."""
     acc = accum_dtype(q.dtype)
     dlse = None if dlse is None else dlse.to(acc)
     pieces = ctx.pieces
@@ -293,7 +295,8 @@ def cached_plan(group) -> Optional[RingPlan]:
 # call (a graph break) instead of tracing into the Triton launches.
 @disable_lazily  # not torch.compiler.disable: that imports dynamo at import
 def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
-                   q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
+                   q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto",
+                   _skip_kv_heads=()):
     """Dilated attention over a sequence sharded across the ranks of ``group``.
 
     Every rank calls this with its shard; all ranks must agree on shapes, pattern and options.
@@ -322,11 +325,13 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         return dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
                                  q_positions=q_positions, k_positions=k_positions,
                                  q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
-                                 return_lse=return_lse, backend=backend)
+                                 return_lse=return_lse, backend=backend,
+                                 _skip_kv_heads=_skip_kv_heads)
     kw = dict(group=group, q_positions=q_positions, k_positions=k_positions, causal=causal,
               scale=scale, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
               backend=backend)
-    done = call_under_autocast(ring_attention, q, k, v, pattern, **kw)
+    done = call_under_autocast(ring_attention, q, k, v, pattern, _skip_kv_heads=_skip_kv_heads,
+                               **kw)
     if done is not None:
         return done
     if pattern.dense_kv_heads:  # a sparse ring over every head and a dense one over those heads
@@ -346,6 +351,6 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                              plan_pieces(pattern, causal, plan, qp, kp))
     # the autograd graph holds the group weakly (comm.weak_group)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(group), entry.plan, qp, kp, a.q_doc_ids, kd,
-               backend, entry.pieces)
+               backend, entry.pieces, tuple(_skip_kv_heads))
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out

@@ -7,6 +7,9 @@ point of ``ops.py`` and by the ring:
 * ``backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None, plan=None) ->
   (dq, dk, dv)``: the gradient of a call whose rows were merged into ``(out, lse)`` (its own
   result, or several calls' over disjoint keys: the ring), written into ``grads`` where given;
+* ``accumulate(q, k, v, pattern, a, causal, acc, lse, plan=None)``: merge the attention over
+  these keys into ``(acc, lse)`` in place, a result over other keys (``acc`` in the
+  accumulation dtype; ``0, -inf`` before the first call): the ring's pieces of one query run;
 * ``position_plan(a, pattern)``: the plan of these positions to pass back as ``plan=`` (Triton:
   a ``PositionPlan``, ``False`` when the kernels cannot take them; None: nothing to keep).
 
@@ -24,7 +27,7 @@ import torch
 from .chunked import chunked_attention
 from .engines.documents import document_runs as _document_ranges
 from .inputs import KERNEL_HEAD_DIMS, check_inputs
-from .numerics import accum_dtype, finite_or_zero
+from .numerics import accum_dtype, finite_or_zero, merge_partials
 
 __all__ = ["BACKENDS", "use_triton", "select_backend", "TorchBackend", "TritonBackend",
            "document_runs", "reset_fallback_warnings"]
@@ -80,10 +83,19 @@ def _into(results, targets):
     return tuple(r if t is None else t.copy_(r) for r, t in zip(results, targets))
 
 
+def _merge_into(result, acc, lse):
+    """``(acc, lse)`` merged with ``result = (out, lse)`` over other keys, in place."""
+    o, l = merge_partials(acc, lse, result[0].to(acc.dtype), result[1].to(lse.dtype))
+    return acc.copy_(o), lse.copy_(l)
+
+
 class TorchBackend:
     """The PyTorch engines (``chunked.py`` picks one per call)."""
 
     name = "torch"
+
+    def accumulate(self, q, k, v, pattern, a, causal, acc, lse, plan=None):
+        return _merge_into(self.forward(q, k, v, pattern, a, causal), acc, lse)
 
     def position_plan(self, a, pattern):
         return None
@@ -111,6 +123,13 @@ class TritonBackend:
 
     def _plan(self, a, pattern, plan):
         return (plan, None) if plan else _kernels().plan_positions(a, pattern)
+
+    def accumulate(self, q, k, v, pattern, a, causal, acc, lse, plan=None):
+        plan, _ = self._plan(a, pattern, plan)
+        if plan is not None and acc.dtype == lse.dtype == torch.float32:  # in the kernels
+            return _kernels().dilated_fwd(q, k, v, pattern, a.scale, causal, plan, lse=lse,
+                                          skip=a.skip_kv_heads, acc=acc)
+        return _merge_into(self.forward(q, k, v, pattern, a, causal, plan=plan), acc, lse)
 
     def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
         dilated_fwd = _kernels().dilated_fwd

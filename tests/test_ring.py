@@ -604,3 +604,35 @@ def test_local_attention_with_sinks_and_sliding_equals_the_op(window):
         _close(got[1].double()[finite], want[1][finite], lse_float32_tol() + TOL64)
         for a, b in zip(g_got, g_want):
             _close(a, b, TOL64)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_accumulate_merges_pieces_over_disjoint_keys(backend):
+    """The backend seam's ``accumulate`` (the ring's pieces of one query run): a query run's
+    attention over three disjoint key ranges, merged one call after another into (acc, lse),
+    equals one call over all the keys. Far key ranges first: the rate-1 config is pruned there,
+    so a piece's first launch covers only some rows."""
+    from hf_hilbert_attn.backends import TORCH, TRITON
+    from hf_hilbert_attn.inputs import check_inputs
+
+    g = torch.Generator().manual_seed(5)
+    pat = DilatedPattern([8, 32, 64], [1, 4, 8], sink_tokens=1, window="sliding")
+    s, hq, hkv, d = 70, 4, 2, 16
+    q, k, v = (torch.randn(1, h, s, d, generator=g) for h in (hq, hkv, hkv))
+    rows = slice(50, 70)  # one query run; keys in three ranges, far ones first
+    qp = torch.arange(s)[rows]
+    acc = torch.zeros(1, hq, 20, d)
+    lse = torch.full((1, hq, 20), float("-inf"))
+    seam = TRITON if backend == "triton" else TORCH
+    for lo, hi in ((0, 20), (20, 45), (45, 70)):
+        kp = torch.arange(lo, hi)
+        a = check_inputs(q[:, :, rows], k[:, :, lo:hi], v[:, :, lo:hi], pat, q_positions=qp,
+                         k_positions=kp)
+        seam.accumulate(q[:, :, rows], k[:, :, lo:hi], v[:, :, lo:hi], pat, a, True, acc, lse)
+    want, want_lse = reference_attention(q[:, :, rows], k, v, pat, q_positions=qp,
+                                         k_positions=torch.arange(s), return_lse=True,
+                                         dtype=torch.float64)
+    tol = attention_tol(s, d)  # relative to max(1, |want|), as helpers.assert_close
+    torch.testing.assert_close(acc.double(), want, atol=tol * max(1.0, want.abs().max()), rtol=0)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=0,
+                               atol=tol * max(1.0, want_lse.abs().max()))

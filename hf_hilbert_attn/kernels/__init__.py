@@ -174,16 +174,20 @@ def _strided(t: torch.Tensor) -> Strided:
     return Strided(t, sb, sh, ss)
 
 
-def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz) -> dict:
+def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
+                merge=False) -> dict:
     """The integers of launch ``li`` (of ``nlaunch``) of config launch ``ln``, by name
     (``_common.LAUNCH_FIELDS`` and ``_SCALARS``): heads ``h0 .. h0 + nh`` (``group`` query heads
-    per key/value head), ``tiles`` = (first segment, classes, blocks per class, first block)."""
+    per key/value head), ``tiles`` = (first segment, classes, blocks per class, first block).
+    ``merge``: every launch merges into the given float32 result (an earlier call's: the rows a
+    launch computes take part in its own config, ``_participates``), and none writes the output."""
     seg0, ncls, nblk, blk0 = tiles
+    first, last = li == 0 and not merge, li == nlaunch - 1 and not merge
     return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
                 QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls, NBLK=nblk,
                 BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1), SKLO=plan.klo,
-                SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, NLAUNCHED=li,
-                FIRST=int(li == 0), LAST=int(li == nlaunch - 1), PSZ=psz)
+                SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, NLAUNCHED=li + merge,
+                FIRST=int(first), LAST=int(last), PSZ=psz)
 
 
 def _scalars(row: dict) -> tuple:
@@ -275,6 +279,7 @@ class Call(NamedTuple):
     causal: bool
     cfg: KernelConfig
     skip: tuple = ()  # key/value heads not computed (AttnInputs.skip_kv_heads)
+    merge: bool = False  # forward: merge into a given float32 result (dilated_fwd's acc)
 
 
 class FwdPlan(NamedTuple):
@@ -344,7 +349,8 @@ def plan_fwd(c: Call) -> FwdPlan:
     """The forward's launches of call ``c``: a pure function of it."""
     B, HQ, HKV, SQ, _, D = c.shape
     prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
-    hch = _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
+    # merge: the caller's float32 result holds every head (one chunk, none skipped)
+    hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
     # the union test: the key tables (as in the backward) for launches that need the per-pair
     # mask, else the runtime loop
     keys, psz, utab = (_union_args(prio, c.plan, c.device) if any(ln.pair for ln in launch)
@@ -353,7 +359,7 @@ def plan_fwd(c: Call) -> FwdPlan:
     tiles = {(t, f): _blocks("fwd", D, c.dtype, smem, t, f, cfg=c.cfg)
              for t, f in ((False, False), (True, False), (False, True))}
     items, rows = [], []
-    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
+    for h0, nh in _head_runs(HQ, HQ // HKV, () if c.merge else c.skip, hch):
         for li, ln in enumerate(launch):
             tab = utab if ln.pair else 0
             BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
@@ -361,7 +367,7 @@ def plan_fwd(c: Call) -> FwdPlan:
             ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
             last = li == len(launch) - 1
             rows.append(_launch_row(c.plan, ln, li, len(launch), h0, nh, HQ // HKV,
-                                    (seg0, ncls, nblk, blk0), sinks, len(prio), psz))
+                                    (seg0, ncls, nblk, blk0), sinks, len(prio), psz, c.merge))
             kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
                       num_warps=warps, num_stages=stages)
             cap = fwd_max_registers((BM, BN, warps), not _earlier(ln.npri))
@@ -372,22 +378,28 @@ def plan_fwd(c: Call) -> FwdPlan:
               keys)
     items = [(grid, row, ints, kw)
              for (grid, ints, kw), row in zip(items, _launch_table(rows, c.device))]
-    return FwdPlan(tables, hch if len(launch) > 1 else 0, items)
+    return FwdPlan(tables, hch if len(launch) > 1 and not c.merge else 0, items)
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
-                lse=None, skip: tuple = ()):
+                lse=None, skip: tuple = (), acc=None):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log).
 
     ``out`` / ``lse``: optional tensors to write into (e.g. rows of a longer sequence's result;
     unit last stride), shaped ``q.shape`` / ``q.shape[:3]``. Planned once per call key
     (:func:`plan_fwd`), then run. ``skip``: key/value heads not computed (their query heads get
-    out 0, lse -inf).
+    out 0, lse -inf). ``acc``: a float32 result ``q.shape`` with its ``lse`` (given) of earlier
+    calls over other keys (0 and -inf before the first), into which this call merges (the ring's
+    pieces); ``out`` is then not written.
     """
     q, k, v = _prep(q), _prep(k), _prep(v)
     B, HQ, SQ, D = q.shape
     dev = q.device
-    if out is None:
+    merge = acc is not None
+    if merge:  # out: not written (q stands in: the kernels' output type stays q's)
+        _check_target("acc", acc, q.shape, torch.float32)
+        out = q
+    elif out is None:
         out = torch.empty_like(q)
     _check_target("out", out, q.shape, q.dtype)
     if lse is None:
@@ -395,20 +407,23 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return out, lse
-    _fill_skipped(skip, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
+    if not merge:
+        _fill_skipped(skip, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
     cfg = kernel_config()
     fp, fresh = _planned(
-        _call_key("fwd", pattern, plan, q, k, causal, scale, cfg, skip),
+        _call_key("fwd", pattern, plan, q, k, causal, scale, cfg, (skip, merge)),
         lambda: plan_fwd(Call(pattern, plan, (B, HQ, k.shape[1], SQ, k.shape[2], D), q.dtype,
-                              dev, bool(causal), cfg, skip)))
-    acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch else out
+                              dev, bool(causal), cfg, skip, merge)))
+    if not merge:
+        acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch \
+            else out
     head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
             _positions(plan, dev), fp.tables)
     scale_log2 = scale * LOG2E
     _run([(_fwd_kernel, grid, (*head, row, *ints, scale_log2), kw)
           for grid, row, ints, kw in fp.items], fresh, cfg)
-    return out, lse
+    return (acc if merge else out), lse
 
 
 def _sum_buffers(B, hch, kch, SQ, SK, D, device):

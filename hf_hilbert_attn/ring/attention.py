@@ -5,8 +5,9 @@ Each piece (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) is a call of the bac
 zero and never attended (the send plan is a superset of the allowed pairs).
 
 * **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed. Query runs
-  written by several pieces merge their ``(out, lse)`` (``numerics.merge_partials``, float32 or
-  float64); each key lives on one rank, so a key counts once.
+  written by several pieces merge into one result (float32 or float64; the backend seam's
+  ``accumulate``: in the kernels, as their configs merge); each key lives on one rank, so a
+  key counts once.
 * **Backward** (custom autograd Function). K/V are re-sent with the same plan; each piece's
   gradient comes from the *merged* ``(out, lse)`` (no forward recomputation on the Triton
   path), and each received block's dK/dV go back to the rank owning those keys.
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from ..compiler import disable_lazily
 from ..dense_heads import with_dense_heads
 from ..inputs import AttnInputs, check_inputs
-from ..numerics import accum_dtype, call_under_autocast, merge_partials
+from ..numerics import accum_dtype, call_under_autocast
 from ..backends import select_backend
 from ..ops import dilated_attention, with_documents
 from ..pattern import DilatedPattern
@@ -95,23 +96,6 @@ def _run_rows(run, pc: Piece):
     return hi - lo, slice(pc.qs - lo, pc.qe - lo), (pc.qs, pc.qe) == (lo, hi)
 
 
-def _merge_piece(merged: dict, run, pc: Piece, o_b, l_b) -> None:
-    """Merge a piece's ``(out, lse)`` (accumulation dtype) into its run's; a piece may cover
-    only some rows of the run (the others keep out = 0, lse = -inf until a piece reaches them)."""
-    n, rows, whole = _run_rows(run, pc)
-    if pc.run not in merged:
-        if whole:
-            merged[pc.run] = (o_b, l_b)
-            return
-        merged[pc.run] = (o_b.new_zeros(o_b.shape[:2] + (n, o_b.shape[-1])),
-                          l_b.new_full(l_b.shape[:2] + (n,), float("-inf")))
-    o, m = merged[pc.run]
-    if whole:
-        merged[pc.run] = merge_partials(o, m, o_b, l_b)
-    else:
-        o[:, :, rows], m[:, :, rows] = merge_partials(o[:, :, rows], m[:, :, rows], o_b, l_b)
-
-
 def _add_piece(sums: dict, run, pc: Piece, g, acc) -> None:
     """Add a piece's dq rows into its run's sum (accumulation dtype ``acc``)."""
     n, rows, whole = _run_rows(run, pc)
@@ -129,7 +113,7 @@ def _ring_forward(ctx: _Ctx, q, k, v):
     acc = accum_dtype(q.dtype)
     out = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
-    merged = {}  # query run -> (out, lse) in acc of its rows (runs with several pieces)
+    merged = {}  # query run -> its rows' out in acc (runs with several pieces; lse in place)
     xchg = KVExchange(k, v, ctx.plan, ctx.group())
     xchg.post(1)
     for j in range(ctx.plan.world):
@@ -146,15 +130,15 @@ def _ring_forward(ctx: _Ctx, q, k, v):
                 backend.forward(qb, kb_, vb_, ctx.pattern, a, ctx.causal, out=out[:, :, rq],
                                 lse=lse[:, :, rq], plan=plan)
                 continue
-            o_b, l_b = backend.forward(
-                qb, kb_, vb_, ctx.pattern, a, ctx.causal,
-                out=qb.new_empty(qb.shape[:3] + (vb_.shape[-1],)),
-                lse=qb.new_empty(qb.shape[:3], dtype=acc), plan=plan)
-            _merge_piece(merged, ctx.pieces.qruns[pc.run], pc, o_b.to(acc), l_b)
-    for run, (o, m) in merged.items():
+            # several pieces: each merges into the run's result (in the kernels on their path)
+            n, rows, _ = _run_rows(ctx.pieces.qruns[pc.run], pc)
+            if pc.run not in merged:
+                merged[pc.run] = q.new_zeros(q.shape[:2] + (n, v.shape[-1]), dtype=acc)
+            backend.accumulate(qb, kb_, vb_, ctx.pattern, a, ctx.causal,
+                               merged[pc.run][:, :, rows], lse[:, :, rq], plan=plan)
+    for run, o in merged.items():
         lo, hi, _ = ctx.pieces.qruns[run]
         out[:, :, lo:hi] = o.to(q.dtype)
-        lse[:, :, lo:hi] = m
     return out, lse
 
 

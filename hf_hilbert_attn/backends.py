@@ -10,6 +10,8 @@ point of ``ops.py`` and by the ring:
 * ``accumulate(q, k, v, pattern, a, causal, acc, lse, plan=None)``: merge the attention over
   these keys into ``(acc, lse)`` in place, a result over other keys (``acc`` in the
   accumulation dtype; ``0, -inf`` before the first call): the ring's pieces of one query run;
+* ``backward(..., dq_acc=...)``: dq added into ``dq_acc`` (accumulation dtype) instead, the
+  ring's pieces of one query run;
 * ``position_plan(a, pattern)``: the plan of these positions to pass back as ``plan=`` (Triton:
   a ``PositionPlan``, ``False`` when the kernels cannot take them; None: nothing to keep).
 
@@ -89,6 +91,13 @@ def _merge_into(result, acc, lse):
     return acc.copy_(o), lse.copy_(l)
 
 
+def _add_dq(grads, dq_acc):
+    """``grads`` with dq added into ``dq_acc`` (returned in its place), or as they are."""
+    if dq_acc is None:
+        return grads
+    return (dq_acc.add_(grads[0].to(dq_acc.dtype)),) + tuple(grads[1:])
+
+
 class TorchBackend:
     """The PyTorch engines (``chunked.py`` picks one per call)."""
 
@@ -106,9 +115,9 @@ class TorchBackend:
         return _into((o, l), (out, lse))
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
-                 plan=None):
+                 plan=None, dq_acc=None):
         g = _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
-        return g if grads is None else _into(g, grads)
+        return _add_dq(g if grads is None else _into(g, grads), dq_acc)
 
 
 class TritonBackend:
@@ -152,13 +161,16 @@ class TritonBackend:
         return _into((o.contiguous(), l.float().contiguous()), (out, lse))
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
-                 plan=None):
+                 plan=None, dq_acc=None):
         dilated_bwd = _kernels().dilated_bwd
         grads = (None, None, None) if grads is None else grads
         plan, _ = self._plan(a, pattern, plan)
         if plan is not None:
-            return dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal, plan,
-                               *grads, skip=a.skip_kv_heads)
+            in_kernels = dq_acc is not None and dq_acc.dtype == torch.float32
+            return _add_dq(dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal,
+                                       plan, *grads, skip=a.skip_kv_heads,
+                                       dq_acc=dq_acc if in_kernels else None),
+                           None if in_kernels else dq_acc)
         runs = document_runs(q, k, v, pattern, a)
         if runs is not None:  # packed documents, as in the forward
             dq, dk, dv = (torch.zeros_like(t) if g is None else g.zero_()
@@ -168,9 +180,10 @@ class TritonBackend:
                 dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
                             None if dlse is None else dlse[sl], pattern, a.scale, causal,
                             sub_plan, dq[sl], dk[sl], dv[sl], skip=a.skip_kv_heads)
-            return dq, dk, dv
+            return _add_dq((dq, dk, dv), dq_acc)
         # anything else: differentiate the PyTorch path (the forward's fallback)
-        return TORCH.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads)
+        return TORCH.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads,
+                              dq_acc=dq_acc)
 
 
 TORCH, TRITON = TorchBackend(), TritonBackend()

@@ -608,9 +608,9 @@ def test_local_attention_with_sinks_and_sliding_equals_the_op(window):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_accumulate_merges_pieces_over_disjoint_keys(backend):
-    """The backend seam's ``accumulate`` (the ring's pieces of one query run): a query run's
-    attention over three disjoint key ranges, merged one call after another into (acc, lse),
-    equals one call over all the keys. Far key ranges first: the rate-1 config is pruned there,
+    """The backend seam's ``accumulate`` and ``backward(dq_acc=...)`` (the ring's pieces of one
+    query run): a query run's attention over three disjoint key ranges, merged one call after
+    another into (acc, lse), and its dq added piece by piece, equal one call over all the keys. Far key ranges first: the rate-1 config is pruned there,
     so a piece's first launch covers only some rows."""
     from hf_hilbert_attn.backends import TORCH, TRITON
     from hf_hilbert_attn.inputs import check_inputs
@@ -624,15 +624,24 @@ def test_accumulate_merges_pieces_over_disjoint_keys(backend):
     acc = torch.zeros(1, hq, 20, d)
     lse = torch.full((1, hq, 20), float("-inf"))
     seam = TRITON if backend == "triton" else TORCH
-    for lo, hi in ((0, 20), (20, 45), (45, 70)):
-        kp = torch.arange(lo, hi)
-        a = check_inputs(q[:, :, rows], k[:, :, lo:hi], v[:, :, lo:hi], pat, q_positions=qp,
-                         k_positions=kp)
-        seam.accumulate(q[:, :, rows], k[:, :, lo:hi], v[:, :, lo:hi], pat, a, True, acc, lse)
-    want, want_lse = reference_attention(q[:, :, rows], k, v, pat, q_positions=qp,
+    ranges = ((0, 20), (20, 45), (45, 70))
+    calls = []
+    for lo, hi in ranges:
+        kv = (k[:, :, lo:hi], v[:, :, lo:hi])
+        a = check_inputs(q[:, :, rows], *kv, pat, q_positions=qp, k_positions=torch.arange(lo, hi))
+        seam.accumulate(q[:, :, rows], *kv, pat, a, True, acc, lse)
+        calls.append((kv, a))
+    # the backward: each piece's dq from the merged (out, lse), added into one float32 dq
+    dout = torch.randn(acc.shape, generator=g)
+    dq = torch.zeros_like(acc)
+    for kv, a in calls:
+        seam.backward(dout, None, q[:, :, rows], *kv, acc, lse, pat, a, True, dq_acc=dq)
+    qq = q[:, :, rows].double().requires_grad_()
+    want, want_lse = reference_attention(qq, k.double(), v.double(), pat, q_positions=qp,
                                          k_positions=torch.arange(s), return_lse=True,
                                          dtype=torch.float64)
+    (want_dq,) = torch.autograd.grad((want * dout).sum(), qq)
     tol = attention_tol(s, d)  # relative to max(1, |want|), as helpers.assert_close
-    torch.testing.assert_close(acc.double(), want, atol=tol * max(1.0, want.abs().max()), rtol=0)
-    torch.testing.assert_close(lse.double(), want_lse, rtol=0,
-                               atol=tol * max(1.0, want_lse.abs().max()))
+    for name, got, ref in (("out", acc, want), ("lse", lse, want_lse), ("dq", dq, want_dq)):
+        torch.testing.assert_close(got.double(), ref.detach(), rtol=0,
+                                   atol=tol * max(1.0, float(ref.detach().abs().max())), msg=name)

@@ -279,7 +279,7 @@ class Call(NamedTuple):
     causal: bool
     cfg: KernelConfig
     skip: tuple = ()  # key/value heads not computed (AttnInputs.skip_kv_heads)
-    merge: bool = False  # forward: merge into a given float32 result (dilated_fwd's acc)
+    merge: bool = False  # merge into a given float32 out / dq (dilated_fwd's / _bwd's acc)
 
 
 class FwdPlan(NamedTuple):
@@ -440,8 +440,8 @@ def plan_bwd(c: Call) -> BwdPlan:
     """The backward's launches of call ``c``: a pure function of it."""
     B, HQ, HKV, SQ, SK, D = c.shape
     prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
-    # heads per chunk of the float32 buffers (query / key-value heads)
-    hch = _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
+    # heads per chunk of the float32 buffers (query / key-value heads; merge: the caller's dq)
+    hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
     kch = _head_chunk(HKV, 2 * B * SK * D, len(launch), c.cfg)
     ncls_q = 1 if c.pattern.query_dilation == "per_head" else None
     smem = _smem(c.device, c.cfg)
@@ -454,19 +454,19 @@ def plan_bwd(c: Call) -> BwdPlan:
     keys, psz, utab = (_union_args(prio, c.plan, c.device) if not c.pattern.sliding
                        else (_dummy(c.device), 1, 0))
 
-    def row(li, ln, h0, nh, tiles):
+    def row(li, ln, h0, nh, tiles, merge=False):
         return _launch_row(c.plan, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
-                           len(prio), psz)
+                           len(prio), psz, merge)
 
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
     # the sink launch's dk/dv sums are needed by the dk/dv kernel)
     dq_items, rows = [], []
-    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
+    for h0, nh in _head_runs(HQ, HQ // HKV, () if c.merge else c.skip, hch):
         for li, ln in enumerate(launch):
             BM, BN, warps, stages = dq_tiles[ln.pair]
             seg0, nseg, blk0, nblk = _query_tiles(c.plan, ln.w, ln.r, BM)
             ncls = ncls_q or ln.r
-            rows.append(row(li, ln, h0, nh, (seg0, ncls, nblk, blk0)))
+            rows.append(row(li, ln, h0, nh, (seg0, ncls, nblk, blk0), c.merge))
             fl = _flags(c, prio, ln, BM, bool(sinks) and li == len(launch) - 1, utab)
             kw = dict(BM=BM, BN=BN, D=D, F=fl, num_warps=warps, num_stages=stages)
             dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
@@ -485,7 +485,8 @@ def plan_bwd(c: Call) -> BwdPlan:
     table = _launch_table(rows, c.device)  # the dq launches' rows, then the dk/dv launches'
     dq_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(dq_items, table)]
     kv_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
-    return BwdPlan(tables, sinks, (hch, kch) if len(launch) > 1 else None, dq_items, kv_items)
+    chunks = (0 if c.merge else hch, kch) if len(launch) > 1 else None
+    return BwdPlan(tables, sinks, chunks, dq_items, kv_items)
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):
@@ -500,27 +501,32 @@ def _bwd_stats(lse, B, HQ, SQ, dev):
 
 
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
-                plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = ()):
+                plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None):
     """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
 
     ``dq``/``dk``/``dv``: optional tensors to write into (unit last stride, e.g. rows of a
     longer sequence's gradient), shaped like ``q``/``k``/``v``; inputs may be such views too.
     The float32 sums over configs hold a chunk of heads at a time (``_sum_buffers``). Planned
     once per call key (:func:`plan_bwd`). ``skip``: key/value heads not computed (their
-    gradients, and their query heads', are 0).
+    gradients, and their query heads', are 0). ``dq_acc``: a float32 ``q.shape`` tensor this
+    call's dq is added into (the ring's pieces of one query run), instead of writing ``dq``.
     """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
     dev = q.device
+    merge = dq_acc is not None
+    if merge:  # dq: not written (q stands in: the kernels' output type stays q's)
+        _check_target("dq_acc", dq_acc, q.shape, torch.float32)
+        dq = q
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     for name, g, t in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         _check_target(name, g, t.shape, t.dtype)
     if SQ == 0 or SK == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    _fill_skipped(skip, HQ // HKV, (dq, 0.0))
+        return (dq_acc if merge else dq.zero_()), dk.zero_(), dv.zero_()
+    _fill_skipped(() if merge else skip, HQ // HKV, (dq, 0.0))
     _fill_skipped(skip, 1, (dk, 0.0), (dv, 0.0))
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
     cfg = kernel_config()
@@ -530,13 +536,14 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
              _strided(delta), SQ, HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
     bp, fresh = _planned(
-        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg, skip),
+        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg, (skip, merge)),
         lambda: plan_bwd(Call(pattern, plan, (B, HQ, HKV, SQ, SK, D), q.dtype, dev,
-                              bool(causal), cfg, skip)))
+                              bool(causal), cfg, skip, merge)))
     if bp.chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
     else:
         dqacc, dkacc, dvacc = _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)
+    dqacc = dq_acc if merge else dqacc
     # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
     # tiles); the first dk/dv launch adds them in.
     if bp.sinks:
@@ -556,4 +563,4 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     run += [(_dkdv_kernel, grid, (*head, row, *ints, scales), kw)
             for grid, row, ints, kw in bp.kv_items]
     _run(run, fresh, cfg)
-    return dq, dk, dv
+    return (dq_acc if merge else dq), dk, dv

@@ -96,17 +96,6 @@ def _run_rows(run, pc: Piece):
     return hi - lo, slice(pc.qs - lo, pc.qe - lo), (pc.qs, pc.qe) == (lo, hi)
 
 
-def _add_piece(sums: dict, run, pc: Piece, g, acc) -> None:
-    """Add a piece's dq rows into its run's sum (accumulation dtype ``acc``)."""
-    n, rows, whole = _run_rows(run, pc)
-    if pc.run not in sums:
-        sums[pc.run] = (g.to(acc) if whole
-                        else g.new_zeros(g.shape[:2] + (n, g.shape[-1]), dtype=acc))
-        if whole:
-            return
-    sums[pc.run][:, :, rows] += g
-
-
 def _ring_forward(ctx: _Ctx, q, k, v):
     """Merged ``(out [B, Hq, Sq, Dv] in q.dtype, lse [B, Hq, Sq])``, lse in float32 (float64
     for float64 inputs). Rows no piece reaches keep ``out = 0, lse = -inf``."""
@@ -180,14 +169,18 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
                 direct_k = j == 0 and direct_kv
                 qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
                 backend, a, plan = _piece_call(ctx, pc, kpos, kdoc, qb, kb_, vb_)
-                gq, gk, gv = backend.backward(
+                into = None
+                if not direct_q:  # several pieces: each adds into the run's dq (in the kernels)
+                    n, rows, _ = _run_rows(pieces.qruns[pc.run], pc)
+                    if pc.run not in dq_acc:
+                        dq_acc[pc.run] = q.new_zeros(q.shape[:2] + (n, q.shape[-1]), dtype=acc)
+                    into = dq_acc[pc.run][:, :, rows]
+                _, gk, gv = backend.backward(
                     dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb_, vb_,
                     out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,
                     grads=(dq[:, :, rq] if direct_q else None,
                            dk[:, :, rk] if direct_k else None,
-                           dv[:, :, rk] if direct_k else None), plan=plan)
-                if not direct_q:
-                    _add_piece(dq_acc, pieces.qruns[pc.run], pc, gq, acc)
+                           dv[:, :, rk] if direct_k else None), plan=plan, dq_acc=into)
                 if j > 0:
                     gk_blk[:, :, rk] += gk.to(acc)
                     gv_blk[:, :, rk] += gv.to(acc)

@@ -89,8 +89,8 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
                                 return_lse=return_lse, backend=backend,
                                 _skip_kv_heads=_skip_kv_heads)
     if triton:
-        # _skip_kv_heads (dense_heads.py, private): heads whose results the caller discards
-        a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads))
+        if _skip_kv_heads:  # (dense_heads.py, private) heads whose results the caller discards
+            a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads))
         out, lse = _kernel_attention(q, k, v, pattern, a, causal)
     else:
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)

@@ -406,7 +406,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
-        return out, lse
+        return (acc if merge else out), lse
     if not merge:
         _fill_skipped(skip, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)

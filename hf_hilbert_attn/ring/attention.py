@@ -90,10 +90,13 @@ def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
     return backend, a, with_documents(_kernel_plan(ctx, pc, backend, q, k, v, qp, kp), qd, kd)
 
 
-def _run_rows(run, pc: Piece):
-    """(rows of the run, the piece's rows within it, whether the piece covers the run)."""
-    lo, hi, _ = run
-    return hi - lo, slice(pc.qs - lo, pc.qe - lo), (pc.qs, pc.qe) == (lo, hi)
+def _run_part(bufs: dict, pieces: Pieces, pc: Piece, like, dtype):
+    """The piece's rows of its query run's buffer in ``bufs`` (zeros ``like``'s heads and head
+    size, in ``dtype``, made at the run's first piece)."""
+    lo, hi, _ = pieces.qruns[pc.run]
+    if pc.run not in bufs:
+        bufs[pc.run] = like.new_zeros(like.shape[:2] + (hi - lo, like.shape[-1]), dtype=dtype)
+    return bufs[pc.run][:, :, pc.qs - lo:pc.qe - lo]
 
 
 def _ring_forward(ctx: _Ctx, q, k, v):
@@ -120,11 +123,9 @@ def _ring_forward(ctx: _Ctx, q, k, v):
                                 lse=lse[:, :, rq], plan=plan)
                 continue
             # several pieces: each merges into the run's result (in the kernels on their path)
-            n, rows, _ = _run_rows(ctx.pieces.qruns[pc.run], pc)
-            if pc.run not in merged:
-                merged[pc.run] = q.new_zeros(q.shape[:2] + (n, v.shape[-1]), dtype=acc)
             backend.accumulate(qb, kb_, vb_, ctx.pattern, a, ctx.causal,
-                               merged[pc.run][:, :, rows], lse[:, :, rq], plan=plan)
+                               _run_part(merged, ctx.pieces, pc, out, acc), lse[:, :, rq],
+                               plan=plan)
     for run, o in merged.items():
         lo, hi, _ = ctx.pieces.qruns[run]
         out[:, :, lo:hi] = o.to(q.dtype)
@@ -169,12 +170,8 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
                 direct_k = j == 0 and direct_kv
                 qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
                 backend, a, plan = _piece_call(ctx, pc, kpos, kdoc, qb, kb_, vb_)
-                into = None
-                if not direct_q:  # several pieces: each adds into the run's dq (in the kernels)
-                    n, rows, _ = _run_rows(pieces.qruns[pc.run], pc)
-                    if pc.run not in dq_acc:
-                        dq_acc[pc.run] = q.new_zeros(q.shape[:2] + (n, q.shape[-1]), dtype=acc)
-                    into = dq_acc[pc.run][:, :, rows]
+                # several pieces: each adds into the run's dq (in the kernels)
+                into = None if direct_q else _run_part(dq_acc, pieces, pc, q, acc)
                 _, gk, gv = backend.backward(
                     dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb_, vb_,
                     out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,

@@ -52,6 +52,10 @@ def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torc
     """
     hq, hkv = q.shape[1], k.shape[1]
     pattern.check_kv_heads(hkv)
+    if (kwargs.get("q_positions") is None and kwargs.get("k_positions") is None
+            and pattern.sparse_part.is_dense_for(k.shape[2])):
+        # keys at 0..Sk-1, where the sparse rule allows every pair too: one call for all heads
+        return attend(q, k, v, pattern.sparse_part, return_lse=return_lse, **kwargs)
     # inference tensors cannot be saved for autograd: one cache entry per mode
     qh, qi, kvi = _head_index(pattern.dense_kv_heads, hq // hkv, q.device,
                               torch.is_inference_mode_enabled())

@@ -197,6 +197,12 @@ def test_sdpa_serves_calls_the_pattern_makes_dense(monkeypatch):
     # dense heads of a sparse pattern take SDPA for their slice
     dilated_attention(*_inputs(1, 4, 2, 80, 8), p.replace(dense_kv_heads=[1]))
     assert len(calls) == 3 and calls[2]["enable_gqa"]
+    # where the sparse heads are dense too, one call serves every head
+    dq, dk, dv = _inputs(2, 4, 2, 50, 8)
+    out = dilated_attention(dq, dk, dv, p.replace(dense_kv_heads=[1]))
+    assert len(calls) == 4 and calls[3]["enable_gqa"] and calls[3]["is_causal"]
+    torch.testing.assert_close(out, reference_attention(dq, dk, dv, p.replace(dense_kv_heads=[1]),
+                                                        dtype=torch.float64), atol=ATOL, rtol=0)
 
 
 # ------------------------------------------------------------------------------- the model

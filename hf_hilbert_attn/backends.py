@@ -7,11 +7,9 @@ point of ``ops.py`` and by the ring:
 * ``backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None, plan=None) ->
   (dq, dk, dv)``: the gradient of a call whose rows were merged into ``(out, lse)`` (its own
   result, or several calls' over disjoint keys: the ring), written into ``grads`` where given;
-* ``accumulate(q, k, v, pattern, a, causal, acc, lse, plan=None)``: merge the attention over
-  these keys into ``(acc, lse)`` in place, a result over other keys (``acc`` in the
-  accumulation dtype; ``0, -inf`` before the first call): the ring's pieces of one query run;
-* ``backward(..., dq_acc=...)``: dq added into ``dq_acc`` (accumulation dtype) instead, the
-  ring's pieces of one query run;
+* ``accumulate(q, k, v, pattern, a, causal, acc, lse, plan=None)`` and ``backward(...,
+  dq_acc=, dkv_acc=)``: merge into ``(acc, lse)`` over other keys (``0, -inf`` at first) / add
+  dq, dk, dv into these sums, in place, in the accumulation dtype (the ring's pieces);
 * ``position_plan(a, pattern)``: the plan of these positions to pass back as ``plan=`` (Triton:
   a ``PositionPlan``, ``False`` when the kernels cannot take them; None: nothing to keep).
 
@@ -91,11 +89,11 @@ def _merge_into(result, acc, lse):
     return acc.copy_(o), lse.copy_(l)
 
 
-def _add_dq(grads, dq_acc):
-    """``grads`` with dq added into ``dq_acc`` (returned in its place), or as they are."""
-    if dq_acc is None:
-        return grads
-    return (dq_acc.add_(grads[0].to(dq_acc.dtype)),) + tuple(grads[1:])
+def _add_grads(grads, dq_acc, dkv_acc):
+    """``grads`` with dq added into ``dq_acc`` and dk, dv into ``dkv_acc`` where given (those
+    returned in their place)."""
+    sums = (dq_acc,) + tuple(dkv_acc or (None, None))
+    return tuple(g if t is None else t.add_(g.to(t.dtype)) for g, t in zip(grads, sums))
 
 
 class TorchBackend:
@@ -115,9 +113,9 @@ class TorchBackend:
         return _into((o, l), (out, lse))
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
-                 plan=None, dq_acc=None):
+                 plan=None, dq_acc=None, dkv_acc=None):
         g = _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
-        return _add_dq(g if grads is None else _into(g, grads), dq_acc)
+        return _add_grads(g if grads is None else _into(g, grads), dq_acc, dkv_acc)
 
 
 class TritonBackend:
@@ -161,16 +159,18 @@ class TritonBackend:
         return _into((o.contiguous(), l.float().contiguous()), (out, lse))
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
-                 plan=None, dq_acc=None):
+                 plan=None, dq_acc=None, dkv_acc=None):
         dilated_bwd = _kernels().dilated_bwd
         grads = (None, None, None) if grads is None else grads
         plan, _ = self._plan(a, pattern, plan)
-        if plan is not None:
-            in_kernels = dq_acc is not None and dq_acc.dtype == torch.float32
-            return _add_dq(dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal,
-                                       plan, *grads, skip=a.skip_kv_heads,
-                                       dq_acc=dq_acc if in_kernels else None),
-                           None if in_kernels else dq_acc)
+        if plan is not None:  # float32 sums in the kernels, others added here
+            q_in = dq_acc is not None and dq_acc.dtype == torch.float32
+            kv_in = dkv_acc is not None and dkv_acc[0].dtype == torch.float32
+            return _add_grads(dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale,
+                                          causal, plan, *grads, skip=a.skip_kv_heads,
+                                          dq_acc=dq_acc if q_in else None,
+                                          dkv_acc=dkv_acc if kv_in else None),
+                              None if q_in else dq_acc, None if kv_in else dkv_acc)
         runs = document_runs(q, k, v, pattern, a)
         if runs is not None:  # packed documents, as in the forward
             dq, dk, dv = (torch.zeros_like(t) if g is None else g.zero_()
@@ -180,10 +180,10 @@ class TritonBackend:
                 dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
                             None if dlse is None else dlse[sl], pattern, a.scale, causal,
                             sub_plan, dq[sl], dk[sl], dv[sl], skip=a.skip_kv_heads)
-            return _add_dq((dq, dk, dv), dq_acc)
+            return _add_grads((dq, dk, dv), dq_acc, dkv_acc)
         # anything else: differentiate the PyTorch path (the forward's fallback)
         return TORCH.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads,
-                              dq_acc=dq_acc)
+                              dq_acc=dq_acc, dkv_acc=dkv_acc)
 
 
 TORCH, TRITON = TorchBackend(), TritonBackend()

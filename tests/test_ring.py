@@ -608,10 +608,12 @@ def test_local_attention_with_sinks_and_sliding_equals_the_op(window):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_accumulate_merges_pieces_over_disjoint_keys(backend):
-    """The backend seam's ``accumulate`` and ``backward(dq_acc=...)`` (the ring's pieces of one
-    query run): a query run's attention over three disjoint key ranges, merged one call after
-    another into (acc, lse), and its dq added piece by piece, equal one call over all the keys. Far key ranges first: the rate-1 config is pruned there,
-    so a piece's first launch covers only some rows."""
+    """The backend seam's ``accumulate`` and ``backward(dq_acc=..., dkv_acc=...)`` (the ring's
+    pieces): two query runs, each attending three disjoint key ranges merged one call after
+    another into its (acc, lse); then each piece's dq added into its run's sum and its dk/dv into
+    its key range's (two runs per range): equal to one call over all the keys. Far key ranges
+    first: the rate-1 config is pruned there, so a piece's first launch covers only some rows;
+    the sink key's range takes the sums on the host, the others in the kernels."""
     from hf_hilbert_attn.backends import TORCH, TRITON
     from hf_hilbert_attn.inputs import check_inputs
 
@@ -619,29 +621,32 @@ def test_accumulate_merges_pieces_over_disjoint_keys(backend):
     pat = DilatedPattern([8, 32, 64], [1, 4, 8], sink_tokens=1, window="sliding")
     s, hq, hkv, d = 70, 4, 2, 16
     q, k, v = (torch.randn(1, h, s, d, generator=g) for h in (hq, hkv, hkv))
-    rows = slice(50, 70)  # one query run; keys in three ranges, far ones first
-    qp = torch.arange(s)[rows]
-    acc = torch.zeros(1, hq, 20, d)
-    lse = torch.full((1, hq, 20), float("-inf"))
+    runs, ranges = ((40, 55), (55, 70)), ((0, 20), (20, 45), (45, 70))
     seam = TRITON if backend == "triton" else TORCH
-    ranges = ((0, 20), (20, 45), (45, 70))
+    acc = torch.zeros(1, hq, 30, d)
+    lse = torch.full((1, hq, 30), float("-inf"))
     calls = []
-    for lo, hi in ranges:
-        kv = (k[:, :, lo:hi], v[:, :, lo:hi])
-        a = check_inputs(q[:, :, rows], *kv, pat, q_positions=qp, k_positions=torch.arange(lo, hi))
-        seam.accumulate(q[:, :, rows], *kv, pat, a, True, acc, lse)
-        calls.append((kv, a))
-    # the backward: each piece's dq from the merged (out, lse), added into one float32 dq
+    for q0, q1 in runs:
+        rows = slice(q0 - 40, q1 - 40)
+        for lo, hi in ranges:
+            args = (q[:, :, q0:q1], k[:, :, lo:hi], v[:, :, lo:hi])
+            a = check_inputs(*args, pat, q_positions=torch.arange(q0, q1),
+                             k_positions=torch.arange(lo, hi))
+            seam.accumulate(*args, pat, a, True, acc[:, :, rows], lse[:, :, rows])
+            calls.append((args, a, rows, slice(lo, hi)))
     dout = torch.randn(acc.shape, generator=g)
-    dq = torch.zeros_like(acc)
-    for kv, a in calls:
-        seam.backward(dout, None, q[:, :, rows], *kv, acc, lse, pat, a, True, dq_acc=dq)
-    qq = q[:, :, rows].double().requires_grad_()
-    want, want_lse = reference_attention(qq, k.double(), v.double(), pat, q_positions=qp,
+    dq, dk, dv = torch.zeros_like(acc), torch.zeros(k.shape), torch.zeros(v.shape)
+    for args, a, rows, keys in calls:  # each from the merged (out, lse)
+        seam.backward(dout[:, :, rows], None, *args, acc[:, :, rows], lse[:, :, rows], pat, a,
+                      True, dq_acc=dq[:, :, rows], dkv_acc=(dk[:, :, keys], dv[:, :, keys]))
+    qq, kk, vv = (t.double().requires_grad_() for t in (q[:, :, 40:], k, v))
+    want, want_lse = reference_attention(qq, kk, vv, pat, q_positions=torch.arange(40, s),
                                          k_positions=torch.arange(s), return_lse=True,
                                          dtype=torch.float64)
-    (want_dq,) = torch.autograd.grad((want * dout).sum(), qq)
+    grads = torch.autograd.grad((want * dout).sum(), (qq, kk, vv))
     tol = attention_tol(s, d)  # relative to max(1, |want|), as helpers.assert_close
-    for name, got, ref in (("out", acc, want), ("lse", lse, want_lse), ("dq", dq, want_dq)):
-        torch.testing.assert_close(got.double(), ref.detach(), rtol=0,
-                                   atol=tol * max(1.0, float(ref.detach().abs().max())), msg=name)
+    for name, got, ref in zip(("out", "lse", "dq", "dk", "dv"), (acc, lse, dq, dk, dv),
+                              (want, want_lse, *grads)):
+        ref = ref.detach()
+        torch.testing.assert_close(got.double(), ref, rtol=0,
+                                   atol=tol * max(1.0, float(ref.abs().max())), msg=name)

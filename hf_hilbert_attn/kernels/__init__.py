@@ -280,6 +280,7 @@ class Call(NamedTuple):
     cfg: KernelConfig
     skip: tuple = ()  # key/value heads not computed (AttnInputs.skip_kv_heads)
     merge: bool = False  # merge into a given float32 out / dq (dilated_fwd's / _bwd's acc)
+    merge_kv: bool = False  # add dk/dv into given float32 sums (dilated_bwd's dkv_acc)
 
 
 class FwdPlan(NamedTuple):
@@ -292,14 +293,16 @@ class FwdPlan(NamedTuple):
 
 
 class BwdPlan(NamedTuple):
-    """The backward's launches: the config tables, this call's sink keys, the heads per chunk
-    of the float32 sums (``(hch, kch)``, None: none) and the dq and dk/dv launches."""
+    """The backward's launches: config tables, sink keys, heads per chunk of the float32 sums
+    (``(hch, kch)``, None: none), dq and dk/dv launches, and whether the dk/dv launches add into
+    the caller's sums (``merge_kv`` without sink keys: their share comes in a first launch)."""
 
     tables: tuple
     sinks: int
     chunks: object
     dq_items: list
     kv_items: list
+    kv_merge: bool = False
 
 
 def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
@@ -322,9 +325,8 @@ def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:
 
 
 def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
-    """``(first head, heads)`` chunks of at most ``chunk`` heads over the heads that are computed:
-    ``heads`` heads, ``group`` of them per key/value head (1: key/value heads), the key/value
-    heads ``skip`` left out."""
+    """``(first head, heads)`` chunks of at most ``chunk`` of ``heads`` heads, ``group`` per
+    key/value head (1: key/value heads), the key/value heads ``skip`` left out."""
     out, h = [], 0
     while h < heads:
         if h // group in skip:
@@ -442,7 +444,8 @@ def plan_bwd(c: Call) -> BwdPlan:
     prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
     # heads per chunk of the float32 buffers (query / key-value heads; merge: the caller's dq)
     hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
-    kch = _head_chunk(HKV, 2 * B * SK * D, len(launch), c.cfg)
+    kv_merge = c.merge_kv and not sinks
+    kch = HKV if kv_merge else _head_chunk(HKV, 2 * B * SK * D, len(launch), c.cfg)
     ncls_q = 1 if c.pattern.query_dilation == "per_head" else None
     smem = _smem(c.device, c.cfg)
     dq_tiles = {p: _blocks("dq", D, c.dtype, smem, p, cfg=c.cfg) for p in (False, True)}
@@ -472,10 +475,10 @@ def plan_bwd(c: Call) -> BwdPlan:
             dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
     kv_items = []
-    for g0, ng in _head_runs(HKV, 1, c.skip, kch):
+    for g0, ng in _head_runs(HKV, 1, () if kv_merge else c.skip, kch):
         for li, ln in enumerate(launch):
             kseg0, knseg, kblk0, knblk = _key_tiles(c.plan, ln.w, ln.r, kBN)
-            rows.append(row(li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0)))
+            rows.append(row(li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0), kv_merge))
             fl = _flags(c, prio, ln, kBN, bool(sinks), utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
@@ -485,8 +488,8 @@ def plan_bwd(c: Call) -> BwdPlan:
     table = _launch_table(rows, c.device)  # the dq launches' rows, then the dk/dv launches'
     dq_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(dq_items, table)]
     kv_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
-    chunks = (0 if c.merge else hch, kch) if len(launch) > 1 else None
-    return BwdPlan(tables, sinks, chunks, dq_items, kv_items)
+    chunks = (0 if c.merge else hch, 0 if kv_merge else kch) if len(launch) > 1 else None
+    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge)
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):
@@ -501,7 +504,8 @@ def _bwd_stats(lse, B, HQ, SQ, dev):
 
 
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
-                plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None):
+                plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None,
+                dkv_acc=None):
     """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
 
     ``dq``/``dk``/``dv``: optional tensors to write into (unit last stride, e.g. rows of a
@@ -509,7 +513,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     The float32 sums over configs hold a chunk of heads at a time (``_sum_buffers``). Planned
     once per call key (:func:`plan_bwd`). ``skip``: key/value heads not computed (their
     gradients, and their query heads', are 0). ``dq_acc``: a float32 ``q.shape`` tensor this
-    call's dq is added into (the ring's pieces of one query run), instead of writing ``dq``.
+    call's dq is added into (the ring's pieces of one query run), instead of writing ``dq``;
+    ``dkv_acc``: float32 ``(dk, dv)`` sums, likewise (in the kernels where no key is a sink).
     """
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
@@ -525,9 +530,10 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     for name, g, t in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         _check_target(name, g, t.shape, t.dtype)
     if SQ == 0 or SK == 0:
-        return (dq_acc if merge else dq.zero_()), dk.zero_(), dv.zero_()
+        return (dq_acc if merge else dq.zero_()), *(dkv_acc or (dk.zero_(), dv.zero_()))
     _fill_skipped(() if merge else skip, HQ // HKV, (dq, 0.0))
-    _fill_skipped(skip, 1, (dk, 0.0), (dv, 0.0))
+    for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
+        _check_target(name, t, k.shape, torch.float32)
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
     cfg = kernel_config()
     lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
@@ -536,14 +542,19 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
              _strided(delta), SQ, HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
     bp, fresh = _planned(
-        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg, (skip, merge)),
+        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg,
+                  (skip, merge, dkv_acc is not None)),
         lambda: plan_bwd(Call(pattern, plan, (B, HQ, HKV, SQ, SK, D), q.dtype, dev,
-                              bool(causal), cfg, skip, merge)))
+                              bool(causal), cfg, skip, merge, dkv_acc is not None)))
+    if not bp.kv_merge:
+        _fill_skipped(skip, 1, (dk, 0.0), (dv, 0.0))
     if bp.chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
     else:
         dqacc, dkacc, dvacc = _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)
     dqacc = dq_acc if merge else dqacc
+    if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
+        (dkacc, dvacc), dk, dv = dkv_acc, k, v
     # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
     # tiles); the first dk/dv launch adds them in.
     if bp.sinks:
@@ -563,4 +574,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     run += [(_dkdv_kernel, grid, (*head, row, *ints, scales), kw)
             for grid, row, ints, kw in bp.kv_items]
     _run(run, fresh, cfg)
-    return (dq_acc if merge else dq), dk, dv
+    if dkv_acc is None:
+        return (dq_acc if merge else dq), dk, dv
+    if not bp.kv_merge:  # sink keys here: the sums on the host
+        dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
+    return (dq_acc if merge else dq), *dkv_acc

@@ -91,8 +91,7 @@ def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
 
 
 def _run_part(bufs: dict, pieces: Pieces, pc: Piece, like, dtype):
-    """The piece's rows of its query run's buffer in ``bufs`` (zeros ``like``'s heads and head
-    size, in ``dtype``, made at the run's first piece)."""
+    """The piece's rows of its query run's buffer in ``bufs`` (zeros, made at its first piece)."""
     lo, hi, _ = pieces.qruns[pc.run]
     if pc.run not in bufs:
         bufs[pc.run] = like.new_zeros(like.shape[:2] + (hi - lo, like.shape[-1]), dtype=dtype)
@@ -172,18 +171,15 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
                 backend, a, plan = _piece_call(ctx, pc, kpos, kdoc, qb, kb_, vb_)
                 # several pieces: each adds into the run's dq (in the kernels)
                 into = None if direct_q else _run_part(dq_acc, pieces, pc, q, acc)
-                _, gk, gv = backend.backward(
+                # dK/dV: a received block's sums, local sums, or (direct) the result itself
+                sums = (gk_blk, gv_blk) if j > 0 else None if direct_kv else (dk, dv)
+                backend.backward(
                     dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb_, vb_,
                     out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,
                     grads=(dq[:, :, rq] if direct_q else None,
                            dk[:, :, rk] if direct_k else None,
-                           dv[:, :, rk] if direct_k else None), plan=plan, dq_acc=into)
-                if j > 0:
-                    gk_blk[:, :, rk] += gk.to(acc)
-                    gv_blk[:, :, rk] += gv.to(acc)
-                elif not direct_kv:
-                    dk[:, :, rk] += gk.to(acc)
-                    dv[:, :, rk] += gv.to(acc)
+                           dv[:, :, rk] if direct_k else None), plan=plan, dq_acc=into,
+                    dkv_acc=None if sums is None else tuple(t[:, :, rk] for t in sums))
         if j > 0:
             # every rank posts step j's gradient exchange in the same step (order matters)
             grads.step(j, gk_blk, gv_blk)

@@ -5,7 +5,6 @@ Kept free of anything attention-specific so every benchmark can reuse it.
 
 from __future__ import annotations
 
-import csv
 import gc
 import math
 import re
@@ -15,6 +14,9 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
+
+from ..evaluation import report
+
 
 # ----------------------------------------------------------------------------- device / naming
 def device_name(device) -> str:
@@ -175,25 +177,8 @@ def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
 
 # ----------------------------------------------------------------------------- output
 def write_csv(rows: List[dict], path) -> Path:
-    """Write dict rows (union of keys, first-seen order) to ``path``."""
-    path = Path(path)
-    cols: List[str] = []
-    for row in rows:
-        cols.extend(k for k in row if k not in cols)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: _cell(row.get(k)) for k in cols})
-    return path
-
-
-def _cell(v):
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.6g}"
-    return v
+    """Write dict rows (union of keys, first-seen order) to ``path``; NaN as an empty cell."""
+    return report.write_csv(rows, path, nan="")
 
 
 def markdown_table(rows: Iterable[dict], columns: Sequence[tuple]) -> str:

@@ -12,8 +12,9 @@ __all__ = ["write_csv", "read_eval_csv", "markdown_table", "eval_markdown", "wri
            "plot_perplexity", "plot_passkey_heatmap"]
 
 
-def write_csv(rows: Sequence[Dict], path) -> Path:
-    """Write ``rows`` (dicts; the union of their keys, in first-seen order) to ``path``."""
+def write_csv(rows: Sequence[Dict], path, nan: str = "nan") -> Path:
+    """Write ``rows`` (dicts; the union of their keys, in first-seen order) to ``path``: floats
+    to 6 significant digits, NaN as ``nan``, None as an empty cell."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fields: "OrderedDict[str, None]" = OrderedDict()
@@ -24,7 +25,7 @@ def write_csv(rows: Sequence[Dict], path) -> Path:
         w = csv.DictWriter(f, fieldnames=list(fields))
         w.writeheader()
         for r in rows:
-            w.writerow({k: _fmt_csv(v) for k, v in r.items()})
+            w.writerow({k: _fmt_csv(v, nan) for k, v in r.items()})
     return path
 
 
@@ -45,8 +46,10 @@ def read_eval_csv(path) -> list:
     return rows
 
 
-def _fmt_csv(v):
-    return f"{v:.6g}" if isinstance(v, float) else v
+def _fmt_csv(v, nan: str):
+    if isinstance(v, float):
+        return nan if math.isnan(v) else f"{v:.6g}"
+    return v
 
 
 def markdown_table(header: Sequence[str], body: Sequence[Sequence]) -> str:

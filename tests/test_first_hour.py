@@ -360,3 +360,14 @@ def test_lm_eval_runs_a_hilbert_dilated_model_offline(tmp_path):
     assert min(abs(ours[i] - sdpa[i]) for i in ours) > 0.05, (ours, sdpa)  # the pattern matters
     for i in ours:  # float32 sums of ~10 log-probs, batched vs alone: agree to rounding
         assert got[i] == pytest.approx(ours[i], abs=1e-3), (i, got[i], ours[i], sdpa[i])
+
+
+def test_every_shell_script_parses():
+    # the before/after scripts are run on a device with minutes to spare: a quote bash cannot
+    # parse there costs the call (one did, inside ${1:?...})
+    scripts = sorted(ROOT.glob("examples/**/*.sh")) + [ROOT / ".ci" / "run"]
+    assert len(scripts) > 3
+    runs = {s.name: subprocess.run(["bash", "-n", str(s)], capture_output=True, text=True)
+            for s in scripts}
+    bad = {name: r.stderr for name, r in runs.items() if r.returncode}
+    assert not bad, bad

@@ -8,7 +8,7 @@
 # training steps (bench model 135m and 1b) at 4K-16K, first with OLD_DIR's package, then with
 # this checkout's.
 set -u
-OLD=$(realpath "${1:?the before package's parent directory}"); OUT=${2:?output directory}
+OLD=$(realpath "${1:?the parent directory of the before package}"); OUT=${2:?output directory}
 NEW=$PWD
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

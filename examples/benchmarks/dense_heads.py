@@ -6,13 +6,15 @@ For each length, forward+backward (bf16, causal, B = 1) of:
 
 * ``sparse``  the pattern alone, every head;
 * ``hybrid``  the pattern with ``--dense`` of its key/value heads dense (the op runs the sparse
-  pattern over every head and plain attention over the dense heads' slice: dense_heads.py);
+  pattern over the other heads and plain attention over the dense heads' slice: dense_heads.py);
 * ``sdpa_slice``  SDPA (FlashAttention) causal on the dense heads' slice alone — the fastest
   dense path for the same heads;
 * ``sdpa``  SDPA on every head (dense attention, the baseline a user compares with).
 
-``dense efficiency`` = ``sdpa_slice / (hybrid - sparse)``: how fast the dense heads run inside the
-op compared with the fastest dense path for those heads (1.0 = as fast).
+``dense efficiency`` = ``sdpa_slice / (hybrid - (1 - f) sparse)``, ``f`` the dense share of the
+heads: how fast the dense heads run inside the op (what ``hybrid`` costs beyond the sparse heads'
+share of ``sparse``) compared with the fastest dense path for those heads (1.0 = as fast). Logs
+from before D40, when the sparse pattern also ran over the dense heads, used ``hybrid - sparse``.
 """
 
 import argparse
@@ -66,7 +68,7 @@ def main(argv=None):
                                                               enable_gqa=True)
         t_d = _fwd_bwd(sdpa, qs, ks, vs)
         t_f = _fwd_bwd(sdpa, q, k, v)
-        eff = t_d / max(t_h - t_s, 1e-9)
+        eff = t_d / max(t_h - (1 - len(args.dense) / args.hkv) * t_s, 1e-9)
         rows.append(dict(gpu=torch.cuda.get_device_name(), pattern=args.pattern,
                          dense=" ".join(map(str, args.dense)), seq=s, hq=args.hq, hkv=args.hkv,
                          dim=args.dim, sparse_ms=t_s, hybrid_ms=t_h, sdpa_slice_ms=t_d,

@@ -41,10 +41,8 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
 
     ``backend="triton"``: yes (any device: the interpreter runs them on CPU), or a
     ``ValueError`` when the kernels cannot take the dtype or head size; ``"auto"``: yes on CUDA
-    when they can; ``"torch"``: no. Static checks only (no device sync: it traces under
-    ``torch.compile``); data-dependent limits (repeated or negative positions) are checked
-    inside the op, which then runs the PyTorch path itself; an empty batch takes it too.
-    """
+    when they can; ``"torch"``: no. Static checks only (traceable); data-dependent limits are
+    checked inside the op, which then runs the PyTorch path; an empty batch takes it too."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "torch" or (backend == "auto" and not q.is_cuda):
@@ -61,10 +59,9 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
 
 def _triton_importable() -> bool:
     try:  # an import, not find_spec: a broken install must take the PyTorch path
-        import triton  # noqa: F401
+        return bool(__import__("triton"))
     except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
         return False
-    return True
 
 
 def _kernels():

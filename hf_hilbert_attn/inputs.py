@@ -1,10 +1,6 @@
-"""Validation and normalisation of attention inputs, shared by every implementation.
-
-Conventions are ``ops.dilated_attention``'s: q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``;
-positions and document ids ``[S]`` or ``[B, S]`` integer tensors; without positions, keys sit at
-``0..Sk-1`` and queries at the *last* ``Sq`` positions; a key with a negative document id is
-padding.
-"""
+"""Validation and normalisation of attention inputs, shared by every implementation, in
+``ops.dilated_attention``'s conventions (shapes, positions bottom-right aligned by default, a
+negative key document id is padding)."""
 
 from __future__ import annotations
 
@@ -35,8 +31,8 @@ class AttnInputs:
     q_doc_ids: Optional[torch.Tensor]  # [Bd, Sq] int64 or None
     k_doc_ids: Optional[torch.Tensor]  # [Bd, Sk] int64 or None
     natural_positions: bool  # positions were not given (queries/keys at arange)
-    # key/value heads whose results the caller discards (dense_heads.py): out/lse of their query
-    # heads unspecified, gradients arriving for them zero; the kernels skip them
+    # key/value heads whose results the caller discards (dense_heads.py): their out/lse
+    # unspecified, gradients arriving for them zero; long kernel calls skip them (D41)
     skip_kv_heads: tuple = ()
 
 

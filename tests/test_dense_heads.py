@@ -164,16 +164,28 @@ def test_kernels_launch_nothing_for_skipped_heads():
     assert all(h == [0, 2] for h in _planned_heads(bwd[(1,)].kv_items, LAUNCH_FIELDS).values())
 
 
+@pytest.mark.parametrize("skip_rows", [0, 1 << 20], ids=["skipped", "computed"])
 @pytest.mark.parametrize("dense", [[1], [0, 2], [2]])
-def test_triton_interpreter_skips_dense_heads_exactly(dense):
-    # the sparse call skips the dense heads (chunks around them, one head per chunk): outputs,
+def test_triton_interpreter_skips_dense_heads_exactly(dense, skip_rows):
+    # the sparse call skips the dense heads (chunks around them, one head per chunk), or, on a
+    # short call where skipping [1] would split the heads, computes and discards them: outputs,
     # lse and every gradient as the reference's
     from hf_hilbert_attn import kernels
 
     p = DilatedPattern([8, 16], [1, 2], sink_tokens=1, dense_kv_heads=dense)
     q, k, v = _inputs(1, 6, 3, 29, 16, dtype=torch.float32)
-    with kernels.configured(acc_bytes=29 * 16 * 4):
+    with kernels.configured(acc_bytes=29 * 16 * 4, skip_rows=skip_rows):
         _compare(p, q, k, v, 2e-5, backend="triton")
+
+
+def test_short_calls_skip_only_heads_that_save_a_launch():
+    from hf_hilbert_attn.kernels import KernelConfig, _skipped
+
+    cfg = KernelConfig(skip_rows=4096)
+    assert _skipped((1,), 3, 4096, cfg) == (1,)  # long enough: the programs saved count
+    assert _skipped((1,), 3, 4095, cfg) == ()  # would split 0 | 2: computed instead
+    assert _skipped((0,), 3, 16, cfg) == (0,) and _skipped((0, 2), 3, 16, cfg) == (0, 2)
+    assert _skipped((), 3, 16, cfg) == ()
 
 
 def test_sdpa_serves_calls_the_pattern_makes_dense(monkeypatch):

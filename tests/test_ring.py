@@ -578,6 +578,30 @@ def test_sinks_are_sent_to_every_later_rank():
     assert plan_ring(slide, 8, 2, False, 3, pos, pos).entries_sent() == 15 * 2  # non-causal
 
 
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_pieces_are_runs_of_consecutive_positions(layout):
+    # A received block of the sink and far window keys (zigzag: rank 1's block from rank 0) is
+    # split into its runs: every piece's queries and keys are consecutive positions (the
+    # kernels' natural order), and a query run meets only the runs it reaches (before: one call
+    # over the whole block, positions spread too far for the kernels' tables on a GPU at 4 ranks
+    # x 128K: the PyTorch path)
+    from hf_hilbert_attn.ring.plan import plan_pieces
+    from hf_hilbert_attn.sharding import shard_positions
+
+    pat = DilatedPattern([16, 32, 64], [1, 2, 4], window="sliding", sink_tokens=1)
+    allp = shard_positions(4 * 128, 4, layout)
+    pos = [allp[r].view(1, -1) for r in range(4)]
+    for r in range(4):
+        plan = plan_ring(pat, 4, 2, True, r, pos, pos)
+        pieces = plan_pieces(pat, True, plan, pos[r], pos[r])
+        for j, step in enumerate(pieces.steps):
+            kpos = pos[r] if j == 0 else plan.steps[j - 1].recv_kpos
+            for pc in step:
+                for p in (pos[r][0, pc.qs:pc.qe], kpos[0, pc.ks:pc.ke]):
+                    assert torch.equal(p, torch.arange(int(p[0]), int(p[0]) + p.numel())), \
+                        (layout, r, j, pc)
+
+
 @pytest.mark.parametrize("window", ["segment", "sliding"])
 def test_local_attention_with_sinks_and_sliding_equals_the_op(window):
     # the local step's piece filter keeps every run pair a window or a sink joins: runs at

@@ -152,6 +152,9 @@ def main(argv=None):
     p.add_argument("--calls", type=int, default=20, help="timed calls per repeat")
     p.add_argument("--repeats", type=int, default=15, help="repeats; the best is printed")
     p.add_argument("--profile", action="store_true", help="print the top host functions")
+    p.add_argument("--layers", action="store_true",
+                   help="GPU: host time per layer of the call (op, kernels entry, launches, "
+                        "Triton's launch alone, guard, allocation)")
     args = p.parse_args(argv)
     if args.stub:
         os.environ.pop("TRITON_INTERPRET", None)  # the launchers plan the real GPU tiles
@@ -247,6 +250,8 @@ def main(argv=None):
               f"{fmt(med[gk])} | {sum(launches.values())} "
               f"({', '.join(f'{n.strip(chr(95))} {c}' for n, c in sorted(launches.items()))}) | "
               f"{sum(ops.values())} ({', '.join(f'{n} {c}' for n, c in sorted(ops.items()))}) |")
+    if args.layers and dev == "cuda":
+        _print_layers(q, k, v, g, pattern, fwd, bwd, args.calls, args.repeats)
     if args.profile:
         with _Launches(True, not args.no_bind) if args.stub else _nullctx():
             prof = cProfile.Profile()
@@ -256,6 +261,90 @@ def main(argv=None):
             prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
     return med
+
+
+def _per_call_us(fn, calls: int, repeats: int) -> float:
+    """Best over ``repeats`` of the mean host time of ``calls`` calls of ``fn`` (no sync
+    inside: the GPU queue absorbs the work)."""
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
+    """Host time of each layer of one attention call, outermost first: where the host time of
+    a short step goes on this machine (each layer includes the ones below it)."""
+    import hf_hilbert_attn.kernels as K
+    from hf_hilbert_attn.inputs import check_inputs
+    from hf_hilbert_attn.kernels import _launch, dilated_bwd, dilated_fwd
+    from hf_hilbert_attn.kernels._plan import plan_positions
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    a = check_inputs(q, k, v, pattern)
+    plan, _ = plan_positions(a, pattern)
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    out, lse = dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan)
+    captured, real_run = [], K._run
+    K._run = lambda launches, fresh, cfg: captured.append((launches, cfg))  # the run step's input
+    try:
+        dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan)
+        dilated_bwd(g, qd, kd, vd, out, lse, None, pattern, a.scale, True, plan)
+    finally:
+        K._run = real_run
+    (lf, _), (lb, _) = captured
+
+    def triton_only(ls):  # what launch() does after its cache hit, prepared: Triton's part
+        dev = driver.active.get_current_device()
+        prepared = []
+        for fn, grid, head, rest, kw in ls:
+            guard = (_launch._guard(head), _launch._guard(rest))
+            kernel, names = _launch._FAST[(fn, dev, grid, tuple(kw.items()), guard)]
+            values = (*head, *rest, *(kw[n] for n in names))
+            g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
+            prepared.append((kernel, g0, g1, g2, values, grid))
+
+        def go():
+            stream = driver.active.get_current_stream(dev)
+            for kernel, g0, g1, g2, values, grid in prepared:
+                kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
+                           kernel.launch_metadata(grid, stream, *values),
+                           knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook,
+                           *values)
+        return go
+
+    rows = [
+        ("op forward (autograd)", lambda: fwd(), 1),
+        ("op backward (autograd)", None, 1),
+        ("check_inputs", lambda: check_inputs(q, k, v, pattern), 1),
+        ("kernels.dilated_fwd", lambda: dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan), 1),
+        ("kernels.dilated_bwd", lambda: dilated_bwd(g, qd, kd, vd, out, lse, None, pattern,
+                                                    a.scale, True, plan), 1),
+        ("launches, forward", lambda: _launch.launch_all(lf), len(lf)),
+        ("launches, backward", lambda: _launch.launch_all(lb), len(lb)),
+        ("Triton's launch alone, forward", triton_only(lf), len(lf)),
+        ("Triton's launch alone, backward", triton_only(lb), len(lb)),
+        ("guard of one launch's arguments", lambda: _launch._guard(lf[0][2] + lf[0][3]), 1),
+        ("torch.empty_like(q) on the GPU", lambda: torch.empty_like(qd), 1),
+    ]
+    print(f"\nhost time per layer (us per call; launches: per launch in brackets), "
+          f"{torch.cuda.get_device_name()}")
+    print("| layer | us per call | launches | us per launch |")
+    print("|---|---|---|---|")
+    outs = [fwd() for _ in range(calls)]
+    for name, fn, n in rows:
+        if fn is None:  # the backward consumes one forward's graph per call
+            it = iter(outs)
+            us = _per_call_us(lambda: bwd(next(it)), calls, 1)
+        else:
+            us = _per_call_us(fn, calls, repeats)
+        print(f"| {name} | {us:.1f} | {n} | {us / n:.1f} |")
 
 
 class _nullctx:

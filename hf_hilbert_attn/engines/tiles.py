@@ -20,12 +20,11 @@ h % r; in "all" mode every head with every class; a rate-1 config keeps all head
   block before it, which, both orders reversed, is causal too;
 - sink tokens: every query against keys 0..k-1 with the union mask, in plain matmuls.
 
-Tiles padded to equal length read any valid row (causality or the mask hides a padded key; a
-padded query writes to a dummy row S, with lse = +inf in the backward). The tiles' (out, lse)
-are merged; the backward runs the kernel's own backward per tile with the merged (out, lse),
-the gradient of the union, and folds a gradient of lse in through one extra feature column
-(dout 1, out -dlse): the kernel's delta becomes rowsum(dout * out) - dlse. Anything else takes
-the blockwise engine. Measured against SDPA: docs/decisions.md D26.
+Padded tiles read any valid row (causality or the mask hides a padded key; a padded query
+writes a dummy row S, lse = +inf in the backward). The tiles' (out, lse) merge; the backward
+runs the kernel's backward per tile with the merged (out, lse), a gradient of lse folded in
+through one extra feature column (dout 1, out -dlse: delta = rowsum(dout * out) - dlse).
+Anything else takes the blockwise engine. Measured against SDPA: docs/decisions.md D26.
 """
 
 from __future__ import annotations

@@ -5,15 +5,12 @@ Trainer's own context parallelism (``ParallelismConfig(cp_size=N)``) patches SDP
 refuses any other attention. Here, built from :mod:`hf_hilbert_attn.integrations.accelerate`:
 
 * **Topology**: ``dp × sp`` ranks, consecutive ranks one sequence-parallel group.
-* **Data**: the DataLoaders are split over the ``dp`` groups (Accelerate's
-  ``prepare_data_loader`` with ``num_processes=dp``, no dispatching), so every rank of a group
-  reads the same batch; each step checks that (a 24-byte all-gather) and raises otherwise.
-* **Sharding**: :class:`SequenceParallelCollator` cuts each batch with
-  :func:`~hf_hilbert_attn.sharding.shard_batch` (labels shifted before, as ``shift_labels``).
-* **Step**: ``training_step`` and ``prediction_step`` run inside
-  :func:`hf_hilbert_attn.sequence_parallel`, so the registered attention is the ring.
+* **Data**: DataLoaders split over the ``dp`` groups (``prepare_data_loader`` with
+  ``num_processes=dp``): a group's ranks read the same batch (checked each step, 24 bytes).
+* **Sharding**: :class:`SequenceParallelCollator` (``sharding.shard_batch``, labels shifted).
+* **Step**: ``training_step`` / ``prediction_step`` inside ``sequence_parallel``: the ring.
 * **Loss**: Trainer's token accounting (``num_items_in_batch`` over all ranks) and DDP's
-  gradient average already give the 1-process gradient and loss; no extra all-reduce.
+  gradient average give the 1-process gradient and loss; no extra all-reduce.
 
 ``SequenceParallelTrainer(..., sp_size=2)`` is the Trainer;
 ``sequence_parallel_trainer(SFTTrainer)`` makes the same class over another Trainer subclass.

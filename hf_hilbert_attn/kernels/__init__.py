@@ -73,8 +73,7 @@ _SMALL: dict = {}  # small int32 device tensors by (content, device): made once,
 
 
 def _small_tensor(values: tuple, device) -> torch.Tensor:
-    """A cached int32 tensor on ``device``: made per call, each was a host-to-device copy, which
-    waits for the host and which CUDA graphs cannot hold."""
+    """A cached int32 tensor on ``device`` (made per call: a host-to-device copy, uncapturable)."""
     key = (values, str(device))
     t = _SMALL.get(key)
     if t is None:
@@ -88,18 +87,17 @@ def _dummy(device):
     return _small_tensor((0,), device)
 
 
-class _Launch(tuple):
-    """One launch: ``(w, r, lb, npri, entry, pair)``: tiling segment length (sliding:
-    ``W_CAP``), rate, band reach in class steps (sliding), configs before it in priority, its
-    ``(w, r)`` entry for ``_participates``, and whether it tests the union rule pair by pair on
-    whole tiles (``_needs_pair_mask``), which picks its tiles."""
+class _Launch(NamedTuple):
+    """One launch: tiling segment length (sliding: ``W_CAP``), rate, band reach in class steps
+    (sliding), configs before it in priority, its ``(w, r)`` entry for ``_participates``, and
+    whether it tests the union rule pair by pair on whole tiles (``_needs_pair_mask``)."""
 
-    w = property(lambda s: s[0])
-    r = property(lambda s: s[1])
-    lb = property(lambda s: s[2])
-    npri = property(lambda s: s[3])
-    entry = property(lambda s: s[4])
-    pair = property(lambda s: s[5])
+    w: int
+    r: int
+    lb: int
+    npri: int
+    entry: tuple
+    pair: bool
 
 
 def _launches(pattern, plan: PositionPlan, causal: bool = True):
@@ -116,9 +114,9 @@ def _launches(pattern, plan: PositionPlan, causal: bool = True):
             continue
         npri = prio.index((w, r))
         if pattern.sliding:
-            out.append(_Launch((W_CAP, r, (w - 1) // r, npri, (w, r), False)))
+            out.append(_Launch(W_CAP, r, (w - 1) // r, npri, (w, r), False))
         else:
-            out.append(_Launch((w, r, 0, npri, (w, r), _needs_pair_mask(prio[:npri], r))))
+            out.append(_Launch(w, r, 0, npri, (w, r), _needs_pair_mask(prio[:npri], r)))
     return prio, out, sink_keys(pattern, plan.klo, plan.base)
 
 
@@ -340,6 +338,13 @@ def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
     return out
 
 
+def _skipped(skip: tuple, hkv: int, rows: int, cfg: KernelConfig) -> tuple:
+    """The key/value heads a call of ``rows`` query rows leaves out (``KernelConfig.skip_rows``)."""
+    if not skip or rows >= cfg.skip_rows or len(_head_runs(hkv, 1, skip, hkv)) <= 1:
+        return skip
+    return ()
+
+
 def _fill_skipped(skip: tuple, group: int, *fills) -> None:
     """``t[:, heads of skipped key/value head j] = value`` for each ``(t, value)`` in ``fills``."""
     for j in skip:
@@ -409,10 +414,11 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return (acc if merge else out), lse
+    cfg = kernel_config()
+    skip = _skipped(skip, k.shape[1], B * SQ, cfg)
     if not merge:
         _fill_skipped(skip, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-    cfg = kernel_config()
     fp, fresh = _planned(
         _call_key("fwd", pattern, plan, q, k, causal, scale, cfg, (skip, merge)),
         lambda: plan_fwd(Call(pattern, plan, (B, HQ, k.shape[1], SQ, k.shape[2], D), q.dtype,
@@ -423,7 +429,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
             _positions(plan, dev), fp.tables)
     scale_log2 = scale * LOG2E
-    _run([(_fwd_kernel, grid, (*head, row, *ints, scale_log2), kw)
+    _run([(_fwd_kernel, grid, head, (row, *ints, scale_log2), kw)
           for grid, row, ints, kw in fp.items], fresh, cfg)
     return (acc if merge else out), lse
 
@@ -531,16 +537,17 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         _check_target(name, g, t.shape, t.dtype)
     if SQ == 0 or SK == 0:
         return (dq_acc if merge else dq.zero_()), *(dkv_acc or (dk.zero_(), dv.zero_()))
+    cfg = kernel_config()
+    skip = _skipped(skip, HKV, B * SQ, cfg)
     _fill_skipped(() if merge else skip, HQ // HKV, (dq, 0.0))
     for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
         _check_target(name, t, k.shape, torch.float32)
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-    cfg = kernel_config()
     lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
     dblk = 64 if not cfg.interpret else 16
     run = [(_delta_kernel, (triton.cdiv(SQ, dblk), B * HQ),
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
-             _strided(delta), SQ, HQ), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+             _strided(delta), SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
     bp, fresh = _planned(
         _call_key("bwd", pattern, plan, q, k, causal, scale, cfg,
                   (skip, merge, dkv_acc is not None)),
@@ -567,11 +574,11 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     lses, deltas = _strided(lse), _strided(delta)
     scales = (scale, scale * LOG2E)
     head = (qs, ks, vs, dos, lses, deltas, _strided(dq), _strided(dqacc), sinkg, pos, bp.tables)
-    run += [(_dq_kernel, grid, (*head, row, *ints, scales), kw)
+    run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
             for grid, row, ints, kw in bp.dq_items]
     head = (qs, ks, vs, dos, lses, deltas, _strided(dk), _strided(dv), _strided(dkacc),
             _strided(dvacc), sinkg, pos, bp.tables)
-    run += [(_dkdv_kernel, grid, (*head, row, *ints, scales), kw)
+    run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
             for grid, row, ints, kw in bp.kv_items]
     _run(run, fresh, cfg)
     if dkv_acc is None:

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import triton
 
-from ._launch import launch
+from ._launch import launch_all
 
 __all__ = ["KernelConfig", "kernel_config", "configure", "configured", "set_launch_hook"]
 
@@ -80,6 +80,8 @@ class KernelConfig:
         smem: shared memory per program the tiles are chosen for (bytes; None: the GPU's own;
             the compile check plans another GPU's launches with it).
         interpret: the Triton interpreter runs the kernels (``TRITON_INTERPRET=1``).
+        skip_rows: query rows (``B * Sq``) from which a call leaves out skipped heads between
+            computed ones (a launch more per config); below, it computes them (D41).
     """
 
     blocks: Optional[tuple] = None
@@ -87,6 +89,7 @@ class KernelConfig:
     compile_threads: int = 1
     smem: Optional[int] = None
     interpret: bool = False
+    skip_rows: int = 16384
 
     def __post_init__(self):
         object.__setattr__(self, "blocks", _blocks_key(self.blocks))
@@ -187,14 +190,12 @@ def _async_active() -> bool:
 
 
 def _run(launches, fresh: bool, cfg: KernelConfig) -> None:
-    """Launch ``(jit_fn, grid, args, kwargs)`` in order (or hand them to the launch hook);
-    ``fresh`` (a call planned just now): compile them side by side first."""
-    if _LAUNCH_HOOK is not None:
-        _LAUNCH_HOOK(launches)
-        return
-    if fresh:
-        _compile_together(launches, cfg)
-    for fn, grid, args, kwargs in launches:
-        launch(fn, grid, args, kwargs)
-
-
+    """Launch ``(jit_fn, grid, head, rest, kwargs)`` (arguments ``head + rest``) in order, or hand
+    the hook ``(jit_fn, grid, args, kwargs)``; ``fresh``: compile them side by side first."""
+    if _LAUNCH_HOOK is not None or fresh:
+        flat = [(fn, grid, head + rest, kw) for fn, grid, head, rest, kw in launches]
+        if _LAUNCH_HOOK is not None:
+            _LAUNCH_HOOK(flat)
+            return
+        _compile_together(flat, cfg)
+    launch_all(launches)

@@ -1,13 +1,11 @@
 """Launching a planned kernel again without Triton's per-call binding.
 
-``jit_fn[grid](*args)`` binds the arguments, specializes them (alignment, divisibility) and
-builds a cache key: about 40 µs of host time per launch on an H200's host, six to thirteen per
-attention call (short steps of small models are host-bound). A planned call repeats the same
-launches with new tensors of the same layout, so after the first launch the compiled kernel is
-kept with a *guard* (each tensor's dtype and 16-byte alignment, each integer's value); while it
-matches, the launch goes straight to ``CompiledKernel.run``, as ``JITFunction.run`` ends.
-Only for real ``JITFunction``s of a Triton whose ``run`` ends that way (checked once); the
-interpreter, recorded launches (``aot``) and stubs take the plain path.
+``jit_fn[grid](*args)`` binds and specializes the arguments and builds a cache key: about
+40 µs of host time per launch on an H200's host. A planned call repeats its launches with new
+tensors of the same layout, so the compiled kernel is kept with a *guard* (each tensor's dtype
+and 16-byte alignment, each integer's value); while it matches, the launch goes straight to
+``CompiledKernel.run``, as ``JITFunction.run`` ends (checked once; the interpreter, recorded
+launches and stubs take the plain path). The guard of a call's shared tensors is made once.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch", "fast_launches_enabled"]
+__all__ = ["launch", "launch_all", "fast_launches_enabled"]
 
 _FAST: dict = {}  # (fn, device, grid, kwargs, guard) -> (compiled kernel, names of kwargs params)
 _MAX = 1024
@@ -46,9 +44,7 @@ def fast_launches_enabled() -> bool:
 
 def _guard(args: tuple) -> tuple:
     """What Triton specializes ``args`` on, flat: tensors' dtype and 16-byte alignment, ints'
-    values, bools apart from ints (``True == 1``, but Triton types them apart), other values'
-    types (floats are not specialized). One loop over the values, a call per tuple (``Strided``,
-    ``Positions``, tables), not per value: about 60 values a launch."""
+    values, bools apart from ints (``True == 1``), other values' types (floats: none)."""
     out = []
     ap = out.append
     for x in args:
@@ -66,14 +62,15 @@ def _guard(args: tuple) -> tuple:
     return tuple(out)
 
 
-def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
-    """``fn[grid](*args, **kwargs)``; after the first launch of a layout, without the binding."""
+def launch(fn, grid: tuple, args: tuple, kwargs: dict, guard: Optional[tuple] = None) -> None:
+    """``fn[grid](*args, **kwargs)``; after the first launch of a layout, without the binding.
+    ``guard``: what ``_guard(args)`` tells apart (made once for a call's launches)."""
     if not isinstance(fn, JITFunction) or not fast_launches_enabled():
         fn[grid](*args, **kwargs)
         return
     dev = driver.active.get_current_device()
     # kwargs in call-site order: one launcher builds them the same way every call
-    key = (fn, dev, grid, tuple(kwargs.items()), _guard(args))
+    key = (fn, dev, grid, tuple(kwargs.items()), _guard(args) if guard is None else guard)
     hit = _FAST.get(key)
     if hit is None:
         kernel = fn[grid](*args, **kwargs)
@@ -95,3 +92,17 @@ def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
     meta = kernel.launch_metadata(grid, stream, *values)
     kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, meta,
                knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+
+
+def launch_all(launches) -> None:
+    """:func:`launch` of each ``(fn, grid, head, rest, kwargs)`` (arguments ``head + rest``), the
+    guard of a head (the call's tensors, shared by its launches) made once."""
+    guards = {}
+    for fn, grid, head, rest, kwargs in launches:
+        if not isinstance(fn, JITFunction) or not fast_launches_enabled():
+            fn[grid](*head, *rest, **kwargs)
+            continue
+        g = guards.get(id(head))
+        if g is None:
+            g = guards[id(head)] = _guard(head)
+        launch(fn, grid, head + rest, kwargs, (g, _guard(rest)))

@@ -275,9 +275,9 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
                 k_pos: torch.Tensor) -> Pieces:
     """Pieces of every step, the query runs, and how many pieces write each query run.
 
-    Query rows are split into runs of consecutive positions, and the local block (step 0) into
-    key runs too, so contiguous and zigzag shards run the kernels in natural order and skip run
-    pairs no segment joins; a received block is one call per query run it can reach.
+    Query rows and key blocks (local and received) are split into runs of consecutive
+    positions: contiguous and zigzag shards run the kernels in natural order and skip run pairs
+    no segment or window joins (a sink apart from far window keys: not a spread-out call).
     """
     qruns = run_ranges(q_pos)
     consecutive = _runs(q_pos) is not None  # run rows hold positions first, first + 1, ...
@@ -296,10 +296,8 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
             out.append(Piece(qs, qe, ks, ke, i))
         return out
 
-    steps = [[pc for ks, ke, krng in run_ranges(k_pos) for pc in reach(ks, ke, krng)]]
-    for st in plan.steps:
-        kp = st.recv_kpos
-        steps.append(reach(0, kp.shape[1], (int(kp.min()), int(kp.max()))) if st.n_recv else [])
+    steps = [[pc for ks, ke, krng in run_ranges(kp) for pc in reach(ks, ke, krng)]
+             for kp in [k_pos] + [st.recv_kpos for st in plan.steps]]
     writes = [0] * len(qruns)
     for step in steps:
         for pc in step:

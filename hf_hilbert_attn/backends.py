@@ -58,10 +58,11 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
 
 
 def _triton_importable() -> bool:
-    try:  # an import, not find_spec: a broken install must take the PyTorch path
-        return bool(__import__("triton"))
+    try:  # an import statement (dynamo traces it), not find_spec: a broken install must fail
+        import triton  # noqa: F401
     except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
         return False
+    return True
 
 
 def _kernels():

@@ -189,3 +189,20 @@ def test_relaunch_guard_sees_what_triton_specializes_on():
     assert _guard(args(a, 64, 16, 1, flag=1)) != same
     # nesting does not hide a value: a tuple inside a tuple is guarded like its items
     assert _guard(((a, (a, 3)),)) == _guard((a, a, 3)) != _guard(((a, (a, 4)),))
+
+
+def test_dispatch_traces_into_one_graph():
+    # torch.compile(fullgraph=True) traces the dispatch rule (backends.use_triton): a call dynamo
+    # cannot trace there (e.g. __import__) breaks every compiled model's graph
+    from hf_hilbert_attn.backends import select_backend
+
+    q = torch.randn(1, 4, 45, 16)
+    k = torch.randn(1, 2, 45, 16)
+    a = check_inputs(q, k, k, PATTERN)
+
+    def f(x):
+        return x * 2 if select_backend(x, a, "triton").name == "triton" else x
+
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True, backend="eager")(q)
+    assert torch.equal(out, q * 2)

@@ -2,16 +2,14 @@
 engines, and the one rule that picks between them (:func:`select_backend`), used by every entry
 point of ``ops.py`` and by the ring:
 
-* ``forward(q, k, v, pattern, a, causal, out=None, lse=None, plan=None) -> (out, lse)``: the
-  attention without autograd, written into ``out`` / ``lse`` when given;
+* ``forward(q, k, v, pattern, a, causal, out=None, lse=None, plan=None) -> (out, lse)``
+  (no autograd; into ``out`` / ``lse`` when given);
 * ``backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None, plan=None) ->
-  (dq, dk, dv)``: the gradient of a call whose rows were merged into ``(out, lse)`` (its own
-  result, or several calls' over disjoint keys: the ring), written into ``grads`` where given;
-* ``accumulate(q, k, v, pattern, a, causal, acc, lse, plan=None)`` and ``backward(...,
-  dq_acc=, dkv_acc=)``: merge into ``(acc, lse)`` over other keys (``0, -inf`` at first) / add
-  dq, dk, dv into these sums, in place, in the accumulation dtype (the ring's pieces);
-* ``position_plan(a, pattern)``: the plan of these positions to pass back as ``plan=`` (Triton:
-  a ``PositionPlan``, ``False`` when the kernels cannot take them; None: nothing to keep).
+  (dq, dk, dv)``: the gradient of rows merged into ``(out, lse)`` (the ring: over disjoint keys);
+* ``accumulate(..., acc, lse)`` and ``backward(..., dq_acc=, dkv_acc=)``: merge into / add into
+  the given sums in place (the ring's pieces);
+* ``position_plan(a, pattern)``: the plan to pass back as ``plan=`` (Triton: a ``PositionPlan``,
+  ``False`` when the kernels cannot take these positions; None: nothing to keep).
 
 ``a`` is ``inputs.check_inputs``'s result; the pattern has no dense heads (``dense_heads.py``).
 The Triton backend runs packed documents one call each (``engines/documents.py``) and sends what

@@ -5,9 +5,8 @@ key/value head attend every key. A call with dense heads is two calls of an atte
 that knows nothing of them:
 
 * the sparse pattern (``pattern.sparse_part``) over **all** heads (per_head classes are ``h % r``
-  of the absolute head index, so the sparse heads cannot be gathered without renumbering); the
-  dense heads' share is discarded, and the call is told so (``_skip_kv_heads``): the kernels
-  launch no program for those heads and give them zero gradients;
+  of the absolute head index); the dense heads' share is discarded and the call told so
+  (``_skip_kv_heads``): the kernels skip those heads (short calls: where that adds no launch);
 * the one-config pattern ``[(2**30, 1)]`` over the dense heads' slice (plain attention: SDPA /
   FlashAttention where nothing else applies), whose result replaces theirs.
 

@@ -20,6 +20,7 @@ from helpers import random_pattern
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn.ring import cached_plan, local_attention, plan_ring, ring_attention
 from hf_hilbert_attn.planning import meets
+from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.ring.plan import key_need, run_ranges
 from hf_hilbert_attn.sharding import padded_length, shard_positions
 
@@ -628,6 +629,29 @@ def test_local_attention_with_sinks_and_sliding_equals_the_op(window):
         _close(got[1].double()[finite], want[1][finite], lse_float32_tol() + TOL64)
         for a, b in zip(g_got, g_want):
             _close(a, b, TOL64)
+
+
+def test_merging_launches_cover_only_what_their_window_reaches():
+    # a piece whose queries lie past its keys (a received block): where its launches merge into
+    # given sums, the short window's launches tile only the query rows (dq) and keys (dk/dv)
+    # within its reach; a call of its own tiles them all (its launches write every row)
+    from hf_hilbert_attn import kernels
+
+    pat = DilatedPattern([64, 1024], [1, 8], window="sliding")
+    q, k = torch.randn(1, 2, 1024, 16), torch.randn(1, 1, 1024, 16)
+    a = check_inputs(q, k, k, pat, q_positions=torch.arange(1024, 2048),
+                     k_positions=torch.arange(1024))
+    plan, _ = kernels.plan_positions(a, pat)
+
+    def programs(merge):
+        c = kernels.Call(pat, plan, (1, 2, 1, 1024, 1024, 16), torch.float32, q.device, True,
+                         kernels.kernel_config(), (), merge, merge)
+        fwd, bwd = kernels.plan_fwd(c), kernels.plan_bwd(c)
+        return [sum(g[0] * g[1] for g, *_ in items)
+                for items in (fwd.items, bwd.dq_items, bwd.kv_items)]
+
+    own, merged = programs(False), programs(True)
+    assert all(m < o for m, o in zip(merged, own)), (merged, own)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -524,6 +524,8 @@ def profile_ring(args, d: Dist, ring: Callable[[], object], tag: str) -> None:
     key = "self_cuda_time_total" if d.device.type == "cuda" else "self_cpu_time_total"
     text = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
     (out / f"profile_{tag}_rank{d.rank}.txt").write_text(text)
+    if args.trace:  # the timeline: gaps between kernels (host-bound pieces), overlap with NCCL
+        prof.export_chrome_trace(str(out / f"trace_{tag}_rank{d.rank}.json"))
     sync(d)
 
 
@@ -840,6 +842,8 @@ def parse_args(argv=None):
     g.add_argument("--reps", type=int, default=10, help="timed calls; the median is reported")
     g.add_argument("--profile", action="store_true",
                    help="also profile one ring fwd+bwd per rank (profile_*_rank<r>.txt)")
+    g.add_argument("--trace", action="store_true",
+                   help="with --profile: also write each rank's Chrome trace (trace_*.json)")
     g = p.add_argument_group("max-len")
     g.add_argument("--max-len-start", type=C.parse_size, default=C.parse_size("128K"),
                    help="first tokens per GPU (default 128K)")

@@ -7,6 +7,7 @@ The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wrap
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Optional
 
 import torch
@@ -88,9 +89,8 @@ def _dummy(device):
 
 
 class _Launch(NamedTuple):
-    """One launch: tiling segment length (sliding: ``W_CAP``), rate, band reach in class steps
-    (sliding), configs before it in priority, its ``(w, r)`` entry for ``_participates``, and
-    whether it tests the union rule pair by pair on whole tiles (``_needs_pair_mask``)."""
+    """One launch: tiling segment (sliding: ``W_CAP``), rate, band reach in class steps, configs
+    before it, its ``(w, r)`` for ``_participates``, per-pair union test (``_needs_pair_mask``)."""
 
     w: int
     r: int
@@ -139,6 +139,19 @@ def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
         hi = (plan.qhi - seg0 * w) // r // bm
         return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
     return seg0, nseg, 0, nblk
+
+
+def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
+    """Positions launch ``ln`` covers: sliding windows merging into given sums (no launch writes
+    every row), no sink key: only the pairs its window reaches (None: none)."""
+    p, reach = c.plan, ln.entry[0] - 1
+    if not (merge and c.pattern.sliding) or sink or p.mapped:
+        return p
+    back = 0 if c.causal else reach
+    qlo, qhi = max(p.qlo, p.klo - back), min(p.qhi, p.khi + reach)
+    klo, khi = max(p.klo, p.qlo - reach), min(p.khi, p.qhi + back)
+    return dataclasses.replace(p, qlo=qlo, qhi=qhi, klo=klo, khi=khi) \
+        if qlo <= qhi and klo <= khi else None
 
 
 def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
@@ -247,8 +260,7 @@ _CALLS: dict = {}  # FwdPlan / BwdPlan of dilated_fwd / dilated_bwd by _call_key
 
 
 def _call_key(kind, pattern, plan, q, k, causal, scale, cfg, skip):
-    """What the launches of a call depend on besides its tensors and their strides: everything
-    else is planned once per key (layer after layer and step after step repeat one call)."""
+    """What a call's launches depend on besides its tensors and strides (planned once per key)."""
     return (kind, pattern, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo, plan.khi,
             plan.base, plan.mapped_kind, plan.qdoc is not None, tuple(q.shape), k.shape[1],
             k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg, skip)
@@ -266,8 +278,7 @@ def _planned(key, build):
 
 
 class Call(NamedTuple):
-    """What a planned call needs besides its tensors: the pattern, the positions' plan, the
-    shapes ``(B, Hq, Hkv, Sq, Sk, D)``, dtype, device, causality and the configuration."""
+    """What a planned call needs besides its tensors (shape: ``(B, Hq, Hkv, Sq, Sk, D)``)."""
 
     pattern: object
     plan: PositionPlan
@@ -315,8 +326,7 @@ def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
 
 def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:
     """Heads per chunk of a float32 sum over ``nlaunch`` launches of ``rows`` float32 rows a
-    head: at most ``cfg.acc_bytes`` (long forward-only runs are not bounded by a buffer twice the
-    size of the output)."""
+    head: at most ``cfg.acc_bytes``."""
     if nlaunch < 2:
         return heads
     return max(1, min(heads, cfg.acc_bytes // max(rows * 4, 1)))
@@ -340,9 +350,7 @@ def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
 
 def _skipped(skip: tuple, hkv: int, rows: int, cfg: KernelConfig) -> tuple:
     """The key/value heads a call of ``rows`` query rows leaves out (``KernelConfig.skip_rows``)."""
-    if not skip or rows >= cfg.skip_rows or len(_head_runs(hkv, 1, skip, hkv)) <= 1:
-        return skip
-    return ()
+    return skip if rows >= cfg.skip_rows or len(_head_runs(hkv, 1, skip, hkv)) <= 1 else ()
 
 
 def _fill_skipped(skip: tuple, group: int, *fills) -> None:
@@ -368,12 +376,15 @@ def plan_fwd(c: Call) -> FwdPlan:
     items, rows = [], []
     for h0, nh in _head_runs(HQ, HQ // HKV, () if c.merge else c.skip, hch):
         for li, ln in enumerate(launch):
+            last = li == len(launch) - 1
+            lp = _trimmed(c, ln, c.merge, bool(sinks) and last)
+            if lp is None:
+                continue
             tab = utab if ln.pair else 0
             BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
-            seg0, nseg, blk0, nblk = _query_tiles(c.plan, ln.w, ln.r, BM)
+            seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
             ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
-            last = li == len(launch) - 1
-            rows.append(_launch_row(c.plan, ln, li, len(launch), h0, nh, HQ // HKV,
+            rows.append(_launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV,
                                     (seg0, ncls, nblk, blk0), sinks, len(prio), psz, c.merge))
             kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
                       num_warps=warps, num_stages=stages)
@@ -390,15 +401,11 @@ def plan_fwd(c: Call) -> FwdPlan:
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
                 lse=None, skip: tuple = (), acc=None):
-    """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log).
-
-    ``out`` / ``lse``: optional tensors to write into (e.g. rows of a longer sequence's result;
-    unit last stride), shaped ``q.shape`` / ``q.shape[:3]``. Planned once per call key
-    (:func:`plan_fwd`), then run. ``skip``: key/value heads not computed (their query heads get
-    out 0, lse -inf). ``acc``: a float32 result ``q.shape`` with its ``lse`` (given) of earlier
-    calls over other keys (0 and -inf before the first), into which this call merges (the ring's
-    pieces); ``out`` is then not written.
-    """
+    """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log),
+    planned once per call key (:func:`plan_fwd`). ``out`` / ``lse``: tensors to write into (unit
+    last stride). ``skip``: key/value heads not computed (out 0, lse -inf). ``acc``: a float32
+    result with its given ``lse`` over other keys (0, -inf at first) this call merges into (the
+    ring's pieces; ``out`` not written)."""
     q, k, v = _prep(q), _prep(k), _prep(v)
     B, HQ, SQ, D = q.shape
     dev = q.device
@@ -463,8 +470,8 @@ def plan_bwd(c: Call) -> BwdPlan:
     keys, psz, utab = (_union_args(prio, c.plan, c.device) if not c.pattern.sliding
                        else (_dummy(c.device), 1, 0))
 
-    def row(li, ln, h0, nh, tiles, merge=False):
-        return _launch_row(c.plan, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
+    def row(lp, li, ln, h0, nh, tiles, merge=False):
+        return _launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
                            len(prio), psz, merge)
 
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
@@ -472,10 +479,13 @@ def plan_bwd(c: Call) -> BwdPlan:
     dq_items, rows = [], []
     for h0, nh in _head_runs(HQ, HQ // HKV, () if c.merge else c.skip, hch):
         for li, ln in enumerate(launch):
+            lp = _trimmed(c, ln, c.merge, bool(sinks) and li == len(launch) - 1)
+            if lp is None:
+                continue
             BM, BN, warps, stages = dq_tiles[ln.pair]
-            seg0, nseg, blk0, nblk = _query_tiles(c.plan, ln.w, ln.r, BM)
+            seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
             ncls = ncls_q or ln.r
-            rows.append(row(li, ln, h0, nh, (seg0, ncls, nblk, blk0), c.merge))
+            rows.append(row(lp, li, ln, h0, nh, (seg0, ncls, nblk, blk0), c.merge))
             fl = _flags(c, prio, ln, BM, bool(sinks) and li == len(launch) - 1, utab)
             kw = dict(BM=BM, BN=BN, D=D, F=fl, num_warps=warps, num_stages=stages)
             dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
@@ -483,8 +493,11 @@ def plan_bwd(c: Call) -> BwdPlan:
     kv_items = []
     for g0, ng in _head_runs(HKV, 1, () if kv_merge else c.skip, kch):
         for li, ln in enumerate(launch):
-            kseg0, knseg, kblk0, knblk = _key_tiles(c.plan, ln.w, ln.r, kBN)
-            rows.append(row(li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0), kv_merge))
+            lp = _trimmed(c, ln, kv_merge, False)  # kv_merge: no sink key
+            if lp is None:
+                continue
+            kseg0, knseg, kblk0, knblk = _key_tiles(lp, ln.w, ln.r, kBN)
+            rows.append(row(lp, li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0), kv_merge))
             fl = _flags(c, prio, ln, kBN, bool(sinks), utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
@@ -512,16 +525,11 @@ def _bwd_stats(lse, B, HQ, SQ, dev):
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
                 plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None,
                 dkv_acc=None):
-    """Backward launches → (dq, dk, dv) in the input dtype. ``dlse`` may be None.
-
-    ``dq``/``dk``/``dv``: optional tensors to write into (unit last stride, e.g. rows of a
-    longer sequence's gradient), shaped like ``q``/``k``/``v``; inputs may be such views too.
-    The float32 sums over configs hold a chunk of heads at a time (``_sum_buffers``). Planned
-    once per call key (:func:`plan_bwd`). ``skip``: key/value heads not computed (their
-    gradients, and their query heads', are 0). ``dq_acc``: a float32 ``q.shape`` tensor this
-    call's dq is added into (the ring's pieces of one query run), instead of writing ``dq``;
-    ``dkv_acc``: float32 ``(dk, dv)`` sums, likewise (in the kernels where no key is a sink).
-    """
+    """Backward launches → (dq, dk, dv) in the input dtype (``dlse`` may be None), planned once per
+    call key (:func:`plan_bwd`). ``dq``/``dk``/``dv``: tensors (or views) to write into; float32
+    sums over configs hold a chunk of heads at a time (``_sum_buffers``). ``skip``: key/value
+    heads not computed (zero gradients). ``dq_acc`` / ``dkv_acc``: float32 sums this call's dq /
+    (dk, dv) add into (the ring's pieces; dk/dv in the kernels where no key is a sink)."""
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]

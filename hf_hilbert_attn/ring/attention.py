@@ -4,13 +4,10 @@ Each piece (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) is a call of the bac
 (``backends.py``) with the block's true key positions; unsent entries of a received block are
 zero and never attended (the send plan is a superset of the allowed pairs).
 
-* **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed. Query runs
-  written by several pieces merge into one result (float32 or float64; the backend seam's
-  ``accumulate``: in the kernels, as their configs merge); each key lives on one rank, so a
-  key counts once.
+* **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed; a query run's
+  pieces merge into one result (the seam's ``accumulate``: in the kernels); a key counts once.
 * **Backward** (custom autograd Function). K/V are re-sent with the same plan; each piece's
-  gradient comes from the *merged* ``(out, lse)`` (no forward recomputation on the Triton
-  path), and each received block's dK/dV go back to the rank owning those keys.
+  gradient comes from the merged ``(out, lse)``; a received block's dK/dV go back to its rank.
 """
 
 from __future__ import annotations

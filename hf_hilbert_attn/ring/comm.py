@@ -1,11 +1,9 @@
 """The ring's communication: the active group (:func:`sequence_parallel`), the agreement
-(:func:`agree`: ranks that disagree raise on *every* rank instead of hanging), the weak group
-reference (:func:`weak_group`) and the point-to-point exchanges (:class:`KVExchange`,
-:class:`GradExchange`).
+(:func:`agree`: disagreeing ranks raise on *every* rank instead of hanging), the weak group
+reference and the point-to-point exchanges (:class:`KVExchange`, :class:`GradExchange`).
 
-Tags: step ``j`` sends K as ``4j``, V as ``4j + 1``, dK as ``4j + 2``, dV as ``4j + 3``. NCCL
-matches point-to-point operations by order, not by tag, so every pair of ranks posts them in
-the same order (one step at a time, forward and backward alike).
+Tags: step ``j`` sends K, V, dK, dV as ``4j .. 4j + 3``; NCCL matches point-to-point operations
+by order, so every pair of ranks posts them in the same order (one step at a time).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ its label announces — where configs overlap.
 """
 
 import csv
+import json
 import importlib.util
 import math
 from pathlib import Path
@@ -291,3 +292,20 @@ def test_kernel_timing_pairs_per_launch(pattern):
                                                 for _ in launch])
     assert rows is not None and rows.count("\n") == len(launch) + 1
     assert kt.launch_table(pattern, s, hq, 64, [("_fwd_kernel", 1.0)]) is None
+
+
+def test_ring_trace_summary_counts_overlapping_kernels_once(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("ring_trace_summary",
+                                                  BENCH_DIR / "ring_trace_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    k = lambda name, ts, dur: dict(ph="X", cat="kernel", name=name, ts=ts, dur=dur)  # noqa: E731
+    trace = {"traceEvents": [k("_fwd_kernel", 0, 1000), k("_fwd_kernel", 500, 1000),
+                             k("ncclDevKernel_SendRecv", 1500, 3000), k("_dq_kernel", 4000, 1000),
+                             dict(ph="X", cat="cpu_op", name="aten::add", ts=0, dur=9000)]}
+    s = mod.summarize(trace)
+    assert (s["span_ms"], s["busy_ms"], s["idle_ms"], s["nccl_ms"]) == (5.0, 2.5, 2.5, 3.0)
+    assert s["kernels"] == {"_fwd_kernel": (2.0, 2), "_dq_kernel": (1.0, 1)}
+    (tmp_path / "trace_T1K_W2_contiguous_rank0.json").write_text(json.dumps(trace))
+    assert mod.main([str(tmp_path)]) == 0
+    assert "compute 2.5, idle 2.5" in capsys.readouterr().out

@@ -138,9 +138,11 @@ def _planned_heads(items, fields):
     return {li: sorted(h) for li, h in heads.items()}
 
 
-def test_kernels_launch_nothing_for_skipped_heads():
+@pytest.mark.parametrize("merge", [False, True], ids=["own", "merging"])
+def test_kernels_launch_nothing_for_skipped_heads(merge):
     # the plans of a call that skips key/value head 1 of 3 (2 query heads each), one head per
-    # float32 chunk: every other head once per config launch, none of the skipped ones
+    # float32 chunk: every other head once per config launch, none of the skipped ones; also
+    # where the call merges into given sums (a ring piece of a layer with dense heads)
     from hf_hilbert_attn import kernels
     from hf_hilbert_attn.inputs import check_inputs
     from hf_hilbert_attn.kernels._common import LAUNCH_FIELDS
@@ -151,12 +153,12 @@ def test_kernels_launch_nothing_for_skipped_heads():
     plan, _ = kernels.plan_positions(a, p)
     with kernels.configured(acc_bytes=40 * 16 * 4 * 2) as cfg:  # one head (B = 2) per chunk
         shape = (2, 6, 3, 40, 40, 16)
-        calls = {skip: kernels.Call(p, plan, shape, torch.float32, q.device, True, cfg, skip)
-                 for skip in ((), (1,))}
+        calls = {skip: kernels.Call(p, plan, shape, torch.float32, q.device, True, cfg, skip,
+                                    merge, merge) for skip in ((), (1,))}
         fwd = {skip: _planned_heads(kernels.plan_fwd(c).items, LAUNCH_FIELDS)
                for skip, c in calls.items()}
         bwd = {skip: kernels.plan_bwd(c) for skip, c in calls.items()}
-    assert len(fwd[()]) > 1  # several config launches, chunked
+    assert len(fwd[()]) > 1  # several config launches (chunked where not merging)
     assert all(h == list(range(6)) for h in fwd[()].values()), fwd[()]
     assert all(h == [0, 1, 4, 5] for h in fwd[(1,)].values()), fwd[(1,)]
     assert all(h == [0, 1, 4, 5] for h in _planned_heads(bwd[(1,)].dq_items, LAUNCH_FIELDS)

@@ -579,6 +579,19 @@ def test_sinks_are_sent_to_every_later_rank():
     assert plan_ring(slide, 8, 2, False, 3, pos, pos).entries_sent() == 15 * 2  # non-causal
 
 
+def test_skipped_heads_are_not_sent():
+    # a layer with dense heads runs a sparse ring that skips them (dense_heads.py): their keys
+    # travel in the dense ring only; sender and receiver plan the same entries
+    pos = [torch.arange(r * 64, (r + 1) * 64).unsqueeze(0) for r in range(2)]
+    slide = DilatedPattern([16], [1], window="sliding")
+    full = plan_ring(slide, 8, 2, True, 0, pos, pos)
+    half = plan_ring(slide, 8, 2, True, 0, pos, pos, skip_kv_heads=(1,))
+    assert half.entries_sent() * 2 == full.entries_sent() > 0
+    assert bool((half.steps[0].send_head == 0).all())
+    recv = plan_ring(slide, 8, 2, True, 1, pos, pos, skip_kv_heads=(1,)).steps[0]
+    assert recv.n_recv == half.steps[0].n_send and bool((recv.recv_head == 0).all())
+
+
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_pieces_are_runs_of_consecutive_positions(layout):
     # A received block of the sink and far window keys (zigzag: rank 1's block from rank 0) is

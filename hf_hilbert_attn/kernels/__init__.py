@@ -364,7 +364,7 @@ def plan_fwd(c: Call) -> FwdPlan:
     """The forward's launches of call ``c``: a pure function of it."""
     B, HQ, HKV, SQ, _, D = c.shape
     prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
-    # merge: the caller's float32 result holds every head (one chunk, none skipped)
+    # merge: the caller's float32 result holds every head (one chunk; skipped heads stay as given)
     hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
     # the union test: the key tables (as in the backward) for launches that need the per-pair
     # mask, else the runtime loop
@@ -374,7 +374,7 @@ def plan_fwd(c: Call) -> FwdPlan:
     tiles = {(t, f): _blocks("fwd", D, c.dtype, smem, t, f, cfg=c.cfg)
              for t, f in ((False, False), (True, False), (False, True))}
     items, rows = [], []
-    for h0, nh in _head_runs(HQ, HQ // HKV, () if c.merge else c.skip, hch):
+    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
         for li, ln in enumerate(launch):
             last = li == len(launch) - 1
             lp = _trimmed(c, ln, c.merge, bool(sinks) and last)
@@ -477,7 +477,7 @@ def plan_bwd(c: Call) -> BwdPlan:
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
     # the sink launch's dk/dv sums are needed by the dk/dv kernel)
     dq_items, rows = [], []
-    for h0, nh in _head_runs(HQ, HQ // HKV, () if c.merge else c.skip, hch):
+    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
         for li, ln in enumerate(launch):
             lp = _trimmed(c, ln, c.merge, bool(sinks) and li == len(launch) - 1)
             if lp is None:
@@ -491,7 +491,7 @@ def plan_bwd(c: Call) -> BwdPlan:
             dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
     kv_items = []
-    for g0, ng in _head_runs(HKV, 1, () if kv_merge else c.skip, kch):
+    for g0, ng in _head_runs(HKV, 1, c.skip, kch):
         for li, ln in enumerate(launch):
             lp = _trimmed(c, ln, kv_merge, False)  # kv_merge: no sink key
             if lp is None:

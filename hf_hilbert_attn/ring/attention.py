@@ -306,14 +306,14 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
     # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)
-    key = (pattern, a.hq, a.hkv, bool(causal), q.device)
+    key = (pattern, a.hq, a.hkv, bool(causal), q.device, tuple(_skip_kv_heads))
     entry = _PLANS.lookup(group, key, (qp, kp, kd))
     if not agree(q, k, v, pattern, causal, a.scale, qp, kp, kd, group,
                  cached=entry is not None):
         all_qp, all_kp = all_gather(qp, group), all_gather(kp, group)
         all_kd = None if kd is None else all_gather(kd, group)
         plan = plan_ring(pattern, a.hq, a.hkv, causal, dist.get_rank(group), all_qp, all_kp,
-                         all_kd)
+                         all_kd, tuple(_skip_kv_heads))
         entry = _PLANS.store(group, key, (qp, kp, kd), plan,
                              plan_pieces(pattern, causal, plan, qp, kp))
     # the autograd graph holds the group weakly (comm.weak_group)

@@ -32,9 +32,8 @@ __all__ = ["key_need", "Step", "RingPlan", "plan_ring", "MAX_RUNS", "run_ranges"
 # ---------------------------------------------------------------------------------- send plan
 def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
              q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``.
-
-    ``q_pos`` ``[Bq, Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key is needed if, for some
+    """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``. ``q_pos`` ``[Bq,
+    Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key is needed if, for some
     config, a query of its batch entry is in its (segment, class) bucket (sliding: its class,
     within ``w``), not before it (causal), of a class some query head of the kv head uses
     (per_head); or if it is a sink some query is not before. Exactly ``pattern.build_mask``'s
@@ -168,7 +167,7 @@ def _entries(need: torch.Tensor):
 
 def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: int,
               q_positions: List[torch.Tensor], k_positions: List[torch.Tensor],
-              k_doc_ids: Optional[List[torch.Tensor]] = None) -> RingPlan:
+              k_doc_ids: Optional[List[torch.Tensor]] = None, skip_kv_heads=()) -> RingPlan:
     """The ring plan of ``rank`` given every rank's positions.
 
     Args:
@@ -176,6 +175,7 @@ def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: in
         rank: the group rank to plan for.
         q_positions, k_positions: per group rank, ``[Bp, S]`` int64 true positions.
         k_doc_ids: per group rank ``[Bd, S]`` or None.
+        skip_kv_heads: key/value heads whose results are discarded (dense heads): not sent.
 
     Returns:
         A :class:`RingPlan`, a pure function of its arguments: sender and receiver compute
@@ -183,11 +183,14 @@ def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: in
     """
     world = len(k_positions)
     plan = RingPlan(rank, world, hkv)
+
+    def need(qp, kp):  # skipped heads' results are discarded: their keys are not sent
+        return key_need(pattern, hq, hkv, causal, qp, kp).index_fill_(
+            0, torch.tensor(skip_kv_heads, dtype=torch.long, device=kp.device), False)
     for j in range(1, world):
         dst, src = (rank + j) % world, (rank - j) % world
-        sh, sr, srows, sdense = _entries(
-            key_need(pattern, hq, hkv, causal, q_positions[dst], k_positions[rank]))
-        need_in = key_need(pattern, hq, hkv, causal, q_positions[rank], k_positions[src])
+        sh, sr, srows, sdense = _entries(need(q_positions[dst], k_positions[rank]))
+        need_in = need(q_positions[rank], k_positions[src])
         rh, rr, rrows, rdense = _entries(need_in)
         slot_of_row = torch.cumsum(need_in.any(0), 0) - 1
         plan.steps.append(Step(
@@ -246,12 +249,9 @@ def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -
 
 @dataclass(eq=False)
 class Piece:
-    """One ``dilated_attention`` call of a ring step: query rows ``[qs, qe)`` (the part of run
-    ``run`` whose positions can reach the keys) against key rows ``[ks, ke)`` of the step's
-    block. The kernels' position plan is made on the first kernel call and kept here with the
-    cached ring plan, so later layers and the backward plan nothing again: ``kernel_planned``
-    says it was made, ``kernel_plan`` is it, or None (the PyTorch path runs).
-    """
+    """One call of a ring step: query rows ``[qs, qe)`` (of run ``run``, those that can reach the
+    keys) against key rows ``[ks, ke)`` of the step's block; the kernels' position plan is kept
+    here from the first kernel call (``kernel_planned``; ``kernel_plan`` None: the PyTorch path)."""
 
     qs: int
     qe: int

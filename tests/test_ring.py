@@ -667,8 +667,8 @@ def test_merging_launches_cover_only_what_their_window_reaches():
     assert all(m < o for m, o in zip(merged, own)), (merged, own)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_accumulate_merges_pieces_over_disjoint_keys(backend):
+@pytest.mark.parametrize("backend,causal", [("torch", True), ("triton", True), ("triton", False)])
+def test_accumulate_merges_pieces_over_disjoint_keys(backend, causal):
     """The backend seam's ``accumulate`` and ``backward(dq_acc=..., dkv_acc=...)`` (the ring's
     pieces): two query runs, each attending three disjoint key ranges merged one call after
     another into its (acc, lse); then each piece's dq added into its run's sum and its dk/dv into
@@ -693,17 +693,17 @@ def test_accumulate_merges_pieces_over_disjoint_keys(backend):
             args = (q[:, :, q0:q1], k[:, :, lo:hi], v[:, :, lo:hi])
             a = check_inputs(*args, pat, q_positions=torch.arange(q0, q1),
                              k_positions=torch.arange(lo, hi))
-            seam.accumulate(*args, pat, a, True, acc[:, :, rows], lse[:, :, rows])
+            seam.accumulate(*args, pat, a, causal, acc[:, :, rows], lse[:, :, rows])
             calls.append((args, a, rows, slice(lo, hi)))
     dout = torch.randn(acc.shape, generator=g)
     dq, dk, dv = torch.zeros_like(acc), torch.zeros(k.shape), torch.zeros(v.shape)
     for args, a, rows, keys in calls:  # each from the merged (out, lse)
         seam.backward(dout[:, :, rows], None, *args, acc[:, :, rows], lse[:, :, rows], pat, a,
-                      True, dq_acc=dq[:, :, rows], dkv_acc=(dk[:, :, keys], dv[:, :, keys]))
+                      causal, dq_acc=dq[:, :, rows], dkv_acc=(dk[:, :, keys], dv[:, :, keys]))
     qq, kk, vv = (t.double().requires_grad_() for t in (q[:, :, 40:], k, v))
     want, want_lse = reference_attention(qq, kk, vv, pat, q_positions=torch.arange(40, s),
                                          k_positions=torch.arange(s), return_lse=True,
-                                         dtype=torch.float64)
+                                         causal=causal, dtype=torch.float64)
     grads = torch.autograd.grad((want * dout).sum(), (qq, kk, vv))
     tol = attention_tol(s, d)  # relative to max(1, |want|), as helpers.assert_close
     for name, got, ref in zip(("out", "lse", "dq", "dk", "dv"), (acc, lse, dq, dk, dv),

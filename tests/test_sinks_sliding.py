@@ -126,10 +126,12 @@ def test_decode(window, sq, sk):
     q, k, v = qkv(2, 4, 2, sq, sk, 16)
     causal = rng.random() < 0.7
     check(q, k, v, pattern, causal=causal)  # queries are the last sq positions
-    # the same with explicit positions equals the default alignment, exactly
+    # the same with explicit positions equals the default alignment to float64 rounding (the
+    # default alignment lets the engines drop configs others cover, planning.for_ranges, so the
+    # sums may run in another order: 4e-16 apart seen)
     got = ours(q, k, v, pattern, causal=causal, q_positions=torch.arange(sk - sq, sk),
                k_positions=torch.arange(sk))
-    assert torch.equal(got, ours(q, k, v, pattern, causal=causal))
+    torch.testing.assert_close(got, ours(q, k, v, pattern, causal=causal), rtol=0, atol=F64_TOL)
 
 
 # ------------------------------------------------------------------------------ storage order

@@ -56,7 +56,7 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
 
 
 def _triton_importable() -> bool:
-    try:  # an import statement (dynamo traces it), not find_spec: a broken install must fail
+    try:  # an import statement (dynamo traces it), not find_spec: a broken install takes PyTorch
         import triton  # noqa: F401
     except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
         return False

@@ -11,9 +11,9 @@ point of ``ops.py`` and by the ring:
 * ``position_plan(a, pattern)``: the plan to pass back as ``plan=`` (Triton: a ``PositionPlan``,
   ``False`` when the kernels cannot take these positions; None: nothing to keep).
 
-``a`` is ``inputs.check_inputs``'s result; the pattern has no dense heads (``dense_heads.py``).
-The Triton backend runs packed documents one call each (``engines/documents.py``) and sends what
-the kernels cannot take to the PyTorch backend, saying so once per reason.
+``a``: ``inputs.check_inputs``'s result; no dense heads here (``dense_heads.py``). Triton runs
+packed documents one call each and what the kernels cannot take on the PyTorch backend (warned
+once per reason).
 """
 
 from __future__ import annotations

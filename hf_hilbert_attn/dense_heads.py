@@ -1,17 +1,15 @@
 """Dense key/value heads (``DilatedPattern.dense_kv_heads``): the one place that splits them off.
 
-Query head ``h`` reads key/value head ``h // G`` (``G = Hq // Hkv``); the query heads of a dense
-key/value head attend every key. A call with dense heads is two calls of an attention function
-that knows nothing of them:
+The query heads ``h`` (reading key/value head ``h // (Hq // Hkv)``) of a dense key/value head
+attend every key. A call with dense heads is two calls of a function that knows nothing of them:
 
 * the sparse pattern (``pattern.sparse_part``) over **all** heads (per_head classes are ``h % r``
   of the absolute head index); the dense heads' share is discarded and the call told so
   (``_skip_kv_heads``): the kernels skip those heads (short calls: where that adds no launch);
-* the one-config pattern ``[(2**30, 1)]`` over the dense heads' slice (plain attention: SDPA /
-  FlashAttention where nothing else applies), whose result replaces theirs.
+* the one-config pattern ``[(2**30, 1)]`` (plain attention: SDPA where nothing else applies)
+  over the dense heads' slice, whose result replaces theirs.
 
-Autograd routes each head's gradient to the call whose output it kept; the engines and planners
-never see dense heads.
+Autograd routes each head's gradient to the call whose output it kept.
 """
 
 from __future__ import annotations

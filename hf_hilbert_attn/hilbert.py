@@ -1,10 +1,9 @@
 """Hilbert-curve storage layouts (``docs/hilbert.md``): a layout of tokens, never a change of
 the function.
 
-The curve is the *generalised* Hilbert curve on any ``W x H`` rectangle: cut in halves (long)
-or three parts (squarish), each traversed by the same construction in a rotated / reflected
-frame, joined end to start; the classic curve on ``2^k x 2^k`` squares, with the same locality
-elsewhere (a drawing: ``docs/hilbert.md``).
+The *generalised* Hilbert curve on any ``W x H`` rectangle: cut in halves (long) or three parts
+(squarish), each the same construction rotated / reflected, joined end to start (the classic
+curve on ``2^k x 2^k`` squares).
 
 Guarantees (tested for every shape up to 40 x 40 and many larger ones): a bijection onto the
 cells, starting at cell ``(0, 0)``, whose consecutive cells are grid neighbours for **every**

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from .pattern import DilatedPattern
+from .plan_cache import kept
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Head sizes the Triton kernels are built for (``backends.use_triton`` and ``kernels/`` read this).
@@ -68,8 +69,8 @@ def _arange_row(start: int, stop: int, device) -> torch.Tensor:
     if t is None:
         if len(_ARANGE) >= 64:
             _ARANGE.clear()
-        t = _ARANGE[key] = torch.arange(start, stop, device=device,
-                                        dtype=torch.int64).unsqueeze(0)
+        t = _ARANGE[key] = kept(lambda: torch.arange(start, stop, device=device,
+                                                     dtype=torch.int64).unsqueeze(0), device)
     return t
 
 

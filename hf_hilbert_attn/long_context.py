@@ -11,8 +11,7 @@ With gradient checkpointing, what a step keeps grows with the sequence ``S`` in 
 * the logits, ``[S, vocab]`` — :func:`hf_hilbert_attn.training.lm_loss`: Liger-Kernel's fused
   linear cross-entropy on CUDA where it is installed, else chunked.
 
-Each option changes where and when values are computed, never what: loss and gradients equal
-the plain model's to float rounding (tests/test_long_context.py).
+Each option changes where and when values are computed, never what (tests/test_long_context.py).
 """
 
 from __future__ import annotations

@@ -41,22 +41,18 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
         scale: softmax scale, default ``D ** -0.5``.
         q_positions, k_positions: true positions ``[S]`` or ``[B, S]`` of the stored tokens
             (any storage order, e.g. Hilbert order or a ring shard). Default: keys at
-            ``0..Sk-1``, queries at the last ``Sq`` positions (bottom-right aligned)::
-
-                keys     0 1 2 3 4 5 6 7
-                queries            5 6 7      (Sq = 3, Sk = 8, causal)
-
+            ``0..Sk-1``, queries at the last ``Sq`` positions (bottom-right aligned: 5, 6, 7
+            for ``Sq = 3, Sk = 8``).
         q_doc_ids, k_doc_ids: document ids ``[S]`` or ``[B, S]`` for packed sequences; a pair is
             allowed only within a document; a negative key id marks padding.
         return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` in float32 (natural log; ``-inf``
             for a query with no allowed key, whose output is 0).
         backend: ``"auto"`` (Triton on CUDA when the shape is supported, else PyTorch),
             ``"torch"`` or ``"triton"``.
-
         ordering: the layout computed in, ``"natural"``, ``"hilbert"`` or ``"auto"`` (default
             ``pattern.ordering``): ``"hilbert"`` permutes self-attention at ``0..S-1`` into the
-            pattern's Hilbert order and back (``hilbert.in_storage_order``), the same function;
-            calls with explicit positions are already in the caller's storage order.
+            pattern's Hilbert order and back, the same function (explicit positions: already in
+            the caller's storage order).
 
     Returns:
         ``out`` ``[B, Hq, Sq, D]`` in the input dtype, and ``lse`` if ``return_lse``.

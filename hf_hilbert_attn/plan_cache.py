@@ -1,26 +1,26 @@
 """A bounded memo for host work that depends on positions only (plans), shared by the PyTorch
-path (``chunked.py``) and the kernels' host planning (``kernels/_plan.py``): every layer of a
-forward or decode step attends at the same positions, so the first layer's plan serves the
-others (FlashInfer's ``plan()`` / ``run()`` split).
+path and the kernels' host planning: every layer of a step attends at the same positions, so
+the first layer's plan serves the others (FlashInfer's ``plan()`` / ``run()`` split).
 
 A plan is keyed by plain values plus the position / document-id tensors it was made from: a CPU
 tensor of at most ``SMALL`` elements by its content; any other by shape, dtype and device, and
 on a hit checked against the tensor the plan was made from (the same object at the same version:
-no sync; else equal content, compared with a kept copy; inference tensors have no version). So a
-stale plan is never returned. Nothing is cached while ``torch.compile`` traces or a
-``torch.func`` transform runs (fakes, wrappers, guards on every layer); inference mode is part
-of every key (its tensors cannot be saved by autograd).
+no sync; else equal content, compared with a kept copy): a stale plan is never returned.
+Nothing is cached while ``torch.compile`` traces or a ``torch.func`` transform runs; inference
+mode is part of every key (its tensors cannot be saved by autograd).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["PlanCache", "caching_enabled"]
+__all__ = ["PlanCache", "caching_enabled", "kept"]
 
 SMALL = 64  # CPU tensors up to this many elements are keyed by their content
 
@@ -29,6 +29,40 @@ def caching_enabled() -> bool:
     """Whether plans may be memoised now (eager execution, no transform)."""
     return not torch.compiler.is_compiling() and \
         not torch._C._are_functorch_transforms_active()
+
+
+_MAKER: list = []  # the thread kept CUDA tensors are made on (started on first use)
+
+
+def _on_maker(fn):
+    """``fn()`` on that thread (at once when on it already: a nested call would wait on itself)."""
+    if threading.current_thread().name.startswith("hf_hilbert_attn_maker"):
+        return fn()
+    if not _MAKER:
+        _MAKER.append(ThreadPoolExecutor(1, thread_name_prefix="hf_hilbert_attn_maker"))
+    return _MAKER[0].submit(fn).result()
+
+
+def kept(make: Callable[[], object], device=None):
+    """``make()`` of tensors a cache keeps (on CUDA: on that thread, between the caller stream's
+    work before and after, never in a graph pool the caller's thread fills: "reduce-overhead")."""
+    device = torch.device("cuda" if device is None else device)
+    if device.type != "cuda" or not torch.cuda.is_initialized():
+        return make()
+    idx = torch.cuda.current_device() if device.index is None else device.index
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(idx))
+
+    def run():
+        with torch.cuda.device(idx):
+            torch.cuda.current_stream().wait_event(ready)
+            out, done = make(), torch.cuda.Event()
+            done.record()
+        return out, done
+
+    out, done = _on_maker(run)
+    torch.cuda.current_stream(idx).wait_event(done)
+    return out
 
 
 def _fingerprint(t: Optional[torch.Tensor]):
@@ -95,7 +129,7 @@ class PlanCache:
                     if n:
                         bucket.insert(0, bucket.pop(n))
                     return plan
-        plan = make()
+        plan = kept(make)
         if bucket is None:
             bucket = self._entries[full] = []
             while len(self._entries) > self.size:

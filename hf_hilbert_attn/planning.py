@@ -7,9 +7,8 @@ engines, the ring planner, the cache); the rule itself lives in ``pattern.py``. 
   then segment length, then index; repeats left out) that allows it, the sinks after every
   config. Any order computes the same function; this one lets the densest config (rate 1) keep
   all its pairs and run without a mask. "Earlier" configs come before a config in it;
-* **ranges** are inclusive position ranges ``(lo, hi)``; the range tests take integers or
-  integer tensors (elementwise) and over-estimate (classes, gaps and documents are ignored), so
-  no allowed pair is ever dropped;
+* **ranges** are inclusive ``(lo, hi)``; range tests (integers or integer tensors) over-estimate
+  (classes, gaps, documents ignored): no allowed pair is ever dropped;
 * **span**: a config covered by another over every pair a call can hold adds nothing to that
   call (:func:`for_ranges`): at 4K tokens 2 of the default pattern's 6 sliding configs do all
   the work. Config ``i`` covers ``j`` over a call when ``r_i | r_j`` and every pair of ``j`` lies

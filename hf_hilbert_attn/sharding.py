@@ -5,17 +5,15 @@ ranks holds, in which storage order; the attention always follows the true posit
 layout computes the same function — layouts differ only in per-rank work and communication.
 
 * ``contiguous``: rank ``r`` holds positions ``[r·L, (r+1)·L)`` (``L = S / W``).
-* ``zigzag``: the sequence is cut into ``2W`` chunks; rank ``r`` holds chunks ``r`` and
-  ``2W-1-r``, so under causal attention every rank holds as many early (cheap) as late
-  (expensive) queries.
+* ``zigzag``: ``2W`` chunks; rank ``r`` holds chunks ``r`` and ``2W-1-r``: under causal
+  attention as many early (cheap) as late (expensive) queries on every rank.
 * ``hilbert``: the positions in the pattern's Hilbert storage order (docs/hilbert.md; within each
   longest segment a Hilbert curve over the (row, dilation class) grid), cut into ``W``
   contiguous pieces: each rank holds a compact block of rows × classes.
 * ``auto`` (the default): ``contiguous`` or ``zigzag``, by :func:`resolve_layout`.
 
-Labels are shifted *before* sharding (``shift_labels[t] = labels[t + 1]``), so the token that
-predicts the first token of the next rank's shard keeps its label; Transformers' causal-LM loss
-takes them through its ``shift_labels`` argument and does not shift again.
+Labels are shifted *before* sharding (``shift_labels[t] = labels[t + 1]``): the token that
+predicts the next shard's first token keeps its label (Transformers' ``shift_labels``).
 """
 
 from __future__ import annotations
@@ -60,17 +58,16 @@ def resolve_layout(layout: str, seq_len: int, world_size: int,
 
     * Segment windows: ``contiguous`` if every shard is a whole number of
       ``pattern.max_segment`` tokens (no segment crosses a shard: the ring sends only the sink
-      rows, which every layout must send, and every rank does the same work), else ``zigzag``
-      (causal balance).
+      rows, and every rank does the same work), else ``zigzag`` (causal balance).
     * Sliding windows: ``contiguous`` if ``pattern.max_segment <= seq_len``: past the first
-      window a query's work is the same everywhere, and a shard needs keys from its neighbour
-      only (measured: 55 % vs zigzag's 47 % of one GPU / W at 32K per GPU on 4 H200s, a tie on
-      2; ``docs/decisions.md``). Longer windows are causal attention: ``zigzag``.
-    * No pattern, or ``seq_len <= 0``: ``zigzag``.
+      window a query's work is the same everywhere, a shard needs keys from its neighbour only
+      (measured: ``docs/decisions.md``). Longer windows are causal attention: ``zigzag``.
+    * Dense key/value heads, no pattern, or ``seq_len <= 0``: ``zigzag`` (dense heads are causal
+      attention over the whole sequence: measured, ``docs/decisions.md`` D46).
     """
     if layout != "auto":
         return layout
-    if pattern is not None and seq_len > 0:
+    if pattern is not None and seq_len > 0 and not pattern.dense_kv_heads:
         if pattern.sliding:
             if pattern.max_segment <= seq_len:
                 return "contiguous"

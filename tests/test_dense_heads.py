@@ -141,8 +141,8 @@ def _planned_heads(items, fields):
 @pytest.mark.parametrize("merge", [False, True], ids=["own", "merging"])
 def test_kernels_launch_nothing_for_skipped_heads(merge):
     # the plans of a call that skips key/value head 1 of 3 (2 query heads each), one head per
-    # float32 chunk: every other head once per config launch, none of the skipped ones; also
-    # where the call merges into given sums (a ring piece of a layer with dense heads)
+    # float32 chunk: every other head once per config launch, none of the skipped ones; where
+    # the call merges into given sums (a ring piece of a layer with dense heads), trailing head 2
     from hf_hilbert_attn import kernels
     from hf_hilbert_attn.inputs import check_inputs
     from hf_hilbert_attn.kernels._common import LAUNCH_FIELDS
@@ -153,17 +153,18 @@ def test_kernels_launch_nothing_for_skipped_heads(merge):
     plan, _ = kernels.plan_positions(a, p)
     with kernels.configured(acc_bytes=40 * 16 * 4 * 2) as cfg:  # one head (B = 2) per chunk
         shape = (2, 6, 3, 40, 40, 16)
+        skipped = (2,) if merge else (1,)
         calls = {skip: kernels.Call(p, plan, shape, torch.float32, q.device, True, cfg, skip,
-                                    merge, merge) for skip in ((), (1,))}
+                                    merge, merge) for skip in ((), skipped)}
         fwd = {skip: _planned_heads(kernels.plan_fwd(c).items, LAUNCH_FIELDS)
                for skip, c in calls.items()}
         bwd = {skip: kernels.plan_bwd(c) for skip, c in calls.items()}
     assert len(fwd[()]) > 1  # several config launches (chunked where not merging)
     assert all(h == list(range(6)) for h in fwd[()].values()), fwd[()]
-    assert all(h == [0, 1, 4, 5] for h in fwd[(1,)].values()), fwd[(1,)]
-    assert all(h == [0, 1, 4, 5] for h in _planned_heads(bwd[(1,)].dq_items, LAUNCH_FIELDS)
-               .values())
-    assert all(h == [0, 2] for h in _planned_heads(bwd[(1,)].kv_items, LAUNCH_FIELDS).values())
+    heads, kv = ([0, 1, 2, 3], [0, 1]) if merge else ([0, 1, 4, 5], [0, 2])
+    assert all(h == heads for h in fwd[skipped].values()), fwd[skipped]
+    assert all(h == heads for h in _planned_heads(bwd[skipped].dq_items, LAUNCH_FIELDS).values())
+    assert all(h == kv for h in _planned_heads(bwd[skipped].kv_items, LAUNCH_FIELDS).values())
 
 
 @pytest.mark.parametrize("skip_rows", [0, 1 << 20], ids=["skipped", "computed"])
@@ -184,10 +185,13 @@ def test_short_calls_skip_only_heads_that_save_a_launch():
     from hf_hilbert_attn.kernels import KernelConfig, _skipped
 
     cfg = KernelConfig(skip_rows=4096)
-    assert _skipped((1,), 3, 4096, cfg) == (1,)  # long enough: the programs saved count
-    assert _skipped((1,), 3, 4095, cfg) == ()  # would split 0 | 2: computed instead
-    assert _skipped((0,), 3, 16, cfg) == (0,) and _skipped((0, 2), 3, 16, cfg) == (0, 2)
-    assert _skipped((), 3, 16, cfg) == ()
+    assert _skipped((1,), 3, 4096, cfg, False) == (1,)  # long enough: the programs saved count
+    assert _skipped((1,), 3, 4095, cfg, False) == ()  # would split 0 | 2: computed instead
+    assert _skipped((0,), 3, 16, cfg, False) == (0,) and _skipped((0, 2), 3, 16, cfg, False) == (0, 2)
+    assert _skipped((), 3, 16, cfg, False) == ()
+    # merging into given sums: only trailing heads (launches index the sums from their first head)
+    assert _skipped((1,), 3, 1 << 20, cfg, True) == () and _skipped((0,), 3, 16, cfg, True) == ()
+    assert _skipped((1, 2), 3, 16, cfg, True) == (1, 2) and _skipped((0, 2), 3, 16, cfg, True) == (2,)
 
 
 def test_sdpa_serves_calls_the_pattern_makes_dense(monkeypatch):

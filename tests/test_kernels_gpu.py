@@ -296,6 +296,61 @@ def test_captured_in_a_cuda_graph():
             assert torch.equal(a, b)
 
 
+def _fill_small_blocks():
+    # Reuse freed small allocator blocks (the caches' tables live there) with 0xFF bytes.
+    return [torch.full((n // 4,), -1, device="cuda", dtype=torch.int32)
+            for n in (512, 1024, 2048, 4096, 8192, 65536) for _ in range(64)]
+
+
+def test_reduce_overhead_compile_replays_cuda_graphs(monkeypatch):
+    # torch.compile(mode="reduce-overhead"): after a warm-up and a recording, forward and
+    # backward replay CUDA graphs (the op's Python does not run, no graph skipped) and equal
+    # eager calls on new data, also after our plan caches were cleared and their memory
+    # reused (what a few hundred other shapes would do): a captured call's tables are kept.
+    import torch._inductor.config
+    from torch._dynamo.utils import counters
+
+    from hf_hilbert_attn import kernels
+    from hf_hilbert_attn.kernels import _plan
+
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
+    calls = []
+    for name in ("dilated_fwd", "dilated_bwd"):
+        def counted(*a, _fn=getattr(kernels, name), _name=name, **kw):
+            calls.append(_name)
+            return _fn(*a, **kw)
+        monkeypatch.setattr(kernels, name, counted)
+
+    def f(q, k, v):
+        return dilated_attention(q, k, v, LONGNET_SMALL)
+
+    cf = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    shapes = [(1, 4, 1025, 128), (1, 2, 1025, 128), (1, 2, 1025, 128)]
+    counters.clear()
+    for step in range(5):
+        x = [torch.randn(sh, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+             for sh in shapes]
+        dout = torch.randn(shapes[0], device="cuda", dtype=torch.bfloat16)
+        if step == 4:
+            for cache in (kernels._CALLS, kernels._SMALL, _plan._KEY_CACHE):
+                cache.clear()
+            junk = _fill_small_blocks()
+        before = len(calls)
+        torch.compiler.cudagraph_mark_step_begin()
+        got = cf(*x)
+        g_got = torch.autograd.grad(got, x, dout)
+        if step >= 3:
+            assert len(calls) == before, calls[before:]
+        got, g_got = got.clone(), [g.clone() for g in g_got]
+        want = f(*x)
+        g_want = torch.autograd.grad(want, x, dout)
+        assert torch.equal(got, want)
+        for a, b in zip(g_got, g_want):
+            assert torch.equal(a, b)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    del junk
+
+
 def test_local_attention_and_autocast():
     # a zigzag-like shard through the ring's local pieces equals the op; under autocast the
     # mixed float32 q/k and bf16 v of a RoPE'd model run in bf16

@@ -306,3 +306,29 @@ def test_decode_logits_match_the_reference(monkeypatch, few):
     want = _decode(model, ids, DynamicCache(config=model.config), steps)
     for kind, logits in got.items():
         assert_close("logits", logits, want, 1e-4, kind)
+
+
+def test_kept_tensors_are_made_on_one_thread_nested_calls_included():
+    # Cached CUDA tensors are made on a thread of their own (outside any CUDA graph pool the
+    # caller's thread fills); a kept plan making kept tables is a nested call, which must run
+    # at once on that thread, not wait on it (on the GPU the first version hung there).
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hf_hilbert_attn import plan_cache
+
+    seen = []
+
+    def inner():
+        seen.append(threading.get_ident())
+        return 7
+
+    def outer():
+        seen.append(threading.get_ident())
+        return plan_cache._on_maker(inner)
+
+    with ThreadPoolExecutor(1) as caller:
+        assert caller.submit(plan_cache._on_maker, outer).result(timeout=60) == 7
+        assert caller.submit(plan_cache._on_maker, inner).result(timeout=60) == 7
+    assert len(set(seen)) == 1 and seen[0] != threading.get_ident()
+    assert plan_cache.kept(lambda: torch.ones(2), "cpu").tolist() == [1.0, 1.0]

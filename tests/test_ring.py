@@ -667,20 +667,27 @@ def test_merging_launches_cover_only_what_their_window_reaches():
     assert all(m < o for m, o in zip(merged, own)), (merged, own)
 
 
-@pytest.mark.parametrize("backend,causal", [("torch", True), ("triton", True), ("triton", False)])
-def test_accumulate_merges_pieces_over_disjoint_keys(backend, causal):
+@pytest.mark.parametrize("backend,causal,skip", [("torch", True, ()), ("triton", True, ()),
+                                                 ("triton", False, ()), ("triton", True, (1,))])
+def test_accumulate_merges_pieces_over_disjoint_keys(backend, causal, skip):
     """The backend seam's ``accumulate`` and ``backward(dq_acc=..., dkv_acc=...)`` (the ring's
     pieces): two query runs, each attending three disjoint key ranges merged one call after
     another into its (acc, lse); then each piece's dq added into its run's sum and its dk/dv into
     its key range's (two runs per range): equal to one call over all the keys. Far key ranges
     first: the rate-1 config is pruned there, so a piece's first launch covers only some rows;
-    the sink key's range takes the sums on the host, the others in the kernels."""
+    the sink key's range takes the sums on the host, the others in the kernels. ``skip``: a
+    middle key/value head's results discarded (a layer with a dense head; skipped wherever
+    possible): the other heads as the reference's (merging launches skipping it wrote the next
+    head run's rows into the first run's sums on 4 GPUs)."""
+    import dataclasses
+
+    from hf_hilbert_attn import kernels
     from hf_hilbert_attn.backends import TORCH, TRITON
     from hf_hilbert_attn.inputs import check_inputs
 
     g = torch.Generator().manual_seed(5)
     pat = DilatedPattern([8, 32, 64], [1, 4, 8], sink_tokens=1, window="sliding")
-    s, hq, hkv, d = 70, 4, 2, 16
+    s, hq, hkv, d = 70, 6, 3, 16
     q, k, v = (torch.randn(1, h, s, d, generator=g) for h in (hq, hkv, hkv))
     runs, ranges = ((40, 55), (55, 70)), ((0, 20), (20, 45), (45, 70))
     seam = TRITON if backend == "triton" else TORCH
@@ -693,21 +700,27 @@ def test_accumulate_merges_pieces_over_disjoint_keys(backend, causal):
             args = (q[:, :, q0:q1], k[:, :, lo:hi], v[:, :, lo:hi])
             a = check_inputs(*args, pat, q_positions=torch.arange(q0, q1),
                              k_positions=torch.arange(lo, hi))
-            seam.accumulate(*args, pat, a, causal, acc[:, :, rows], lse[:, :, rows])
+            a = dataclasses.replace(a, skip_kv_heads=skip)
+            with kernels.configured(skip_rows=0):
+                seam.accumulate(*args, pat, a, causal, acc[:, :, rows], lse[:, :, rows])
             calls.append((args, a, rows, slice(lo, hi)))
     dout = torch.randn(acc.shape, generator=g)
     dq, dk, dv = torch.zeros_like(acc), torch.zeros(k.shape), torch.zeros(v.shape)
     for args, a, rows, keys in calls:  # each from the merged (out, lse)
-        seam.backward(dout[:, :, rows], None, *args, acc[:, :, rows], lse[:, :, rows], pat, a,
-                      causal, dq_acc=dq[:, :, rows], dkv_acc=(dk[:, :, keys], dv[:, :, keys]))
+        with kernels.configured(skip_rows=0):
+            seam.backward(dout[:, :, rows], None, *args, acc[:, :, rows], lse[:, :, rows], pat,
+                          a, causal, dq_acc=dq[:, :, rows], dkv_acc=(dk[:, :, keys], dv[:, :, keys]))
     qq, kk, vv = (t.double().requires_grad_() for t in (q[:, :, 40:], k, v))
     want, want_lse = reference_attention(qq, kk, vv, pat, q_positions=torch.arange(40, s),
                                          k_positions=torch.arange(s), return_lse=True,
                                          causal=causal, dtype=torch.float64)
     grads = torch.autograd.grad((want * dout).sum(), (qq, kk, vv))
     tol = attention_tol(s, d)  # relative to max(1, |want|), as helpers.assert_close
+    kept = {"q": [h for h in range(hq) if h // (hq // hkv) not in skip],
+            "kv": [h for h in range(hkv) if h not in skip]}
     for name, got, ref in zip(("out", "lse", "dq", "dk", "dv"), (acc, lse, dq, dk, dv),
                               (want, want_lse, *grads)):
-        ref = ref.detach()
+        heads = kept["kv" if name in ("dk", "dv") else "q"]
+        got, ref = got[:, heads], ref.detach()[:, heads]
         torch.testing.assert_close(got.double(), ref, rtol=0,
                                    atol=tol * max(1.0, float(ref.abs().max())), msg=name)

@@ -73,6 +73,12 @@ def test_auto_layout_rule():
     assert resolve_layout("auto", 250, 2, pat) == "zigzag"
     assert resolve_layout("auto", 256, 4, None) == "zigzag"
     assert resolve_layout("hilbert", 256, 4, pat) == "hilbert"
+    # sliding windows: contiguous past the longest window; a dense key/value head is causal
+    # attention over everything, balanced only by zigzag (D46)
+    slide = DilatedPattern([16, 64], [1, 4], window="sliding")
+    assert resolve_layout("auto", 256, 4, slide) == "contiguous"
+    assert resolve_layout("auto", 256, 4, slide.replace(dense_kv_heads=[1])) == "zigzag"
+    assert resolve_layout("auto", 256, 4, pat.replace(dense_kv_heads=[0])) == "zigzag"
     # the rule's claim: contiguous whole-segment shards need nothing remote
     from hf_hilbert_attn.ring import plan_ring
 

@@ -621,3 +621,29 @@ def test_compiled_layer_is_two_graphs_around_the_position_call(monkeypatch):
     assert_rel_close(got[0] if isinstance(got, tuple) else got,
                      want[0] if isinstance(want, tuple) else want, what="compiled layer")
     torch._dynamo.reset()
+
+
+def test_layer_index_read_only_for_per_layer_heads():
+    """torch.compile guards the integers it reads off a module (torch 2.11: ``module.layer_idx ==
+    0``): a compiled SmolLM2-135M recompiled the attention per layer and ran every layer past the
+    8th uncompiled. The layer index is read only where per-layer dense heads make layers differ."""
+    model = tiny_model("llama", "hilbert_dilated", hilbert_attn={"segment_lengths": [16, 32],
+                                                                 "dilation_rates": [1, 2]})
+    attn = model.model.layers[1].self_attn
+    reads = []
+
+    class Probe(type(attn)):
+        @property
+        def layer_idx(self):
+            reads.append(1)
+            return 1
+
+    attn.__class__ = Probe
+    q, kv = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16)
+    plain = integ.hilbert_dilated_attention_forward(attn, q, kv, kv, None)[0]
+    assert not reads
+    hf_hilbert_attn.set_dense_kv_heads(model, {1: [0]})
+    layered = integ.hilbert_dilated_attention_forward(attn, q, kv, kv, None)[0]
+    assert reads
+    assert not torch.equal(plain[:, :, :2], layered[:, :, :2])  # heads 0-1: dense now
+    assert torch.equal(plain[:, :, 2:], layered[:, :, 2:])

@@ -15,6 +15,10 @@ For each length, forward+backward (bf16, causal, B = 1) of:
 heads: how fast the dense heads run inside the op (what ``hybrid`` costs beyond the sparse heads'
 share of ``sparse``) compared with the fastest dense path for those heads (1.0 = as fast). Logs
 from before D40, when the sparse pattern also ran over the dense heads, used ``hybrid - sparse``.
+
+``--graphs`` times each forward+backward replayed from a CUDA graph (what
+``torch.compile(mode="reduce-overhead")`` runs): GPU time alone, without the host's launches,
+which bound short calls.
 """
 
 import argparse
@@ -28,10 +32,22 @@ from hf_hilbert_attn import dilated_attention
 from hf_hilbert_attn.patterns import as_pattern
 
 
-def _fwd_bwd(fn, q, k, v):
+def _fwd_bwd(fn, q, k, v, graphs=False):
     def run():
         out = fn(q, k, v)
         out.backward(torch.ones_like(out))
+    if graphs:  # warm up on a side stream (plans, compiles), then capture forward + backward
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        q.grad = k.grad = v.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median")
     return triton.testing.do_bench(run, warmup=20, rep=200, return_mode="median",
                                    grad_to_none=[q, k, v])
 
@@ -44,6 +60,7 @@ def main(argv=None):
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--pattern", default="default")
     ap.add_argument("--dense", type=int, nargs="+", default=[0, 5], help="dense kv heads")
+    ap.add_argument("--graphs", action="store_true", help="replay from CUDA graphs (GPU time)")
     ap.add_argument("--csv", default=None)
     args = ap.parse_args(argv)
     sparse = as_pattern(args.pattern)
@@ -53,7 +70,8 @@ def main(argv=None):
     ki = torch.tensor(sorted(args.dense), device="cuda")
     rows = []
     print(f"{torch.cuda.get_device_name()}  {args.pattern} + dense kv heads {args.dense} "
-          f"(Hq {args.hq}, Hkv {args.hkv}, D {args.dim}, bf16, fwd+bwd ms)")
+          f"(Hq {args.hq}, Hkv {args.hkv}, D {args.dim}, bf16, fwd+bwd ms"
+          f"{', CUDA graphs' if args.graphs else ''})")
     print(f"{'S':>7} {'sparse':>8} {'hybrid':>8} {'sdpa_slice':>10} {'sdpa':>8} "
           f"{'dense eff.':>10} {'hybrid/sdpa':>11}")
     for s in args.seq:
@@ -62,17 +80,17 @@ def main(argv=None):
         q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
         qs, ks, vs = (t.detach()[:, idx].clone().requires_grad_() for t, idx in
                       ((q, qi), (k, ki), (v, ki)))
-        t_s = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, sparse), q, k, v)
-        t_h = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, hybrid), q, k, v)
+        t_s = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, sparse), q, k, v, args.graphs)
+        t_h = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, hybrid), q, k, v, args.graphs)
         sdpa = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True,  # noqa: E731
                                                               enable_gqa=True)
-        t_d = _fwd_bwd(sdpa, qs, ks, vs)
-        t_f = _fwd_bwd(sdpa, q, k, v)
+        t_d = _fwd_bwd(sdpa, qs, ks, vs, args.graphs)
+        t_f = _fwd_bwd(sdpa, q, k, v, args.graphs)
         eff = t_d / max(t_h - (1 - len(args.dense) / args.hkv) * t_s, 1e-9)
         rows.append(dict(gpu=torch.cuda.get_device_name(), pattern=args.pattern,
                          dense=" ".join(map(str, args.dense)), seq=s, hq=args.hq, hkv=args.hkv,
-                         dim=args.dim, sparse_ms=t_s, hybrid_ms=t_h, sdpa_slice_ms=t_d,
-                         sdpa_ms=t_f, dense_efficiency=eff, hybrid_over_sdpa=t_h / t_f))
+                         dim=args.dim, graphs=args.graphs, sparse_ms=t_s, hybrid_ms=t_h,
+                         sdpa_slice_ms=t_d, sdpa_ms=t_f, dense_efficiency=eff, hybrid_over_sdpa=t_h / t_f))
         print(f"{s:>7} {t_s:8.3f} {t_h:8.3f} {t_d:10.3f} {t_f:8.3f} {eff:10.2f} {t_h / t_f:11.2f}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:

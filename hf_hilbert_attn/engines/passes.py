@@ -6,13 +6,12 @@ Work is planned in position space, config by config (``planning.priority`` order
 allows a pair only inside one (segment, dilation class) group, so its queries and keys are
 sorted by (group, position) and cut into tiles of ``CHUNK_Q`` queries and chunks of at most
 ``CHUNK_K`` keys; a tile meets only the keys of its own groups. Sliding windows (one group per
-class) meet only the band of keys within ``w_i`` of a tile's queries: O(S * w_i / r_i) work, with
-smaller tiles and longer chunks. Under the union rule config ``i`` masks the pairs an earlier
-config covers; the sinks come last, one pass of every query against the keys ``< sink_tokens``.
-Passes merge by log-sum-exp; per block the mask comes from ``DilatedPattern.config_allowed`` (or
-the distance ``p - s`` where the rule is a window) plus causality and documents, and min/max
-summaries skip blocks that cannot hold a pair of the pass. Memory: O(B * H * CHUNK_Q * CHUNK_K)
-per block plus O(B * H * S * D) accumulators, never O(Sq * Sk).
+class) meet only the band of keys within ``w_i`` of a tile's queries (O(S * w_i / r_i) work).
+Config ``i`` masks the pairs an earlier config covers; the sinks come last, every query against
+the keys ``< sink_tokens``. Passes merge by log-sum-exp; a block's mask is
+``DilatedPattern.config_allowed`` (or the distance ``p - s``) plus causality and documents, and
+min/max summaries skip blocks without a pair. Memory: O(B * H * CHUNK_Q * CHUNK_K) per block
+plus O(B * H * S * D) accumulators, never O(Sq * Sk).
 """
 
 from __future__ import annotations
@@ -243,9 +242,8 @@ def _chunks(pattern, i, causal, ps, qg, kg, cq, covs):
     and their key chunks (``c_tile``, ``c_lo``, ``c_hi``: tile and key rows of each)."""
     sliding = i is not None and pattern.sliding
     if sliding:
-        # A tile's band holds ~(tile + window) keys of its class, of which each query uses
-        # the window: small tiles waste less, at more blocks; their key chunks grow so that
-        # blocks keep their size (and memory bound).
+        # A tile's band holds ~(tile + window) keys of its class: small tiles waste less, at
+        # more blocks, whose key chunks grow to keep their size (and memory bound).
         w, r = pattern.configs[i]
         useful = (w - covs[1]) // r
         small = min(cq, max(SLIDING_CQ_MIN, 1 << max(0, (useful // SLIDING_DIV).bit_length() - 1)))
@@ -417,10 +415,8 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
     return passes
 
 
-# Plans depend on positions only: every layer of a forward (and of a decode step) repeats the
-# first layer's call, so the plan is made once and reused (``plan_cache``). Key: everything
-# ``_plan`` reads besides the position / document-id tensors, and the block sizes (tests
-# change them). At most 16 plans (a plan's index tensors are O(S * configs)).
+# Plans by positions (``plan_cache``), keyed also by what ``_plan`` reads besides them and the
+# block sizes (tests change them); at most 16 (index tensors of O(S * configs)).
 _PASS_CACHE = PlanCache(8, per_key=2)
 
 

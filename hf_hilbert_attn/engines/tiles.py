@@ -20,11 +20,10 @@ h % r; in "all" mode every head with every class; a rate-1 config keeps all head
   block before it, which, both orders reversed, is causal too;
 - sink tokens: every query against keys 0..k-1 with the union mask, in plain matmuls.
 
-Padded tiles read any valid row (causality or the mask hides a padded key; a padded query
-writes a dummy row S, lse = +inf in the backward). The tiles' (out, lse) merge; the backward
-runs the kernel's backward per tile with the merged (out, lse), a gradient of lse folded in
-through one extra feature column (dout 1, out -dlse: delta = rowsum(dout * out) - dlse).
-Anything else takes the blockwise engine. Measured against SDPA: docs/decisions.md D26.
+Padded tiles read any valid row (a padded key is masked; a padded query writes a dummy row S,
+lse = +inf backward). Tiles merge (out, lse); the backward runs per tile with the merged (out,
+lse), dlse folded in as one extra feature column (dout 1, out -dlse). Anything else takes the
+blockwise engine. Measured against SDPA: docs/decisions.md D26.
 """
 
 from __future__ import annotations

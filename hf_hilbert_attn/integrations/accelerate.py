@@ -3,11 +3,10 @@
 
 Topology: ``dp × sp`` ranks; each sequence-parallel (SP) group of ``sp`` ranks works on one
 sequence. :func:`sequence_parallel_topology` takes the SP group from the Accelerator's device
-mesh (``ParallelismConfig(cp_size=N)``, mesh dim ``"cp"``) where Accelerate allows it (GPU;
-Accelerate 1.15 rejects one on CPU), else consecutive global ranks form the SP groups (one node,
-NVLink). Only the *mesh* is used: Accelerate's own context parallelism
-(``maybe_context_parallel``) patches SDPA, which ``hilbert_dilated`` never calls, and would
-shard the batch a second time; do not wrap our steps in it.
+mesh (``ParallelismConfig(cp_size=N)``, dim ``"cp"``; GPU only in Accelerate 1.15), else
+consecutive ranks form the groups. Only the *mesh* is used: Accelerate's context parallelism
+(``maybe_context_parallel``) patches SDPA and would shard the batch again; do not wrap our steps
+in it.
 
 Loss and gradients: each rank's loss is ``sum of its token losses / N`` (``N``: non-ignored
 tokens of the whole sequence); :func:`reduce_loss` sums it over the SP group with an autograd

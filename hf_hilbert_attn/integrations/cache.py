@@ -8,11 +8,10 @@ of ``p`` unless it is a sink, and that bound only moves forward. :class:`Pattern
 run in natural order) on: ``sink_tokens + cache_reach()`` keys, not the sequence, and the same
 function as a ``DynamicCache``.
 
-Layout ``[sinks | tail]``: slot ``j < sink_tokens`` holds position ``j``, slot ``j >=
-sink_tokens`` position ``j + dropped``. ``get_mask_sizes`` reports ``dropped`` as the
-``kv_offset``; the attention layer computes the tail with the pattern (no sinks) and the sinks
-densely, merged by log-sum-exp (:func:`attend_with_dropped_keys`). Rows must not be padded
-(a padded batch raises once keys are dropped).
+Layout ``[sinks | tail]``: slot ``j < sink_tokens`` holds position ``j``, later slots position
+``j + dropped`` (``get_mask_sizes``' ``kv_offset``); the layer attends the tail with the pattern
+and the sinks densely, merged by log-sum-exp (:func:`attend_with_dropped_keys`). Padded rows
+raise once keys are dropped.
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ refuses any other attention. Here, built from :mod:`hf_hilbert_attn.integrations
 * **Loss**: Trainer's token accounting (``num_items_in_batch`` over all ranks) and DDP's
   gradient average give the 1-process gradient and loss; no extra all-reduce.
 
-``SequenceParallelTrainer(..., sp_size=2)`` is the Trainer;
+``SequenceParallelTrainer(..., sp_size=2)`` is the Trainer (``sp_size == 1``: the plain one);
 ``sequence_parallel_trainer(SFTTrainer)`` makes the same class over another Trainer subclass.
-With ``sp_size == 1`` (or one process) the class is the plain Trainer.
 """
 
 from __future__ import annotations

@@ -195,7 +195,9 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
     check_call(module, dropout, causal, b, sq, sk, attention_mask, DilatedMaskInfo, kwargs)
-    pattern = get_pattern(module.config, getattr(module, "layer_idx", None))
+    raw = getattr(module.config, "hilbert_attn", None)  # layer_idx read (and, compiled, guarded:
+    layered = isinstance(raw, dict) and LAYER_DENSE in raw  # a recompile per layer) only if used
+    pattern = get_pattern(module.config, getattr(module, "layer_idx", None) if layered else None)
     group = _ring.get_sequence_parallel_group()
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
         return attend_pattern_cache(query, key, value, pattern, attention_mask, causal,
@@ -229,10 +231,8 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
 
 
 def _layer_sizes(info, config, sq: int, sk: int):
-    """This layer's mask where a :class:`PatternCache`'s layers store different key counts
-    (per-layer dense heads keep every key): Transformers describes one mask per forward, from
-    the first layer; every layer's tail ends at the newest query, so this layer dropped
-    ``q_offset + Sq - Sk``."""
+    """This layer's mask where a :class:`PatternCache`'s layers hold different key counts (dense
+    heads keep all; Transformers gives the first layer's): it dropped ``q_offset + Sq - Sk``."""
     if (isinstance(info, DilatedMaskInfo) and info.kv_length != sk and info.padding_mask is None
             and isinstance(info.q_offset, int) and info.q_offset + sq >= sk
             and LAYER_DENSE in (getattr(config, "hilbert_attn", None) or {})):

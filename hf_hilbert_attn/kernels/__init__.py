@@ -14,8 +14,8 @@ import torch
 import triton
 
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
-from ..planning import class_uniform, config_meets, nests, sink_keys
-from ..planning import for_ranges
+from ..plan_cache import kept
+from ..planning import class_uniform, config_meets, for_ranges, nests, sink_keys
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
 from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
@@ -36,14 +36,12 @@ def _earlier(npri: int) -> bool:
 
 def _smem(device, cfg: KernelConfig) -> Optional[int]:
     """Shared memory per program (opt-in maximum, bytes) of ``device``; None off CUDA."""
-    if cfg.smem is not None:
+    if cfg.smem is not None or device.type != "cuda":
         return cfg.smem
-    if device.type != "cuda":
-        return None
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SMEM:
-        props = torch.cuda.get_device_properties(idx)
-        _SMEM[idx] = getattr(props, "shared_memory_per_block_optin", None)
+        _SMEM[idx] = getattr(torch.cuda.get_device_properties(idx),
+                             "shared_memory_per_block_optin", None)
     return _SMEM[idx]
 
 
@@ -80,7 +78,8 @@ def _small_tensor(values: tuple, device) -> torch.Tensor:
     if t is None:
         if len(_SMALL) > 256:
             _SMALL.clear()
-        t = _SMALL[key] = torch.tensor(values, device=device, dtype=torch.int32)
+        t = _SMALL[key] = kept(lambda: torch.tensor(values, device=device, dtype=torch.int32),
+                               device)
     return t
 
 
@@ -101,11 +100,9 @@ class _Launch(NamedTuple):
 
 
 def _launches(pattern, plan: PositionPlan, causal: bool = True):
-    """``(priority configs, launches in order, sinks)``: the config covering every query comes
-    last (it writes the final result and takes the sink keys: ``sinks`` > 0 when some key of
-    this call is one, relative to ``plan.base``). Other configs are launched only where they can
-    join a query and a key of this call (``planning.config_meets``; docs/decisions.md "Ring
-    pieces launch only the configs that join them")."""
+    """``(priority configs, launches in order, sinks)``: the config covering every query last
+    (it writes the result and takes the sink keys: ``sinks`` > 0 when a key of this call is one),
+    others only where they join a query and a key of this call (``planning.config_meets``)."""
     prio, order = config_order(pattern)
     out = []
     q_rng, k_rng = (plan.qlo, plan.qhi), (plan.klo, plan.khi)
@@ -190,8 +187,8 @@ def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
     """The integers of launch ``li`` (of ``nlaunch``) of config launch ``ln``, by name
     (``_common.LAUNCH_FIELDS`` and ``_SCALARS``): heads ``h0 .. h0 + nh`` (``group`` query heads
     per key/value head), ``tiles`` = (first segment, classes, blocks per class, first block).
-    ``merge``: every launch merges into the given float32 result (an earlier call's: the rows a
-    launch computes take part in its own config, ``_participates``), and none writes the output."""
+    ``merge``: every launch merges into the given float32 result (``_participates``), none writes
+    the output."""
     seg0, ncls, nblk, blk0 = tiles
     first, last = li == 0 and not merge, li == nlaunch - 1 and not merge
     return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
@@ -224,12 +221,10 @@ def _needs_pair_mask(earlier, r: int) -> bool:
 
 
 def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
-    """Whether a program of a launch of ``(w, r)`` (``tile`` class indices per program, on its
-    own side) may need the per-pair union mask on whole tiles (the kernels' ``MIXED``): some
-    earlier config's rate does not divide ``r``, or a program's positions may straddle one of
-    its segments (none does when ``r * tile`` divides ``wj`` and ``wj`` divides ``w``). Without
-    it the launch compiles the loops once, without union code (a third of the mixed form's
-    loops and compile time). Sliding windows: always (the window's edges)."""
+    """Whether a program of a launch of ``(w, r)`` (``tile`` class indices per program) may need
+    the per-pair union mask on whole tiles (``MIXED``): an earlier rate does not divide ``r``, or
+    a program may straddle one of its segments (not if ``r * tile | wj`` and ``wj | w``); sliding
+    windows: always. Else the loops compile once, without union code."""
     if sliding:
         return bool(earlier)
     return not all(class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
@@ -266,15 +261,21 @@ def _call_key(kind, pattern, plan, q, k, causal, scale, cfg, skip):
             k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg, skip)
 
 
-def _planned(key, build):
-    """``(plan of the call, whether it was made just now)``."""
+_CAPTURED: list = []  # what CUDA graphs launched with: kept for good (a replay reads it)
+
+
+def _planned(key, build, device, keep):
+    """``(plan of the call, whether it was made just now)``. Under CUDA-graph capture the plan
+    and ``keep`` (the call's position tensors) outlive any cache clear."""
     hit = _CALLS.get(key)
-    if hit is not None:
-        return hit, False
-    if len(_CALLS) >= 256:
-        _CALLS.clear()
-    hit = _CALLS[key] = build()
-    return hit, True
+    fresh = hit is None
+    if fresh:
+        if len(_CALLS) >= 256:
+            _CALLS.clear()
+        hit = _CALLS[key] = kept(build, device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _CAPTURED.append((hit, keep))
+    return hit, fresh
 
 
 class Call(NamedTuple):
@@ -348,8 +349,10 @@ def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
     return out
 
 
-def _skipped(skip: tuple, hkv: int, rows: int, cfg: KernelConfig) -> tuple:
-    """The key/value heads a call of ``rows`` query rows leaves out (``KernelConfig.skip_rows``)."""
+def _skipped(skip: tuple, hkv: int, rows: int, cfg: KernelConfig, merge: bool) -> tuple:
+    """The key/value heads a call of ``rows`` query rows leaves out (``KernelConfig.skip_rows``);
+    merging into given sums, which launches index from their first head, only trailing ones."""
+    skip = tuple(j for j in skip if not merge or set(range(j, hkv)) <= set(skip))
     return skip if rows >= cfg.skip_rows or len(_head_runs(hkv, 1, skip, hkv)) <= 1 else ()
 
 
@@ -422,19 +425,20 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     if SQ == 0:
         return (acc if merge else out), lse
     cfg = kernel_config()
-    skip = _skipped(skip, k.shape[1], B * SQ, cfg)
+    skip = _skipped(skip, k.shape[1], B * SQ, cfg, merge)
     if not merge:
         _fill_skipped(skip, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
     pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
+    pos = _positions(plan, dev)
     fp, fresh = _planned(
         _call_key("fwd", pattern, plan, q, k, causal, scale, cfg, (skip, merge)),
         lambda: plan_fwd(Call(pattern, plan, (B, HQ, k.shape[1], SQ, k.shape[2], D), q.dtype,
-                              dev, bool(causal), cfg, skip, merge)))
+                              dev, bool(causal), cfg, skip, merge)), dev, pos)
     if not merge:
         acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch \
             else out
     head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
-            _positions(plan, dev), fp.tables)
+            pos, fp.tables)
     scale_log2 = scale * LOG2E
     _run([(_fwd_kernel, grid, head, (row, *ints, scale_log2), kw)
           for grid, row, ints, kw in fp.items], fresh, cfg)
@@ -512,9 +516,8 @@ def plan_bwd(c: Call) -> BwdPlan:
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):
-    """``(lse, delta)`` rows ``[B, Hq, Sq]``: Triton specialises the kernels on whether their
-    strides divide by 16, so a length that is not a multiple of 16 reads padded rows (a small
-    copy of lse) and one compile serves every length."""
+    """``(lse, delta)`` rows ``[B, Hq, Sq]``, padded to a multiple of 16 (a small copy of lse):
+    Triton specialises on strides dividing by 16; one compile serves every length."""
     if SQ % 16 == 0 and lse.is_contiguous():
         return lse, torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
     stats = torch.empty((2, B, HQ, -(-SQ // 16) * 16), device=dev, dtype=torch.float32)
@@ -546,7 +549,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     if SQ == 0 or SK == 0:
         return (dq_acc if merge else dq.zero_()), *(dkv_acc or (dk.zero_(), dv.zero_()))
     cfg = kernel_config()
-    skip = _skipped(skip, HKV, B * SQ, cfg)
+    skip = _skipped(skip, HKV, B * SQ, cfg, merge or dkv_acc is not None)
     _fill_skipped(() if merge else skip, HQ // HKV, (dq, 0.0))
     for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
         _check_target(name, t, k.shape, torch.float32)
@@ -556,11 +559,12 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     run = [(_delta_kernel, (triton.cdiv(SQ, dblk), B * HQ),
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
              _strided(delta), SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+    pos = _positions(plan, dev)
     bp, fresh = _planned(
         _call_key("bwd", pattern, plan, q, k, causal, scale, cfg,
                   (skip, merge, dkv_acc is not None)),
         lambda: plan_bwd(Call(pattern, plan, (B, HQ, HKV, SQ, SK, D), q.dtype, dev,
-                              bool(causal), cfg, skip, merge, dkv_acc is not None)))
+                              bool(causal), cfg, skip, merge, dkv_acc is not None)), dev, pos)
     if not bp.kv_merge:
         _fill_skipped(skip, 1, (dk, 0.0), (dv, 0.0))
     if bp.chunks is None:  # one launch per kernel writes the result in the input dtype
@@ -577,7 +581,6 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                                      dtype=torch.float32))
     else:
         sinkg = Strided(_dummy(dev), 0, 0, 0)
-    pos = _positions(plan, dev)
     qs, ks, vs, dos = _strided(q), _strided(k), _strided(v), _strided(do)
     lses, deltas = _strided(lse), _strided(delta)
     scales = (scale, scale * LOG2E)

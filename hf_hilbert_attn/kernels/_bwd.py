@@ -4,11 +4,10 @@
 config owns it; ``delta = rowsum(dO * O) - dlse`` uses the final output. The configs own
 disjoint pairs (union rule), so their gradient contributions simply add:
 
-* ``_dq_kernel``: program per query tile (as in the forward); the sum over configs goes through
-  a float32 buffer, the last launch (covering every query) writes ``dq`` in the input dtype;
-* ``_dkdv_kernel``: program per key tile of one key/value head; it loops over the query heads of
-  its group that read this class (GQA without atomics or expanded K/V), float32 buffers across
-  launches, the last launch writes ``dk``/``dv`` in the input dtype.
+* ``_dq_kernel``: program per query tile; sums over configs in a float32 buffer, the last
+  launch (covering every query) writes ``dq`` in the input dtype;
+* ``_dkdv_kernel``: program per key tile of one key/value head, looping over its group's query
+  heads that read this class (GQA without atomics or expanded K/V); float32 sums as for dq.
 """
 
 import triton

@@ -3,10 +3,9 @@
 Two orderings run through the same kernels: natural (queries at consecutive positions ``qoff..``
 stored at ``position - qoff``, keys likewise from ``koff``: no table, strided loads), and mapped
 (any per-row injective map, e.g. Hilbert order, ring shards, explicit ``position_ids``: an
-``int32`` inverse table ``inv[b, pos]``, ``-1`` = absent, built once per call). Unsupported (the
-op falls back to the PyTorch path, ``docs/kernels.md``): negative positions, a position stored
-twice in one row (restarting packed documents), or positions spread over more than
-``MAX_SPREAD`` × the sequence length.
+``int32`` inverse table ``inv[b, pos]``, ``-1`` = absent). Unsupported (the PyTorch path runs,
+``docs/kernels.md``): negative positions, a position stored twice in one row, or positions
+spread over more than ``MAX_SPREAD`` × the sequence length.
 """
 
 from __future__ import annotations
@@ -39,9 +38,8 @@ class PositionPlan:
     # as Hilbert order): no validity masks inside the ranges
     full: bool = False
     koff: int = 0  # natural: key storage index = position - koff
-    # Every position above is relative to ``base`` (true position - base). ``base`` is a multiple
-    # of every segment length, so segments, classes and causal order are unchanged, and tables
-    # cover only the positions in use (a ring shard at position 1.5M needs no 1.5M-entry table).
+    # Positions above are relative to ``base``, a multiple of every segment length (segments,
+    # classes, causal order unchanged): tables cover only the positions in use.
     base: int = 0
 
     @property
@@ -72,10 +70,8 @@ def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
     return inv
 
 
-# Plans by positions: every layer of a forward or decode step plans the same positions, and
-# planning explicit ones reads them on the host (min / max / arange tests: six device syncs and
-# the tables' kernels per call). Made once, reused while the tensors are unchanged (plan_cache);
-# at most 16 plans (mapped ones hold position -> storage tables on the device).
+# Plans by positions (explicit ones read on the host: device syncs), made once per positions
+# (plan_cache); at most 16 (mapped ones hold position -> storage tables on the device).
 _PLANS = PlanCache(8, per_key=2)
 
 
@@ -185,9 +181,8 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
 
 def fwd_max_registers(tile, first: bool) -> Optional[int]:
     """Register cap (``maxnreg``) of a forward launch with tile ``(BM, BN, warps, stages)``, or
-    None. The first launch at head size 64 fits 3 programs per SM at up to 168 registers; ptxas
-    alone once gave it 182 (2 per SM, a 12 % slower forward on an H100); capped it takes 162 and
-    spills nothing (``kernel_resources.py``, sm_90; docs/decisions.md)."""
+    None: the first launch at head size 64 fits 3 programs per SM at <= 168 (ptxas alone gave 182:
+    2 per SM, 12 % slower on an H100; capped: 162, no spills; docs/decisions.md)."""
     return 168 if first and tuple(tile[:3]) == (64, 64, 4) else None
 
 
@@ -199,10 +194,8 @@ SMALL_SMEM = 101376
 def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None,
                pair: bool = True):
     """(BM, BN, num_warps, num_stages) of the dq kernel: BM queries per program, BN keys per
-    step. The dk/dv kernel uses the same numbers with the roles swapped (BN keys per program,
-    BM queries per step); :func:`dkdv_blocks` gives its own where it differs. ``smem``: shared
-    memory per program of the GPU (None: as much as an A100 or H100). ``pair``: a launch that
-    tests the union rule pair by pair (``kernels._needs_pair_mask``)."""
+    step (:func:`dkdv_blocks` starts from them, roles swapped). ``smem``: shared memory per
+    program (None: an A100's or H100's). ``pair``: a launch testing the union rule per pair."""
     if interpret:
         return 16, 16, 1, 1
     if dtype == torch.float32:
@@ -227,13 +220,11 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
         return DKDV_SMALL_SMEM
     if dtype == torch.float32:
         return bn, bm, warps, stages  # the dq tile, roles swapped
-    # 32 queries per step: 64 spilled in the union variant on sm_90 (kernel_resources.py). A
-    # third stage only where the loops carry no union code, the others were slower with it
-    # (115 KiB of shared memory; docs/decisions.md "Launches without mixed programs")
+    # 32 queries per step (64 spilled in the union variant on sm_90); a third stage only without
+    # union code (115 KiB of shared memory; docs/decisions.md "Launches without mixed programs")
     stages = 3 if skips and (smem is None or smem > SMALL_SMEM) else 2
     return 32, 128, 8, stages
 
 
-# dk/dv tile (BM, BN, warps, stages) where shared memory is small: 68.5 KiB of sm_86's 99 KiB
-# (D 128, bf16; the default needs 129 KiB). Not yet timed on such a GPU.
+# dk/dv tile where shared memory is small: 68.5 KiB of sm_86's 99 KiB (D 128, bf16). Not timed.
 DKDV_SMALL_SMEM = (32, 64, 4, 2)

@@ -1,8 +1,7 @@
 """Ring dilated attention: the forward and backward over the plan's steps and pieces.
 
-Each piece (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) is a call of the backend seam
-(``backends.py``) with the block's true key positions; unsent entries of a received block are
-zero and never attended (the send plan is a superset of the allowed pairs).
+Each piece (:func:`~hf_hilbert_attn.ring.plan.plan_pieces`) is a call of the backend seam with
+the block's true key positions; unsent entries of a received block are zero, never attended.
 
 * **Forward.** Step ``j + 1``'s exchange is posted before step ``j`` is computed; a query run's
   pieces merge into one result (the seam's ``accumulate``: in the kernels); a key counts once.
@@ -277,16 +276,13 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         q_positions, k_positions: true positions ``[S]`` or ``[B, S]`` (int, >= 0) of this
             rank's queries and keys in the full sequence. Required.
         causal, scale, q_doc_ids, k_doc_ids, return_lse, backend: as in
-            :func:`~hf_hilbert_attn.dilated_attention` (for this rank's tokens; float64 inputs
-            merge in float64 inside).
+            :func:`~hf_hilbert_attn.dilated_attention`, for this rank's tokens.
 
     Returns:
-        ``out`` ``[B, Hq, Sq, D]`` (rows of the full-sequence attention for this rank's queries),
-        and ``lse`` if ``return_lse``.
+        ``out`` ``[B, Hq, Sq, D]`` (this rank's rows of the full attention), ``lse`` if asked.
 
     Raises:
-        ValueError: bad shapes / positions, or (on every rank) ranks that disagree on shapes,
-            pattern, dtype or options.
+        ValueError: bad shapes / positions, or (every rank) ranks disagreeing on the call.
     """
     if group is None or dist.get_world_size(group) == 1:
         return dilated_attention(q, k, v, pattern, causal=causal, scale=scale,

@@ -5,10 +5,8 @@
   bucket, per class and window for sliding windows, plus the sink tokens; O(S), no S².
 * :func:`plan_ring` — per ring step, what one rank sends and receives. Sender and receiver
   compute the same plan from the same all-gathered positions, so no sizes are exchanged.
-* :func:`plan_pieces` — each step as a few ``dilated_attention`` calls over runs of
-  consecutive positions (no position tables for contiguous or zigzag shards).
-* :class:`PlanCache` — the last plan per process group, reused while positions are unchanged
-  (the next layers of the same forward).
+* :func:`plan_pieces` — each step as calls over runs of consecutive positions (no tables).
+* :class:`PlanCache` — the last plan per process group, reused while positions are unchanged.
 """
 
 from __future__ import annotations

@@ -184,19 +184,11 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
     columns (cell ``(t // R, t % R)``: a column per dilation class), visited in Hilbert-curve
     order; tokens never leave their segment (``R == 1``: the identity).
 
-    Args:
-        seq_len: number of tokens, ``>= 0``.
-        pattern: the :class:`DilatedPattern` (only its longest segment and largest rate matter).
-        device: where the returned tensors live (default CPU).
-
-    Returns:
-        ``(perm, inv)``, both int64 ``[seq_len]`` and exact inverses: ``perm[i]`` is the position
-        of the token stored at index ``i``; ``inv[p]`` is the storage index of position ``p``.
-        Cached per ``(seq_len, max_segment, max_rate, device)`` and shared: do not modify.
-
-    Raises:
-        ValueError: if ``seq_len`` is negative or not an integer.
-        TypeError: if ``pattern`` is not a :class:`DilatedPattern`.
+    ``seq_len`` tokens (an int ``>= 0``, else ``ValueError``) of ``pattern`` (a
+    :class:`DilatedPattern`, else ``TypeError``; its longest segment and largest rate matter), on
+    ``device`` (default CPU). Returns ``(perm, inv)``, int64 ``[seq_len]`` exact inverses:
+    ``perm[i]`` the position of the token stored at ``i``, ``inv[p]`` the storage index of ``p``.
+    Cached per ``(seq_len, max_segment, max_rate, device)`` and shared: do not modify.
     """
     if not isinstance(pattern, DilatedPattern):
         raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")

@@ -162,15 +162,8 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     token-wise MLPs, for one more MLP forward per step. Calling again changes the chunk; shorter
     inputs run the plain MLP; the state dict is unchanged.
 
-    Args:
-        model: a Transformers model (or a module containing one).
-        chunk_tokens: tokens per chunk (> 0), or 0 to undo.
-
-    Returns:
-        ``model``, changed in place.
-
-    Raises:
-        ValueError: a negative ``chunk_tokens`` or no decoder layer with an ``mlp``.
+    ``model``: a Transformers model (or a module containing one), returned changed in place.
+    ``ValueError``: a negative ``chunk_tokens`` or no decoder layer with an ``mlp``.
     """
     chunk = int(chunk_tokens)
     if chunk < 0:
@@ -314,16 +307,11 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
     (:func:`hf_hilbert_attn.training.enable_checkpointing`, before or after this call); other
     layers are left alone. Exact (values are copied); ``enable=False`` undoes; idempotent.
 
-    Args:
-        model: a Transformers model (or a module containing one).
-        enable: install (True) or remove (False) the hooks.
-        pin_memory: page-locked host buffers (asynchronous copies); default: when CUDA is
-            available.
-        prefetch: start copying the next-needed layer input back while the backward of the
-            current layer runs (one more ``[B, S, hidden]`` on the device).
-
-    Returns:
-        ``model``, changed in place. :func:`offload_stats` reads its counters.
+    ``model``: a Transformers model (or a module containing one), returned changed in place
+    (:func:`offload_stats` reads its counters). ``enable``: install or remove the hooks.
+    ``pin_memory``: page-locked host buffers (asynchronous copies; default: with CUDA).
+    ``prefetch``: copy the next layer's input back while the current layer's backward runs (one
+    more ``[B, S, hidden]`` on the device).
     """
     layers = _decoder_layers(model, "offload_checkpoints")
     if not enable:

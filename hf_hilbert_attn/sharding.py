@@ -145,12 +145,10 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
             (unshifted, as Transformers takes them), ``position_ids`` ``[B, S]`` or ``[S]``,
             ``attention_mask`` ``[B, S]``; other tensors with a sequence dim of size ``S`` at
             ``seq_dim`` are sharded the same way, everything else is passed through.
-        group: the sequence-parallel process group, or ``(rank, world_size)``; None: no
-            sharding (world size 1).
-        layout: one of :data:`LAYOUT_CHOICES` (``"auto"``: :func:`resolve_layout`).
-        pattern: the model's pattern (needed for ``"hilbert"``).
-        pad_to_multiple: pad each shard's length to a multiple of this.
-        pad_token_id: ``input_ids`` value of padding tokens.
+        group: the sequence-parallel process group, or ``(rank, world_size)`` (None: size 1).
+        layout: one of :data:`LAYOUT_CHOICES` (``"auto"``: :func:`resolve_layout`); pattern: the
+            model's (``"hilbert"`` and ``"auto"`` need it); pad_to_multiple: of each shard's
+            length; pad_token_id: ``input_ids`` value of padding tokens.
 
     Returns:
         A new dict: ``input_ids`` ``[B, L]``; ``position_ids`` ``[B, L]`` (true positions;
@@ -158,10 +156,8 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         padding) for packed documents or the ``"hilbert"`` layout; ``labels`` and
         ``shift_labels``, both the *already shifted* labels of this shard (-100 on padding), so
         ``model(**shard)`` does not shift again; ``attention_mask`` (0 on padding) when given;
-        ``num_items``: the shard's non-ignored labels (0-dim tensor).
-
-    Raises:
-        ValueError: unknown layout, missing ``input_ids``, inconsistent shapes.
+        ``num_items``: the shard's non-ignored labels (0-dim tensor). ``ValueError``: unknown
+        layout, missing ``input_ids``, inconsistent shapes.
     """
     if "input_ids" not in batch:
         raise ValueError(f"batch needs 'input_ids', got keys {sorted(batch)}")

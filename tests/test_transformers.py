@@ -647,3 +647,58 @@ def test_layer_index_read_only_for_per_layer_heads():
     assert reads
     assert not torch.equal(plain[:, :, :2], layered[:, :, :2])  # heads 0-1: dense now
     assert torch.equal(plain[:, :, 2:], layered[:, :, 2:])
+
+
+@pytest.mark.parametrize("inputs", ["default", "packed", "padded", "fresh_cache"])
+def test_configured_model_decides_positions_before_its_layers(monkeypatch, inputs):
+    """``configure`` hooks the base model: a call without a given cache decides positions and
+    documents once, eagerly, and hands them to every layer (``hilbert_positions``), whose own
+    data-dependent position call (a graph break in each compiled layer) then never runs. The
+    logits equal those of the same model without the hook."""
+    pat = {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "sink_tokens": 1}
+    model = configure(tiny_model("llama", "hilbert_dilated", hilbert_attn=pat), pat)
+    ids = torch.randint(0, VOCAB, (2, 48))
+    kw = {"use_cache": inputs == "fresh_cache"}
+    if inputs == "packed":
+        kw["position_ids"] = torch.cat([torch.arange(20), torch.arange(28)])[None].expand(2, -1)
+    if inputs == "padded":
+        kw["attention_mask"] = torch.ones(2, 48, dtype=torch.long)
+        kw["attention_mask"][1, :5] = 0
+    calls = []
+    real = integ._positions
+    monkeypatch.setattr(integ, "_positions", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hooked = model(input_ids=ids, **kw).logits
+    assert not calls
+    model.model._hilbert_positions.remove()
+    model.model._hilbert_positions = None
+    plain = model(input_ids=ids, **kw).logits
+    assert calls
+    assert torch.equal(hooked, plain)
+    configure(model, pat)  # hooked again, once
+    assert len(model.model._forward_pre_hooks) == 1
+    configure(model, pat)
+    assert len(model.model._forward_pre_hooks) == 1
+
+
+def test_compiled_layer_with_model_positions_has_no_graph_break(monkeypatch):
+    """Through the kernels' custom op (Triton interpreter here), a decoder layer handed its
+    positions by the model's hook compiles to one graph."""
+    from hf_hilbert_attn import ops
+    from hf_hilbert_attn.inputs import model_positions
+
+    monkeypatch.setattr(ops, "use_triton", lambda q, a, backend: True)
+    torch._dynamo.reset()
+    model = tiny_model("llama", "hilbert_dilated", hilbert_attn={"segment_lengths": [16, 32],
+                                                                 "dilation_rates": [1, 2]})
+    layer = model.model.layers[0]
+    x = torch.randn(1, 48, 64)
+    pos = torch.arange(48)[None]
+    kw = dict(attention_mask=None, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos),
+              hilbert_positions=model_positions(pos, None, None, 0, 1, 48, 48, x.device))
+    want = layer(x, **kw)
+    explained = torch._dynamo.explain(layer)(x, **kw)
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+    got = torch.compile(layer)(x, **kw)
+    assert_rel_close(got[0] if isinstance(got, tuple) else got,
+                     want[0] if isinstance(want, tuple) else want, what="compiled layer")
+    torch._dynamo.reset()

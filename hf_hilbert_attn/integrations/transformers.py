@@ -10,6 +10,7 @@ turns with ``position_ids`` into true positions (``inputs.model_positions``) for
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -91,7 +92,8 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     Writes ``pattern.to_dict()`` to ``config.hilbert_attn`` of the model and every sub-model, so
     ``config.json`` carries it. ``pattern``: a :class:`DilatedPattern`, its dict, a YAML path, a
     shipped name (``hf_hilbert_attn.patterns.names()``) or None (the default).
-    ``set_attn_implementation``: also switch the model to ``"hilbert_dilated"``.
+    ``set_attn_implementation``: also switch the model to ``"hilbert_dilated"`` (and hook a
+    decoder-only base model to decide positions once per forward: ``_positions_hook``).
     ``keep_dense_heads``: a calibration's per-layer dense heads (:func:`set_dense_kv_heads`)
     stay with the new pattern, as they describe the model (docs/decisions.md, "Shipped
     retrieval defaults"); False drops them. Returns ``model`` (changed in place). Raises
@@ -111,6 +113,11 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     if set_attn_implementation:
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+        if (vars(base).get("_hilbert_positions") is None and not model.config.is_encoder_decoder
+                and "kwargs" in inspect.signature(base.forward).parameters):
+            base._hilbert_positions = base.register_forward_pre_hook(_positions_hook,
+                                                                     with_kwargs=True)
     return model
 
 
@@ -164,10 +171,26 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     return DilatedMaskInfo(q_offset, q_length, kv_length, padding, kv_offset)
 
 
+def _positions_hook(module, args, kwargs):
+    """A call of a configured decoder-only model without a given cache (training, scoring) gets
+    its positions and documents decided here, once, eagerly, for every layer whose keys are its
+    tokens (``hilbert_positions``): a compiled layer then needs no graph break."""
+    x = kwargs.get("input_ids", args[0] if len(args) == 1 else None)
+    x = kwargs.get("inputs_embeds") if x is None else x
+    mask = kwargs.get("attention_mask")
+    if (x is None or len(args) > 1 or kwargs.get("past_key_values") is not None
+            or kwargs.get("cu_seq_lens_q") is not None or _ring.get_sequence_parallel_group()
+            or not (mask is None or isinstance(mask, torch.Tensor) and mask.dim() == 2)):
+        return None
+    padding = None if mask is None or bool(mask.all()) else mask.to(torch.bool)
+    kwargs["hilbert_positions"] = model_positions(kwargs.get("position_ids"), kwargs.get(
+        "hilbert_doc_ids"), padding, 0, x.shape[0], x.shape[1], x.shape[1], x.device)
+    return args, kwargs
+
+
 @torch.compiler.disable
 def _positions(info: Optional[DilatedMaskInfo], position_ids, doc_ids, b, sq, sk, device, ring):
-    # Derived in a forward's first layer, reused by the others. Opaque to torch.compile: traced,
-    # its checks broke a layer into several graphs and its memo guarded every layer.
+    # Without the hook: the first layer's result serves the others; opaque to torch.compile.
     memo, key = ({} if info is None else info._memo), (sq, sk, id(position_ids), id(doc_ids), ring)
     hit = memo.get(key)
     if hit is not None and hit[0] is position_ids and hit[1] is doc_ids:
@@ -183,14 +206,12 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
                                       key: torch.Tensor, value: torch.Tensor, attention_mask,
                                       dropout: float = 0.0, scaling: Optional[float] = None,
                                       is_causal: Optional[bool] = None, **kwargs):
-    """``AttentionInterface`` entry: dilated attention of one layer.
-
-    query ``[B, Hq, Sq, D]``, key/value ``[B, Hkv, Sk, D]``; ``attention_mask``: the
-    :class:`DilatedMaskInfo` or None; ``dropout`` must be 0; ``is_causal`` overrides
-    ``module.is_causal``; ``kwargs``: ``position_ids`` ``[B, S]`` and optionally
-    ``hilbert_doc_ids`` ``[B, S]`` or flash-style ``cu_seq_lens_q``. Returns ``(out [B, Sq, Hq,
-    D] contiguous, None)``; ``ValueError`` for what the op cannot do (``transformers_checks``).
-    """
+    """``AttentionInterface`` entry: dilated attention of one layer. query ``[B, Hq, Sq, D]``,
+    key/value ``[B, Hkv, Sk, D]``; ``attention_mask``: the :class:`DilatedMaskInfo` or None;
+    ``dropout`` must be 0; ``is_causal`` overrides ``module.is_causal``; ``kwargs``:
+    ``position_ids`` ``[B, S]``, optionally ``hilbert_doc_ids`` ``[B, S]``, flash-style
+    ``cu_seq_lens_q`` or ``hilbert_positions``. Returns ``(out [B, Sq, Hq, D] contiguous, None)``;
+    ``ValueError`` for what the op cannot do (``transformers_checks``)."""
     (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
@@ -202,15 +223,18 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
         return attend_pattern_cache(query, key, value, pattern, attention_mask, causal,
                                     scaling), None
-    doc_ids = kwargs.get("hilbert_doc_ids")
-    cu_seqlens = kwargs.get("cu_seq_lens_q")
-    if doc_ids is None and cu_seqlens is not None:
-        # Flash-style varlen kwargs (DataCollatorWithFlattening(return_flash_attn_kwargs=True)):
-        # one row of concatenated documents (paged caches, also sending them, are refused above).
-        starts = cu_seqlens.to(device=query.device, dtype=torch.int64)[1:-1]
-        doc_ids = torch.bucketize(torch.arange(sq, device=query.device), starts, right=True)[None]
-    at = _positions(attention_mask, kwargs.get("position_ids"), doc_ids, b, sq, sk, query.device,
-                    group is not None)
+    at = kwargs.get("hilbert_positions") if group is None and sq == sk else None  # _positions_hook
+    if at is None:
+        doc_ids = kwargs.get("hilbert_doc_ids")
+        cu_seqlens = kwargs.get("cu_seq_lens_q")
+        if doc_ids is None and cu_seqlens is not None:
+            # Flash-style varlen kwargs (DataCollatorWithFlattening(return_flash_attn_kwargs=
+            # True)): one row of concatenated documents (paged caches are refused above).
+            starts = cu_seqlens.to(device=query.device, dtype=torch.int64)[1:-1]
+            doc_ids = torch.bucketize(torch.arange(sq, device=query.device), starts,
+                                      right=True)[None]
+        at = _positions(attention_mask, kwargs.get("position_ids"), doc_ids, b, sq, sk,
+                        query.device, group is not None)
     if group is not None:
         if at.cached:
             raise ValueError("hilbert_dilated under sequence_parallel does not support a KV cache "

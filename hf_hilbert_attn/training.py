@@ -27,17 +27,12 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
                     chunk: int = 2048, num_items=None) -> torch.Tensor:
     """Mean next-token cross-entropy from hidden states, ``chunk`` positions at a time.
 
-    Args:
-        hidden: ``[B, S, H]`` final hidden states (after the final norm).
-        weight: ``[V, H]`` the LM head.
-        labels: ``[B, S]``, ``labels[:, t]`` is the target of position ``t`` (already shifted;
-            -100 = ignored).
-        chunk: positions per chunk; its ``[chunk, V]`` logits are recomputed in the backward.
-        num_items: divide the summed loss by this instead of the non-ignored labels here (a
-            sequence-parallel shard divides by the whole sequence's count).
-
-    Returns:
-        The scalar mean loss over non-ignored labels (float32), or ``sum / num_items``.
+    ``hidden`` ``[B, S, H]``: final hidden states (after the final norm); ``weight`` ``[V, H]``:
+    the LM head; ``labels`` ``[B, S]``: ``labels[:, t]`` the target of position ``t`` (already
+    shifted; -100 = ignored); ``chunk``: positions per chunk (its ``[chunk, V]`` logits are
+    recomputed in the backward); ``num_items``: divide the summed loss by this instead of the
+    non-ignored labels here (a sequence-parallel shard: by the whole sequence's count).
+    Returns the scalar mean loss over non-ignored labels (float32), or ``sum / num_items``.
     """
     from torch.utils.checkpoint import checkpoint
 

@@ -179,3 +179,20 @@ def test_pairs_per_rank_with_sinks_and_sliding_equals_brute_force(layout):
     per_query = pat.build_mask(heads, torch.arange(s), torch.arange(s))[0].sum((0, 2))
     table = shard_positions(s, world, layout, pat)
     assert got == [int(per_query[t[t < s]].sum()) for t in table], pat
+
+
+def test_calibrated_per_layer_dense_heads_shard_in_zigzag():
+    # a calibration stores dense heads per layer, outside the shared pattern: the collators ask
+    # sharding_pattern, which carries any layer's dense heads, so `auto` picks zigzag (D46)
+    from types import SimpleNamespace
+
+    from hf_hilbert_attn.integrations.model_config import LAYER_DENSE, sharding_pattern
+    from hf_hilbert_attn.sharding import resolve_layout
+
+    slide = DilatedPattern([16, 64], [1, 4], window="sliding")
+    plain = SimpleNamespace(hilbert_attn=slide.to_dict())
+    calibrated = SimpleNamespace(hilbert_attn={**slide.to_dict(), LAYER_DENSE: [[], [1], [0, 1]]})
+    assert sharding_pattern(plain) == slide
+    assert sharding_pattern(calibrated).dense_kv_heads == (0, 1)
+    assert resolve_layout("auto", 256, 4, sharding_pattern(plain)) == "contiguous"
+    assert resolve_layout("auto", 256, 4, sharding_pattern(calibrated)) == "zigzag"

@@ -89,6 +89,15 @@ def get_pattern(config, layer_idx: Optional[int] = None) -> DilatedPattern:
     return _with_dense(base, base.ordering, tuple(layers[layer_idx]))
 
 
+def sharding_pattern(config) -> DilatedPattern:
+    """What ``sharding.resolve_layout`` decides ``"auto"`` by: the shared pattern, with the dense
+    key/value heads of any layer (a calibration's: their ring is causal attention, D46)."""
+    raw, base = getattr(config, "hilbert_attn", None), get_pattern(config)
+    layers = raw.get(LAYER_DENSE) if isinstance(raw, dict) else None
+    heads = sorted({h for layer in layers or () for h in layer})
+    return base.replace(dense_kv_heads=heads) if heads and not base.dense_kv_heads else base
+
+
 @functools.lru_cache(maxsize=1024)
 def _with_dense(base: DilatedPattern, ordering: str, heads: tuple) -> DilatedPattern:
     # ordering in the key: equal patterns may carry different layouts, the result keeps base's

@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 
-from .. import DilatedPattern, get_pattern, sequence_parallel, shard_batch
+from .. import DilatedPattern, sequence_parallel, shard_batch
 from ..ring.comm import all_gather
 from ..sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
+from .model_config import sharding_pattern
 from .accelerate import SPTopology, sequence_parallel_topology
 
 logger = logging.getLogger(__name__)
@@ -57,16 +58,12 @@ def _fingerprint(batch: dict) -> torch.Tensor:
 class SequenceParallelCollator:
     """Collate with ``collator``, then keep this rank's shard of every sequence.
 
-    Args:
-        collator: the collator to wrap (``DataCollatorWithFlattening``, TRL's, ...; None:
-            ``default_data_collator``). Its output needs ``input_ids`` ``[B, S]``; ``labels``
-            (or pre-shifted ``shift_labels``), ``position_ids`` and ``attention_mask`` are used
-            when present.
-        sp_rank, sp_size: this rank's place in its sequence-parallel group.
-        layout: a layout of :data:`~hf_hilbert_attn.sharding.LAYOUT_CHOICES`.
-        pattern: the model's :class:`~hf_hilbert_attn.DilatedPattern` (``layout`` ``"auto"`` and
-            ``"hilbert"`` use it).
-        pad_token_id: ``input_ids`` value of the padding :func:`shard_batch` adds.
+    ``collator``: the one to wrap (``DataCollatorWithFlattening``, TRL's, ...; None:
+    ``default_data_collator``); its output needs ``input_ids`` ``[B, S]``, and ``labels`` (or
+    ``shift_labels``), ``position_ids``, ``attention_mask`` are used when present. ``sp_rank``,
+    ``sp_size``: this rank's place in its group; ``layout``: of ``LAYOUT_CHOICES``; ``pattern``:
+    the model's (``model_config.sharding_pattern``: ``"auto"`` and ``"hilbert"`` use it);
+    ``pad_token_id``: the ``input_ids`` value of the padding :func:`shard_batch` adds.
 
     Returns (per call) :func:`~hf_hilbert_attn.sharding.shard_batch`'s dict without
     ``num_items`` (Trainer counts ``shift_labels``) and the unsharded varlen keys, plus
@@ -160,7 +157,7 @@ class SequenceParallelMixin:
             return
         self._check_sp_config()
         model = self.accelerator.unwrap_model(self.model)
-        pattern = get_pattern(model.config)
+        pattern = sharding_pattern(model.config)
         pad = getattr(getattr(self, "processing_class", None), "pad_token_id", None)
         self.data_collator = SequenceParallelCollator(
             self.data_collator, topo.sp_rank, topo.sp_size, sp_layout, pattern,

@@ -74,9 +74,8 @@ class KernelConfig:
         acc_bytes: largest float32 buffer (bytes) summing partial results over configs (the
             forward's, dq's, dk's and dv's); heads go in chunks beyond it
             (``HF_HILBERT_ACC_BYTES``).
-        compile_threads: threads that compile the kernels of a call side by side the first
-            time it runs (Triton compiles 10-20 specializations of ~5 s at launch, one after
-            the other, releasing the GIL); 1: in turn at launch (``HF_HILBERT_COMPILE_THREADS``).
+        compile_threads: threads compiling a call's kernels side by side the first time it runs
+            (10-20 specializations of ~5 s; 1: in turn at launch; ``HF_HILBERT_COMPILE_THREADS``).
         smem: shared memory per program the tiles are chosen for (bytes; None: the GPU's own;
             the compile check plans another GPU's launches with it).
         interpret: the Triton interpreter runs the kernels (``TRITON_INTERPRET=1``).

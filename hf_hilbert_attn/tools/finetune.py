@@ -59,6 +59,7 @@ import torch
 
 import hf_hilbert_attn
 from hf_hilbert_attn import patterns
+from hf_hilbert_attn.integrations.model_config import sharding_pattern
 from hf_hilbert_attn.integrations.accelerate import (
     reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
 from hf_hilbert_attn.long_context import offload_checkpoints, tile_mlp
@@ -408,6 +409,9 @@ def _train(args, accelerator, topo, training, state: TrainState, blocks, mix, pa
     from tqdm.auto import tqdm
 
     model, opt, sched = training
+    # what `auto` shards by: the pattern, with a calibration's per-layer dense heads (D46)
+    shard_pattern = None if pattern is None else sharding_pattern(
+        accelerator.unwrap_model(model).lm.config)
     tokens_per_step = args.seq_len * args.batch_size * topo.dp_size
     bar = tqdm(total=args.max_steps, initial=state.step, disable=not accelerator.is_main_process,
                desc="train", unit="step")
@@ -426,7 +430,7 @@ def _train(args, accelerator, topo, training, state: TrainState, blocks, mix, pa
         ids, labels = ids.to(accelerator.device), labels.to(accelerator.device)
         # labels -100 outside a retrieval block's answer; shard_batch shifts, then shards them
         shard = shard_for_sequence_parallel({"input_ids": ids, "labels": labels}, topo,
-                                            layout=args.layout, pattern=pattern)
+                                            layout=args.layout, pattern=shard_pattern)
         with hf_hilbert_attn.sequence_parallel(topo.group):
             loss = reduce_loss(model(**shard), topo.group)
             accelerator.backward(loss)

@@ -595,11 +595,14 @@ def test_gpu_cached_generate_matches_full_forward(cache):
     assert torch.equal(dense, ref)
 
 
-def test_compiled_layer_is_two_graphs_around_the_position_call(monkeypatch):
+@pytest.mark.parametrize("hooked", [False, True], ids=["alone", "positions_given"])
+def test_compiled_layer_breaks_at_most_at_the_position_call(monkeypatch, hooked):
     """Through the kernels' custom op (Triton interpreter here), a compiled decoder layer breaks
     only at the one opaque call that reads positions and documents (data-dependent checks): not
-    at the attention-output collector, not inside the position checks."""
+    at the attention-output collector, not inside the position checks; handed its positions by
+    the model's hook (``hilbert_positions``, D48) it compiles to one graph."""
     from hf_hilbert_attn import ops
+    from hf_hilbert_attn.inputs import model_positions
 
     monkeypatch.setattr(ops, "use_triton", lambda q, a, backend: True)
     torch._dynamo.reset()
@@ -610,12 +613,17 @@ def test_compiled_layer_is_two_graphs_around_the_position_call(monkeypatch):
     pos = torch.arange(48)[None]
     kw = dict(attention_mask=None, position_ids=pos,
               position_embeddings=model.model.rotary_emb(x, pos))
+    if hooked:
+        kw["hilbert_positions"] = model_positions(pos, None, None, 0, 1, 48, 48, x.device)
     want = layer(x, **kw)
     explained = torch._dynamo.explain(layer)(x, **kw)
-    reasons = {str(b.reason).splitlines()[0] for b in explained.break_reasons}
-    assert reasons and all("disable" in r for r in reasons), reasons
-    where = {f.name for b in explained.break_reasons for f in b.user_stack[-1:]}
-    assert where == {"hilbert_dilated_attention_forward"}, where
+    if hooked:
+        assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+    else:
+        reasons = {str(b.reason).splitlines()[0] for b in explained.break_reasons}
+        assert reasons and all("disable" in r for r in reasons), reasons
+        where = {f.name for b in explained.break_reasons for f in b.user_stack[-1:]}
+        assert where == {"hilbert_dilated_attention_forward"}, where
     got = torch.compile(layer)(x, **kw)
     # compiled around our op: the layer's other ops fused, so their sums in another order
     assert_rel_close(got[0] if isinstance(got, tuple) else got,
@@ -678,27 +686,3 @@ def test_configured_model_decides_positions_before_its_layers(monkeypatch, input
     assert len(model.model._forward_pre_hooks) == 1
     configure(model, pat)
     assert len(model.model._forward_pre_hooks) == 1
-
-
-def test_compiled_layer_with_model_positions_has_no_graph_break(monkeypatch):
-    """Through the kernels' custom op (Triton interpreter here), a decoder layer handed its
-    positions by the model's hook compiles to one graph."""
-    from hf_hilbert_attn import ops
-    from hf_hilbert_attn.inputs import model_positions
-
-    monkeypatch.setattr(ops, "use_triton", lambda q, a, backend: True)
-    torch._dynamo.reset()
-    model = tiny_model("llama", "hilbert_dilated", hilbert_attn={"segment_lengths": [16, 32],
-                                                                 "dilation_rates": [1, 2]})
-    layer = model.model.layers[0]
-    x = torch.randn(1, 48, 64)
-    pos = torch.arange(48)[None]
-    kw = dict(attention_mask=None, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos),
-              hilbert_positions=model_positions(pos, None, None, 0, 1, 48, 48, x.device))
-    want = layer(x, **kw)
-    explained = torch._dynamo.explain(layer)(x, **kw)
-    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
-    got = torch.compile(layer)(x, **kw)
-    assert_rel_close(got[0] if isinstance(got, tuple) else got,
-                     want[0] if isinstance(want, tuple) else want, what="compiled layer")
-    torch._dynamo.reset()

@@ -2,7 +2,7 @@
 
 import random
 
-from conftest import _UNIT_SECONDS, _lpt, _recorded
+from conftest import _NEW_GPU_UNIT, _UNIT_SECONDS, _gpu_run, _lpt, _unit_seconds
 
 
 def test_lpt_places_every_unit_once_and_balances():
@@ -21,7 +21,21 @@ def test_lpt_places_every_unit_once_and_balances():
             assert [sec[u] for u in p] == sorted((sec[u] for u in p), reverse=True)
 
 
-def test_only_recorded_units_are_planned():
-    assert all(_recorded(k) for k in _UNIT_SECONDS)
-    assert _recorded("tests/test_kernels_gpu.py::test_new_gpu_test")
-    assert not _recorded("tests/test_ops.py::test_something")
+class _Config:
+    def __init__(self, markexpr):
+        self._m = markexpr
+
+    def getoption(self, name):
+        return self._m if name == "markexpr" else None
+
+
+def test_every_gpu_unit_is_planned_recorded_or_not():
+    # a GPU test in a new file (or a new test) gets an estimate: it must not turn the plan off
+    assert _gpu_run(_Config("gpu")) and not _gpu_run(_Config(""))
+    key, sec = next(iter(_UNIT_SECONDS.items()))
+    assert _unit_seconds(f"tests/test_kernels_gpu.py::{key}", ["a"], True) == sec
+    for scope in ("tests/test_new_gpu_file.py::test_x", "tests/test_kernels_gpu.py::test_new"):
+        assert _unit_seconds(scope, ["a", "b"], True) == _NEW_GPU_UNIT
+    # the CPU suite: larger units first
+    assert _unit_seconds("tests/test_ops.py", ["a"] * 300, False) > _unit_seconds(
+        "tests/test_cache.py", ["a"] * 20, False)

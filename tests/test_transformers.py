@@ -657,30 +657,38 @@ def test_layer_index_read_only_for_per_layer_heads():
     assert torch.equal(plain[:, :, 2:], layered[:, :, 2:])
 
 
-@pytest.mark.parametrize("inputs", ["default", "packed", "padded", "fresh_cache"])
+@pytest.mark.parametrize("inputs", ["default", "packed", "padded", "all_ones", "fresh_cache"])
 def test_configured_model_decides_positions_before_its_layers(monkeypatch, inputs):
     """``configure`` hooks the base model: a call without a given cache decides positions and
     documents once, eagerly, and hands them to every layer (``hilbert_positions``), whose own
     data-dependent position call (a graph break in each compiled layer) then never runs. The
-    logits equal those of the same model without the hook."""
+    logits equal those of the same model without the hook. A mask of real tokens only reaches
+    the mask function as None (its own check, a host sync, is not made again)."""
     pat = {"segment_lengths": [16, 32], "dilation_rates": [1, 2], "sink_tokens": 1}
     model = configure(tiny_model("llama", "hilbert_dilated", hilbert_attn=pat), pat)
     ids = torch.randint(0, VOCAB, (2, 48))
     kw = {"use_cache": inputs == "fresh_cache"}
     if inputs == "packed":
         kw["position_ids"] = torch.cat([torch.arange(20), torch.arange(28)])[None].expand(2, -1)
-    if inputs == "padded":
+    if inputs in ("padded", "all_ones"):
         kw["attention_mask"] = torch.ones(2, 48, dtype=torch.long)
-        kw["attention_mask"][1, :5] = 0
-    calls = []
+        kw["attention_mask"][1, :5] = 0 if inputs == "padded" else 1
+    from transformers.masking_utils import AttentionMaskInterface
+
+    calls, masks = [], []
     real = integ._positions
     monkeypatch.setattr(integ, "_positions", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "hilbert_dilated", lambda **k: (
+        masks.append(k["attention_mask"]) or integ.hilbert_dilated_mask(**k)))
     hooked = model(input_ids=ids, **kw).logits
     assert not calls
+    assert [m is None for m in masks] == [inputs != "padded"]
     model.model._hilbert_positions.remove()
     model.model._hilbert_positions = None
+    masks.clear()
     plain = model(input_ids=ids, **kw).logits
     assert calls
+    assert [m is None for m in masks] == [inputs not in ("padded", "all_ones")]
     assert torch.equal(hooked, plain)
     configure(model, pat)  # hooked again, once
     assert len(model.model._forward_pre_hooks) == 1

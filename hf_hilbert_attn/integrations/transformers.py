@@ -172,9 +172,8 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
 
 
 def _positions_hook(module, args, kwargs):
-    """A call of a configured decoder-only model without a given cache (training, scoring) gets
-    its positions and documents decided here, once, eagerly, for every layer whose keys are its
-    tokens (``hilbert_positions``): a compiled layer then needs no graph break."""
+    """A configured decoder-only model's call without a given cache decides positions once, for
+    every layer whose keys are its tokens (``hilbert_positions``): no graph break per layer."""
     x = kwargs.get("input_ids", args[0] if len(args) == 1 else None)
     x = kwargs.get("inputs_embeds") if x is None else x
     mask = kwargs.get("attention_mask")
@@ -183,6 +182,8 @@ def _positions_hook(module, args, kwargs):
             or not (mask is None or isinstance(mask, torch.Tensor) and mask.dim() == 2)):
         return None
     padding = None if mask is None or bool(mask.all()) else mask.to(torch.bool)
+    if padding is None and mask is not None:
+        kwargs["attention_mask"] = None  # all real: the mask function's check (a sync) is not made
     kwargs["hilbert_positions"] = model_positions(kwargs.get("position_ids"), kwargs.get(
         "hilbert_doc_ids"), padding, 0, x.shape[0], x.shape[1], x.shape[1], x.device)
     return args, kwargs
@@ -270,12 +271,9 @@ def _eager_dilated_attention(*args, **kwargs):
 
 
 def register() -> None:
-    """Register ``"hilbert_dilated"`` with ``AttentionInterface`` and ``AttentionMaskInterface``.
-
-    Idempotent (``import hf_hilbert_attn`` calls it); then ``from_pretrained`` and
-    ``set_attn_implementation`` take ``"hilbert_dilated"``. No other implementation's function
-    is touched (docs/decisions.md D36).
-    """
+    """Register ``"hilbert_dilated"`` with ``AttentionInterface`` and ``AttentionMaskInterface``:
+    ``from_pretrained`` and ``set_attn_implementation`` then take it. Idempotent (``import
+    hf_hilbert_attn`` calls it); no other implementation's function is touched (decisions D36)."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, hilbert_dilated_mask)
 

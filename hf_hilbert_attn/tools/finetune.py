@@ -395,6 +395,9 @@ def _log_start(args, accelerator, topo, blocks, pattern, mix) -> None:
                 topo.source, blocks.shape[0], args.seq_len,
                 pattern if pattern is not None else "sdpa (dense)", args.layout,
                 accelerator.mixed_precision)
+    if args.compile:  # its progress bar shows no step for minutes at 1M+ tokens
+        logger.info("--compile: the first step compiles and autotunes the layers (1B shape at 1M "
+                    "tokens per GPU on H200s: ~100 s on one GPU, ~300 s with sequence parallelism)")
     if mix is not None:
         logger.info("retrieval mix %g: %d of %d steps are retrieval steps (%d blocks; tasks "
                     "%s)", args.retrieval_mix, mix.schedule.before(args.max_steps),

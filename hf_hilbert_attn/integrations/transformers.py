@@ -181,9 +181,9 @@ def _positions_hook(module, args, kwargs):
             or kwargs.get("cu_seq_lens_q") is not None or _ring.get_sequence_parallel_group()
             or not (mask is None or isinstance(mask, torch.Tensor) and mask.dim() == 2)):
         return None
-    padding = None if mask is None or bool(mask.all()) else mask.to(torch.bool)
-    if padding is None and mask is not None:
-        kwargs["attention_mask"] = None  # all real: the mask function's check (a sync) is not made
+    if mask is not None and bool(mask.all()):  # all real: the mask function need not check again
+        mask = kwargs["attention_mask"] = None
+    padding = None if mask is None else mask.to(torch.bool)
     kwargs["hilbert_positions"] = model_positions(kwargs.get("position_ids"), kwargs.get(
         "hilbert_doc_ids"), padding, 0, x.shape[0], x.shape[1], x.shape[1], x.device)
     return args, kwargs

@@ -37,14 +37,24 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def use_triton(q: torch.Tensor, a, backend: str) -> bool:
     """Whether a call goes to the Triton kernels (the one dispatch rule of every entry point).
 
-    ``backend="triton"``: yes (any device: the interpreter runs them on CPU), or a
-    ``ValueError`` when the kernels cannot take the dtype or head size; ``"auto"``: yes on CUDA
-    when they can; ``"torch"``: no. Static checks only (traceable); data-dependent limits are
-    checked inside the op, which then runs the PyTorch path; an empty batch takes it too."""
+    ``backend="triton"``: yes on CUDA, or on any device under ``TRITON_INTERPRET=1`` (Triton's
+    interpreter, how the tests run them on CPU); a ``ValueError`` elsewhere or when the kernels
+    cannot take the dtype or head size; ``"auto"``: yes on CUDA when they can; ``"torch"``: no.
+    Static checks only (traceable); data-dependent limits are checked inside the op, which then
+    runs the PyTorch path; an empty batch takes it too."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "torch" or (backend == "auto" and not q.is_cuda):
         return False
+    if backend == "triton" and not q.is_cuda:  # Triton's interpreter takes any device
+        import os  # read per call, as kernels/_config.py's KernelConfig.from_env does
+
+        if os.environ.get("TRITON_INTERPRET", "0") != "1":
+            raise ValueError(
+                f"backend='triton' needs CUDA tensors (got {q.device.type}) or "
+                f"TRITON_INTERPRET=1 in the environment before hf_hilbert_attn is imported "
+                f"(Triton's interpreter: slow, for tests); on {q.device.type} use "
+                f"backend='auto' or 'torch' (the PyTorch path)")
     ok = (q.dtype in _KERNEL_DTYPES and a.head_dim in KERNEL_HEAD_DIMS
           and a.head_dim_v == a.head_dim and _triton_importable())
     if backend == "triton" and not ok:
@@ -93,11 +103,24 @@ def _add_grads(grads, dq_acc, dkv_acc):
 
 
 class TorchBackend:
-    """The PyTorch engines (``chunked.py`` picks one per call)."""
+    """The PyTorch engines (``chunked.py`` picks one per call). A piece merged or added into
+    given sums (``accumulate``; ``backward``'s ``dq_acc`` / ``dkv_acc``) is computed in the
+    sums' dtype (float32 for float16/bfloat16 inputs) and never rounded to the inputs' dtype
+    on the way in, as the kernels keep their float32 sums: the ring's pieces round once, at its
+    end."""
 
     name = "torch"
 
+    @staticmethod
+    def _widened(dtype, *ts):
+        """``ts`` in ``dtype`` where it is wider than theirs (float16/bfloat16 in float32:
+        exact), else as they are: a piece merged or added into float32 sums keeps its result in
+        float32 (the engines compute in it anyway) instead of rounding it to the inputs' dtype."""
+        return tuple(t.to(dtype) if torch.finfo(dtype).bits > torch.finfo(t.dtype).bits else t
+                     for t in ts)
+
     def accumulate(self, q, k, v, pattern, a, causal, acc, lse, plan=None):
+        q, k, v = self._widened(acc.dtype, q, k, v)
         return _merge_into(self.forward(q, k, v, pattern, a, causal), acc, lse)
 
     def position_plan(self, a, pattern):
@@ -110,8 +133,17 @@ class TorchBackend:
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
                  plan=None, dq_acc=None, dkv_acc=None):
+        dtypes = (q.dtype, k.dtype, v.dtype)
+        sums = (dq_acc,) + tuple(dkv_acc or (None, None))
+        wide = [t.dtype for t in sums if t is not None]
+        if wide:  # the piece's gradients in the sums' dtype; one in ``grads`` rounds once
+            q, k, v = self._widened(max(wide, key=lambda d: torch.finfo(d).bits), q, k, v)
         g = _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
-        return _add_grads(g if grads is None else _into(g, grads), dq_acc, dkv_acc)
+        given = (None,) * 3 if grads is None else grads
+        g = _add_grads(g if grads is None else _into(g, grads), dq_acc, dkv_acc)
+        # a gradient returned in no given tensor: in its input's dtype, as without sums
+        return tuple(x if t is not None or s is not None else x.to(dt)
+                     for x, t, s, dt in zip(g, given, sums, dtypes))
 
 
 class TritonBackend:

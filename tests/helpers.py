@@ -1,18 +1,16 @@
 """Helpers shared by the tests: fresh random patterns, and the closeness assertion that prints
-where a result differs from its reference, and a CPU-time bound for "is fast" tests."""
+where a result differs from its reference."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-import time
 from typing import Optional
 
 import torch
 
 from hf_hilbert_attn import DilatedPattern
 
-__all__ = ["random_pattern", "assert_close", "cpu_seconds"]
+__all__ = ["random_pattern", "assert_close"]
 
 
 def random_pattern(rng: random.Random, length: Optional[int] = None, *, max_w: Optional[int] = None,
@@ -83,17 +81,3 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float, w
         at = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
         raise AssertionError(f"{where}: max error {float(diff.max()):.3g} > {tol:g} * {scale:.3g} "
                              f"at {list(at)} (got {float(got[at]):.6g}, want {float(want[at]):.6g})")
-
-
-@contextlib.contextmanager
-def cpu_seconds(out: list):
-    """Time a block in CPU seconds of this process, on one torch thread: a bound on work done
-    that a loaded CI machine (xdist workers, gloo ranks) cannot stretch, as wall-clock time is."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    t0 = time.process_time()
-    try:
-        yield out
-    finally:
-        out.append(time.process_time() - t0)
-        torch.set_num_threads(threads)

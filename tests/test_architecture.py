@@ -18,7 +18,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_hilbert_attn"
 TOOLS = PACKAGE / "tools"  # the layer above the library (evaluation, benchmarks, CLI, ...)
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
-MAX_LIBRARY_LINES = 9000
+# 9000 until the decode planner and kernel (decode.py, kernels/_decode.py: docs/decisions.md D49)
+# came in beside the paths they will retire once training runs on the plan design too (the
+# few-queries engine, dense heads as a second call): then back down, by simplifying
+MAX_LIBRARY_LINES = 9400
 
 
 def _modules() -> dict:
@@ -241,7 +244,8 @@ def _importer(frames: list) -> str:
 
 def test_dynamo_comes_through_transformers_not_through_us(fresh_import):
     # Transformers' masking_utils imports torch._dynamo, and registering with it is what import
-    # does (DESIGN.md §3), so dynamo gets loaded; but never by a line of ours (a module-level
+    # does (`import hf_hilbert_attn` registers attn_implementation="hilbert_dilated": README
+    # "Quickstart"), so dynamo gets loaded; but never by a line of ours (a module-level
     # @torch.compiler.disable would: compiler.disable_lazily).
     frames = fresh_import[2]
     if not frames:

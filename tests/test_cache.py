@@ -220,6 +220,21 @@ def test_bench_generate_smoke(tmp_path, monkeypatch, capsys):
     assert stored[("dynamic", 70)] == 70 + 2 - 1  # every key
     assert "| pattern | 70 | ok |" in (tmp_path / "bench_generate_tiny_cpu.md").read_text()
 
+    # side by side on the same weights: SDPA, the pattern, the pattern with a dense head
+    argv += ["--baselines", "sdpa", "--dense-kv-heads", "0", "--contexts", "40"]
+    assert main(argv) == 0
+    with open(tmp_path / "bench_generate_tiny_cpu.csv") as f:
+        rows = list(csv.DictReader(f))
+    label = rows[1]["pattern"]
+    assert [(r["method"], r["cache"]) for r in rows] == [
+        ("sdpa", "dynamic"), (label, "pattern"), (label, "dynamic"), (label + "+kv0", "pattern"),
+        (label + "+kv0", "dynamic")]
+    assert all(r["status"] == "ok" and float(r["ms_per_token"]) > 0 for r in rows)
+    dense = {r["cache"]: int(r["stored_tokens"]) for r in rows if r["method"].endswith("+kv0")}
+    assert dense["pattern"] == dense["dynamic"] == 40 + 2 - 1  # a dense head keeps every key
+    with pytest.raises(SystemExit, match="--dense-kv-heads: dense_kv_heads .2. name"):
+        main(argv + ["--dense-kv-heads", "2"])  # the tiny model has 2 key/value heads
+
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 

@@ -115,7 +115,7 @@ def _save(tok, path):
     tok.save_pretrained(path)
 
 
-def test_cli_copy_and_in_place(tok, tmp_path):
+def test_cli_copy_and_in_place(tok, tmp_path, capsys):
     from hf_hilbert_attn.tools.cli import main
 
     src, out = tmp_path / "model", tmp_path / "calibrated"
@@ -137,12 +137,85 @@ def test_cli_copy_and_in_place(tok, tmp_path):
     assert {k: v for k, v in after.items() if k != "hilbert_attn"} == \
         {k: v for k, v in before.items() if k != "hilbert_attn"}
     assert sum(len(h) for h in after["hilbert_attn"]["layer_dense_kv_heads"]) == 1
-    # a length too short for the prompts is a one-line input error; a bad budget a usage error
-    with pytest.raises(SystemExit, match="too short"):
+    # a length too short for the prompts and a bad budget are usage errors (exit 2)
+    with pytest.raises(SystemExit) as e:
         main(["calibrate", str(src), "--budget", "0.2", "--lengths", "100"])
+    assert e.value.code == 2 and "passkey context length 100 is too short" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["calibrate", str(src), "--budget", "1.5"])
     assert e.value.code == 2
+
+
+@pytest.fixture
+def saved(tok, tmp_path_factory):
+    src = tmp_path_factory.mktemp("calibrate") / "model"
+    _save(tok, src)
+    return src
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budget", "0"], r"--budget must be in \(0, 1\], got 0.0 \(0 makes no head dense"),
+    # 3 layers x 2 key/value heads: 0.1 rounds down to no dense head
+    (["--budget", "0.1"], r"--budget 0.1 makes no key/value head dense \(3 layers x 2 heads: "
+                          r"at least 0.167 makes one\): nothing to calibrate"),
+    # PATTERN is dense within 64 tokens: a 64-token prompt cannot tell heads apart
+    (["--budget", "0.5", "--lengths", "64", "480"],
+     r"--lengths 64: a prompt at or below the pattern's dense window \(64 tokens\) runs the "
+     r"same .*give lengths above 64 \(default: 128 256\)"),
+    (["--budget", "0.5", "--pattern", "1024,4096:1,4", "--lengths", "480"],
+     r"--lengths 480: .*dense window \(1024 tokens\)"),
+])
+def test_cli_refuses_what_cannot_calibrate_before_loading(saved, capsys, monkeypatch, argv,
+                                                          message):
+    # one error line (after the usage), exit 2, and the model is never loaded
+    import re
+
+    import transformers
+
+    from hf_hilbert_attn.tools.cli import main
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(saved), *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("hf-hilbert-attn calibrate: error: ") and "Traceback" not in err
+    assert re.search(message, last), last
+
+
+def test_cli_missing_model_is_a_usage_error(capsys, tmp_path):
+    # exit 2, as for eval and quality (it was 1 here)
+    from hf_hilbert_attn.tools.cli import main
+
+    for path, message in ((tmp_path / "nope", "model directory not found: "),
+                          (tmp_path, "is not a model directory (no config.json)")):
+        with pytest.raises(SystemExit) as e:
+            main(["calibrate", str(path)])
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_cli_progress_lines_on_a_log(saved, tmp_path, capsys, monkeypatch):
+    # stderr not a terminal (capsys): a line per stage, none with --no-progress
+    from hf_hilbert_attn.tools.cli import main
+
+    monkeypatch.setenv("HF_HILBERT_PROGRESS_SECONDS", "0")  # every step
+    out = tmp_path / "calibrated"
+    argv = ["calibrate", str(saved), "--budget", "0.34", "--lengths", str(LEN), "--out", str(out)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"calibrate: loading {saved} (cpu, float32)"
+    assert err[1] == f"calibrate: needle_mass, budget 0.34, prompts at {LEN} tokens"
+    assert err[2] == "calibrate (needle mass): started, 0/15 prompts"
+    assert any(line.startswith("calibrate (needle mass): 15/15 prompts, ") for line in err)
+    assert err[-1].startswith("calibrate (needle mass): done, 15/15 prompts in ")
+    assert main(argv + ["--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def _study():

@@ -86,6 +86,11 @@ def test_show_pattern_long_length_skips_ascii(capsys):
     (["eval", "--depths", "1.5"], r"a needle depth must be in \[0, 1\], got 1.5"),
     (["eval", "--pattern", "nope"], "unknown pattern 'nope'"),
     (["eval", "/no/such/model"], "model path not found: /no/such/model"),
+    # a missing model is a usage error (exit 2) for every command that takes one
+    (["calibrate", "/no/such/model"], "model directory not found: /no/such/model"),
+    (["quality", "--model", "/no/such/model"], "model directory not found: /no/such/model"),
+    (["calibrate", "/no/such/model", "--budget", "0"],
+     r"--budget must be in \(0, 1\], got 0.0 \(0 makes no head dense: nothing to calibrate\)"),
     (["eval", "--corpus", "/no/such.txt"], "corpus file or directory not found: /no/such.txt"),
     (["eval", "--lengths", "64", "--stride", "64"], "stride must be < every length"),
     (["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
@@ -176,7 +181,7 @@ def test_missing_tool_package_names_the_extra(capsys, tmp_path, monkeypatch):
     png = tmp_path / "mask.png"
     msg = _input_error(capsys, "show-pattern", "tiny", "--length", "8", "--png", str(png))
     assert msg == ('hf-hilbert-attn show-pattern: error: matplotlib is not installed: '
-                   'pip install "hf_hilbert_attn[tools]"'), msg
+                   'the tools extra, pip install -e ".[tools]" in a checkout'), msg
     assert not png.exists()
 
 
@@ -250,3 +255,88 @@ def test_show_pattern_png_fits_and_names_the_file(capsys, tmp_path, argv):
     assert f"wrote {tmp_path / 'noext.png'}" in out  # the file it really wrote
     assert (tmp_path / "noext.png").read_bytes()[:4] == b"\x89PNG"
     assert _white_border(tmp_path / "noext.png")
+
+
+# ----------------------------------------------------------------------------- issue 37
+def test_show_pattern_default_length_is_one_a_picture_can_show(capsys, monkeypatch, tmp_path):
+    # `show-pattern dense --png F` drew 2^30 tokens (OOM-killed): without --length the picture
+    # is at most PNG_DEFAULT_LENGTH tokens and the counts at most COUNT_DEFAULT_LENGTH, and the
+    # output says so; a pattern whose longest segment fits keeps it
+    from hf_hilbert_attn.tools import cli, visualize
+
+    drawn = []
+    monkeypatch.setattr(visualize, "save_mask_png",
+                        lambda pattern, length, path, **k: drawn.append(length) or Path(path))
+    rc, out, _ = _run(capsys, "show-pattern", "dense", "--png", str(tmp_path / "d.png"))
+    assert rc == 0 and drawn == [cli.PNG_DEFAULT_LENGTH] == [4096]
+    assert ("length    4096 tokens, 1 head(s), causal  (the default: the pattern's longest "
+            "segment, 1073741824, capped at 4096 for --png; --length N for another)") in out
+    assert f"wrote {tmp_path / 'd.png'} (the mask at 4096 tokens)" in out
+    rc, out, _ = _run(capsys, "show-pattern", "dense")
+    assert rc == 0 and "length    65536 tokens" in out and "capped at 65536;" in out
+    rc, out, _ = _run(capsys, "show-pattern", "tiny", "--png", str(tmp_path / "t.png"))
+    assert rc == 0 and drawn[-1] == 256 and "length    256 tokens, 1 head(s), causal\n" in out
+    rc, out, _ = _run(capsys, "show-pattern", "dense", "--length", "8k", "--png",
+                      str(tmp_path / "e.png"))
+    assert rc == 0 and drawn[-1] == 8192 and "capped" not in out  # --length is the user's
+
+
+def test_progress_lines_at_a_bounded_rate(monkeypatch):
+    import io
+    import time
+
+    from hf_hilbert_attn.tools.progress import LineProgress, progress_bar, stage
+
+    log = io.StringIO()  # not a terminal
+    with progress_bar(total=1000, desc="stage", unit="steps", stream=log) as bar:
+        assert isinstance(bar, LineProgress)
+        for _ in range(1000):
+            bar.update(1)
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "stage: started, 0/1000 steps"
+    assert lines[-1].startswith("stage: done, 1000/1000 steps in ")
+    assert len(lines) == 2  # 1000 quick steps within the 10 s interval: no line between
+    # one step longer than the interval: the timer says where it is
+    log = io.StringIO()
+    with LineProgress(total=4, desc="slow", unit="prompts", stream=log, interval=0.2) as bar:
+        bar.update(1)
+        bar.set_postfix_str("running b")
+        time.sleep(1.3)
+    lines = log.getvalue().splitlines()
+    beats = [ln for ln in lines if ln.startswith("slow: 1/4 prompts (running b), ")]
+    assert 2 <= len(beats) <= 7, lines  # at most one per 0.2 s
+    assert beats[0].endswith(" left")
+    # --no-progress, or a terminal: no lines; stage() writes only off a terminal
+    quiet = io.StringIO()
+    with progress_bar(total=3, desc="x", disable=True, stream=quiet) as bar:
+        bar.update(3)
+    stage("a stage", stream=quiet, enabled=False)
+    assert quiet.getvalue() == ""
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    stage("a stage", stream=tty)
+    assert tty.getvalue() == ""
+    stage("a stage", stream=quiet)
+    assert quiet.getvalue() == "a stage\n"
+    pytest.importorskip("tqdm")
+    from tqdm.auto import tqdm
+
+    bar = progress_bar(total=3, desc="x", stream=tty)
+    assert isinstance(bar, tqdm)
+    bar.close()
+    assert not isinstance(progress_bar(total=3, stream=tty, terminal_bar=False), tqdm)
+
+
+def test_bench_cpu_prints_progress_lines_when_stderr_is_a_log(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HILBERT_PROGRESS_SECONDS", "0")
+    rc = main(["bench", "cpu", "--lengths", "128", "256", "--shapes", "2/1x16", "--patterns",
+               "tiny", "--repeats", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "bench cpu (attention): started, 0/2 steps"
+    assert err[1].startswith("bench cpu (attention): 1/2 steps (running 2/1x16 at 128), ")
+    assert err[-1].startswith("bench cpu (attention): done, 2/2 steps in ")

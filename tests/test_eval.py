@@ -444,3 +444,84 @@ def test_bad_yaml_pattern_is_an_input_error(tmp_path):
     (tmp_path / "bad.yaml").write_text("segment_lengths: [1, 2\n")
     with pytest.raises(InputError, match="is not valid YAML: .* at line 2"):
         resolve_pattern(str(tmp_path / "bad.yaml"))
+
+
+# ----------------------------------------------------------------------------- issue 37: ruler
+def test_builtin_ruler_defaults_build_every_prompt(tok):
+    # `eval --tasks ruler` on the built-in model (no MODEL, no --lengths): its default prompt
+    # lengths hold every RULER task (128 did not: "206 tokens" after the model was built)
+    from hf_hilbert_attn.tools.evaluation.runner import BUILTIN_RULER_LENGTHS, check_prompts
+
+    cfg = EvalConfig(tasks=("ruler",)).resolved()
+    assert cfg.passkey_lengths == BUILTIN_RULER_LENGTHS == (512,)
+    check_prompts(cfg, tok)  # raises if a prompt cannot be built
+    both = EvalConfig(tasks=("perplexity", "passkey", "ruler")).resolved()
+    assert both.lengths == (128, 256, 512) and both.passkey_lengths == (512,)
+    # given lengths are the user's: not replaced
+    assert EvalConfig(tasks=("ruler",), lengths=(256,)).resolved().passkey_lengths == (256,)
+    assert EvalConfig(tasks=("passkey",)).resolved().passkey_lengths == (128, 256, 512)
+
+
+def test_ruler_lengths_checked_before_any_model(tok, capsys, monkeypatch, tmp_path):
+    # one line, exit 2, no model built; the length it names builds every prompt of the run
+    from hf_hilbert_attn.tools.cli import main
+    from hf_hilbert_attn.tools.evaluation import runner
+    from hf_hilbert_attn.tools.evaluation.ruler import RulerGenerator, TASKS, ruler_samples
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was built before the lengths were checked")
+
+    monkeypatch.setattr(runner, "load_model", no_model)
+    for argv, start in ((["--lengths", "128", "256"], "--lengths 128 is too short for every "
+                                                      "RULER task with this tokenizer"),
+                        (["--passkey-lengths", "360", "1024"],
+                         "--passkey-lengths 360 is too short for the RULER task(s) ")):
+        with pytest.raises(SystemExit) as e:
+            main(["eval", "--tasks", "ruler", *argv, "--out-dir", str(tmp_path)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err
+        assert last.startswith(f"hf-hilbert-attn eval: error: --tasks ruler: {start}"), last
+        need, example = map(int, re.search(
+            r"the prompts need at least (\d+) tokens \(e\.g\. (\d+)\)$", last).groups())
+        assert 360 < need <= example < 2 * need
+        ruler_samples(RulerGenerator(tok, seed=0), TASKS, [need], (0.0, 0.5, 1.0), 2)
+
+
+def test_ruler_check_names_only_the_tasks_that_do_not_fit(tok):
+    from hf_hilbert_attn.tools.evaluation.ruler import check_lengths
+
+    check_lengths(tok, [400, 512], tasks=["niah_single", "common_words"])  # fits
+    with pytest.raises(ValueError) as e:
+        check_lengths(tok, [300], tasks=["niah_single", "variable_tracking"], what="L")
+    msg = str(e.value)
+    assert msg.startswith("L 300 is too short for the RULER task(s) variable_tracking with")
+    with pytest.raises(ValueError, match="L 128 is too short for every RULER task"):
+        check_lengths(tok, [128, 4096], tasks=["niah_single"], what="L")
+
+
+# ----------------------------------------------------------------------------- issue 37: progress
+def test_eval_prints_progress_lines_when_stderr_is_a_log(tmp_path, capsys, monkeypatch):
+    # capsys: stderr is not a terminal. A line per method and per cell (start, done), and with
+    # HF_HILBERT_PROGRESS_SECONDS=0 one per step; --no-progress: none
+    from hf_hilbert_attn.tools.cli import main
+
+    monkeypatch.setenv("HF_HILBERT_PROGRESS_SECONDS", "0")
+    argv = ["eval", "--pattern", "tiny", "--lengths", "64", "--ppl-tokens", "200",
+            "--passkey-lengths", "128", "--depths", "0.5", "--trials", "1", "--max-new-tokens",
+            "2", "--out-dir", str(tmp_path), "--no-plots", "--fresh"]
+    assert main(argv) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("eval")]
+    assert err[0] == "eval: method 1/2 sdpa: loading the built-in model"
+    assert err[1] == "eval [1/4] sdpa perplexity L=64: started, 0/6 windows"
+    assert "eval [1/4] sdpa perplexity L=64: 3/6 windows, " in "\n".join(err)
+    assert re.search(r"eval \[1/4\] sdpa perplexity L=64: 3/6 windows, \d+s elapsed, ~\d+s left",
+                     "\n".join(err))
+    assert any(ln.startswith("eval [1/4] sdpa perplexity L=64: done, 6/6 windows in ")
+               for ln in err)
+    assert "eval: method 2/2 hilbert_dilated:tiny: loading the built-in model" in err
+    assert any(ln.startswith("eval [4/4] hilbert_dilated:tiny passkey L=128: done, 1/1 prompts")
+               for ln in err)
+    assert main(argv + ["--no-progress"]) == 0
+    assert not [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("eval")]

@@ -46,7 +46,7 @@ def test_inline_pattern_is_one_form_everywhere():
 @pytest.mark.parametrize("spec, msg", [
     ("256,1024:1,x", "dilation rates must be comma-separated integers, got '1,x'"),
     ("256:1:wide", "option 'wide' is not one of sliding, segment, sinks=K"),
-    ("256:1:sinks=-1", "option 'sinks=-1' is not one of"),
+    ("256:1:sinks=-1", "'sinks=-1' is a negative count of sink tokens"),
     ("256,1024:1", "dilation_rates"),  # the pattern's own validation names the field
     ("longnet", "unknown pattern 'longnet'"),
 ])
@@ -165,7 +165,7 @@ def test_fetch_model_checks_gguf_before_downloading(tmp_path, monkeypatch, capsy
     assert main(["fetch-model", "smollm2", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err, err
-    assert "pip install gguf" in err and "hf_hilbert_attn[assets]" in err
+    assert "pip install gguf" in err and "pip install -e '.[assets]'" in err
     assert "nothing was downloaded" in err and not out.exists()
 
 
@@ -291,7 +291,7 @@ def test_lm_eval_entry_without_lm_eval_names_the_extra(monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["lm-eval", "run", "--model", "hf"])
     msg = str(e.value)
-    assert "pip install 'hf_hilbert_attn[lm-eval]'" in msg and "\n" not in msg
+    assert "pip install -e '.[lm-eval]'" in msg and "\n" not in msg
 
 
 def test_cli_lm_eval_hands_everything_after_it_to_lm_eval(capsys):
@@ -371,3 +371,87 @@ def test_every_shell_script_parses():
             for s in scripts}
     bad = {name: r.stderr for name, r in runs.items() if r.returncode}
     assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- issue 37: fast help
+# The package without its __init__ (which imports torch and Transformers to register
+# hilbert_dilated): what the CLI's parsing needs on its own. `--help` and argument errors must
+# load neither: everything else of a start-up is that __init__.
+_ROOT_WITHOUT_INIT = r"""
+import importlib.util, sys, types
+spec = importlib.util.find_spec("hf_hilbert_attn")
+root = types.ModuleType("hf_hilbert_attn")
+root.__path__ = list(spec.submodule_search_locations)
+root.__file__, root.__version__ = spec.origin, "0"
+sys.modules["hf_hilbert_attn"] = root
+sys.argv = ["hf-hilbert-attn"] + sys.argv[1:]
+from hf_hilbert_attn.tools.cli import main
+try:
+    code = main()
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else 1
+print("LOADED", sorted(m for m in ("torch", "transformers", "numpy", "tqdm") if m in sys.modules),
+      file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--help"], 0, ""),
+    (["--version"], 0, ""),
+    (["eval", "--help"], 0, ""),
+    (["calibrate", "--help"], 0, ""),
+    (["quality", "--help"], 0, ""),
+    (["show-pattern", "--help"], 0, ""),
+    (["bench", "--help"], 0, ""),
+    (["eval", "--lengths", "1X"], 2, "expected a length like 4096, 4K or 1M, got '1X'"),
+    (["calibrate", "m", "--budget", "0"], 2, "--budget must be in (0, 1]"),
+    (["show-pattern", "--ascii-max", "999"], 2, "must be in [0, 128], got 999"),
+    (["quality", "--tasks", "ruler"], 2, "invalid choice: 'ruler'"),
+    (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+])
+def test_help_and_argument_errors_load_no_torch(argv, code, message):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _ROOT_WITHOUT_INIT, *argv], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == code, r.stderr
+    assert lines[-1] == "LOADED []", r.stderr
+    assert message in r.stderr
+    if code == 0 and argv != ["--version"]:
+        assert "usage: hf-hilbert-attn" in r.stdout
+
+
+def test_parser_of_one_command_is_the_full_parsers(capsys):
+    # main() builds only the command being parsed: same help, same values
+    import argparse
+
+    from hf_hilbert_attn.tools.cli import build_parser
+
+    def sub(parser, *names):
+        for name in names:
+            parser = next(a for a in parser._actions
+                          if isinstance(a, argparse._SubParsersAction)).choices[name]
+        return parser
+
+    full = build_parser()
+    assert build_parser(only=[]).format_help() == full.format_help()
+    for names in (["eval"], ["calibrate"], ["quality"], ["show-pattern"], ["bench", "model"],
+                  ["fetch-model"]):
+        assert sub(build_parser(only=names), *names).format_help() == \
+            sub(full, *names).format_help(), names
+    assert sub(build_parser(only=["eval"]), "calibrate").format_help() != \
+        sub(full, "calibrate").format_help()  # the others: names and help only
+
+
+def test_the_clis_copies_match_their_modules():
+    # what the parser needs without importing the tools (which import torch) is kept here
+    from hf_hilbert_attn.tools import options as cli
+    from hf_hilbert_attn.tools.evaluation import calibrate, quality, quality_data, runner
+
+    assert cli._pattern_names() == patterns.names()
+    assert cli.INLINE_FORM == patterns.INLINE_FORM
+    assert cli.QUALITY_STAGES == quality_data.STAGES and cli.QUALITY_TASKS == quality_data.TASKS
+    assert cli.QUALITY_METHODS == quality.DEFAULT_METHODS.resolve()
+    assert calibrate.METHODS == cli.CALIBRATE_METHODS and runner.EVAL_TASKS == cli.EVAL_TASKS
+    assert cli._package_version() == hf_hilbert_attn.__version__

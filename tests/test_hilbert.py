@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import attention_tol
-from helpers import assert_close, cpu_seconds
+from helpers import assert_close
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn import hilbert as hmod
 from hf_hilbert_attn.hilbert import (
@@ -128,15 +128,51 @@ def test_corner_to_corner_endpoints():
             assert int((uv.diff(dim=0).abs().sum(1) != 1).sum()) == 0, (major, minor)
 
 
-def test_curve_cached_and_fast():
+def _halvings(*sizes):
+    """Every side length the recursion can reach from ``sizes``: closed under cutting ``n`` into
+    ``_even_half(n)`` and ``n - _even_half(n)`` (the only cuts; parts swap and reflect, so every
+    sub-curve's shape is a pair of these lengths)."""
+    seen, todo = set(), list(sizes)
+    while todo:
+        n = todo.pop()
+        if n >= 1 and n not in seen:
+            seen.add(n)
+            if n > 1:
+                half = hmod._even_half(n)
+                todo += [half, n - half]
+    return seen
+
+
+def test_curve_cached_and_builds_each_shape_once(monkeypatch):
+    # Counts, not seconds (a loaded machine stretches those): the sub-curve builders are cached
+    # by shape, so a curve builds each shape once (its body makes <= 3 sub-curve calls for
+    # _corner_to_corner, <= 2 for _free_end) from few shapes (pairs of _halvings lengths:
+    # 30**2 for 2731x12, 18**2 for 181x181). Uncached, the same recursion makes ~38,000 calls
+    # per curve (2731x12: 38,646; 181x181: 37,916): one per block down to 1-cell strips.
     hmod._hilbert_curve_cached.cache_clear()
     hmod._corner_to_corner.cache_clear()
     hmod._free_end.cache_clear()
-    with cpu_seconds([]) as spent:
-        a = hilbert_curve(2731, 12)  # 32772 cells: LongNet's w=32768, r=12 grid
-        b = hilbert_curve(181, 181)  # 32761 cells, odd square
-    assert spent[0] < 1.0
-    assert hilbert_curve(2731, 12) is a and hilbert_curve(181, 181) is b
+    calls = {"_corner_to_corner": [], "_free_end": []}
+    for name, log in calls.items():
+        cached = getattr(hmod, name)  # the bodies call these module globals: count every call
+        monkeypatch.setattr(hmod, name, lambda *shape, _f=cached, _log=log: (
+            _log.append(shape), _f(*shape))[1])
+    curves = {}
+    for shape in [(2731, 12),  # 32772 cells: LongNet's w=32768, r=12 grid
+                  (181, 181)]:  # 32761 cells, odd square
+        for log in calls.values():
+            log.clear()
+        curves[shape] = hilbert_curve(*shape)
+        ctc, fe = set(calls["_corner_to_corner"]), set(calls["_free_end"])
+        sides = len(_halvings(*shape))
+        assert len(ctc) <= sides ** 2 and len(fe) <= sides ** 2, (shape, len(ctc), len(fe))
+        n_calls = sum(map(len, calls.values()))
+        assert n_calls <= 1 + 3 * len(ctc) + 2 * len(fe), (shape, n_calls, len(ctc), len(fe))
+    # Asked again: the same tensor, and no sub-curve is built or even looked up.
+    for log in calls.values():
+        log.clear()
+    assert all(hilbert_curve(*shape) is curve for shape, curve in curves.items())
+    assert calls == {"_corner_to_corner": [], "_free_end": []}
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, "4", None])

@@ -8,7 +8,7 @@
 A tiny random Llama (``--layers`` layers, hidden 256, 4 query / 2 key-value heads of 64, float32)
 prefills ``C - 1`` tokens into a cache, then runs ``--steps`` single-token forwards (greedy), each
 timed on its own after ``--warmup`` untimed ones. Rows: ``sdpa`` (DynamicCache),
-``hilbert_dilated`` with the default pattern (``patterns/default.yaml``) and a ``DynamicCache``,
+``hilbert_dilated`` with ``--pattern`` (default: ``patterns/default.yaml``) and a ``DynamicCache``,
 and the same with a :class:`~hf_hilbert_attn.PatternCache`. The measured steps of the three
 rows are interleaved (one step of each in turn), so load from other processes falls on all of
 them alike; the table gives the median and the least ms per token, and the ratio to ``sdpa``:
@@ -47,15 +47,16 @@ def build_model(layers: int, seed: int = 0):
     return LlamaForCausalLM(config).eval()
 
 
-def variant(base, attn: str):
-    """A copy of ``base`` (same weights) running ``attn`` (hilbert_dilated: default pattern)."""
+def variant(base, attn: str, pattern=None):
+    """A copy of ``base`` (same weights) running ``attn`` (hilbert_dilated: ``pattern``, None
+    for the default one)."""
     import hf_hilbert_attn
 
     model = copy.deepcopy(base)
     if attn == "sdpa":
         model.set_attn_implementation("sdpa")
         return model
-    return hf_hilbert_attn.configure(model, None)
+    return hf_hilbert_attn.configure(model, pattern)
 
 
 def _forget_plans() -> None:
@@ -97,11 +98,12 @@ class Decoder:
         return t1 - t0
 
 
-def measure(base, context: int, steps: int, warmup: int, prefill_chunk: int, seed: int):
+def measure(base, context: int, steps: int, warmup: int, prefill_chunk: int, seed: int,
+            pattern=None):
     """Median / min ms per token of each row of ``ROWS`` at ``context``, steps interleaved."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, base.config.vocab_size, (1, context), generator=gen)
-    models = {attn: variant(base, attn) for attn in {a for a, _ in ROWS}}
+    models = {attn: variant(base, attn, pattern) for attn in {a for a, _ in ROWS}}
     decs = [Decoder(models[attn], kind, ids, prefill_chunk) for attn, kind in ROWS]
     for d in decs:
         for _ in range(warmup):
@@ -118,10 +120,10 @@ def measure(base, context: int, steps: int, warmup: int, prefill_chunk: int, see
 
 
 def profile(base, attn: str, context: int, steps: int, prefill_chunk: int, seed: int,
-            top: int) -> str:
+            top: int, pattern=None) -> str:
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, base.config.vocab_size, (1, context), generator=gen)
-    d = Decoder(variant(base, attn), "dynamic", ids, prefill_chunk)
+    d = Decoder(variant(base, attn, pattern), "dynamic", ids, prefill_chunk)
     d.step()
     prof = cProfile.Profile()
     prof.enable()
@@ -141,6 +143,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=16, help="timed decode steps per row")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--pattern", default=None,
+                   help="hilbert_dilated pattern: a shipped name, a YAML file or inline W:R "
+                        "(default: the default pattern)")
     p.add_argument("--prefill-chunk", type=int, default=4096)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
@@ -153,21 +158,30 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     import hf_hilbert_attn  # noqa: F401  (registers hilbert_dilated)
+    from hf_hilbert_attn.tools.evaluation import resolve_pattern
 
+    label, pattern = resolve_pattern(args.pattern) if args.pattern else ("default", None)
     base = build_model(args.layers, args.seed)
+    if pattern is not None:
+        try:  # dense key/value heads must exist in the model (2 key/value heads)
+            pattern.check_kv_heads(base.config.num_key_value_heads)
+        except ValueError as e:
+            p.error(f"--pattern: {e}")
     if args.profile:
         print(profile(base, args.profile_attn, args.profile, args.steps, args.prefill_chunk,
-                      args.seed, args.top))
+                      args.seed, args.top, pattern))
         return 0
     rows = []
     for c in args.contexts:
-        rows += measure(base, c, args.steps, args.warmup, args.prefill_chunk, args.seed)
+        rows += measure(base, c, args.steps, args.warmup, args.prefill_chunk, args.seed,
+                        pattern)
     print(f"decode on CPU ({torch.get_num_threads()} threads), {args.layers} layers, hidden 256, "
-          f"4/2 heads x 64, float32; median of {args.steps} steps")
+          f"4/2 heads x 64, float32, pattern {label}; median of {args.steps} steps")
     print(f"{'context':>8} {'attention':>16} {'cache':>8} {'ms/token':>9} {'min ms':>8} "
           f"{'vs sdpa':>8}")
     for r in rows:
         r["threads"] = torch.get_num_threads()
+        r["pattern"] = label if r["attn"] == "hilbert_dilated" else ""
         print(f"{r['context']:>8} {r['attn']:>16} {r['cache']:>8} {r['ms_per_token']:>9.2f} "
               f"{r['min_ms']:>8.2f} {r['ratio_to_sdpa']:>7.2f}x")
     from hf_hilbert_attn.tools.evaluation.report import write_csv

@@ -19,6 +19,10 @@ from before D40, when the sparse pattern also ran over the dense heads, used ``h
 ``--graphs`` times each forward+backward replayed from a CUDA graph (what
 ``torch.compile(mode="reduce-overhead")`` runs): GPU time alone, without the host's launches,
 which bound short calls.
+
+``--pattern`` may carry dense heads of its own (e.g. ``configs/patterns/default_kv0_dense.yaml``):
+``sparse`` is then its sparse part, and ``--dense`` defaults to its dense heads. ``--device cpu``
+runs the same rows on the PyTorch path (wall clock): a smoke run, its timings mean nothing.
 """
 
 import argparse
@@ -30,12 +34,15 @@ import triton
 
 from hf_hilbert_attn import dilated_attention
 from hf_hilbert_attn.patterns import as_pattern
+from hf_hilbert_attn.tools.benchmarks import common as C
 
 
-def _fwd_bwd(fn, q, k, v, graphs=False):
+def _fwd_bwd(fn, q, k, v, graphs=False, rep=200.0):
     def run():
         out = fn(q, k, v)
         out.backward(torch.ones_like(out))
+    if not q.is_cuda:  # CPU smoke run: the wall clock
+        return C.bench_ms(run, q.device, rep_ms=rep, grad_to_none=[q, k, v], min_reps=1)
     if graphs:  # warm up on a side stream (plans, compiles), then capture forward + backward
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -47,8 +54,8 @@ def _fwd_bwd(fn, q, k, v, graphs=False):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()
-        return triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median")
-    return triton.testing.do_bench(run, warmup=20, rep=200, return_mode="median",
+        return triton.testing.do_bench(graph.replay, warmup=20, rep=rep, return_mode="median")
+    return triton.testing.do_bench(run, warmup=20, rep=rep, return_mode="median",
                                    grad_to_none=[q, k, v])
 
 
@@ -59,35 +66,56 @@ def main(argv=None):
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--pattern", default="default")
-    ap.add_argument("--dense", type=int, nargs="+", default=[0, 5], help="dense kv heads")
+    ap.add_argument("--dense", type=int, nargs="+", default=None,
+                    help="dense kv heads (default: the pattern's own, else 0 5)")
     ap.add_argument("--graphs", action="store_true", help="replay from CUDA graphs (GPU time)")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--device", default="cuda",
+                    help="cuda (default) or cpu: the PyTorch path, a smoke run")
+    ap.add_argument("--rep-ms", type=float, default=200.0,
+                    help="timing budget per measurement in ms (do_bench's rep; default 200)")
     args = ap.parse_args(argv)
-    sparse = as_pattern(args.pattern)
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error("no CUDA device here: --device cpu runs the PyTorch path (a smoke run)")
+    if args.graphs and dev.type != "cuda":
+        ap.error("--graphs replays CUDA graphs: it needs --device cuda")
+    if args.hkv < 1 or args.hq % args.hkv:
+        ap.error(f"--hq ({args.hq}) must be a multiple of --hkv ({args.hkv})")
+    given = as_pattern(args.pattern)
+    if args.dense is None:
+        args.dense = list(given.dense_kv_heads) or [0, 5]
+    sparse = given.sparse_part  # the pattern alone: no dense heads, its own or --dense
     hybrid = sparse.replace(dense_kv_heads=args.dense)
+    try:
+        hybrid.check_kv_heads(args.hkv)
+    except ValueError as e:
+        ap.error(f"--dense: {e}")
     g = args.hq // args.hkv
-    qi = torch.tensor([j * g + i for j in sorted(args.dense) for i in range(g)], device="cuda")
-    ki = torch.tensor(sorted(args.dense), device="cuda")
+    qi = torch.tensor([j * g + i for j in sorted(args.dense) for i in range(g)], device=dev)
+    ki = torch.tensor(sorted(args.dense), device=dev)
     rows = []
-    print(f"{torch.cuda.get_device_name()}  {args.pattern} + dense kv heads {args.dense} "
+    print(f"{C.device_name(dev)}  {args.pattern} + dense kv heads {args.dense} "
           f"(Hq {args.hq}, Hkv {args.hkv}, D {args.dim}, bf16, fwd+bwd ms"
           f"{', CUDA graphs' if args.graphs else ''})")
     print(f"{'S':>7} {'sparse':>8} {'hybrid':>8} {'sdpa_slice':>10} {'sdpa':>8} "
           f"{'dense eff.':>10} {'hybrid/sdpa':>11}")
     for s in args.seq:
-        mk = lambda h: torch.randn(1, h, s, args.dim, device="cuda", dtype=torch.bfloat16,  # noqa: E731
+        mk = lambda h: torch.randn(1, h, s, args.dim, device=dev, dtype=torch.bfloat16,  # noqa: E731
                                    requires_grad=True)
         q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
         qs, ks, vs = (t.detach()[:, idx].clone().requires_grad_() for t, idx in
                       ((q, qi), (k, ki), (v, ki)))
-        t_s = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, sparse), q, k, v, args.graphs)
-        t_h = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, hybrid), q, k, v, args.graphs)
+        t_s = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, sparse), q, k, v, args.graphs,
+                       args.rep_ms)
+        t_h = _fwd_bwd(lambda a, b, c: dilated_attention(a, b, c, hybrid), q, k, v, args.graphs,
+                       args.rep_ms)
         sdpa = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True,  # noqa: E731
                                                               enable_gqa=True)
-        t_d = _fwd_bwd(sdpa, qs, ks, vs, args.graphs)
-        t_f = _fwd_bwd(sdpa, q, k, v, args.graphs)
+        t_d = _fwd_bwd(sdpa, qs, ks, vs, args.graphs, args.rep_ms)
+        t_f = _fwd_bwd(sdpa, q, k, v, args.graphs, args.rep_ms)
         eff = t_d / max(t_h - (1 - len(args.dense) / args.hkv) * t_s, 1e-9)
-        rows.append(dict(gpu=torch.cuda.get_device_name(), pattern=args.pattern,
+        rows.append(dict(gpu=C.device_name(dev), pattern=args.pattern,
                          dense=" ".join(map(str, args.dense)), seq=s, hq=args.hq, hkv=args.hkv,
                          dim=args.dim, graphs=args.graphs, sparse_ms=t_s, hybrid_ms=t_h,
                          sdpa_slice_ms=t_d, sdpa_ms=t_f, dense_efficiency=eff, hybrid_over_sdpa=t_h / t_f))
@@ -97,6 +125,7 @@ def main(argv=None):
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+    return rows
 
 
 if __name__ == "__main__":

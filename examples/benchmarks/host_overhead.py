@@ -116,11 +116,23 @@ class _Launches:
         for n, fn in self.saved.items():
             setattr(self.pkg, n, _Stub(fn, self.counts, self.bind) if self.stub
                     else _Counting(fn, self.counts))
+        if self.stub:
+            # CPU tensors take the (stubbed) kernels: the op's dispatch refuses them without
+            # TRITON_INTERPRET=1, which main() clears so the launchers plan the GPU's tiles
+            import hf_hilbert_attn.ops as ops
+
+            self.use_triton = ops.use_triton
+            ops.use_triton = lambda q, a, backend, real=self.use_triton: (
+                backend == "triton" or real(q, a, backend))
         return self
 
     def __exit__(self, *exc):
         for n, fn in self.saved.items():
             setattr(self.pkg, n, fn)
+        if self.stub:
+            import hf_hilbert_attn.ops as ops
+
+            ops.use_triton = self.use_triton
 
 
 class _Counting:
@@ -287,6 +299,10 @@ def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
     from triton import knobs
     from triton.runtime.driver import driver
 
+    if pattern.dense_kv_heads:  # the kernel layers below: the sparse call's (its heads all)
+        print("\n(dense key/value heads: the kernel layers are the sparse part's, over every "
+              "head; the op's own rows include the dense heads' call)")
+        pattern = pattern.sparse_part
     a = check_inputs(q, k, v, pattern)
     plan, _ = plan_positions(a, pattern)
     qd, kd, vd = q.detach(), k.detach(), v.detach()

@@ -13,7 +13,9 @@ A kernel that spills sends part of its accumulators through local memory on ever
 the first thing to check when a kernel runs far below the tensor-core rate. Timing still needs
 the GPU (``kernel_timing.py``); this shows in seconds, on any machine with a Linux Triton
 wheel, what a tile size or a kernel change does to the register budget. Triton versions
-differ: say which one a number came from (printed in the first line).
+differ: say which one a number came from (printed in the first line). A pattern with dense
+key/value heads records what the op launches for it: the sparse part over every head, and
+plain attention over the dense heads' slice.
 """
 
 import argparse
@@ -34,7 +36,8 @@ def main(argv=None):
     p.add_argument("--hkv", type=int, default=8)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
-    p.add_argument("--pattern", default="hf_hilbert_attn/patterns/longnet_lm.yaml")
+    p.add_argument("--pattern", default="longnet_lm",
+                   help="a shipped pattern name or a YAML file (default longnet_lm)")
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--forward-only", action="store_true")
     p.add_argument("--arch", type=int, default=90, choices=(80, 86, 89, 90),
@@ -50,7 +53,8 @@ def main(argv=None):
         os.environ[name] = value
     import triton
 
-    from hf_hilbert_attn import DilatedPattern
+    from hf_hilbert_attn.dense_heads import DENSE
+    from hf_hilbert_attn.patterns import as_pattern
     from hf_hilbert_attn.tools import aot
 
     why = aot.available()
@@ -58,12 +62,23 @@ def main(argv=None):
         p.error(why)
     if aot.ptxas_path(args.arch) is None:
         p.error("this Triton install ships no ptxas (Linux x86-64 wheels do)")
-    pattern = DilatedPattern.from_yaml(args.pattern)
+    pattern = as_pattern(args.pattern)
+    if args.hkv < 1 or args.hq % args.hkv:
+        p.error(f"--hq ({args.hq}) must be a multiple of --hkv ({args.hkv})")
+    try:
+        pattern.check_kv_heads(args.hkv)
+    except ValueError as e:
+        p.error(f"--pattern: {e}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     q = torch.empty(1, args.hq, args.seq, args.dim, dtype=dtype)
     k = torch.empty(1, args.hkv, args.seq, args.dim, dtype=dtype)
-    calls = aot.launches(q, k, k, pattern, causal=not args.no_causal,
-                         backward=not args.forward_only, arch=args.arch)
+    kw = dict(causal=not args.no_causal, backward=not args.forward_only, arch=args.arch)
+    # the kernels never see dense heads: the op runs the sparse part over every head, and
+    # plain attention over the dense heads' slice (hf_hilbert_attn/dense_heads.py)
+    calls = aot.launches(q, k, k, pattern.sparse_part, **kw)
+    if pattern.dense_kv_heads:
+        nd, g = len(pattern.dense_kv_heads), args.hq // args.hkv
+        calls += aot.launches(q[:, :nd * g], k[:, :nd], k[:, :nd], DENSE, **kw)
     print(f"sm_{args.arch}, Triton {triton.__version__}, S={args.seq} Hq={args.hq} "
           f"Hkv={args.hkv} D={args.dim} {args.dtype}, {pattern}"
           + "".join(f", {kv}" for kv in args.env), flush=True)

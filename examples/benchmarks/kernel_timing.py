@@ -3,10 +3,15 @@
     python examples/benchmarks/kernel_timing.py --seq 65536 --hq 32 --hkv 8 --dim 128
     python examples/benchmarks/kernel_timing.py --no-check --seq 65536 \
         --pattern longnet_lm sliding_sparse my_pattern.yaml --csv timing.csv
+    python examples/benchmarks/kernel_timing.py --device cpu --no-check --seq 256 --hq 4 \
+        --hkv 2 --dim 16 --pattern configs/patterns/default_kv0_dense.yaml --rep-ms 1  # smoke
 
 Prints, per case: max error vs a float32 reference on a small shape, then fwd / fwd+bwd ms
-(median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``) and
-peak memory, next to SDPA flash dense causal on the same shape.
+(median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``; a
+pattern's dense key/value heads counted with ``--hkv``) and peak memory, next to SDPA flash
+dense causal on the same shape. ``--device cpu`` runs the same rows on the PyTorch path (wall
+clock, SDPA's own CPU kernel, no memory column): a smoke run of the pipeline, its timings mean
+nothing.
 """
 
 import argparse
@@ -20,6 +25,42 @@ import triton
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn.patterns import as_pattern
+from hf_hilbert_attn.tools.benchmarks import common as C
+
+DEVICE = torch.device("cuda")  # main() sets it from --device
+REP_MS = 300.0  # main() sets it from --rep-ms
+
+
+def _bench(fn, grad_to_none=None, warmup=50, rep=None):
+    """Median ms of ``fn()``: ``triton.testing.do_bench`` on CUDA, the wall clock on CPU."""
+    rep = REP_MS if rep is None else rep
+    if DEVICE.type == "cuda":
+        return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median",
+                                       grad_to_none=grad_to_none)
+    return C.bench_ms(fn, DEVICE, warmup_ms=warmup, rep_ms=rep, grad_to_none=grad_to_none,
+                      min_reps=1)
+
+
+def _reset_peak():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _with_peak(res):
+    """``res`` with ``peak_gib`` (CUDA; CPU memory is not tracked: no column)."""
+    if DEVICE.type == "cuda":
+        res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return res
+
+
+def _flash():
+    """SDPA's flash backend on CUDA (the dense baseline); SDPA's own choice elsewhere."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION) if DEVICE.type == "cuda" else nullcontext()
 
 
 def _rel(a, b):
@@ -31,9 +72,9 @@ def _rel(a, b):
 
 def check(pattern, s=2048, hq=8, hkv=2, d=128, dtype=torch.bfloat16, causal=True, sq=None):
     sq = sq or s
-    q = torch.randn(1, hq, sq, d, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    q = torch.randn(1, hq, sq, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=True)
     o = dilated_attention(q, k, v, pattern, causal=causal)
     do = torch.randn_like(o)
     o.backward(do)
@@ -46,88 +87,94 @@ def check(pattern, s=2048, hq=8, hkv=2, d=128, dtype=torch.bfloat16, causal=True
 
 
 def time_case(pattern, s, hq, hkv, d, dtype, causal=True, bwd=True, hilbert=False):
-    q = torch.randn(1, hq, s, d, device="cuda", dtype=dtype, requires_grad=bwd)
-    k = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=bwd)
-    v = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=bwd)
+    q = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
+    k = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
+    v = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
     kw = {}
     if hilbert:
-        kw = dict(k_positions=torch.randperm(s, device="cuda"))
-    fl = pattern.attention_flops(s, hq, d, causal=causal)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+        kw = dict(k_positions=torch.randperm(s, device=DEVICE))
+    fl = pattern.attention_flops(s, hq, d, causal=causal, num_kv_heads=hkv)
+    _reset_peak()
     with torch.no_grad():
-        t_f = triton.testing.do_bench(lambda: dilated_attention(q, k, v, pattern, causal=causal, **kw),
-                                      warmup=50, rep=300, return_mode="median")
+        t_f = _bench(lambda: dilated_attention(q, k, v, pattern, causal=causal, **kw))
     res = dict(fwd_ms=t_f, fwd_tflops=fl / t_f / 1e9)
     if bwd:
-        do = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
+        do = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype)
 
         def fb():
             o = dilated_attention(q, k, v, pattern, causal=causal, **kw)
             o.backward(do)
 
-        t_fb = triton.testing.do_bench(fb, warmup=50, rep=300, return_mode="median",
-                                       grad_to_none=[q, k, v])
+        t_fb = _bench(fb, grad_to_none=[q, k, v])
         res.update(fb_ms=t_fb, fb_tflops=fl * 3.5 / t_fb / 1e9)
-    res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    return res
+    return _with_peak(res)
 
 
 def time_sdpa(s, hq, hkv, d, dtype):
-    q = torch.randn(1, hq, s, d, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(1, hkv, s, d, device="cuda", dtype=dtype, requires_grad=True)
+    q = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=True)
     do = torch.randn_like(q)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    torch.cuda.reset_peak_memory_stats()
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    _reset_peak()
+    with _flash():
         def fb():
             kk = k.repeat_interleave(hq // hkv, 1)
             vv = v.repeat_interleave(hq // hkv, 1)
             F.scaled_dot_product_attention(q, kk, vv, is_causal=True).backward(do)
-        t = triton.testing.do_bench(fb, warmup=50, rep=300, return_mode="median", grad_to_none=[q, k, v])
+        t = _bench(fb, grad_to_none=[q, k, v])
     fl = 4.0 * d * hq * s * (s + 1) / 2 * 3.5
-    return dict(fb_ms=t, fb_tflops=fl / t / 1e9, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+    return _with_peak(dict(fb_ms=t, fb_tflops=fl / t / 1e9))
 
 
 def time_sdpa_fwd(s, hq, hkv, d, dtype):
-    q = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
-    k = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
-    v = torch.randn(1, hq, s, d, device="cuda", dtype=dtype)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        t = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                                    warmup=50, rep=200, return_mode="median")
+    q = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype)
+    k = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype)
+    v = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype)
+    with _flash():
+        t = _bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                   rep=min(REP_MS, 200.0))
     return dict(fwd_ms=t, fwd_tflops=4.0 * d * hq * s * (s + 1) / 2 / t / 1e9)
 
 
-def launch_pairs(pattern, s, hq):
+def density(pattern, s, hq, hkv):
+    """Allowed causal pairs / dense causal pairs over ``hq`` query heads (a query head of a
+    dense key/value head, ``hkv`` heads, counts every pair)."""
+    return pattern.count_pairs_total(s, hq, num_kv_heads=hkv) / (hq * s * (s + 1) / 2)
+
+
+def launch_pairs(pattern, s, hq, hkv=None):
     """``[((w, r), pairs)]`` in the kernels' launch order: the pairs each launch computes under
     the union rule (a config keeps the pairs no config before it in priority allows), summed
-    over heads; the last launch also runs the sink-key pairs no config allows."""
+    over heads; the last launch also runs the sink-key pairs no config allows. A pattern with
+    dense key/value heads (``hkv`` needed then): the sparse part's launches, summed over the
+    other heads (the dense heads' slice runs in launches of its own, not listed)."""
     from hf_hilbert_attn.kernels._plan import config_order
 
-    prio, launch = config_order(pattern)
+    keep = (~pattern.dense_query_heads(hq, hkv)).tolist()
+    sparse = pattern.sparse_part
+    prio, launch = config_order(sparse)
+
+    def pairs(p):  # over the sparse heads
+        return sum(n for n, k in zip(p.count_pairs(s, hq), keep) if k)
 
     def upto(k):  # pairs of the first k priority configs, no sinks
         if k == 0:
             return 0
         ws, rs = zip(*prio[:k])
-        sub = DilatedPattern(list(ws), list(rs), query_dilation=pattern.query_dilation,
-                             window=pattern.window)
-        return sub.count_pairs_total(s, hq)
+        return pairs(DilatedPattern(list(ws), list(rs), query_dilation=sparse.query_dilation,
+                                    window=sparse.window))
 
     cum = [upto(k) for k in range(len(prio) + 1)]
     own = {cfg: cum[i + 1] - cum[i] for i, cfg in enumerate(prio)}
-    own[launch[-1]] += pattern.count_pairs_total(s, hq) - cum[-1]  # the sink keys
+    own[launch[-1]] += pairs(sparse) - cum[-1]  # the sink keys
     return [(cfg, own[cfg]) for cfg in launch]
 
 
-def launch_table(pattern, s, hq, d, events):
+def launch_table(pattern, s, hq, d, events, hkv=None):
     """Per launch: config, share of the pairs, forward / dq / dk/dv ms and useful TFLOP/s, from
     ``events`` ``[(kernel name, ms)]`` in order (None when the launches are not one per
-    config, e.g. split into head chunks)."""
-    pairs = launch_pairs(pattern, s, hq)
+    config, e.g. split into head chunks, or with dense heads, whose slice adds launches)."""
+    pairs = launch_pairs(pattern, s, hq, hkv)
     by = {k: [ms for name, ms in events if name.startswith(k)] for k in ("_fwd", "_dq", "_dkdv")}
     if any(len(v) != len(pairs) for v in by.values()):
         return None
@@ -142,9 +189,9 @@ def launch_table(pattern, s, hq, d, events):
 
 
 def profile(pattern, s, hq, hkv, d):
-    q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(1, hq, s, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, hkv, s, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, hkv, s, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     for _ in range(2):
         dilated_attention(q, k, v, pattern).backward(torch.ones_like(q))
     torch.cuda.synchronize()
@@ -153,7 +200,7 @@ def profile(pattern, s, hq, hkv, d):
         torch.cuda.synchronize()
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     print(f"profile S={s}: " + ", ".join(f"{e.name[:12]}={e.device_time / 1e3:.2f}ms" for e in evs))
-    table = launch_table(pattern, s, hq, d, [(e.name, e.device_time / 1e3) for e in evs])
+    table = launch_table(pattern, s, hq, d, [(e.name, e.device_time / 1e3) for e in evs], hkv)
     if table:
         print(table)
 
@@ -180,8 +227,8 @@ def long_runs(pattern, s_fb, s_fwd, hq, hkv, d):
         del q, k, v, o
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, nargs="+", default=[65536])
     ap.add_argument("--hq", type=int, default=32)
     ap.add_argument("--hkv", type=int, default=8)
@@ -198,10 +245,28 @@ def main():
     ap.add_argument("--long", type=int, nargs=2, metavar=("S_FB", "S_FWD"), default=None,
                     help="one fwd+bwd at S_FB (Hq, Hkv, D of the args) and one forward at S_FWD "
                          "(8 heads x 64, fp16, no grad): time and peak memory")
-    args = ap.parse_args()
+    ap.add_argument("--device", default="cuda",
+                    help="cuda (default) or cpu: the PyTorch path, a smoke run (timings mean "
+                         "nothing; no --profile, --long)")
+    ap.add_argument("--rep-ms", type=float, default=300.0,
+                    help="timing budget per measurement in ms (do_bench's rep; default 300)")
+    args = ap.parse_args(argv)
+    global DEVICE, REP_MS
+    DEVICE, REP_MS = torch.device(args.device), args.rep_ms
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        ap.error("no CUDA device here: --device cpu runs the PyTorch path (a smoke run)")
+    if DEVICE.type != "cuda" and (args.profile or args.long):
+        ap.error("--profile and --long time GPU kernels: they need --device cuda")
+    if args.hkv < 1 or args.hq % args.hkv:
+        ap.error(f"--hq ({args.hq}) must be a multiple of --hkv ({args.hkv})")
     pats = [(Path(p).stem, as_pattern(p)) for p in args.pattern]
+    for name, p in pats:  # dense key/value heads must exist at --hkv (counting needs it)
+        try:
+            p.check_kv_heads(args.hkv)
+        except ValueError as e:
+            ap.error(f"pattern {name}: {e}")
     pat = pats[0][1]
-    gpu = torch.cuda.get_device_name()
+    gpu = C.device_name(DEVICE)
     print(gpu, "torch", torch.__version__, "triton", triton.__version__)
     rows = []
     if not args.no_check:
@@ -217,12 +282,12 @@ def main():
                   + " ".join(f"{x:.2e}" for x in e) + f" ({time.time() - t:.1f}s)")
     if args.decode:
         for s in args.seq:
-            q = torch.randn(1, args.hq, 1, args.dim, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(1, args.hkv, s, args.dim, device="cuda", dtype=torch.bfloat16)
+            q = torch.randn(1, args.hq, 1, args.dim, device=DEVICE, dtype=torch.bfloat16)
+            k = torch.randn(1, args.hkv, s, args.dim, device=DEVICE, dtype=torch.bfloat16)
             v = torch.randn_like(k)
-            for be in ("triton", "torch"):
-                t = triton.testing.do_bench(lambda: dilated_attention(q, k, v, pat, backend=be),
-                                            warmup=20, rep=100, return_mode="median")
+            for be in ("triton", "torch") if DEVICE.type == "cuda" else ("torch",):
+                t = _bench(lambda: dilated_attention(q, k, v, pat, backend=be), warmup=20,
+                           rep=min(REP_MS, 100.0))
                 print(f"decode Sk={s} backend={be}: {t * 1e3:.0f} us")
     if args.long:
         long_runs(pat, *args.long, args.hq, args.hkv, args.dim)
@@ -236,7 +301,7 @@ def main():
             r = time_sdpa_fwd(s, args.hq, args.hkv, args.dim, torch.bfloat16)
             print(f"sdpa fwd     S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
         for name, p in pats:
-            dens = p.count_pairs_total(s, args.hq) / (args.hq * s * (s + 1) / 2)
+            dens = density(p, s, args.hq, args.hkv)
             r = time_case(p, s, args.hq, args.hkv, args.dim, torch.bfloat16)
             print(f"ours {name} S={s} (density {dens:.2%}): "
                   + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
@@ -246,8 +311,9 @@ def main():
                 print(f"ours mapped {name} S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
                 rows.append(dict(gpu=gpu, impl="ours mapped", pattern=name, seq=s, density=dens, **r))
         r = time_sdpa(s, args.hq, args.hkv, args.dim, torch.bfloat16)
-        print(f"sdpa flash   S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
-        rows.append(dict(gpu=gpu, impl="sdpa flash (dense causal)", pattern="dense", seq=s,
+        sdpa = "sdpa flash" if DEVICE.type == "cuda" else "sdpa"
+        print(f"{sdpa:<12} S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+        rows.append(dict(gpu=gpu, impl=f"{sdpa} (dense causal)", pattern="dense", seq=s,
                          density=1.0, **r))
     if args.csv and rows:
         keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k)
@@ -257,6 +323,8 @@ def main():
             w.writeheader()
             w.writerows(rows)
         print(f"wrote {args.csv}")
+    return rows
+
 
 if __name__ == "__main__":
     main()

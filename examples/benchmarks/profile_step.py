@@ -9,6 +9,7 @@ of ``--steps`` after two warm-up steps). ``--profile`` prints the top CUDA kerne
 host time of one step per implementation (the question it answers: are we slower because of
 kernels, launches, or host work between them). A small model at 8K tokens is where launch
 counts and host work show; the attention op alone is timed by ``kernel_timing.py``.
+``--device cpu``: float32, no autocast, a CPU profile: a smoke run, its timings mean nothing.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ import hf_hilbert_attn  # noqa: E402
 from hf_hilbert_attn.tools.evaluation import resolve_pattern  # noqa: E402
 
 
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _step(model, opt, ids, autocast):
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast("cuda" if autocast else "cpu", dtype=torch.bfloat16, enabled=autocast):
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     opt.step()
@@ -46,27 +52,33 @@ def run(model_dir, impl, pattern, seq, steps, profile, device):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     g = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (1, seq), generator=g).to(device)
+    cuda = torch.device(device).type == "cuda"
     times = []
     for i in range(steps + 2):
-        torch.cuda.synchronize()
+        _sync(device)
         t = time.perf_counter()
-        _step(model, opt, ids, autocast=True)
-        torch.cuda.synchronize()
+        _step(model, opt, ids, autocast=cuda)
+        _sync(device)
         if i >= 2:
             times.append(time.perf_counter() - t)
     text = ""
     if profile:
-        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        acts = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if cuda else [])
         with torch.profiler.profile(activities=acts) as prof:
-            _step(model, opt, ids, autocast=True)
-            torch.cuda.synchronize()
-        text = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18)
-        evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        launches = len(evs)
-        gpu_ms = sum(e.device_time for e in evs) / 1e3
-        text += f"\nCUDA kernels launched in one step: {launches}, summed kernel time {gpu_ms:.1f} ms"
+            _step(model, opt, ids, autocast=cuda)
+            _sync(device)
+        text = prof.key_averages().table(sort_by="cuda_time_total" if cuda else
+                                         "cpu_time_total", row_limit=18)
+        if cuda:
+            evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            launches = len(evs)
+            gpu_ms = sum(e.device_time for e in evs) / 1e3
+            text += (f"\nCUDA kernels launched in one step: {launches}, summed kernel time "
+                     f"{gpu_ms:.1f} ms")
     del model, opt
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     return statistics.median(times), text
 
 
@@ -78,20 +90,27 @@ def main(argv=None):
                     help="hilbert_dilated patterns (names, YAML paths, inline W:R); sdpa always runs")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--device", default="cuda",
+                    help="cuda (default) or cpu: float32, no autocast (a smoke run)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("profile_step.py needs a CUDA GPU")
-    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("profile_step.py needs a CUDA GPU (or --device cpu for a smoke run)")
+    from hf_hilbert_attn.tools.benchmarks.common import device_name
+
+    print(device_name(args.device), "torch", torch.__version__)
     rows = [("sdpa", "sdpa", None)] + [(label, "hilbert_dilated", pat) for label, pat in
                                        (resolve_pattern(p) for p in args.patterns)]
     base = None
+    out = []
     for label, impl, pat in rows:
-        t, text = run(args.model, impl, pat, args.seq, args.steps, args.profile, "cuda")
+        t, text = run(args.model, impl, pat, args.seq, args.steps, args.profile, args.device)
         base = base or t
         print(f"step {label:<28s} S={args.seq}: {t * 1e3:8.1f} ms  ({args.seq / t:,.0f} tokens/s, "
               f"{t / base:.2f}x sdpa)")
+        out.append(dict(method=label, seq=args.seq, step_s=t, vs_sdpa=t / base))
         if text:
             print(text)
+    return out
 
 
 if __name__ == "__main__":

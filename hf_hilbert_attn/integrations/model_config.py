@@ -20,7 +20,8 @@ from ..patterns import as_pattern
 ATTN_IMPLEMENTATION = "hilbert_dilated"
 
 # config.hilbert_attn's per-layer entry: one list of dense key/value heads per decoder layer
-# (a calibration's choice, DESIGN.md "Dense key/value heads"); beside the pattern's own fields.
+# (a calibration's choice, docs/retrieval.md "Dense key/value heads"); beside the pattern's own
+# fields.
 LAYER_DENSE = "layer_dense_kv_heads"
 
 _NOTES = {
@@ -29,7 +30,8 @@ _NOTES = {
     "to 64K and one sink token). Measured on a trained 135M model it stays within 2.3 % of dense "
     "perplexity up to 8K tokens, but exact retrieval of a detail more than 2048 tokens back "
     "degrades (passkey 12/20 at 4K, 4/20 at 8K) unless some heads stay dense: `hf-hilbert-attn "
-    "calibrate MODEL_DIR` chooses them in about a second on a GPU (20/20 and 14/20 there). Call "
+    "calibrate MODEL_DIR` chooses them in about a second on a GPU, ten minutes on a 2-core CPU "
+    "(20/20 and 14/20 there). Call "
     "hf_hilbert_attn.configure(model, pattern) to choose a pattern ('dense' for exact attention; "
     "the shipped ones: hf_hilbert_attn.patterns.names(), each drawn by `hf-hilbert-attn "
     "show-pattern NAME`).",

@@ -21,7 +21,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import ring as _ring
-from ..inputs import model_positions
+from ..decode import decodes, plan_decode, run_decode
+from ..inputs import ModelPositions, model_positions
+from ..numerics import call_under_autocast
 from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from .cache import attend_pattern_cache, check_unpadded
@@ -69,17 +71,25 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
             if bad:
                 raise ValueError(f"layers {bad} do not exist: the model has {layers} "
                                  f"(0..{layers - 1})")
-            per_layer = [list(per_layer.get(i, ())) for i in range(layers)]
-        per_layer = [sorted(int(j) for j in hs) for hs in per_layer]
+            per_layer = [per_layer.get(i, ()) for i in range(layers)]
+        if isinstance(per_layer, (str, bytes)) or not hasattr(per_layer, "__len__"):
+            raise ValueError(f"per_layer must be one list of key/value head indices per layer, "
+                             f"a dict {{layer: heads}} or None, got {per_layer!r}")
         if len(per_layer) != layers:
             raise ValueError(f"per_layer must list the dense key/value heads of all {layers} "
                              f"layers, got {len(per_layer)} entries")
+        rows = []
         for i, hs in enumerate(per_layer):
-            try:
-                base.replace(dense_kv_heads=hs).check_kv_heads(heads)
+            try:  # the pattern checks each index (an integer >= 0, once) and sorts them
+                if isinstance(hs, (str, bytes)) or not hasattr(hs, "__iter__"):
+                    raise ValueError(f"dense key/value heads must be a list of head indices "
+                                     f"([] for none), got {hs!r}")
+                layer = base.replace(dense_kv_heads=tuple(hs))
+                layer.check_kv_heads(heads)
             except ValueError as e:
                 raise ValueError(f"layer {i}: {e}") from None
-        d[LAYER_DENSE] = per_layer
+            rows.append(list(layer.dense_kv_heads))
+        d[LAYER_DENSE] = rows
     for c in configs:
         c.hilbert_attn = dict(d)
     return model
@@ -215,12 +225,20 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     ``ValueError`` for what the op cannot do (``transformers_checks``)."""
     (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    step = attention_mask  # the forward's mask: its memo holds the plans every layer shares
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
     check_call(module, dropout, causal, b, sq, sk, attention_mask, DilatedMaskInfo, kwargs)
     raw = getattr(module.config, "hilbert_attn", None)  # layer_idx read (and, compiled, guarded:
     layered = isinstance(raw, dict) and LAYER_DENSE in raw  # a recompile per layer) only if used
     pattern = get_pattern(module.config, getattr(module, "layer_idx", None) if layered else None)
     group = _ring.get_sequence_parallel_group()
+    if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
+        args = (query, key, value, step, attention_mask, pattern, scaling, kwargs)
+        run = _compiled_decode_step if torch.compiler.is_compiling() else _decode_step
+        out = call_under_autocast(run, *args) \
+            if torch.is_autocast_enabled(query.device.type) else run(*args)
+        if out is not None:
+            return out, None
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
         return attend_pattern_cache(query, key, value, pattern, attention_mask, causal,
                                     scaling), None
@@ -253,6 +271,41 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
         k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
+    """A decode call (``decode.decodes``; else None): the step's plan, made by its first layer
+    with this pattern and key count and kept in the forward's mask (``step``), then one run.
+    Returns ``[B, Sq, Hq, D]`` contiguous."""
+    if not decodes(query, key, value):
+        return None
+    (b, hq, sq, d), (hkv, sk) = query.shape, key.shape[1:3]
+    memo = step._memo if isinstance(step, DilatedMaskInfo) else {}
+    position_ids, doc_ids = kwargs.get("position_ids"), kwargs.get("hilbert_doc_ids")
+    dropped = getattr(info, "kv_offset", 0)
+    key_ = ("decode", pattern, hq, hkv, sk, dropped, id(position_ids), id(doc_ids))
+    hit = memo.get(key_)
+    if hit is None or hit[0] is not position_ids or hit[1] is not doc_ids:
+        dev = query.device
+        if dropped:  # a PatternCache: slots [sinks | tail], the tail from sinks + dropped on
+            sinks, start = pattern.sink_tokens, int(info.q_offset)
+            slots = torch.arange(sk, device=dev)
+            at = ModelPositions(torch.arange(start, start + sq, device=dev)[None],
+                                torch.where(slots < sinks, slots, slots + dropped)[None],
+                                None, None, True)
+        else:
+            at = _positions(info, position_ids, doc_ids, b, sq, sk, dev, False)
+        qp = torch.arange(sk - sq, sk, device=dev) if at.q_positions is None else at.q_positions
+        kp = torch.arange(sk, device=dev) if at.k_positions is None else at.k_positions
+        plan = plan_decode(pattern, hq, hkv, sk, qp, kp, q_doc_ids=at.q_doc_ids,
+                           k_doc_ids=at.k_doc_ids)
+        hit = memo[key_] = (position_ids, doc_ids, plan)
+    out = run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling)
+    return out.transpose(1, 2).contiguous()
+
+
+# under torch.compile the step runs eagerly (its plan is host work kept in the forward's mask)
+_compiled_decode_step = torch.compiler.disable(_decode_step)
 
 
 def _layer_sizes(info, config, sq: int, sk: int):

@@ -81,8 +81,16 @@ def parse_inline(spec: str) -> DilatedPattern:
     for opt in (o.strip() for o in options):
         if opt in ("sliding", "segment"):
             extra["window"] = opt
-        elif opt.startswith("sinks=") and opt[6:].strip().isdigit():
-            extra["sink_tokens"] = int(opt[6:])
+        elif opt.startswith("sinks="):
+            try:
+                k = int(opt[6:])
+            except ValueError:
+                raise ValueError(f"inline pattern {spec!r}: {opt!r} needs an integer count K >= 0 "
+                                 f"of sink tokens (form {INLINE_FORM})") from None
+            if k < 0:
+                raise ValueError(f"inline pattern {spec!r}: {opt!r} is a negative count of sink "
+                                 f"tokens; K must be >= 0 (form {INLINE_FORM})")
+            extra["sink_tokens"] = k
         else:
             raise ValueError(f"inline pattern {spec!r}: option {opt!r} is not one of sliding, "
                              f"segment, sinks=K (form {INLINE_FORM})")

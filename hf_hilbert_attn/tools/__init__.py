@@ -5,5 +5,5 @@ benchmarks build (:mod:`.models`), the kernels' compile check (:mod:`.aot`), pat
 (:mod:`.visualize`) and lm-evaluation-harness with ``hilbert_dilated`` (:mod:`.lm_eval`).
 
 They import the library; the library never imports them. Their own dependencies come with the
-``tools`` extra: ``pip install "hf_hilbert_attn[tools]"``.
+``tools`` extra: ``pip install -e ".[tools]"`` in a checkout (or a built wheel with ``[tools]``).
 """

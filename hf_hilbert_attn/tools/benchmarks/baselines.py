@@ -476,7 +476,8 @@ def gather_sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def gather_pairs(pattern: DilatedPattern, seq_len: int, num_heads: int, *, causal: bool = True) -> int:
-    """Pairs the gather baseline computes: the sum over configs (overlaps counted per config)."""
+    """Pairs the gather baseline computes: the sum over configs (overlaps counted per config;
+    no sink keys, no dense heads: the gather runs the configs alone)."""
     return sum(_single_config(pattern, w, r).count_pairs_total(seq_len, num_heads, causal=causal)
                for w, r in pattern.configs)
 
@@ -486,10 +487,14 @@ def _single_config(pattern: DilatedPattern, w: int, r: int) -> DilatedPattern:
     config's pairs alone. Skips validation on purpose: in per_head mode a lone config with
     ``r > 1`` is a legal *part* of a union but not a legal pattern (some queries see nothing)."""
     single = copy.copy(pattern)
-    key = ((int(w),), (int(r),), pattern.query_dilation, 0, pattern.window, pattern.dense_kv_heads)
+    key = ((int(w),), (int(r),), pattern.query_dilation, 0, pattern.window, ())
     object.__setattr__(single, "segment_lengths", key[0])
     object.__setattr__(single, "dilation_rates", key[1])
-    object.__setattr__(single, "sink_tokens", 0)  # the configs alone, as the gather computes
+    # the configs alone, as the gather computes: no sink keys, no dense heads (counting or
+    # masking a pattern with dense heads would need the key/value head count, and the gather
+    # runs every head sparse)
+    object.__setattr__(single, "sink_tokens", 0)
+    object.__setattr__(single, "dense_kv_heads", ())
     object.__setattr__(single, "_key", key)
     return single
 
@@ -523,6 +528,8 @@ class FlexDilated:
         pattern: the :class:`DilatedPattern` (natural order: index == position).
         seq_len: ``S``; num_heads: ``Hq`` (the block mask is per head: per_head dilation).
         device: where the block mask is built.
+        num_kv_heads: ``Hkv``, needed when the pattern has dense key/value heads (their query
+            heads' mask rows are all allowed); default ``num_heads``.
         causal: causal mask.
         compile: wrap ``flex_attention`` in ``torch.compile`` (the only fast path; eager flex
             materialises the scores and is for tiny CPU checks).
@@ -533,7 +540,8 @@ class FlexDilated:
     """
 
     def __init__(self, pattern: DilatedPattern, seq_len: int, num_heads: int, device,
-                 *, causal: bool = True, compile: bool = True):
+                 *, causal: bool = True, compile: bool = True,
+                 num_kv_heads: Optional[int] = None):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         device = torch.device(device)
@@ -542,7 +550,9 @@ class FlexDilated:
             kwargs["_compile"] = True  # builds the mask without materialising [H, S, S]
         _sync(device)
         t0 = time.perf_counter()
-        self.block_mask = create_block_mask(pattern.mask_mod(causal=causal), B=None, H=num_heads,
+        mask_mod = pattern.mask_mod(causal=causal, num_heads=num_heads,
+                                    num_kv_heads=num_heads if num_kv_heads is None else num_kv_heads)
+        self.block_mask = create_block_mask(mask_mod, B=None, H=num_heads,
                                             Q_LEN=seq_len, KV_LEN=seq_len, device=device, **kwargs)
         _sync(device)
         self.build_s = time.perf_counter() - t0

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..evaluation._args import results_dir
+from ..progress import progress_bar
 from . import common as C
 
 SHAPES = ("9/3x64", "32/8x128")  # SmolLM2-135M's heads, and a 1B-style shape
@@ -112,27 +113,38 @@ def _attention_fns(q, k, v, patterns, backward: bool):
     return fwd, {name: step(f) for name, f in impls.items()}
 
 
+def _progress(total: int, what: str):
+    """Lines on a stderr that is not a terminal (each row's own line shows progress there)."""
+    return progress_bar(total=total, desc=f"bench cpu ({what})", unit="steps",
+                        terminal_bar=False)
+
+
 def bench_attention(args, patterns) -> List[dict]:
     dtype = getattr(torch, args.dtype)
     rows = []
-    for hq, hkv, d in args.shapes:
-        for s in args.lengths:
-            gen = torch.Generator().manual_seed(args.seed)
-            q, k, v = (torch.randn(1, h, s, d, generator=gen, dtype=dtype) for h in (hq, hkv, hkv))
-            fwd, fwdbwd = _attention_fns(q, k, v, patterns, args.backward)
-            with torch.no_grad():
-                t_fwd = _interleaved(fwd, args.repeats)
-            t_bwd = _interleaved(fwdbwd, args.repeats) if fwdbwd else {}
-            for name, _ in patterns:
-                row = {"pattern": name, "shape": f"{hq}/{hkv}x{d}", "length": s,
-                       "dtype": args.dtype, "threads": torch.get_num_threads(),
-                       "sdpa_fwd_ms": t_fwd["sdpa"], "ours_fwd_ms": t_fwd[name],
-                       "fwd_ratio": t_fwd["sdpa"] / t_fwd[name]}
-                if t_bwd:
-                    row.update(sdpa_fwdbwd_ms=t_bwd["sdpa"], ours_fwdbwd_ms=t_bwd[name],
-                               fwdbwd_ratio=t_bwd["sdpa"] / t_bwd[name])
-                rows.append(row)
-                print(_line(row), flush=True)
+    with _progress(len(args.shapes) * len(args.lengths), "attention") as bar:
+        for hq, hkv, d in args.shapes:
+            for s in args.lengths:
+                bar.set_postfix_str(f"running {hq}/{hkv}x{d} at {C.fmt_size(s)}"
+                                    + (", fwd+bwd" if args.backward else ""))
+                gen = torch.Generator().manual_seed(args.seed)
+                q, k, v = (torch.randn(1, h, s, d, generator=gen, dtype=dtype)
+                           for h in (hq, hkv, hkv))
+                fwd, fwdbwd = _attention_fns(q, k, v, patterns, args.backward)
+                with torch.no_grad():
+                    t_fwd = _interleaved(fwd, args.repeats)
+                t_bwd = _interleaved(fwdbwd, args.repeats) if fwdbwd else {}
+                for name, _ in patterns:
+                    row = {"pattern": name, "shape": f"{hq}/{hkv}x{d}", "length": s,
+                           "dtype": args.dtype, "threads": torch.get_num_threads(),
+                           "sdpa_fwd_ms": t_fwd["sdpa"], "ours_fwd_ms": t_fwd[name],
+                           "fwd_ratio": t_fwd["sdpa"] / t_fwd[name]}
+                    if t_bwd:
+                        row.update(sdpa_fwdbwd_ms=t_bwd["sdpa"], ours_fwdbwd_ms=t_bwd[name],
+                                   fwdbwd_ratio=t_bwd["sdpa"] / t_bwd[name])
+                    rows.append(row)
+                    print(_line(row), flush=True)
+                bar.update(1)
     rows.sort(key=lambda r: ([n for n, _ in patterns].index(r["pattern"]), r["shape"], r["length"]))
     return rows
 
@@ -144,30 +156,35 @@ def bench_model(args, patterns) -> List[dict]:
     import hf_hilbert_attn
 
     rows = []
-    for s in args.lengths:
-        cfg = LlamaConfig(vocab_size=1024, hidden_size=576, intermediate_size=1536,
-                          num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
-                          max_position_embeddings=max(s, 2048))
-        torch.manual_seed(args.seed)
-        ids = torch.randint(0, cfg.vocab_size, (1, s))
-        models = {}
-        for impl in ("sdpa", "hilbert_dilated"):
+    with _progress(len(args.lengths), "tiny Llama forward") as bar:
+        for s in args.lengths:
+            bar.set_postfix_str(f"running {C.fmt_size(s)} tokens")
+            cfg = LlamaConfig(vocab_size=1024, hidden_size=576, intermediate_size=1536,
+                              num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
+                              max_position_embeddings=max(s, 2048))
             torch.manual_seed(args.seed)
-            models[impl] = LlamaForCausalLM._from_config(cfg, attn_implementation=impl).eval()
-        fns = {"sdpa": lambda: models["sdpa"](ids)}
-        for name, pattern in patterns:
-            hf_hilbert_attn.configure(models["hilbert_dilated"], pattern)
-            fns[name] = (lambda p: lambda: (hf_hilbert_attn.configure(models["hilbert_dilated"], p),
-                                            models["hilbert_dilated"](ids)))(pattern)
-        with torch.no_grad():
-            t = _interleaved(fns, args.repeats)
-        for name, _ in patterns:
-            row = {"pattern": name, "shape": "llama-2L-576-9/3x64", "length": s,
-                   "dtype": "float32", "threads": torch.get_num_threads(),
-                   "sdpa_fwd_ms": t["sdpa"], "ours_fwd_ms": t[name],
-                   "fwd_ratio": t["sdpa"] / t[name]}
-            rows.append(row)
-            print(_line(row), flush=True)
+            ids = torch.randint(0, cfg.vocab_size, (1, s))
+            models = {}
+            for impl in ("sdpa", "hilbert_dilated"):
+                torch.manual_seed(args.seed)
+                models[impl] = LlamaForCausalLM._from_config(
+                    cfg, attn_implementation=impl).eval()
+            fns = {"sdpa": lambda: models["sdpa"](ids)}
+            for name, pattern in patterns:
+                hf_hilbert_attn.configure(models["hilbert_dilated"], pattern)
+                fns[name] = (lambda p: lambda: (
+                    hf_hilbert_attn.configure(models["hilbert_dilated"], p),
+                    models["hilbert_dilated"](ids)))(pattern)
+            with torch.no_grad():
+                t = _interleaved(fns, args.repeats)
+            for name, _ in patterns:
+                row = {"pattern": name, "shape": "llama-2L-576-9/3x64", "length": s,
+                       "dtype": "float32", "threads": torch.get_num_threads(),
+                       "sdpa_fwd_ms": t["sdpa"], "ours_fwd_ms": t[name],
+                       "fwd_ratio": t["sdpa"] / t[name]}
+                rows.append(row)
+                print(_line(row), flush=True)
+            bar.update(1)
     return rows
 
 

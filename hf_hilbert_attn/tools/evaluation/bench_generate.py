@@ -8,9 +8,15 @@ prefill's tokens/s, the decode's tokens/s (new tokens / generate time), the peak
 whole run (``torch.cuda.max_memory_allocated``), the memory the cache holds at the end and the
 keys it stores per layer. A run out of memory is a row with status ``OOM``, not a crash.
 
+Methods, side by side on the same weights: ``hilbert_dilated`` with ``--pattern``; with
+``--dense-kv-heads J ...`` also that pattern with those key/value heads dense (as a calibrated
+model); with ``--baselines`` also ``sdpa`` as Transformers calls it (torch 2.11 picks cuDNN for
+decoding on Hopper) and ``sdpa-flash`` (SDPA without its cuDNN backend), DynamicCache only.
+
 Preset ``1b``: a Llama-3.2-1B-shaped model (random init, bf16: 16 layers, hidden 2048, 32 heads,
-8 KV heads), ``hilbert_dilated`` with the default pattern, contexts 128K and 1M, 32 new tokens.
-Preset ``tiny``: a CPU smoke test. Entry point: ``hf-hilbert-attn bench generate``.
+8 KV heads), the default pattern, with and without dense key/value head 0, against both SDPA
+baselines, contexts 4K to 1M, 32 new tokens. Preset ``tiny``: a CPU smoke test. Entry point:
+``hf-hilbert-attn bench generate``.
 """
 
 from __future__ import annotations
@@ -23,18 +29,23 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ._args import parse_length, positive_int, report_input_errors, results_dir
+from ._args import InputError, parse_length, positive_int, report_input_errors, results_dir
 from .bench_model import OOM_ERRORS, device_tag, run_preset
 
 __all__ = ["PRESETS", "CACHES", "build_model", "measure_generate", "run_benchmark", "main"]
 
 PRESETS = {
-    "1b": dict(shape="1b", gpu=True, contexts=[131072, 1048576], new_tokens=32,
-               prefill_chunk=16384, dtype="bfloat16", pattern="default"),
+    "1b": dict(shape="1b", gpu=True, contexts=[4096, 32768, 131072, 1048576], new_tokens=32,
+               prefill_chunk=16384, dtype="bfloat16", pattern="default", dense_kv_heads=[0],
+               baselines=["sdpa", "sdpa-flash"]),
     "tiny": dict(shape="tiny", gpu=False, contexts=[96, 160], new_tokens=4, prefill_chunk=40,
-                 dtype="float32", pattern="32,64:1,2:sliding:sinks=1"),
+                 dtype="float32", pattern="32,64:1,2:sliding:sinks=1", dense_kv_heads=[],
+                 baselines=[]),
 }
 CACHES = ("pattern", "dynamic")
+BASELINES = ("sdpa", "sdpa-flash")
+# SDPA at 1M tokens: its dense prefill takes minutes; rows past this are skipped
+SDPA_MAX_CONTEXT = 1 << 18
 
 
 def parse_tokens(text: str) -> int:
@@ -138,21 +149,30 @@ def run_benchmark(args) -> Dict:
     new_tokens = args.new_tokens or preset["new_tokens"]
     chunk = args.prefill_chunk or preset["prefill_chunk"]
     label, pattern = resolve_pattern(args.pattern or preset["pattern"])
+    methods = _methods(args, preset, label, pattern)  # checked before the model is built
     model = build_model(preset["shape"], dtype, device, pattern, seed=args.seed)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rows: List[Dict] = []
-    for kind in args.caches:
-        if args.warmup:  # kernels compiled, allocator warm: not measured
-            measure_generate(model, kind, min(contexts), 2, chunk, device, args.seed)
-        for context in contexts:
-            r = measure_generate(model, kind, context, new_tokens, chunk, device, args.seed)
-            rows.append(dict(gpu=gpu, preset=args.preset, pattern=label, cache=kind,
-                             context=context, new_tokens=new_tokens, prefill_chunk=chunk,
-                             dtype=str(dtype).replace("torch.", ""), **r))
-            if not args.quiet:
-                print(f"{kind:8s} context {context}: {r['status']}, decode "
-                      f"{r['decode_tokens_per_s']:.4g} tokens/s, peak {r['peak_mem_gib']:.4g} GiB",
-                      flush=True)
+    for method, pat in methods:
+        _use(model, pat)
+        for kind in args.caches if pat is not None else ["dynamic"]:
+            with _sdpa_backends(method):
+                if args.warmup:  # kernels compiled, allocator warm: not measured
+                    measure_generate(model, kind, min(contexts), 2, chunk, device, args.seed)
+                for context in contexts:
+                    if pat is None and context > SDPA_MAX_CONTEXT:
+                        continue
+                    r = measure_generate(model, kind, context, new_tokens, chunk, device,
+                                         args.seed)
+                    r["ms_per_token"] = 1000 / r["decode_tokens_per_s"]
+                    rows.append(dict(gpu=gpu, preset=args.preset, method=method, pattern=label,
+                                     cache=kind, context=context, new_tokens=new_tokens,
+                                     prefill_chunk=chunk, dtype=str(dtype).replace("torch.", ""),
+                                     **r))
+                    if not args.quiet:
+                        print(f"{method} {kind} context {context}: {r['status']}, "
+                              f"{r['ms_per_token']:.4g} ms per token, peak "
+                              f"{r['peak_mem_gib']:.4g} GiB", flush=True)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"bench_generate_{args.preset}_{device_tag(device)}"
@@ -163,18 +183,58 @@ def run_benchmark(args) -> Dict:
     return dict(rows=rows, markdown=md, files=files)
 
 
+def _methods(args, preset, label, pattern) -> list:
+    """``[(method name, pattern or None for SDPA)]`` of a run (module docstring)."""
+    from hf_hilbert_attn.tools.models import MODEL_SHAPES
+
+    methods = [(label, pattern)]
+    dense = preset["dense_kv_heads"] if args.dense_kv_heads is None else args.dense_kv_heads
+    if dense:
+        try:
+            with_dense = pattern.replace(dense_kv_heads=dense)
+            with_dense.check_kv_heads(MODEL_SHAPES[preset["shape"]]["num_key_value_heads"])
+        except ValueError as e:
+            raise InputError(f"--dense-kv-heads: {e}") from None
+        methods.append((f"{label}+kv{','.join(map(str, dense))}", with_dense))
+    baselines = preset["baselines"] if args.baselines is None else args.baselines
+    return [(b, None) for b in baselines] + methods
+
+
+def _use(model, pattern) -> None:
+    """Switch ``model`` to SDPA (``pattern`` None) or to ``hilbert_dilated`` with ``pattern``."""
+    import hf_hilbert_attn
+
+    if pattern is None:
+        model.set_attn_implementation("sdpa")
+    else:
+        hf_hilbert_attn.configure(model, pattern)
+
+
+def _sdpa_backends(method: str):
+    """``sdpa-flash``: SDPA without its cuDNN backend (which plans anew for every key count)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if method != "sdpa-flash":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
+
+
 def _markdown(rows, preset, gpu, label, pattern) -> str:
     from .report import markdown_table
 
-    body = [[r["cache"], r["context"], r["status"], r["prefill_tokens_per_s"],
-             r["decode_tokens_per_s"], r["peak_mem_gib"], r["cache_gib"], r["stored_tokens"]]
+    body = [[r["method"], r["cache"], r["context"], r["status"], r["ms_per_token"],
+             r["prefill_tokens_per_s"], r["peak_mem_gib"], r["cache_gib"], r["stored_tokens"]]
             for r in rows]
     return (f"# bench_generate ({preset}) on {gpu}: generate() after a long context\n\n"
             f"hilbert_dilated:{label} ({pattern}); prefill in chunks of {rows[0]['prefill_chunk']}"
             f" tokens, then {rows[0]['new_tokens']} greedy tokens; `pattern` = PatternCache, "
             f"`dynamic` = DynamicCache.\n\n"
-            + markdown_table(["cache", "context", "status", "prefill tokens/s", "decode tokens/s",
-                              "peak GiB", "cache GiB", "keys stored per layer"], body) + "\n")
+            + markdown_table(["method", "cache", "context", "status", "ms per token",
+                              "prefill tokens/s", "peak GiB", "cache GiB", "keys stored per layer"],
+                             body) + "\n")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -187,6 +247,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=parse_tokens, default=None,
                    help="tokens per prefill forward (default 16k for 1b)")
     p.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
+    p.add_argument("--dense-kv-heads", nargs="*", type=int, default=None, metavar="J",
+                   help="also the pattern with these key/value heads dense (default: 0 for 1b, "
+                        "none for tiny; give none to skip)")
+    p.add_argument("--baselines", nargs="*", choices=BASELINES, default=None,
+                   help="SDPA rows beside ours (default: both for 1b, none for tiny)")
     p.add_argument("--pattern", default=None,
                    help="hilbert_dilated pattern (default: the shipped default pattern)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None)

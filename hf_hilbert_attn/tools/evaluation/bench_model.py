@@ -251,7 +251,7 @@ def device_tag(device: torch.device) -> str:
 def run_benchmark(args) -> Dict:
     """Run the benchmark for parsed ``args`` (see :func:`add_bench_arguments`); writes the CSVs,
     the PNG and ``bench_model_<gpu>.md`` into ``args.out_dir`` and returns them."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar as tqdm  # a bar on a terminal, else lines
 
     from . import report
     from ._args import resolve_pattern
@@ -284,7 +284,7 @@ def run_benchmark(args) -> Dict:
                             pattern if impl != "sdpa" else None, seed=args.seed,
                             compile=args.compile, tiled_mlp=args.tiled_mlp,
                             offload=args.offload_checkpoints)
-        bars = show_progress(not args.no_progress)
+        bars = not args.no_progress  # progress_bar: a bar on a terminal, else lines
         bar = tqdm(lengths, desc=f"bench {label}", disable=not bars)
         for S in bar:
             r = measure(model, S, device, model_kwargs["vocab_size"], warmup=args.warmup
@@ -322,7 +322,7 @@ def run_benchmark(args) -> Dict:
 def _max_len_row(model, device, vocab_size: int, args, preset: Dict, label: str,
                  gpu_name: str, bars: bool) -> Dict:
     """The longest sequence one fwd+bwd step of ``model`` runs (``--max-len``)."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar as tqdm  # a bar on a terminal, else lines
 
     with tqdm(desc=f"max length {label}", disable=not bars) as pbar:
         m = find_max_length(

@@ -1,5 +1,6 @@
-"""Calibration: which key/value heads of which layers attend densely (DESIGN.md §1, "Dense
-key/value heads"), chosen from synthetic retrieval prompts and written into the model's config.
+"""Calibration: which key/value heads of which layers attend densely (docs/retrieval.md, "Dense
+key/value heads"; the rule: hf_hilbert_attn/pattern.py), chosen from synthetic retrieval
+prompts and written into the model's config.
 
     hf-hilbert-attn calibrate MODEL [--budget 0.1] [--method needle_mass|ablation] [--out DIR]
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,13 +35,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+# the options live with the console command, which must not import torch to parse them
+from ..options import CALIBRATE_METHODS as METHODS, add_calibrate_arguments
 from .passkey import _pad_id
 from .ruler import RulerGenerator, RulerSample, score_samples
 
 __all__ = ["METHODS", "CALIBRATION_TASKS", "CalibrationResult", "calibrate", "calibration_samples",
            "model_density", "default_lengths", "per_layer_from"]
 
-METHODS = ("needle_mass", "ablation")
 CALIBRATION_TASKS = ("passkey", "niah_single", "niah_multikey")
 CALIBRATION_SEED = 7919  # not the evaluation's seed 0: calibrate and measure on different prompts
 CALIBRATION_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -138,13 +139,23 @@ def budget_heads(budget: float, layers: int, hkv: int) -> int:
 
 
 # ----------------------------------------------------------------------------- prompts
-def default_lengths(model) -> Tuple[int, ...]:
+def dense_window(pattern) -> int:
+    """The pattern's dense window: the longest segment of a config with dilation 1 (every
+    query sees every key of it). A prompt no longer than that runs the same, sparse or dense:
+    it cannot tell heads apart."""
+    return max(w for w, r in zip(pattern.segment_lengths, pattern.dilation_rates) if r == 1)
+
+
+def default_lengths(model, pattern=None) -> Tuple[int, ...]:
     """Two and four times the pattern's first window (where the default pattern stops being
-    dense), at most the model's trained length (``max_position_embeddings``)."""
+    dense), at most the model's trained length (``max_position_embeddings``).
+
+    ``model``: a model or its config; ``pattern``: default, the config's own."""
     from hf_hilbert_attn.integrations.transformers import get_pattern
 
-    w = get_pattern(model.config).segment_lengths[0]
-    cap = getattr(model.config, "max_position_embeddings", None) or 4 * w
+    config = getattr(model, "config", model)
+    w = (pattern if pattern is not None else get_pattern(config)).segment_lengths[0]
+    cap = getattr(config, "max_position_embeddings", None) or 4 * w
     out = tuple(sorted({min(2 * w, cap), min(4 * w, cap)}))
     return out
 
@@ -333,7 +344,9 @@ def calibrate(model, tokenizer, *, budget: float = 0.1, method: str = "needle_ma
             :meth:`CalibrationResult.per_layer_for`); the config gets ``budget``'s share.
         max_batch_tokens: tokens per forward.
         density_length: the length of the reported density.
-        progress: a tqdm bar on stderr (default: when stderr is a terminal).
+        progress: show progress on stderr (default): a tqdm bar on a terminal, else a line
+            per stage and at most one every few seconds (:mod:`hf_hilbert_attn.tools.progress`);
+            False: nothing.
         apply: write the choice into the config (False: only return it; the model's previous
             dense heads are restored).
 
@@ -353,7 +366,7 @@ def calibrate(model, tokenizer, *, budget: float = 0.1, method: str = "needle_ma
     previous = (getattr(model.config, "hilbert_attn", None) or {}).get(LAYER_DENSE)
     counter = [0]  # forwards, counted by a hook
     hook = model.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
-    show = sys.stderr.isatty() if progress is None else progress
+    show = True if progress is None else bool(progress)
     t0 = time.perf_counter()
     try:
         chosen, scores, baseline, final = _choose(
@@ -375,29 +388,30 @@ def calibrate(model, tokenizer, *, budget: float = 0.1, method: str = "needle_ma
 
 
 def _choose(model, tokenizer, samples, method, k, k_order, rescore, max_batch_tokens, show):
-    from tqdm.auto import tqdm
-
     from hf_hilbert_attn.integrations.transformers import set_dense_kv_heads
+
+    from ..progress import progress_bar, stage
 
     layers, _, hkv = _shape(model.config)
     baseline, final = {}, {}
     if method == "needle_mass":
-        bar = tqdm(total=len(samples), desc="calibrate (needle mass)", disable=not show,
-                   leave=False)
-        mass = _needle_mass(model, samples, _pad_id(tokenizer), max_batch_tokens, bar)
-        bar.close()
+        with progress_bar(total=sum(1 for s in samples if s.needle_spans),
+                          desc="calibrate (needle mass)", unit="prompts",
+                          disable=not show, leave=False) as bar:
+            mass = _needle_mass(model, samples, _pad_id(tokenizer), max_batch_tokens, bar)
         scores = mass.tolist()
         flat = sorted(((i, j) for i in range(layers) for j in range(hkv)),
                       key=lambda c: (-scores[c[0]][c[1]], c))
         chosen = flat[:k_order]
     else:
         steps = 1 + layers * hkv + max(0, k_order - 1) * rescore
-        bar = tqdm(total=steps, desc="calibrate (ablation)", disable=not show, leave=False)
         set_dense_kv_heads(model, None)
-        scores, chosen, baseline = _ablation(model, tokenizer, samples, k_order, rescore,
-                                             max_batch_tokens, bar)
-        bar.close()
+        with progress_bar(total=steps, desc=f"calibrate (ablation, {len(samples)} prompts each)",
+                          unit="passes", disable=not show, leave=False) as bar:
+            scores, chosen, baseline = _ablation(model, tokenizer, samples, k_order, rescore,
+                                                 max_batch_tokens, bar)
         set_dense_kv_heads(model, per_layer_from(chosen[:k], layers))
+        stage("calibrate (ablation): measuring the choice (one more pass)", enabled=show)
         final = _measure(model, tokenizer, samples, max_batch_tokens)
     return chosen, scores, baseline, final
 
@@ -405,44 +419,6 @@ def _choose(model, tokenizer, samples, method, k, k_order, rescore, max_batch_to
 # ----------------------------------------------------------------------------- command line
 CONFIG_KEY = "hilbert_attn"
 REPORT_FILE = "hilbert_calibration.json"
-
-
-def add_calibrate_arguments(p):
-    """The options of ``hf-hilbert-attn calibrate``."""
-    from ._args import fraction, length_type, nonneg_int, positive_int
-
-    p.add_argument("model", metavar="MODEL", help="a model directory (save_pretrained layout)")
-    p.add_argument("--budget", type=fraction, default=0.1,
-                   help="at most this fraction of all (layer, key/value head) pairs become dense "
-                        "(default 0.1: on SmolLM2-135M 18 %% of the causal pairs at 64K, passkey "
-                        "and NIAH at 4K as dense; docs/retrieval.md)")
-    p.add_argument("--method", choices=METHODS, default="needle_mass",
-                   help="needle_mass: attention mass on the needle in one dense pass (default; "
-                        "about a second on one GPU); ablation: each head's measured gain in "
-                        "answer log-likelihood, then greedy additions (minutes; retrieved less "
-                        "at 8K and extrapolated worse in our study)")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help="write a calibrated copy of MODEL here (every file of MODEL copied as "
-                        "is, config.json with the dense heads). Default: update MODEL/config.json "
-                        "in place (only its 'hilbert_attn' entry; the weights are not touched)")
-    p.add_argument("--pattern", default=None,
-                   help="the sparse pattern to calibrate (a shipped name, YAML file or inline "
-                        "form; default: the model's own, else the default pattern)")
-    p.add_argument("--lengths", type=length_type("--lengths", 64), nargs="+", default=None,
-                   help="prompt lengths (default: 2x and 4x the pattern's first window, at most "
-                        "the model's max_position_embeddings)")
-    p.add_argument("--trials", type=positive_int, default=1,
-                   help="prompts per task x length x depth (default 1; 5 depths, 3 tasks)")
-    p.add_argument("--rescore", type=nonneg_int, default=4,
-                   help="ablation: candidates scored again after each addition (default 4)")
-    p.add_argument("--batch-tokens", type=positive_int, default=65536,
-                   help="tokens per forward (default 65536)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
-                   help="weights while calibrating (default: bfloat16 on CUDA, float32 on CPU; "
-                        "the saved weights are MODEL's files either way)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
 
 
 def _patch_config(directory, hilbert_attn: Dict) -> Path:
@@ -455,6 +431,44 @@ def _patch_config(directory, hilbert_attn: Dict) -> Path:
     return path
 
 
+def _check_args(args, parser):
+    """``(config, pattern, lengths)`` of ``calibrate`` before anything heavy is loaded; a bad
+    value is ``parser.error`` (one line, exit 2): a missing model, a budget that makes no head
+    dense, lengths inside the pattern's dense window."""
+    from transformers import AutoConfig
+
+    from hf_hilbert_attn.integrations.transformers import get_pattern
+
+    from ._args import InputError, check_device, resolve_pattern
+
+    src = Path(args.model)
+    if not src.exists():
+        parser.error(f"model directory not found: {src} (give a local directory saved with "
+                     f"save_pretrained; nothing is downloaded)")
+    if not (src / "config.json").is_file():
+        parser.error(f"MODEL {src} is not a model directory (no config.json)")
+    try:
+        check_device(args.device)
+        pattern = resolve_pattern(args.pattern)[1] if args.pattern is not None else None
+        config = AutoConfig.from_pretrained(str(src))
+        layers, _, hkv = _shape(config)
+    except (InputError, ValueError, OSError) as e:
+        parser.error(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    pattern = pattern if pattern is not None else get_pattern(config)
+    if budget_heads(args.budget, layers, hkv) < 1:
+        parser.error(f"--budget {args.budget:g} makes no key/value head dense ({layers} layers x "
+                     f"{hkv} heads: at least {1 / (layers * hkv):.3g} makes one): nothing to "
+                     f"calibrate")
+    window = dense_window(pattern)
+    short = [L for L in (args.lengths or ()) if L <= window]
+    if short:
+        parser.error(f"--lengths {' '.join(map(str, short))}: a prompt at or below the "
+                     f"pattern's dense window ({window} tokens) runs the same with every head "
+                     f"sparse or dense, so it cannot tell heads apart; give lengths above "
+                     f"{window} (default: {' '.join(map(str, default_lengths(config, pattern)))})")
+    return config, pattern, list(args.lengths or default_lengths(config, pattern))
+
+
 def run_from_args(args, parser) -> int:
     """``hf-hilbert-attn calibrate``: load, calibrate, write the config (module docstring)."""
     import json
@@ -463,12 +477,12 @@ def run_from_args(args, parser) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_hilbert_attn import configure
-    from ._args import InputError, check_device
 
+    from ..progress import stage
+
+    config, pattern, lengths = _check_args(args, parser)
     src = Path(args.model)
-    if not (src / "config.json").is_file():
-        raise InputError(f"MODEL {src} is not a model directory (no config.json)")
-    check_device(args.device)
+    show = not args.no_progress
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else ("cpu" if args.device == "auto" else args.device))
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
@@ -477,21 +491,22 @@ def run_from_args(args, parser) -> int:
     out = Path(args.out) if args.out else src
     in_place = out.resolve() == src.resolve()
     tokenizer = AutoTokenizer.from_pretrained(str(src))
+    try:  # prompts that cannot be built are a bad value: said before the model is loaded
+        calibration_samples(tokenizer, lengths, trials=1)
+    except ValueError as e:
+        parser.error(f"--lengths {' '.join(map(str, lengths))}: {e}")
+    stage(f"calibrate: loading {src} ({device.type}, {str(dtype).replace('torch.', '')})",
+          enabled=show)
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype,
                                                  attn_implementation="hilbert_dilated")
     if args.pattern is not None:
-        from ._args import resolve_pattern
-
-        configure(model, resolve_pattern(args.pattern)[1])
+        configure(model, pattern)
     model.to(device).eval()
-    lengths = args.lengths or list(default_lengths(model))
-    try:  # prompts that cannot be built are a bad input: said before any model runs
-        calibration_samples(tokenizer, lengths, trials=1)
-    except ValueError as e:
-        raise InputError(f"--lengths {lengths}: {e}") from None
+    stage(f"calibrate: {args.method}, budget {args.budget:g}, prompts at "
+          f"{', '.join(map(str, lengths))} tokens", enabled=show)
     res = calibrate(model, tokenizer, budget=args.budget, method=args.method,
                     lengths=lengths, trials=args.trials, rescore=args.rescore,
-                    max_batch_tokens=args.batch_tokens, progress=False if args.no_progress else None)
+                    max_batch_tokens=args.batch_tokens, progress=show)
     print(res.summary())
     if not in_place:
         out.mkdir(parents=True, exist_ok=True)

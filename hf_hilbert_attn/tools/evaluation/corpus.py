@@ -55,7 +55,8 @@ def builtin_corpus(num_chars: int = 200_000, seed: int = 0) -> List[str]:
 
     Each document is made of sentences drawn from a small grammar; about a quarter of the
     sentences repeat one written earlier in the same document, so a model that uses a long
-    context can predict them (a trained model's perplexity then falls with context length).
+    context can predict them. A smoke-test text: a trained model's perplexity need not fall with
+    context on it (SmolLM2-135M: 314.6 at 2K, 353 at 4K).
 
     Args:
         num_chars: approximate total size in characters.

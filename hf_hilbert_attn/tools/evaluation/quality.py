@@ -51,8 +51,9 @@ import torch
 import hf_hilbert_attn
 from hf_hilbert_attn.pattern import DilatedPattern
 
-from ._args import (InputError, check_device, check_eval_grid, depth, length_type, nonneg_int,
-                    positive_int, results_dir, show_progress)
+# the options live with the console command, which must not import torch to parse them
+from ..options import add_quality_arguments
+from ._args import InputError, check_device, check_eval_grid, results_dir
 from .corpus import tokenize_corpus
 from .measure import Meter
 from .passkey import check_prompt_fits, evaluate_passkey_teacher_forced
@@ -81,14 +82,15 @@ _DENSITY: Dict[Tuple, float] = {}
 
 
 def pattern_density(pattern: Optional[DilatedPattern], length: int, num_heads: int,
-                    device=None) -> float:
+                    device=None, num_kv_heads: Optional[int] = None) -> float:
     """Allowed causal pairs / dense causal pairs at ``length``, over ``num_heads`` query heads
-    (1.0 for ``None``, i.e. sdpa); exact (:meth:`DilatedPattern.count_pairs_total`)."""
+    (1.0 for ``None``, i.e. sdpa); exact (:meth:`DilatedPattern.count_pairs_total`; a pattern
+    with dense heads needs ``num_kv_heads`` to map query heads to them)."""
     if pattern is None or pattern.is_dense_for(length):
         return 1.0
-    key = (pattern, int(length), int(num_heads))
+    key = (pattern, int(length), int(num_heads), num_kv_heads)
     if key not in _DENSITY:
-        pairs = pattern.count_pairs_total(length, num_heads)
+        pairs = pattern.count_pairs_total(length, num_heads, num_kv_heads=num_kv_heads)
         _DENSITY[key] = pairs / (num_heads * length * (length + 1) / 2)
     return _DENSITY[key]
 
@@ -305,7 +307,8 @@ def _evaluate(model_path, method: QualityMethod, stage: str, cells, tokens, toke
     try:
         for task, L in cells:
             bar.set_postfix_str(f"{method.label} {stage} {task} {L}")
-            density = pattern_density(method.pattern, L, heads, study.device)
+            density = pattern_density(method.pattern, L, heads, study.device,
+                                      getattr(model.config, "num_key_value_heads", None) or heads)
             if task == "perplexity":
                 with Meter(study.device) as m, study.amp():
                     res = perplexity_batched(model, tokens, L, max(1, L // 2),
@@ -440,9 +443,10 @@ def run_quality_study(cfg: QualityConfig) -> Dict:
         StudyError: a bad input (missing directory, methods file, pattern, setting), before any
             model is loaded.
     """
-    from tqdm.auto import tqdm
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from ..progress import progress_bar
 
     _validate(cfg)
     methods = filter_methods(load_methods(cfg.methods), cfg.methods_filter)
@@ -477,8 +481,9 @@ def run_quality_study(cfg: QualityConfig) -> Dict:
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one bar per model load would bury ours
     try:
-        with tqdm(total=total, desc="quality", unit="cell", disable=not show_progress(cfg.progress),
-                  dynamic_ncols=True, mininterval=2.0) as bar:
+        # a bar on a terminal, else a line per block and at most one every few seconds
+        with progress_bar(total=total, desc="quality", unit="cells", disable=not cfg.progress,
+                          dynamic_ncols=True, mininterval=2.0) as bar:
             for m, stage, cells, ft in plan:
                 _run_block(m, stage, cells, ft, tokens, tokenizer, study, bar)
                 if cells or ft:  # tables after every block; plots (a second or two) at the end
@@ -494,53 +499,6 @@ def run_quality_study(cfg: QualityConfig) -> Dict:
 
 
 # ----------------------------------------------------------------------------- command line
-def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    _len = length_type("context length")
-    p.add_argument("--model", help="local Hugging Face causal LM directory (with its tokenizer)")
-    p.add_argument("--corpus", help="directory with train/ and heldout/ of .txt files (each file "
-                                    "one document)")
-    p.add_argument("--methods", default=str(DEFAULT_METHODS),
-                   help="YAML list of methods: label, attn_implementation (sdpa | "
-                        "hilbert_dilated), pattern (configs/ name, YAML path or inline dict); "
-                        "default: the packaged quality_study.yaml")
-    p.add_argument("--methods-filter", nargs="+", default=[], metavar="LABEL",
-                   help="run only these labels (shell globs, e.g. 'seg*' sdpa)")
-    p.add_argument("--out", default=results_dir("quality"), help="output directory (default %(default)s)")
-    p.add_argument("--lengths", nargs="+", type=_len, default=[1024, 2048, 4096, 8192],
-                   help="perplexity context lengths (default 1k 2k 4k 8k; 16k 32k accepted)")
-    p.add_argument("--ppl-tokens", type=positive_int, default=65536,
-                   help="held-out tokens scored at every length (default 65536, or all there are)")
-    p.add_argument("--passkey-lengths", nargs="+", type=_len, default=[1024, 2048, 4096, 8192])
-    p.add_argument("--depths", nargs="+", type=depth, default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    p.add_argument("--trials", type=positive_int, default=6, help="passkey prompts per depth")
-    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
-    p.add_argument("--stages", nargs="+", choices=STAGES, default=None,
-                   help="default: base, plus finetuned when --finetune-steps > 0 "
-                        "(--stages finetuned skips the base eval)")
-    p.add_argument("--finetune-steps", type=nonneg_int, default=0,
-                   help="fine-tune steps per method (0: no fine-tune)")
-    p.add_argument("--finetune-lr", type=float, default=1e-4)
-    p.add_argument("--finetune-warmup", type=nonneg_int, default=10, help="linear warm-up steps")
-    p.add_argument("--finetune-seq-len", type=_len, default=8192)
-    p.add_argument("--finetune-args", default="",
-                   help="more arguments for hf_hilbert_attn.tools.finetune, one string "
-                        "(e.g. '--gradient-checkpointing --loss-chunk 4096')")
-    p.add_argument("--batch-tokens", type=positive_int, default=65536,
-                   help="tokens per eval forward (windows / passkey prompts batched up to it)")
-    p.add_argument("--dtype", default="auto",
-                   choices=("auto", "autocast-bf16", "float32", "bfloat16", "float16"),
-                   help="auto: fp32 weights + bf16 autocast on CUDA, float32 on CPU")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fresh", action="store_true",
-                   help="discard OUT/quality.csv instead of resuming from it")
-    p.add_argument("--report-only", metavar="OUT", default=None,
-                   help="only redraw quality.md and the PNGs from OUT/quality.csv")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    return p
-
-
 def config_from_args(args: argparse.Namespace) -> QualityConfig:
     return QualityConfig(
         model=args.model or "", corpus=args.corpus or "", methods=args.methods,

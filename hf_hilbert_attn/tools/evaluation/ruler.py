@@ -34,7 +34,7 @@ niah_multivalue 0.25-0.75 (it misses the first digit of a value: which value com
 variable_tracking 0.25-0.5 (the first name right, the hops back mostly wrong), common_words
 0.33 (a 135M model does not count). Read those three against dense, not against 1.
 
-Word lists come from ``wonderwords`` (``pip install hf_hilbert_attn[ruler]``; about 5,600 nouns)
+Word lists come from ``wonderwords`` (the ``ruler`` extra: ``pip install -e ".[ruler]"`` in a checkout; about 5,600 nouns)
 or, without it, a built-in list of about 300 (the tests use it); :func:`word_list` says which.
 Means, the per-prompt CSV and the heatmaps: :mod:`.ruler_report`.
 """
@@ -52,7 +52,7 @@ from . import passkey as _pk
 from .passkey import _pad_id, teacher_forced_predictions
 
 __all__ = ["TASKS", "ALL_TASKS", "DEPTH_FREE", "RulerSample", "RulerGenerator", "word_list",
-           "ruler_samples", "score_samples", "evaluate_ruler"]
+           "ruler_samples", "check_lengths", "score_samples", "evaluate_ruler"]
 
 TASKS = ("niah_single", "niah_single_text", "niah_multikey", "niah_multivalue",
          "niah_multiquery", "variable_tracking", "common_words")
@@ -133,7 +133,7 @@ def word_list(source: str = "auto") -> Tuple[List[str], str]:
         except ImportError:
             if source == "wonderwords":
                 raise ImportError("word source 'wonderwords' needs the package: "
-                                  "pip install 'hf_hilbert_attn[ruler]'") from None
+                                  "pip install wonderwords (the ruler extra)") from None
     if got is None:
         got = list(_FALLBACK_WORDS), "builtin"
     _WORDS_CACHE[source] = got
@@ -451,6 +451,52 @@ def ruler_samples(generator: RulerGenerator, tasks: Sequence[str], lengths: Sequ
                 out += [generator.sample(task, L, float(d), di, t)
                         for di, d in enumerate(depths) for t in range(trials)]
     return out
+
+
+CHECKED_UP_TO = 4096  # check_lengths builds every prompt up to this length (a few hundred
+# tokens of fixed parts fit in any longer one)
+
+
+def _builds(generator: RulerGenerator, tasks, length: int, depths, trials) -> List[str]:
+    """The tasks of ``tasks`` whose prompts cannot be built at ``length``."""
+    bad = []
+    for task in tasks:
+        try:
+            ruler_samples(generator, [task], [length], depths, trials)
+        except ValueError:
+            bad.append(task)
+    return bad
+
+
+def check_lengths(tokenizer, lengths: Sequence[int], *, tasks: Sequence[str] = TASKS,
+                  depths: Sequence[float] = (0.5,), trials: int = 1, seed: int = 0,
+                  documents: Optional[Sequence[str]] = None, error=ValueError,
+                  what: str = "length") -> None:
+    """Raise ``error`` (one line) when a prompt of ``tasks`` cannot be built at one of
+    ``lengths`` with ``tokenizer``, naming the tasks and the shortest length that builds them
+    all: checked before any model is built. Every prompt (depth, trial) of the lengths up to
+    :data:`CHECKED_UP_TO` is built, and those of the shortest length whatever it is."""
+    gen = RulerGenerator(tokenizer, documents=documents, seed=seed)
+    todo = sorted(set(int(L) for L in lengths))
+    for i, L in enumerate(todo):
+        if i and L > CHECKED_UP_TO:
+            break
+        bad = _builds(gen, tasks, L, depths, trials)
+        if not bad:
+            continue
+        lo, hi = L, 2 * L  # the shortest length that builds them: doubling, then bisection
+        while _builds(gen, bad, hi, depths, trials):
+            lo, hi = hi, 2 * hi
+            if hi > 1 << 24:
+                raise error(f"{what} {L}: no RULER prompt of {', '.join(bad)} can be built with "
+                            f"this tokenizer")
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _builds(gen, bad, mid, depths, trials) else (lo, mid)
+        which = "every RULER task" if set(bad) == set(tasks) else "the RULER task(s) " + \
+            ", ".join(bad)
+        raise error(f"{what} {L} is too short for {which} with this tokenizer: the prompts need "
+                    f"at least {hi} tokens (e.g. {1 << (hi - 1).bit_length()})")
 
 
 # ----------------------------------------------------------------------------- scoring

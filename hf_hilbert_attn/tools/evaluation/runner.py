@@ -18,10 +18,13 @@ import torch
 
 from hf_hilbert_attn.pattern import DilatedPattern
 
+# the options live with the console command, which must not import torch to parse them
+from ..options import EVAL_TASKS, add_eval_arguments
+from ..progress import progress_bar, stage
 from . import report
-from ._args import (InputError, InputNotFound, check_device, check_eval_grid, depth,
-                    length_type, positive_int, quiet_libraries_if_redirected,
-                    report_input_errors, resolve_pattern, results_dir, show_progress)
+from ._args import (InputError, InputNotFound, check_device, check_eval_grid,
+                    quiet_libraries_if_redirected, report_input_errors, resolve_pattern,
+                    results_dir)
 from .corpus import build_char_tokenizer, build_default_model, load_corpus, tokenize_corpus
 from .measure import Meter
 from .passkey import check_prompt_fits, evaluate_passkey, hf_generate_fn
@@ -43,6 +46,9 @@ class Method:
     @property
     def label(self) -> str:
         return self.attn_implementation + (f":{self.pattern_label}" if self.pattern_label else "")
+
+
+BUILTIN_RULER_LENGTHS = (512,)  # the built-in model's prompt lengths for --tasks ruler
 
 
 @dataclass
@@ -76,11 +82,15 @@ class EvalConfig:
         c = EvalConfig(**{k: getattr(self, k) for k in self.__dataclass_fields__})
         if not c.patterns:
             c.patterns = ("dense", "tiny") if builtin else ("default",)
+        given = bool(c.lengths)
         if not c.lengths:
             c.lengths = (128, 256, 512) if builtin else (2048, 4096, 8192, 16384)
         c.lengths = tuple(sorted(int(x) for x in c.lengths))
         if not c.passkey_lengths:
-            c.passkey_lengths = c.lengths
+            # the RULER tasks' fixed parts take up to 372 characters of the built-in tokenizer:
+            # its default prompts are 512 tokens long then (BUILTIN_RULER_LENGTHS)
+            c.passkey_lengths = (BUILTIN_RULER_LENGTHS if builtin and not given
+                                 and "ruler" in c.tasks else c.lengths)
         if c.ppl_tokens is None:
             c.ppl_tokens = 4 * max(c.lengths)
         return c
@@ -190,19 +200,37 @@ def run_eval(cfg: EvalConfig) -> Dict:
     """
     cfg = cfg.resolved()
     _validate(cfg)
+    tokenizer = load_tokenizer(cfg)
+    check_prompts(cfg, tokenizer)
+    return _run_eval(cfg, tokenizer)
+
+
+def check_prompts(cfg: EvalConfig, tokenizer) -> None:
+    """Every passkey / RULER prompt of ``cfg`` (resolved) can be built with ``tokenizer``:
+    checked before any model is built; :class:`InputError` naming the length needed."""
+    if "passkey" in cfg.tasks:  # the shortest prompt must fit
+        check_prompt_fits(tokenizer, min(cfg.passkey_lengths), InputError)
+    if "ruler" in cfg.tasks:
+        from .ruler import TASKS, check_lengths
+
+        option = "--passkey-lengths" if cfg.passkey_lengths != cfg.lengths else "--lengths"
+        check_lengths(tokenizer, cfg.passkey_lengths, tasks=TASKS, depths=cfg.depths,
+                      trials=cfg.trials, seed=cfg.seed, error=InputError,
+                      what=f"--tasks ruler: {option}")
+
+
+def _run_eval(cfg: EvalConfig, tokenizer) -> Dict:
+    """:func:`run_eval` once ``cfg`` (resolved) is checked and its tokenizer loaded."""
     device, dtype = _device_and_dtype(cfg)
     methods = build_methods(cfg)
     if not methods:
         raise InputError("nothing to evaluate: --no-sdpa and no --pattern")
     notes: List[str] = []
     topo, rank = _topology(cfg, device, notes)
-    tokenizer = load_tokenizer(cfg)
-    if "passkey" in cfg.tasks:  # fail before any model runs if the shortest prompt cannot fit
-        check_prompt_fits(tokenizer, min(cfg.passkey_lengths), InputError)
     tokens = _perplexity_tokens(cfg, tokenizer) if "perplexity" in cfg.tasks else None
     model_name = cfg.model or "builtin-tiny-llama"
     common = dict(model=model_name, device=str(device), dtype=str(dtype).replace("torch.", ""))
-    disable = not show_progress(cfg.progress) or rank != 0
+    disable = not cfg.progress or rank != 0  # bars on a terminal, else lines (..progress)
     results = _Results(Path(cfg.out_dir), _settings(cfg, methods, common), fresh=cfg.fresh,
                        writer=rank == 0)
     if topo is not None:  # every rank has read the old rows before rank 0 writes new ones
@@ -212,22 +240,30 @@ def run_eval(cfg: EvalConfig) -> Dict:
         logger.info("resuming in %s: %d finished cell(s) kept", cfg.out_dir, len(results.done))
 
     ruler_rows: List[Dict] = []
-    for method in methods:
-        todo = [(t, L) for t in ("perplexity", "passkey") if t in cfg.tasks
-                for L in (cfg.lengths if t == "perplexity" else cfg.passkey_lengths)
-                if (method.label, t, L) not in results.done]
-        if not todo and "ruler" not in cfg.tasks:
-            continue
+    plan = [(method, [(t, L) for t in ("perplexity", "passkey") if t in cfg.tasks
+                      for L in (cfg.lengths if t == "perplexity" else cfg.passkey_lengths)
+                      if (method.label, t, L) not in results.done]) for method in methods]
+    plan = [(m, todo) for m, todo in plan if todo or "ruler" in cfg.tasks]
+    n_cells = sum(len(todo) + ("ruler" in cfg.tasks) for _, todo in plan)
+    cell = 0
+    for i, (method, todo) in enumerate(plan):
+        stage(f"eval: method {i + 1}/{len(plan)} {method.label}: loading "
+              f"{cfg.model or 'the built-in model'}", enabled=not disable)
         model = load_model(cfg, method, tokenizer, device, dtype)
-        if "ruler" in cfg.tasks and rank == 0:
-            _ruler(model, tokenizer, cfg, method, Path(cfg.out_dir), ruler_rows, disable)
+        if "ruler" in cfg.tasks:
+            cell += 1
+            if rank == 0:
+                _ruler(model, tokenizer, cfg, method, Path(cfg.out_dir), ruler_rows, disable,
+                       f"[{cell}/{n_cells}]")
         for task, L in todo:
+            cell += 1
+            where = f"[{cell}/{n_cells}]"
             if task == "perplexity":
                 results.add(_perplexity_cell(model, method, L, tokens, cfg, topo, common, device,
-                                             disable))
+                                             disable, where))
             else:
                 results.add(_passkey_cell(model, tokenizer, method, L, cfg, common, device,
-                                          disable))
+                                          disable, where))
         del model
         _free(device)
 
@@ -283,13 +319,12 @@ def _perplexity_tokens(cfg: EvalConfig, tokenizer) -> torch.Tensor:
 
 
 def _perplexity_cell(model, method, L: int, tokens, cfg: EvalConfig, topo, common: Dict, device,
-                     disable: bool) -> List[Dict]:
-    from tqdm.auto import tqdm
-
+                     disable: bool, where: str = "") -> List[Dict]:
     stride = cfg.stride or max(1, L // 2)
     n_win = count_windows(int(tokens.numel()), L, stride)
-    with tqdm(total=n_win, desc=f"{method.label} ppl L={L}", disable=disable,
-              leave=False) as bar, Meter(device) as m:
+    with progress_bar(total=n_win, desc=f"eval {where} {method.label} perplexity L={L}",
+                      unit="windows", disable=disable,
+                      leave=False) as bar, Meter(device) as m:
         if topo is None or method.pattern is None:
             res = evaluate_perplexity(model, tokens, L, stride, progress=bar)
         else:
@@ -303,12 +338,11 @@ def _perplexity_cell(model, method, L: int, tokens, cfg: EvalConfig, topo, commo
 
 
 def _passkey_cell(model, tokenizer, method, L: int, cfg: EvalConfig, common: Dict, device,
-                  disable: bool) -> List[Dict]:
-    from tqdm.auto import tqdm
-
+                  disable: bool, where: str = "") -> List[Dict]:
     gen = hf_generate_fn(model, tokenizer, cfg.max_new_tokens)
-    with tqdm(total=len(cfg.depths) * cfg.trials, desc=f"{method.label} passkey L={L}",
-              disable=disable, leave=False) as bar, Meter(device) as m:
+    with progress_bar(total=len(cfg.depths) * cfg.trials,
+                      desc=f"eval {where} {method.label} passkey L={L}", unit="prompts",
+                      disable=disable, leave=False) as bar, Meter(device) as m:
         res = evaluate_passkey(gen, tokenizer, L, cfg.depths, cfg.trials,
                                seed=cfg.seed, progress=bar)
     total_tokens = sum(r["prompt_tokens"] for r in res)
@@ -423,19 +457,15 @@ def _sp_perplexity(model, tokens, L, stride, topo, pattern, bar):
     return PerplexityResult(L, stride, nll, scored_total, processed, windows)
 
 
-EVAL_TASKS = ("perplexity", "passkey", "ruler")
-
-
 def _ruler(model, tokenizer, cfg: EvalConfig, method, results_dir: Path, rows: List[Dict],
-           disable: bool) -> None:
+           disable: bool, where: str = "") -> None:
     """The RULER-style tasks of one method (``--tasks ruler``): one row per prompt into ``rows``
     (written with the heat maps once every method ran)."""
-    from tqdm.auto import tqdm
-
     from .ruler import TASKS, evaluate_ruler
 
     n = len(TASKS) * len(cfg.passkey_lengths) * len(cfg.depths) * cfg.trials
-    with tqdm(total=n, desc=f"{method.label} ruler", disable=disable, leave=False) as bar:
+    with progress_bar(total=n, desc=f"eval {where} {method.label} ruler", unit="prompts",
+                      disable=disable, leave=False) as bar:
         res = evaluate_ruler(model, tokenizer, lengths=cfg.passkey_lengths, depths=cfg.depths,
                              trials=cfg.trials, seed=cfg.seed, progress=bar)
     rows += [dict(r, method=method.label) for r in res]
@@ -467,58 +497,6 @@ def _validate(cfg: EvalConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- command line
-_length_arg = length_type("context length")
-
-
-def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("model", nargs="?", default=None,
-                   help="local model directory (save_pretrained); omit for the built-in tiny "
-                        "random-initialised Llama with a character tokenizer (a CPU smoke run)")
-    from hf_hilbert_attn import patterns
-
-    p.add_argument("--pattern", action="append", dest="patterns", default=None,
-                   help=f"pattern for hilbert_dilated, repeatable: a shipped name "
-                        f"({', '.join(patterns.names())}), a built-in name (tiny), a YAML file or "
-                        f"inline {patterns.INLINE_FORM}. Default: dense and tiny for the built-in "
-                        f"model, default for a model path")
-    p.add_argument("--no-sdpa", action="store_true", help="do not evaluate the sdpa baseline")
-    p.add_argument("--tasks", nargs="+", choices=EVAL_TASKS, default=["perplexity", "passkey"],
-                   help="ruler: the RULER-style retrieval tasks (evaluation.ruler) at the passkey "
-                        "lengths and depths, teacher-forced; ruler.csv and heat maps")
-    p.add_argument("--lengths", nargs="+", type=_length_arg, default=None,
-                   help="context lengths for perplexity (and passkey unless --passkey-lengths); "
-                        "default 128 256 512 (built-in) or 2k 4k 8k 16k")
-    p.add_argument("--stride", type=positive_int, default=None,
-                   help="window stride in tokens (default: half of each length)")
-    p.add_argument("--ppl-tokens", type=positive_int, default=None,
-                   help="tokens of the corpus to score (default 4 × the longest length)")
-    p.add_argument("--corpus", nargs="+", default=[],
-                   help="local .txt/.jsonl/.parquet files, or directories of them (each "
-                        "file inside, not recursive), e.g. the heldout/ of fetch-corpus (default: "
-                        "a built-in generated corpus)")
-    p.add_argument("--text-field", default="text", help="text column of jsonl/parquet files")
-    p.add_argument("--passkey-lengths", nargs="+", type=_length_arg, default=None)
-    p.add_argument("--depths", nargs="+", type=depth, default=[0.0, 0.5, 1.0],
-                   help="needle depths in [0, 1]")
-    p.add_argument("--trials", type=positive_int, default=2, help="passkey prompts per cell")
-    p.add_argument("--max-new-tokens", type=positive_int, default=8)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, …")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    p.add_argument("--out-dir", default=results_dir("eval"),
-                   help="where results.md/.csv and PNGs go (default %(default)s); results.csv "
-                        "is written after every cell, and a rerun with the same settings "
-                        "resumes from it")
-    p.add_argument("--fresh", action="store_true",
-                   help="discard OUT_DIR/results.csv instead of resuming from it")
-    p.add_argument("--sp-size", type=positive_int, default=1,
-                   help="sequence-parallel group size for the perplexity windows (needs "
-                        "`accelerate launch`/`torchrun` and hf_hilbert_attn.sharding)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    return p
-
-
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(
         model=args.model, patterns=tuple(args.patterns or ()), include_sdpa=not args.no_sdpa,
@@ -539,10 +517,16 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         # Resolve patterns and validate before any model is built, so mistakes fail fast.
         for p in cfg.patterns:
             resolve_pattern(p)
-        _validate(cfg.resolved())
+        cfg = cfg.resolved()
+        _validate(cfg)
     except InputError as e:
         parser.error(str(e))
-    out = run_eval(cfg)
+    tokenizer = load_tokenizer(cfg)  # a model without a usable one: exit 1, as documented
+    try:
+        check_prompts(cfg, tokenizer)  # lengths too short for a prompt: before any model
+    except InputError as e:
+        parser.error(str(e))
+    out = _run_eval(cfg, tokenizer)
     if not out["files"]:  # a non-zero rank of a sequence-parallel run
         return 0
     print(out["markdown"])

@@ -1,0 +1,144 @@
+"""Decode speed side by side: milliseconds per new token after a long context, for ``sdpa`` and
+``hilbert_dilated`` (a pattern, optionally with dense key/value heads), with a DynamicCache and
+a PatternCache, on random-initialised Llama shapes (``tools.models.MODEL_SHAPES``).
+
+Per (shape, context, method, cache): the context is prefilled in chunks (``prefill``), then
+``--steps`` greedy steps of one token are timed (after ``--warmup`` unmeasured ones), each a
+model forward with the cache, synchronised at the end. ``--before`` adds, in the same process,
+the ``hilbert_dilated`` rows with the decode plan turned off (every layer through the op, as
+before the plan/run split), for a before/after in one run. Writes a CSV (``--csv``).
+
+    python examples/benchmarks/decode_speed.py --shapes 1b 135m --contexts 4k 32k \
+        --methods sdpa sdpa-flash default default+kv0 --caches dynamic pattern --before \
+        --csv OUT.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+
+import torch
+
+
+def _tokens(text: str) -> int:
+    t = text.lower()
+    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:], 1)
+    return int(t.rstrip("km")) * mult
+
+
+def build(shape: str, method: str, dtype, device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import hf_hilbert_attn
+    from hf_hilbert_attn.tools.models import MODEL_SHAPES
+
+    cfg = LlamaConfig(max_position_embeddings=1 << 22, **MODEL_SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    model.to(dtype).eval()
+    if method.startswith("sdpa"):
+        model.set_attn_implementation("sdpa")
+        return model
+    name, _, dense = method.partition("+kv")
+    pattern = hf_hilbert_attn.patterns.as_pattern(name)
+    if dense:
+        pattern = pattern.replace(dense_kv_heads=tuple(int(j) for j in dense.split(",")))
+    return hf_hilbert_attn.configure(model, pattern)
+
+
+@torch.inference_mode()
+def measure(model, cache_kind: str, context: int, steps: int, warmup: int, chunk: int, device):
+    from transformers import DynamicCache
+
+    from hf_hilbert_attn import PatternCache, prefill
+
+    ids = torch.randint(3, model.config.vocab_size, (1, context), device=device)
+    cache = PatternCache(model) if cache_kind == "pattern" else DynamicCache(config=model.config)
+    cache = prefill(model, ids, chunk_tokens=chunk, cache=cache)
+    tok = ids[:, -1:]
+    times = []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = model(input_ids=tok, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    del cache
+    torch.cuda.empty_cache()
+    return 1000 * times[len(times) // 2]  # median ms per token
+
+
+def _backends(method: str):
+    """``sdpa-flash``: SDPA without its cuDNN backend (torch 2.11 picks cuDNN for decoding on
+    Hopper, which plans anew for every key count: ~1.3 ms of host time per call)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if method != "sdpa-flash":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", nargs="+", default=["1b", "135m"])
+    p.add_argument("--contexts", nargs="+", type=_tokens, default=[4096, 32768])
+    p.add_argument("--methods", nargs="+",
+                   default=["sdpa", "sdpa-flash", "default", "default+kv0"])
+    p.add_argument("--caches", nargs="+", default=["dynamic", "pattern"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--chunk", type=_tokens, default=16384)
+    p.add_argument("--before", action="store_true",
+                   help="also the hilbert_dilated rows without the decode plan (same process)")
+    p.add_argument("--csv", default=None)
+    args = p.parse_args(argv)
+    import hf_hilbert_attn.integrations.transformers as tf
+
+    device = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(device)
+    rows = []
+    planned = tf.decodes
+    for shape in args.shapes:
+        for method in args.methods:
+            model = build(shape, method, torch.bfloat16, device)
+            variants = ["plan"] + (["before"] if args.before and not method.startswith("sdpa") else [])
+            for variant in variants:
+                tf.decodes = planned if variant == "plan" else (lambda *a: False)
+                for cache in args.caches:
+                    if cache == "pattern" and method.startswith("sdpa"):
+                        continue
+                    for context in args.contexts:
+                        try:
+                            with _backends(method):
+                                ms = measure(model, cache, context, args.steps, args.warmup,
+                                             args.chunk, device)
+                        except torch.OutOfMemoryError:
+                            ms = float("nan")
+                            torch.cuda.empty_cache()
+                        row = dict(gpu=gpu, shape=shape, method=method, variant=variant,
+                                   cache=cache, context=context, ms_per_token=round(ms, 3))
+                        rows.append(row)
+                        print(",".join(str(v) for v in row.values()), flush=True)
+            tf.decodes = planned
+            del model
+            torch.cuda.empty_cache()
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Decoding as one plan per forward and one run per layer (``hf_hilbert_attn.decode``): the
+decode kernel (on a CPU through Triton's interpreter) against ``reference_attention`` in float64
+on fresh random patterns, positions and layouts, and a model's cached decode against its own
+forward without a cache (which runs the op, not the decode path).
+"""
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+
+import hf_hilbert_attn.decode as decode
+from conftest import attention_tol, eps, model_tol
+from helpers import assert_close, random_pattern
+from hf_hilbert_attn import PatternCache, configure, reference_attention, set_dense_kv_heads
+from hf_hilbert_attn.decode import plan_decode, run_decode
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _kernel(monkeypatch):
+    # on a CPU, the kernel through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET)
+    monkeypatch.setenv("HF_HILBERT_DECODE_KERNEL", "1")
+
+
+def _layout(rng, b, sq, sk, sinks):
+    """(q_positions, k_positions, q_doc_ids, k_doc_ids) of a decode step, one of: the default
+    (queries the last slots), left padding (rows with pads first), a PatternCache's slots
+    (positions jump after the sinks)."""
+    kind = rng.choice(["default", "padded", "dropped"])
+    if kind == "default":
+        return torch.arange(sk - sq, sk), torch.arange(sk), None, None
+    if kind == "dropped":
+        gap = rng.randint(1, 40)
+        slots = torch.arange(sk)
+        kp = torch.where(slots < sinks, slots, slots + gap)
+        return kp[-sq:], kp, None, None
+    pads = torch.tensor([rng.randint(0, sk - sq) for _ in range(b)])
+    real = torch.arange(sk)[None] >= pads[:, None]  # [B, Sk]
+    kp = (real.long().cumsum(-1) - 1).clamp_min(0)
+    return kp[:, -sq:], kp, torch.zeros(b, sq, dtype=torch.long), torch.where(real, 0, -1)
+
+
+# bfloat16: on a GPU only (the interpreter's bfloat16 tl.dot is wrong)
+DTYPES = [torch.float32, torch.float16] + [torch.bfloat16] * torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_run_matches_reference(dtype):
+    rng = random.Random(torch.randint(2**31, ()).item())
+    for _ in range(3):
+        b, (hq, hkv) = rng.randint(1, 2), rng.choice([(6, 2), (4, 4), (3, 1), (8, 2)])
+        sq, sk, d = rng.randint(1, 5), rng.randint(20, 97), rng.choice([16, 32])
+        p = random_pattern(rng, sk, window=None, sinks=None)
+        if rng.random() < 0.5:
+            p = p.replace(dense_kv_heads=tuple(sorted(rng.sample(range(hkv), 1))))
+        qp, kp, qd, kd = _layout(rng, b, sq, sk, p.sink_tokens)
+        q = torch.randn(b, hq, sq, d, dtype=dtype, device=DEV)
+        k, v = (torch.randn(b, hkv, sk, d, dtype=dtype, device=DEV) for _ in range(2))
+        qp, kp, qd, kd = (None if t is None else t.to(DEV) for t in (qp, kp, qd, kd))
+        plan = plan_decode(p, hq, hkv, sk, qp, kp, q_doc_ids=qd, k_doc_ids=kd)
+        out, lse = run_decode(q, k, v, plan, d ** -0.5, return_lse=True)
+        ref, ref_lse = reference_attention(
+            *(t.double() for t in (q, k, v)), p, q_positions=qp, k_positions=kp, q_doc_ids=qd,
+            k_doc_ids=kd, return_lse=True, dtype=torch.float64)
+        # float32: the sums' bound; half: float32 sums, the result and the probabilities fed
+        # to P·V rounded to the input dtype (as tests/test_kernels.py: 20 of its eps)
+        tol = attention_tol(sk, d) if dtype == torch.float32 else 20 * eps(dtype)
+        what = f"{p} b={b} heads={hq}/{hkv} sq={sq} sk={sk} d={d}"
+        assert_close("out", out, ref, tol, what, elementwise=True)
+        assert out.dtype == dtype and lse.dtype == torch.float32
+        assert_close("lse", lse, ref_lse.float(), tol, what, elementwise=True)
+        assert torch.all(out[~torch.isfinite(ref_lse)] == 0)
+
+
+VOCAB = 96
+
+
+def _tiny(pattern, layers=2):
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(DEV).eval()
+    return configure(model, pattern)
+
+
+def test_cached_decode_equals_the_forward_without_cache():
+    """Prefill, then teacher-forced decode steps of one and of three tokens, with a left-padded
+    row and per-layer dense heads: every position's logits equal the model's forward over the
+    whole sequence (which runs the op, not the decode path), DynamicCache and PatternCache."""
+    rng = random.Random(torch.randint(2**31, ()).item())
+    pattern = random_pattern(rng, max_w=24, min_w=4, window=None, sinks=rng.choice([0, 1, 3]))
+    model = set_dense_kv_heads(_tiny(pattern), [[1], []])
+    n, pre = 34, 23
+    ids = torch.randint(3, VOCAB, (2, n), device=DEV)
+    mask = torch.ones(2, n, dtype=torch.long, device=DEV)
+    mask[1, :3] = 0  # left padding
+    with torch.inference_mode():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        for cache in (DynamicCache(config=model.config), PatternCache(model)):
+            if isinstance(cache, PatternCache):
+                ids, mask, want = ids[:1], mask[:1], want[:1]  # PatternCache: unpadded rows
+            got = [model(input_ids=ids[:, :pre], attention_mask=mask[:, :pre],
+                         past_key_values=cache, use_cache=True).logits]
+            t = pre
+            while t < n:
+                step = 1 if t < pre + 5 else 3
+                got.append(model(input_ids=ids[:, t:t + step], attention_mask=mask[:, :t + step],
+                                 past_key_values=cache, use_cache=True).logits)
+                t += step
+            got = torch.cat(got, 1)
+            real = mask.bool()
+            tol = model_tol(n, 64)
+            scale = want[real].abs().max()
+            err = (got - want)[real].abs().max()
+            assert err <= tol * scale, f"{type(cache).__name__} {pattern}: {err:.3g}"
+
+
+def test_one_plan_per_forward(monkeypatch):
+    """Every layer of a step shares the step's plan: one per distinct layer pattern and key
+    count (here: a layer with a dense head and one without)."""
+    made = []
+    real = decode.plan_decode
+
+    def counting(*args, **kwargs):
+        made.append(args[0])
+        return real(*args, **kwargs)
+
+    import hf_hilbert_attn.integrations.transformers as tf
+
+    monkeypatch.setattr(tf, "plan_decode", counting)
+    model = _tiny(random_pattern(random.Random(3), max_w=16, min_w=4), layers=4)
+    ids = torch.randint(3, VOCAB, (1, 20), device=DEV)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :19], past_key_values=cache, use_cache=True)
+        made.clear()
+        model(input_ids=ids[:, 19:], past_key_values=cache, use_cache=True)
+        assert len(made) == 1, made
+        set_dense_kv_heads(model, [[0], [], [0], []])
+        model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True)
+        assert len(made) == 3 and len(set(made[1:])) == 2, made

@@ -283,7 +283,7 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
     memo = step._memo if isinstance(step, DilatedMaskInfo) else {}
     position_ids, doc_ids = kwargs.get("position_ids"), kwargs.get("hilbert_doc_ids")
     dropped = getattr(info, "kv_offset", 0)
-    key_ = ("decode", pattern, hq, hkv, sk, dropped, id(position_ids), id(doc_ids))
+    key_ = ("decode", pattern, hq, hkv, sk, dropped)  # one entry each, checked by identity
     hit = memo.get(key_)
     if hit is None or hit[0] is not position_ids or hit[1] is not doc_ids:
         dev = query.device

@@ -22,11 +22,8 @@ import time
 
 import torch
 
-
-def _tokens(text: str) -> int:
-    t = text.lower()
-    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:], 1)
-    return int(t.rstrip("km")) * mult
+from hf_hilbert_attn.tools.evaluation.bench_generate import _sdpa_backends as _backends
+from hf_hilbert_attn.tools.evaluation.bench_generate import parse_tokens as _tokens
 
 
 def build(shape: str, method: str, dtype, device):
@@ -73,19 +70,6 @@ def measure(model, cache_kind: str, context: int, steps: int, warmup: int, chunk
     del cache
     torch.cuda.empty_cache()
     return 1000 * times[len(times) // 2]  # median ms per token
-
-
-def _backends(method: str):
-    """``sdpa-flash``: SDPA without its cuDNN backend (torch 2.11 picks cuDNN for decoding on
-    Hopper, which plans anew for every key count: ~1.3 ms of host time per call)."""
-    import contextlib
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if method != "sdpa-flash":
-        return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                        SDPBackend.MATH])
 
 
 def main(argv=None) -> int:

@@ -21,6 +21,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import ring as _ring
+from ..compiler import disable_lazily
 from ..decode import decodes, plan_decode, run_decode
 from ..inputs import ModelPositions, model_positions
 from ..numerics import call_under_autocast
@@ -305,7 +306,7 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
 
 
 # under torch.compile the step runs eagerly (its plan is host work kept in the forward's mask)
-_compiled_decode_step = torch.compiler.disable(_decode_step)
+_compiled_decode_step = disable_lazily(_decode_step)
 
 
 def _layer_sizes(info, config, sq: int, sk: int):

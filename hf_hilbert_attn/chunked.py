@@ -7,7 +7,7 @@ computes; :data:`ENGINES` lists them in the order a call tries them.
 
 from __future__ import annotations
 
-from .engines import blockwise, masked, tiles
+from .engines import blockwise, tiles
 from .engines.passes import CHUNK_K, CHUNK_Q
 from .numerics import accum_dtype
 from .planning import for_ranges
@@ -19,7 +19,6 @@ __all__ = ["chunked_attention", "CHUNK_Q", "CHUNK_K", "ENGINES"]
 # computes it (differentiable). The blockwise engine takes every call.
 ENGINES = (
     (tiles.plan_whole, tiles.attend_whole),  # causal self-attention at 0..S-1 on CPU
-    (masked.plan, masked.attend),  # a few queries (decoding) on CPU
     (tiles.plan_documents, tiles.attend_documents),  # whole packed documents on CPU
     (blockwise.plan, blockwise.attend),
 )

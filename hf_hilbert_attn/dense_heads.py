@@ -1,7 +1,9 @@
-"""Dense key/value heads (``DilatedPattern.dense_kv_heads``): the one place that splits them off.
+"""Dense key/value heads (``DilatedPattern.dense_kv_heads``) where a call splits them off.
 
 The query heads ``h`` (reading key/value head ``h // (Hq // Hkv)``) of a dense key/value head
-attend every key. A call with dense heads is two calls of a function that knows nothing of them:
+attend every key. The kernels run them as launches of the same call (``kernels.dilated_fwd``);
+elsewhere (the PyTorch path, packed documents, the ring across ranks) a call with dense heads
+is two calls of a function that knows nothing of them:
 
 * the sparse pattern (``pattern.sparse_part``) over **all** heads (per_head classes are ``h % r``
   of the absolute head index); the dense heads' share is discarded and the call told so
@@ -49,10 +51,6 @@ def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torc
     """
     hq, hkv = q.shape[1], k.shape[1]
     pattern.check_kv_heads(hkv)
-    if (kwargs.get("q_positions") is None and kwargs.get("k_positions") is None
-            and pattern.sparse_part.is_dense_for(k.shape[2])):
-        # keys at 0..Sk-1, where the sparse rule allows every pair too: one call for all heads
-        return attend(q, k, v, pattern.sparse_part, return_lse=return_lse, **kwargs)
     # inference tensors cannot be saved for autograd: one cache entry per mode
     qh, qi, kvi = _head_index(pattern.dense_kv_heads, hq // hkv, q.device,
                               torch.is_inference_mode_enabled())

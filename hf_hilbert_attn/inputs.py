@@ -288,5 +288,5 @@ def padded_positions(pos: Optional[torch.Tensor], padding_mask: torch.Tensor) ->
 
 def _same_batch(*ts):
     # Every [B', S] tensor with the same leading size (expanded views, no copies).
-    batch = max((t.shape[0] for t in ts if t is not None), default=1)
+    batch = max([t.shape[0] for t in ts if t is not None] or [1])  # (traceable: no default=)
     return [None if t is None else t.expand(batch, -1) for t in ts]

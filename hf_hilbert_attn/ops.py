@@ -67,17 +67,18 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
         return cast
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
-    if pattern.dense_kv_heads:  # two calls without dense heads (dense_heads.py)
-        return with_dense_heads(dilated_attention, q, k, v, pattern, return_lse=return_lse,
-                                causal=causal, scale=a.scale, q_positions=q_positions,
-                                k_positions=k_positions, q_doc_ids=q_doc_ids,
-                                k_doc_ids=k_doc_ids, backend=backend, ordering=ordering)
+    triton = use_triton(q, a, backend)
     if _dense_call(pattern, a, causal, return_lse, backend):
         # The pattern allows every pair here: the fastest dense path is the op (SDPA picks
         # FlashAttention / cuDNN on CUDA, its fused CPU kernel elsewhere).
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal and a.sq > 1,
                                               scale=a.scale, enable_gqa=a.hq != a.hkv)
-    triton = use_triton(q, a, backend)
+    if pattern.dense_kv_heads and not _dense_heads_in_kernels(triton, a, pattern):
+        # elsewhere than in the kernels: two calls without dense heads (dense_heads.py)
+        return with_dense_heads(dilated_attention, q, k, v, pattern, return_lse=return_lse,
+                                causal=causal, scale=a.scale, q_positions=q_positions,
+                                k_positions=k_positions, q_doc_ids=q_doc_ids,
+                                k_doc_ids=k_doc_ids, backend=backend, ordering=ordering)
     if a.natural_positions and a.sq == a.sk > 1 and \
             storage_ordering(pattern, a.sq, a.head_dim, q.device, ordering) == "hilbert":
         return in_storage_order(dilated_attention, q, k, v, pattern, causal=causal, scale=a.scale,
@@ -108,6 +109,21 @@ def _kernel_attention(q, k, v, pattern, a, causal):
         float(a.scale))
 
 
+# Query rows (B * Sq) up to which the kernels run dense heads at positions 0..S-1 themselves;
+# longer, SDPA's dense kernels are faster on them than ours (docs/decisions.md D50).
+DENSE_HEADS_IN_KERNELS_ROWS = 8192
+
+
+def _dense_heads_in_kernels(triton: bool, a, pattern: DilatedPattern) -> bool:
+    """Whether the kernels run this call's dense key/value heads themselves (one more launch
+    per kernel, ``kernels.dilated_fwd``): on the kernels' path where they plan the positions
+    (eager; compiled: positions ``0..S-1``), no documents; at positions ``0..S-1`` for up to
+    ``DENSE_HEADS_IN_KERNELS_ROWS`` query rows (else SDPA takes them, with_dense_heads)."""
+    return triton and a.q_doc_ids is None and (
+        a.batch * a.sq <= DENSE_HEADS_IN_KERNELS_ROWS if a.natural_positions
+        else _eager() and TRITON.position_plan(a, pattern) is not False)
+
+
 def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, backend: str) -> bool:
     """Whether SDPA computes this call exactly: positions ``0..Sk-1`` (queries the last ``Sq``,
     causal only as a square or a single query, SDPA's causal mask being top-left aligned), no
@@ -126,21 +142,21 @@ def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, back
 def _op_pattern_args(pattern: DilatedPattern) -> tuple:
     """The pattern as the custom ops' schema carries it (plain ints, lists and strings)."""
     return (list(pattern.segment_lengths), list(pattern.dilation_rates), pattern.query_dilation,
-            int(pattern.sink_tokens), pattern.window)
+            int(pattern.sink_tokens), pattern.window, list(pattern.dense_kv_heads))
 
 
 @functools.lru_cache(maxsize=64)
 def _op_pattern(segment_lengths: tuple, dilation_rates: tuple, query_dilation: str,
-                sink_tokens: int, window: str) -> DilatedPattern:
+                sink_tokens: int, window: str, dense_kv_heads: tuple) -> DilatedPattern:
     """The pattern of a custom-op call, validated once per argument tuple."""
     return DilatedPattern(segment_lengths, dilation_rates, query_dilation=query_dilation,
-                          sink_tokens=sink_tokens, window=window)
+                          sink_tokens=sink_tokens, window=window, dense_kv_heads=dense_kv_heads)
 
 
 def _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths,
-               dilation_rates, query_dilation, sink_tokens, window, scale):
+               dilation_rates, query_dilation, sink_tokens, window, dense_kv_heads, scale):
     pattern = _op_pattern(tuple(segment_lengths), tuple(dilation_rates), query_dilation,
-                          int(sink_tokens), window)
+                          int(sink_tokens), window, tuple(dense_kv_heads))
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     return pattern, a
@@ -152,17 +168,17 @@ def _fwd_op(
     q_positions: Optional[torch.Tensor], k_positions: Optional[torch.Tensor],
     q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
-    sink_tokens: int, window: str, causal: bool, scale: float,
+    sink_tokens: int, window: str, dense_kv_heads: List[int], causal: bool, scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
-                            window, scale)
+                            window, dense_kv_heads, scale)
     return TRITON.forward(q, k, v, pattern, a, causal)
 
 
 @_fwd_op.register_fake
 def _(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths, dilation_rates,
-      query_dilation, sink_tokens, window, causal, scale):
+      query_dilation, sink_tokens, window, dense_kv_heads, causal, scale):
     b, h, s, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
 
@@ -174,11 +190,11 @@ def _bwd_op(
     q_positions: Optional[torch.Tensor], k_positions: Optional[torch.Tensor],
     q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
-    sink_tokens: int, window: str, causal: bool, scale: float,
+    sink_tokens: int, window: str, dense_kv_heads: List[int], causal: bool, scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
-                            window, scale)
+                            window, dense_kv_heads, scale)
     return _kernel_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
 
 
@@ -215,7 +231,7 @@ def _backward(ctx, dout, dlse):
         dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
             torch.zeros_like(out) if dout is None else dout, dlse, q, k, v, out, lse, qp, kp,
             qd, kd, *ctx.static)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 12
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)

@@ -497,7 +497,10 @@ def _without_dense(pattern: "DilatedPattern", ordering: str) -> "DilatedPattern"
 def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:
     """Warn about a config that allows no pair another config does not (e.g. windows given in
     decreasing order, ``[32, 16]`` with rates ``[1, 2]``; the rule: ``planning.covers``):
-    accepted, but it only costs time."""
+    accepted, but it only costs time. Not while ``torch.compile`` traces a layer that rebuilds
+    its pattern (the eager build has said it; a warning there would break the graph)."""
+    if torch.compiler.is_compiling():
+        return
     for i, j in itertools.permutations(range(len(w)), 2):
         same = (w[i], r[i]) == (w[j], r[j])
         if (same and i > j) or (not same and covers((w[j], r[j]), (w[i], r[i]), sliding)):

@@ -1,5 +1,5 @@
 """Decoding as one plan per forward and one run per layer (``hf_hilbert_attn.decode``): the
-decode kernel (on a CPU through Triton's interpreter) against ``reference_attention`` in float64
+decode kernel (on a CPU through Triton's interpreter) and the CPU's PyTorch run against ``reference_attention`` in float64
 on fresh random patterns, positions and layouts, and a model's cached decode against its own
 forward without a cache (which runs the op, not the decode path).
 """
@@ -19,10 +19,27 @@ from hf_hilbert_attn.decode import plan_decode, run_decode
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _kernel(monkeypatch):
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def _kernel(monkeypatch, request):
     # on a CPU, the kernel through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET)
-    monkeypatch.setenv("HF_HILBERT_DECODE_KERNEL", "1")
+    # and the PyTorch run (one fused SDPA call), which CPU decoding takes; on a GPU the kernel
+    if request.param == "torch" and torch.cuda.is_available():
+        pytest.skip("on a GPU, decoding runs the kernel")
+    monkeypatch.setenv("HF_HILBERT_DECODE_KERNEL", "1" if request.param == "kernel" else "0")
+    # the tiny patterns here read few of the keys: on a CPU the op would decode them (below)
+    monkeypatch.setattr(decode, "CPU_KEY_RATIO", float("inf"))
+
+
+def test_cpu_decodes_while_the_pattern_reads_half_the_keys(monkeypatch):
+    # the default pattern (windows 2K..64K, rates 1..32) reads nearly all of 8K keys: the plan
+    # and one fused call; of 32K keys it reads a fraction: the op's blockwise path
+    from hf_hilbert_attn.patterns import default
+
+    monkeypatch.undo()
+    q = torch.randn(1, 4, 1, 16)
+    for sk, takes in ((8192, True), (32768, False)):
+        k = torch.randn(1, 2, sk, 16)
+        assert decode.decodes(q, k, k, default()) == takes, sk
 
 
 def _layout(rng, b, sq, sk, sinks):
@@ -75,6 +92,19 @@ def test_run_matches_reference(dtype):
         assert torch.all(out[~torch.isfinite(ref_lse)] == 0)
 
 
+def test_a_query_with_no_allowed_key_outputs_zero():
+    # its document has no key: out 0 and lse -inf (SDPA's own answer there would be lse 0)
+    p = random_pattern(random.Random(0), 40, window=None, sinks=None)
+    q = torch.randn(1, 4, 2, 16, device=DEV)
+    k, v = (torch.randn(1, 2, 40, 16, device=DEV) for _ in range(2))
+    qd, kd = torch.tensor([[0, 2]], device=DEV), torch.tensor([[0] * 20 + [1] * 20], device=DEV)
+    plan = plan_decode(p, 4, 2, 40, torch.tensor([[19, 39]], device=DEV),
+                       torch.arange(40, device=DEV), q_doc_ids=qd, k_doc_ids=kd)
+    out, lse = run_decode(q, k, v, plan, 0.25, return_lse=True)
+    assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
+    assert torch.isneginf(lse[:, :, 1]).all() and torch.isfinite(lse[:, :, 0]).all()
+
+
 VOCAB = 96
 
 
@@ -119,6 +149,28 @@ def test_cached_decode_equals_the_forward_without_cache():
             assert err <= tol * scale, f"{type(cache).__name__} {pattern}: {err:.3g}"
 
 
+def test_a_decode_step_skips_the_position_hook(monkeypatch):
+    # the model's pre-hook decides positions for a call without a cache (a host sync for
+    # restarting positions); a decode step passes its cache, under either of the names
+    # Transformers has used ("cache", "past_key_values"), and the hook leaves it alone
+    import hf_hilbert_attn.integrations.transformers as tf
+    from hf_hilbert_attn.integrations.cache import cache_kwarg
+
+    calls, real = [], tf.model_positions
+    monkeypatch.setattr(tf, "model_positions",
+                        lambda *a, **k: calls.append(a[3:7]) or real(*a, **k))
+    model = _tiny(random_pattern(random.Random(5), max_w=16, min_w=4))
+    ids = torch.randint(3, VOCAB, (1, 20), device=DEV)
+    with torch.inference_mode():
+        for name in {cache_kwarg(model), "past_key_values"}:
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, :19], use_cache=True, **{name: cache})
+            calls.clear()
+            model(input_ids=ids[:, 19:], use_cache=True, **{name: cache})
+            # (offset, batch, Sq, Sk) of each call: none is the hook's (offset 0, Sq == Sk == 1)
+            assert all(c[0] != 0 or c[2] != c[3] for c in calls), (name, calls)
+
+
 def test_one_plan_per_forward(monkeypatch):
     """Every layer of a step shares the step's plan: one per distinct layer pattern and key
     count (here: a layer with a dense head and one without)."""
@@ -143,3 +195,32 @@ def test_one_plan_per_forward(monkeypatch):
         set_dense_kv_heads(model, [[0], [], [0], []])
         model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True)
         assert len(made) == 3 and len(set(made[1:])) == 2, made
+
+
+def test_static_cache_generate_compiles_to_one_graph():
+    """generate() with a static cache compiles its decode steps (on a GPU with CUDA graphs,
+    "reduce-overhead"): traced with fullgraph=True, the step has no graph break (positions, plan
+    and run inside the graph, the run one custom op) and its tokens and logits equal the eager
+    generate's, with a left-padded row and a dense head."""
+    from transformers import CompileConfig
+
+    rng = random.Random(torch.randint(2**31, ()).item())
+    pattern = random_pattern(rng, max_w=24, min_w=4, window=None, sinks=rng.choice([0, 1]))
+    model = set_dense_kv_heads(_tiny(pattern), [[1], []])
+    ids = torch.randint(3, VOCAB, (2, 30), device=DEV)
+    mask = torch.ones(2, 30, dtype=torch.long, device=DEV)
+    mask[1, :4] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+              pad_token_id=0, cache_implementation="static", output_logits=True,
+              return_dict_in_generate=True)
+    eager = model.generate(ids, disable_compile=True, **kw)
+    config = CompileConfig(fullgraph=True, backend="eager")  # no inductor: seconds, not minutes
+    config._compile_all_devices = True  # (Transformers compiles on a GPU only, by default)
+    torch._dynamo.reset()
+    try:
+        compiled = model.generate(ids, compile_config=config, **kw)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(compiled.sequences, eager.sequences)
+    for step, (a, b) in enumerate(zip(compiled.logits, eager.logits)):
+        assert torch.equal(a, b), step

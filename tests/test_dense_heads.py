@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import hf_hilbert_attn
+from hf_hilbert_attn import dense_heads
 from hf_hilbert_attn import (DilatedPattern, PatternCache, configure, dilated_attention,
                              reference_attention, set_dense_kv_heads)
 from hf_hilbert_attn.integrations.transformers import get_pattern
@@ -195,6 +196,57 @@ def test_triton_interpreter_skips_dense_heads_exactly(dense, skip_rows):
     q, k, v = _inputs(1, 6, 3, 29, 16, dtype=torch.float32)
     with kernels.configured(acc_bytes=29 * 16 * 4, skip_rows=skip_rows):
         _compare(p, q, k, v, backend="triton")  # float32: 58 query rows per key, head_dim 16
+
+
+@pytest.mark.parametrize("layout", ["natural", "permuted", "decode", "documents"])
+def test_triton_interpreter_runs_dense_heads_in_one_call(monkeypatch, layout):
+    # on the kernels' path the dense heads are launches of the same call (one dilated_fwd and
+    # one dilated_bwd with the whole pattern), not a second call of the op; packed documents
+    # (one kernel call per document) still split the call in two
+    from hf_hilbert_attn import kernels, ops
+
+    seen, real = [], (kernels.dilated_fwd, kernels.dilated_bwd)
+    monkeypatch.setattr(kernels, "dilated_fwd", lambda *a, **k: seen.append(a[3]) or real[0](*a, **k))
+    monkeypatch.setattr(kernels, "dilated_bwd", lambda *a, **k: seen.append(a[7]) or real[1](*a, **k))
+    split = []
+    monkeypatch.setattr(ops, "with_dense_heads",
+                        lambda *a, **k: split.append(1) or dense_heads.with_dense_heads(*a, **k))
+    p = DilatedPattern([8, 16], [1, 2], window="sliding", sink_tokens=1, dense_kv_heads=[1])
+    q, k, v = _inputs(1, 6, 3, 29, 16, dtype=torch.float32, sq=5 if layout == "decode" else None)
+    kw = {}
+    if layout == "permuted":
+        pos = torch.randperm(29)
+        kw = dict(q_positions=pos, k_positions=pos)
+    elif layout == "documents":
+        docs = torch.tensor([0] * 12 + [1] * 17)
+        kw = dict(q_doc_ids=docs, k_doc_ids=docs)
+    _compare(p, q, k, v, backend="triton", **kw)
+    if layout == "documents":
+        assert split and all(not s.dense_kv_heads for s in seen)
+    else:
+        assert not split and len(seen) == 2 and all(s == p for s in seen)
+
+
+def test_compiled_calls_carry_dense_heads_to_the_kernels():
+    # traced by torch.compile, a call reaches the kernels through the custom ops, whose schema
+    # carries the dense heads: the same launches as the eager call, so the same bits (no sink
+    # keys: their dk/dv are summed atomically, in any order, on a GPU)
+    p = DilatedPattern([8, 16], [1, 2], window="sliding", dense_kv_heads=[0])
+    q, k, v = _inputs(1, 6, 3, 29, 16, dtype=torch.float32)
+    dout = torch.randn_like(q)
+
+    def f(a, b, c):
+        return dilated_attention(a, b, c, p, backend="triton")
+
+    def grads(fn):
+        ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*ins)
+        return [out.detach()] + list(torch.autograd.grad((out * dout).sum(), ins))
+
+    torch._dynamo.reset()
+    for name, e, c in zip(("out", "dq", "dk", "dv"), grads(f),
+                          grads(torch.compile(f, backend="eager", fullgraph=True))):
+        assert torch.equal(e, c), name
 
 
 def test_short_calls_skip_only_heads_that_save_a_launch():

@@ -1,6 +1,6 @@
 """Plans reused across layers and decode steps (``plan_cache``): the PyTorch path's blockwise
-plans and few-query masks (``engines/passes.py``, ``engines/masked.py``), and the kernels' host planning
-(``kernels.plan_positions``). A cached plan gives the same result as a fresh one, a tensor
+plans (``engines/passes.py``), the kernels' host planning (``kernels.plan_positions``) and a
+model's decode plan (``decode.py``). A cached plan gives the same result as a fresh one, a tensor
 changed in place (with or without a version counter) is planned again, the memo stays
 bounded and is off under ``torch.compile``, and decoding a model still matches the reference.
 CPU; the kernel calls run in the Triton interpreter.
@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 from hf_hilbert_attn import DilatedPattern, PatternCache, configure, dilated_attention, \
     reference_attention
-from hf_hilbert_attn.engines import masked, passes
+from hf_hilbert_attn.engines import passes
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.integrations.cache import cache_kwarg
 from hf_hilbert_attn.plan_cache import PlanCache
@@ -24,15 +24,6 @@ PATTERNS = [
     DilatedPattern([8, 16, 32], [1, 2, 4], window="sliding", sink_tokens=1),
     DilatedPattern([12, 20], [1, 3], query_dilation="all", sink_tokens=2),
 ]
-
-
-def _path(monkeypatch, few: bool) -> None:
-    """Send few-query calls to the fused masked call (``few``; the test patterns are short, so
-    the cost rule alone would not) or to the blockwise plan."""
-    if few:
-        monkeypatch.setattr(masked, "FEW_QUERIES_KEY_RATIO", 1e9)
-    else:
-        monkeypatch.setattr(masked, "FEW_QUERIES_MAX", 0)
 
 
 def _qkv(b, hq, hkv, sq, sk, d=16, seed=0, dtype=torch.float32, grad=False):
@@ -58,19 +49,16 @@ class _Counting:
 def _empty_caches():
     from hf_hilbert_attn.kernels import _plan
 
-    for c in (passes._PASS_CACHE, masked._MASK_CACHE, _plan._PLANS):
+    for c in (passes._PASS_CACHE, _plan._PLANS):
         c.clear()
     yield
 
 
 @pytest.mark.parametrize("pattern", PATTERNS, ids=str)
-@pytest.mark.parametrize("few", [True, False], ids=["few_queries", "blockwise"])
-def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern, few):
+def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern):
     """Layer after layer (same positions, fresh q/k/v): one plan, reused; each call equal to
     one planned afresh (bit for bit) and to the reference, forward and backward."""
-    _path(monkeypatch, few)
-    made = _Counting(monkeypatch, *((passes, "_plan") if not few
-                                    else (masked, "_few_queries_plan")))
+    made = _Counting(monkeypatch, passes, "_plan")
     sq, sk = 5, 70
     qpos = torch.tensor([[40, 50, 60, 61, 69], [3, 30, 64, 65, 66]])  # per-row positions
     for layer in range(3):
@@ -80,8 +68,7 @@ def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern, few):
                                      backend="torch")
         dout = torch.randn_like(out)
         grads = torch.autograd.grad((out * dout).sum() + lse.sum(), (q, k, v))
-        for c in (passes._PASS_CACHE, masked._MASK_CACHE):
-            c.clear()  # planned afresh
+        passes._PASS_CACHE.clear()  # planned afresh
         out2, lse2 = dilated_attention(q, k, v, pattern, q_positions=qpos,
                                        k_positions=torch.arange(sk), return_lse=True,
                                        backend="torch")
@@ -95,23 +82,16 @@ def test_cached_plan_gives_the_fresh_result(monkeypatch, pattern, few):
         rg = torch.autograd.grad((ro * dout).sum() + rl.sum(), (q, k, v))
         for name, a, b in zip("qkv", grads, rg):
             assert_close(f"d{name}", a, b, 1e-5, f"layer {layer}")
-    if few:
-        assert len(masked._MASK_CACHE) == 1
-    else:
-        assert made.n == 1 + 3  # each layer's first call found the plan made before it
+    assert made.n == 1 + 3  # each layer's first call found the plan made before it
 
 
 def test_few_queries_empty_rows_and_dtypes(monkeypatch):
     """A query whose document has no key outputs 0 with lse -inf; float64 and bfloat16 match
     the reference (bfloat16 within its rounding)."""
-    _path(monkeypatch, True)
     pattern = PATTERNS[0]
     qd, kd = torch.tensor([[0, 2]]), torch.tensor([[0] * 20 + [1] * 20])
     for dtype, tol in ((torch.float64, 1e-12), (torch.bfloat16, 2e-2)):
         q, k, v = _qkv(1, 4, 1, 2, 40, dtype=dtype)
-        a = check_inputs(q, k, v, pattern, q_positions=torch.tensor([[19, 39]]), q_doc_ids=qd,
-                         k_doc_ids=kd)
-        assert masked._few_queries_apply(pattern, a, q)
         kw = dict(q_positions=torch.tensor([[19, 39]]), q_doc_ids=qd, k_doc_ids=kd,
                   return_lse=True)
         out, lse = dilated_attention(q, k, v, pattern, backend="torch", **kw)
@@ -126,7 +106,6 @@ def test_positions_changed_in_place_are_planned_again(monkeypatch):
     """A plan is never stale: positions written in place (the version counter moves; inference
     tensors have none and are compared by content) give a new plan and the right result;
     equal content in another tensor finds the old plan."""
-    _path(monkeypatch, False)  # large position tensors: guarded
     made = _Counting(monkeypatch, passes, "_plan")
     pattern = PATTERNS[1]
     q, k, v = _qkv(1, 4, 2, 80, 80)
@@ -151,8 +130,7 @@ def test_positions_changed_in_place_are_planned_again(monkeypatch):
 def test_small_positions_are_keyed_by_content(monkeypatch):
     """Decode positions ([1, 1]): a fresh tensor per step (or per layer) with the same value
     finds the plan; another value, or the same tensor changed in place, makes a new one."""
-    _path(monkeypatch, True)
-    made = _Counting(monkeypatch, masked, "_few_queries_plan")
+    made = _Counting(monkeypatch, passes, "_plan")
     pattern = PATTERNS[0]
     q, k, v = _qkv(1, 4, 2, 1, 60)
     outs = []
@@ -161,23 +139,11 @@ def test_small_positions_are_keyed_by_content(monkeypatch):
         for p in (59, 59, 40, 59):
             pos.fill_(p)
             outs.append(dilated_attention(q, k, v, pattern, q_positions=pos, backend="torch"))
-        assert len(masked._MASK_CACHE) == 2  # 59 and 40
+        assert len(passes._PASS_CACHE) == 2  # 59 and 40
         assert torch.equal(outs[0], outs[3]) and not torch.equal(outs[0], outs[2])
         want = reference_attention(q, k, v, pattern, q_positions=torch.tensor([[40]]))
         assert_close("out", outs[2], want, 1e-5)
-    assert made.n == 4  # every call asks; the cache made two masks
-
-
-def test_few_queries_rule_follows_what_the_pattern_reads():
-    """The default pattern (windows 2K..64K, rates 1..32) decodes through the fused call at 8K
-    keys (it reads nearly all of them) and through the blockwise plan at 32K."""
-    from hf_hilbert_attn.patterns import default
-
-    pattern = default()
-    for sk, few in ((8192, True), (32768, False)):
-        q, k, v = _qkv(1, 4, 2, 1, sk)
-        a = check_inputs(q, k, v, pattern, q_positions=torch.tensor([[sk - 1]]))
-        assert masked._few_queries_apply(pattern, a, q) == few, sk
+    assert made.n == 2  # the cache made two plans
 
 
 def test_cache_is_bounded_and_keys_the_mode():
@@ -199,10 +165,8 @@ def test_cache_is_bounded_and_keys_the_mode():
     assert a.is_inference() and not b.is_inference()
 
 
-@pytest.mark.parametrize("few", [True, False], ids=["few_queries", "blockwise"])
-def test_plan_made_in_inference_mode_then_used_with_autograd(monkeypatch, few):
+def test_plan_made_in_inference_mode_then_used_with_autograd():
     """Decode under inference_mode, then a training step with the same positions."""
-    _path(monkeypatch, few)
     pattern = PATTERNS[0]
     q, k, v = _qkv(1, 4, 2, 1, 50, grad=True)
     pos = torch.tensor([[49]])
@@ -279,21 +243,18 @@ def _decode(model, ids, cache, steps):
     return torch.stack(logits, 1)
 
 
-@pytest.mark.parametrize("few", [True, False], ids=["few_queries", "blockwise"])
-def test_decode_logits_match_the_reference(monkeypatch, few):
+def test_decode_logits_match_the_reference(monkeypatch):
     """Greedy decode (DynamicCache and PatternCache) past the pattern's dense reach: every
     step's logits equal the same model whose attention is ``reference_attention``; one plan
     per step serves every layer."""
     from hf_hilbert_attn.integrations import transformers as integ
 
-    _path(monkeypatch, few)
     pattern = PATTERNS[0]
     model = _tiny(pattern)
     ids = torch.randint(3, 96, (1, 70), generator=torch.Generator().manual_seed(1))
     steps = 5
-    # blockwise plans, or few-query masks (DilatedPattern.build_mask)
-    made = _Counting(monkeypatch, *((passes, "_plan") if not few else
-                                    (DilatedPattern, "build_mask")))
+    # (these few-key patterns read under half the keys: CPU steps decode through the op)
+    made = _Counting(monkeypatch, passes, "_plan")
     got = {kind: _decode(model, ids, cache, steps) for kind, cache in
            (("dynamic", DynamicCache(config=model.config)), ("pattern", PatternCache(model)))}
     # at most one plan per decode step (not one per layer); the prefills take other paths
@@ -303,6 +264,7 @@ def test_decode_logits_match_the_reference(monkeypatch, few):
         return reference_attention(q, k, v, pattern, **kw)
 
     monkeypatch.setattr(integ, "dilated_attention", reference)
+    monkeypatch.setattr(integ, "decodes", lambda *a: False)  # every step through the op
     want = _decode(model, ids, DynamicCache(config=model.config), steps)
     for kind, logits in got.items():
         assert_close("logits", logits, want, 1e-4, kind)

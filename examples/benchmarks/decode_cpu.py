@@ -60,12 +60,9 @@ def variant(base, attn: str, pattern=None):
 
 
 def _forget_plans() -> None:
-    from hf_hilbert_attn.engines import masked, passes
+    from hf_hilbert_attn.engines import passes
 
-    for module, name in ((passes, "_PASS_CACHE"), (masked, "_MASK_CACHE")):
-        cache = getattr(module, name, None)
-        if cache is not None:
-            cache.clear()
+    passes._PASS_CACHE.clear()  # (the decode plan lives in each forward's mask: nothing to clear)
 
 
 class Decoder:

@@ -1,6 +1,7 @@
 """Decode speed side by side: milliseconds per new token after a long context, for ``sdpa`` and
 ``hilbert_dilated`` (a pattern, optionally with dense key/value heads), with a DynamicCache and
-a PatternCache, on random-initialised Llama shapes (``tools.models.MODEL_SHAPES``).
+a PatternCache, or through ``generate()`` with a StaticCache (which Transformers compiles with
+CUDA graphs), on random-initialised Llama shapes (``tools.models.MODEL_SHAPES``).
 
 Per (shape, context, method, cache): the context is prefilled in chunks (``prefill``), then
 ``--steps`` greedy steps of one token are timed (after ``--warmup`` unmeasured ones), each a
@@ -16,12 +17,12 @@ before the plan/run split), for a before/after in one run. Writes a CSV (``--csv
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 
 import torch
 
+from hf_hilbert_attn.tools.benchmarks.common import write_csv
 from hf_hilbert_attn.tools.evaluation.bench_generate import _sdpa_backends as _backends
 from hf_hilbert_attn.tools.evaluation.bench_generate import parse_tokens as _tokens
 
@@ -72,13 +73,51 @@ def measure(model, cache_kind: str, context: int, steps: int, warmup: int, chunk
     return 1000 * times[len(times) // 2]  # median ms per token
 
 
+@torch.inference_mode()
+def measure_static(model, context: int, steps: int, warmup: int, device):
+    """ms per new token of ``generate()`` with a StaticCache, which Transformers compiles
+    ("reduce-overhead": CUDA graphs): the median time between consecutive steps (a logits
+    processor synchronises and reads the clock at each), after a first ``generate()`` that
+    compiles and records and ``warmup`` steps of the measured one. Also returns the graph breaks
+    torch.compile took."""
+    from torch._dynamo.utils import counters
+    from transformers import LogitsProcessor, LogitsProcessorList, StaticCache
+
+    from hf_hilbert_attn.integrations.cache import cache_kwarg
+
+    class Clock(LogitsProcessor):
+        def __init__(self):
+            self.at = []
+
+        def __call__(self, input_ids, scores):
+            torch.cuda.synchronize(device)
+            self.at.append(time.perf_counter())
+            return scores
+
+    ids = torch.randint(3, model.config.vocab_size, (1, context), device=device)
+    n = warmup + steps + 1
+    cache = StaticCache(config=model.config, max_cache_len=context + n)
+    counters.clear()
+    for clock in (Clock(), Clock()):
+        cache.reset()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                       logits_processor=LogitsProcessorList([clock]),
+                       **{cache_kwarg(model): cache})
+    gaps = sorted(b - a for a, b in zip(clock.at[warmup:], clock.at[warmup + 1:]))
+    del cache
+    torch.cuda.empty_cache()
+    return 1000 * gaps[len(gaps) // 2], sum(counters["graph_break"].values())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["1b", "135m"])
     p.add_argument("--contexts", nargs="+", type=_tokens, default=[4096, 32768])
     p.add_argument("--methods", nargs="+",
                    default=["sdpa", "sdpa-flash", "default", "default+kv0"])
-    p.add_argument("--caches", nargs="+", default=["dynamic", "pattern"])
+    p.add_argument("--caches", nargs="+", default=["dynamic", "pattern"],
+                   choices=["dynamic", "pattern", "static"],
+                   help="static: generate() with a StaticCache, compiled with CUDA graphs")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--chunk", type=_tokens, default=16384)
@@ -104,23 +143,24 @@ def main(argv=None) -> int:
                     for context in args.contexts:
                         try:
                             with _backends(method):
-                                ms = measure(model, cache, context, args.steps, args.warmup,
-                                             args.chunk, device)
+                                ms, breaks = measure_static(
+                                    model, context, args.steps, args.warmup, device) \
+                                    if cache == "static" else (measure(
+                                        model, cache, context, args.steps, args.warmup,
+                                        args.chunk, device), "")
                         except torch.OutOfMemoryError:
-                            ms = float("nan")
+                            ms, breaks = float("nan"), ""
                             torch.cuda.empty_cache()
                         row = dict(gpu=gpu, shape=shape, method=method, variant=variant,
-                                   cache=cache, context=context, ms_per_token=round(ms, 3))
+                                   cache=cache, context=context, ms_per_token=round(ms, 3),
+                                   graph_breaks=breaks)
                         rows.append(row)
                         print(",".join(str(v) for v in row.values()), flush=True)
             tf.decodes = planned
             del model
             torch.cuda.empty_cache()
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(rows, args.csv)
     return 0
 
 

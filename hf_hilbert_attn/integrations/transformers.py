@@ -174,7 +174,9 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
         # they are padding.
         missing = max(0, kv_length - padding.shape[-1])  # kv_offset is 0 here
         padding = torch.nn.functional.pad(padding, (0, missing), value=False)[:, :kv_length]
-        if bool(padding.all()):  # one host sync per forward, as flash_attention_mask does
+        # one host sync per forward, as flash_attention_mask does; none for a static cache
+        # (its empty slots are padding), so that CUDA graphs can capture its steps
+        if not missing and bool(padding.all()):
             padding = None
     if isinstance(q_offset, torch.Tensor):
         # A static cache's step counter, advanced in place by the first layer: keep this step's.
@@ -189,6 +191,7 @@ def _positions_hook(module, args, kwargs):
     x = kwargs.get("inputs_embeds") if x is None else x
     mask = kwargs.get("attention_mask")
     if (x is None or len(args) > 1 or kwargs.get("past_key_values") is not None
+            or kwargs.get("cache") is not None  # (the cache's name from transformers 5.2x)
             or kwargs.get("cu_seq_lens_q") is not None or _ring.get_sequence_parallel_group()
             or not (mask is None or isinstance(mask, torch.Tensor) and mask.dim() == 2)):
         return None
@@ -235,9 +238,8 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     group = _ring.get_sequence_parallel_group()
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
         args = (query, key, value, step, attention_mask, pattern, scaling, kwargs)
-        run = _compiled_decode_step if torch.compiler.is_compiling() else _decode_step
-        out = call_under_autocast(run, *args) \
-            if torch.is_autocast_enabled(query.device.type) else run(*args)
+        out = call_under_autocast(_decode_step, *args) \
+            if torch.is_autocast_enabled(query.device.type) else _decode_step(*args)
         if out is not None:
             return out, None
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
@@ -275,20 +277,27 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
 
 
 def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
-    """A decode call (``decode.decodes``; else None): the step's plan, made by its first layer
-    with this pattern and key count and kept in the forward's mask (``step``), then one run.
-    Returns ``[B, Sq, Hq, D]`` contiguous."""
-    if not decodes(query, key, value):
-        return None
-    (b, hq, sq, d), (hkv, sk) = query.shape, key.shape[1:3]
-    memo = step._memo if isinstance(step, DilatedMaskInfo) else {}
+    """A decode call (``decode.decodes``; else None), ``[B, Sq, Hq, D]`` contiguous: the step's
+    plan, made by its first layer with this pattern and key count and kept in the forward's mask
+    (``step``), then one run. Under ``torch.compile`` (``generate()`` compiles a static cache's
+    steps, with CUDA graphs under "reduce-overhead") the positions (cache slots and padding),
+    plan and run are traced into the graph instead: no host sync, no graph break, the plan made
+    per layer (device work inside the graph); a PatternCache's dropped keys or document ids keep
+    the eager step there, one opaque call."""
     position_ids, doc_ids = kwargs.get("position_ids"), kwargs.get("hilbert_doc_ids")
-    dropped = getattr(info, "kv_offset", 0)
+    dropped, traced = getattr(info, "kv_offset", 0), torch.compiler.is_compiling()
+    if traced and (dropped or doc_ids is not None or not isinstance(info, DilatedMaskInfo)):
+        return _eager_decode_step(query, key, value, step, info, pattern, scaling, kwargs)
+    if not decodes(query, key, value, pattern):
+        return None
+    (b, hq, sq, d), (hkv, sk), dev = query.shape, key.shape[1:3], query.device
+    memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
     key_ = ("decode", pattern, hq, hkv, sk, dropped)  # one entry each, checked by identity
     hit = memo.get(key_)
     if hit is None or hit[0] is not position_ids or hit[1] is not doc_ids:
-        dev = query.device
-        if dropped:  # a PatternCache: slots [sinks | tail], the tail from sinks + dropped on
+        if traced:
+            at = model_positions(None, None, info.padding_mask, info.q_offset, b, sq, sk, dev)
+        elif dropped:  # a PatternCache: slots [sinks | tail], the tail from sinks + dropped on
             sinks, start = pattern.sink_tokens, int(info.q_offset)
             slots = torch.arange(sk, device=dev)
             at = ModelPositions(torch.arange(start, start + sq, device=dev)[None],
@@ -298,15 +307,14 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
             at = _positions(info, position_ids, doc_ids, b, sq, sk, dev, False)
         qp = torch.arange(sk - sq, sk, device=dev) if at.q_positions is None else at.q_positions
         kp = torch.arange(sk, device=dev) if at.k_positions is None else at.k_positions
-        plan = plan_decode(pattern, hq, hkv, sk, qp, kp, q_doc_ids=at.q_doc_ids,
-                           k_doc_ids=at.k_doc_ids)
-        hit = memo[key_] = (position_ids, doc_ids, plan)
+        hit = memo[key_] = (position_ids, doc_ids, plan_decode(
+            pattern, hq, hkv, sk, qp, kp, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids))
     out = run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling)
     return out.transpose(1, 2).contiguous()
 
 
-# under torch.compile the step runs eagerly (its plan is host work kept in the forward's mask)
-_compiled_decode_step = disable_lazily(_decode_step)
+# the eager step under torch.compile: one opaque call (its plan is host work kept in the mask)
+_eager_decode_step = disable_lazily(_decode_step)
 
 
 def _layer_sizes(info, config, sq: int, sk: int):

@@ -7,360 +7,28 @@ The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wrap
 
 from __future__ import annotations
 
-import dataclasses
-from typing import NamedTuple, Optional
-
 import torch
 import triton
 
+from ..dense_heads import DENSE
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
-from ..plan_cache import kept
-from ..planning import class_uniform, config_meets, for_ranges, nests, sink_keys
+from ..planning import for_ranges
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
-from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
-from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
+from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by tests and tools)
+    _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _cfg_tensor, _check_target,
+    _dense_skip, _dummy, _earlier, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
+    _key_tiles, _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
+    _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided, _trimmed, _union_args)
 from ._common import LOG2E as _LOG2E
+from ._common import Strided
+from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._fwd import _fwd_kernel
-from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
-                    fwd_max_registers, plan_positions, union_keys)
+from ._plan import PositionPlan, fwd_max_registers, plan_positions
 
 __all__ = ["dilated_fwd", "dilated_bwd", "plan_positions", "PositionPlan", "SUPPORTED_HEAD_DIMS",
            "KernelConfig", "kernel_config", "configure", "configured", "set_launch_hook"]
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
-def _earlier(npri: int) -> bool:
-    """Compile-time flag: does any config come before the launch in priority order? Without,
-    it compiles without the union code (no spills on sm_90, 18 % faster; docs/decisions.md)."""
-    return npri > 0
-
-
-def _smem(device, cfg: KernelConfig) -> Optional[int]:
-    """Shared memory per program (opt-in maximum, bytes) of ``device``; None off CUDA."""
-    if cfg.smem is not None or device.type != "cuda":
-        return cfg.smem
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMEM:
-        _SMEM[idx] = getattr(torch.cuda.get_device_properties(idx),
-                             "shared_memory_per_block_optin", None)
-    return _SMEM[idx]
-
-
-_SMEM: dict = {}
-
-
-def _blocks(kind, d, dtype, smem=None, pair=False, first=False, skips=False, cfg=None):
-    """The tile of ``kind`` (the configuration's override first) for a launch that tests the
-    union rule pair by pair (``pair``: forward through the key tables, see
-    ``_needs_pair_mask``), has no earlier config (``first``, forward) or has earlier ones but
-    no program that needs the per-pair mask (``skips``, dk/dv; ``_may_mix``)."""
-    cfg = kernel_config() if cfg is None else cfg
-    if kind == "fwd":
-        bm, bn, warps, stages = fwd_blocks(d, dtype, cfg.interpret, pair, first)
-    elif kind == "dq":
-        bm, bn, warps, stages = bwd_blocks(d, dtype, cfg.interpret, smem, pair)
-    else:
-        bm, bn, warps, stages = dkdv_blocks(d, dtype, cfg.interpret, smem, skips)
-    over = cfg.tile_override(kind, first)
-    if over is not None:
-        bm, bn = over[:2]
-        if len(over) > 2:
-            warps, stages = over[2:]
-    return bm, bn, warps, stages
-
-
-_SMALL: dict = {}  # small int32 device tensors by (content, device): made once, never per call
-
-
-def _small_tensor(values: tuple, device) -> torch.Tensor:
-    """A cached int32 tensor on ``device`` (made per call: a host-to-device copy, uncapturable)."""
-    key = (values, str(device))
-    t = _SMALL.get(key)
-    if t is None:
-        if len(_SMALL) > 256:
-            _SMALL.clear()
-        t = _SMALL[key] = kept(lambda: torch.tensor(values, device=device, dtype=torch.int32),
-                               device)
-    return t
-
-
-def _dummy(device):
-    return _small_tensor((0,), device)
-
-
-class _Launch(NamedTuple):
-    """One launch: tiling segment (sliding: ``W_CAP``), rate, band reach in class steps, configs
-    before it, its ``(w, r)`` for ``_participates``, per-pair union test (``_needs_pair_mask``)."""
-
-    w: int
-    r: int
-    lb: int
-    npri: int
-    entry: tuple
-    pair: bool
-
-
-def _launches(pattern, plan: PositionPlan, causal: bool = True):
-    """``(priority configs, launches in order, sinks)``: the config covering every query last
-    (it writes the result and takes the sink keys: ``sinks`` > 0 when a key of this call is one),
-    others only where they join a query and a key of this call (``planning.config_meets``)."""
-    prio, order = config_order(pattern)
-    out = []
-    q_rng, k_rng = (plan.qlo, plan.qhi), (plan.klo, plan.khi)
-    for i, (w, r) in enumerate(order):
-        if i < len(order) - 1 and not config_meets(w, pattern.sliding, causal, q_rng, k_rng):
-            continue
-        npri = prio.index((w, r))
-        if pattern.sliding:
-            out.append(_Launch(W_CAP, r, (w - 1) // r, npri, (w, r), False))
-        else:
-            out.append(_Launch(w, r, 0, npri, (w, r), _needs_pair_mask(prio[:npri], r)))
-    return prio, out, sink_keys(pattern, plan.klo, plan.base)
-
-
-def _cfg_tensor(cfgs, device):
-    return _small_tensor(tuple(x for wr in cfgs for x in wr) or (1, 1), device)
-
-
-def _seg_range(lo: int, hi: int, w: int):
-    s0 = lo // w
-    return s0, hi // w - s0 + 1
-
-
-def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
-    """(first segment, segments, first block, blocks per segment and class) of the query tiles:
-    a short query range inside one segment (decoding) gets only the blocks that can hold it."""
-    seg0, nseg = _seg_range(plan.qlo, plan.qhi, w)
-    nblk = triton.cdiv(triton.cdiv(w, r), bm)
-    if nseg == 1:
-        lo = max(0, plan.qlo - seg0 * w - (r - 1)) // r // bm
-        hi = (plan.qhi - seg0 * w) // r // bm
-        return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
-    return seg0, nseg, 0, nblk
-
-
-def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
-    """Positions launch ``ln`` covers: sliding windows merging into given sums (no launch writes
-    every row), no sink key: only the pairs its window reaches (None: none)."""
-    p, reach = c.plan, ln.entry[0] - 1
-    if not (merge and c.pattern.sliding) or sink or p.mapped:
-        return p
-    back = 0 if c.causal else reach
-    qlo, qhi = max(p.qlo, p.klo - back), min(p.qhi, p.khi + reach)
-    klo, khi = max(p.klo, p.qlo - reach), min(p.khi, p.qhi + back)
-    return dataclasses.replace(p, qlo=qlo, qhi=qhi, klo=klo, khi=khi) \
-        if qlo <= qhi and klo <= khi else None
-
-
-def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
-    """(first segment, segments, first block, blocks per segment and class) of the key tiles of
-    the dk/dv kernel: one segment of the keys' range (sliding) gets only its blocks."""
-    seg0, nseg = _seg_range(plan.klo, plan.khi, w)
-    nblk = triton.cdiv(triton.cdiv(w, r), bn)
-    if nseg == 1 and w == W_CAP:
-        lo = max(0, plan.klo - (r - 1)) // r // bn
-        hi = plan.khi // r // bn
-        return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
-    return seg0, nseg, 0, nblk
-
-
-def _positions(plan: PositionPlan, device) -> Positions:
-    d = _dummy(device)
-    qinv = plan.qinv if plan.mapped else d
-    kinv = plan.kinv if plan.mapped else d
-    qdoc = plan.qdoc if plan.qdoc is not None else d
-    kdoc = plan.kdoc if plan.kdoc is not None else d
-    sqi = qinv.stride(0) if plan.mapped and qinv.shape[0] > 1 else 0
-    ski = kinv.stride(0) if plan.mapped and kinv.shape[0] > 1 else 0
-    sqd = qdoc.stride(0) if plan.qdoc is not None and qdoc.shape[0] > 1 else 0
-    skd = kdoc.stride(0) if plan.kdoc is not None and kdoc.shape[0] > 1 else 0
-    return Positions(qinv, sqi, kinv, ski, qdoc, sqd, kdoc, skd)
-
-
-def _strided(t: torch.Tensor) -> Strided:
-    """A ``[B, H, S, D]`` or ``[B, H, S]`` tensor as the kernels take it (unit last stride)."""
-    sb, sh, ss = t.stride()[:3]
-    return Strided(t, sb, sh, ss)
-
-
-def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
-                merge=False) -> dict:
-    """The integers of launch ``li`` (of ``nlaunch``) of config launch ``ln``, by name
-    (``_common.LAUNCH_FIELDS`` and ``_SCALARS``): heads ``h0 .. h0 + nh`` (``group`` query heads
-    per key/value head), ``tiles`` = (first segment, classes, blocks per class, first block).
-    ``merge``: every launch merges into the given float32 result (``_participates``), none writes
-    the output."""
-    seg0, ncls, nblk, blk0 = tiles
-    first, last = li == 0 and not merge, li == nlaunch - 1 and not merge
-    return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
-                QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls, NBLK=nblk,
-                BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1), SKLO=plan.klo,
-                SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, NLAUNCHED=li + merge,
-                FIRST=int(first), LAST=int(last), PSZ=psz)
-
-
-def _scalars(row: dict) -> tuple:
-    """The integer arguments of a launch (``_common._SCALARS``), from its fields."""
-    return tuple(row[name] for name in _SCALARS)
-
-
-def _launch_table(rows, device):
-    """One int32 row per launch (``_common.LAUNCH_FIELDS``, given as dicts), made once per
-    planned call: the launches take a row each (``_common._launch_scalars``)."""
-    pad = [0] * (LAUNCH_ROW - len(LAUNCH_FIELDS))
-    table = torch.tensor([[r[f] for f in LAUNCH_FIELDS] + pad for r in rows],
-                         dtype=torch.int32, device=device)
-    return list(table.unbind(0))
-
-
-def _needs_pair_mask(earlier, r: int) -> bool:
-    """Whether a launch of rate ``r`` after the configs ``earlier`` tests the union rule pair by
-    pair on whole tiles: some earlier rate does not divide ``r``, or its classes shift from one
-    of its segments to the next. Only then are the key tables faster than the forward's runtime
-    loop (docs/decisions.md "Union tables in the forward")."""
-    return not all(class_uniform(cfg, r, False) for cfg in earlier)
-
-
-def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
-    """Whether a program of a launch of ``(w, r)`` (``tile`` class indices per program) may need
-    the per-pair union mask on whole tiles (``MIXED``): an earlier rate does not divide ``r``, or
-    a program may straddle one of its segments (not if ``r * tile | wj`` and ``wj | w``); sliding
-    windows: always. Else the loops compile once, without union code."""
-    if sliding:
-        return bool(earlier)
-    return not all(class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
-
-
-def _union_args(prio, plan, device):
-    """(KEYS table, its row length, UTAB): the table path of the union test serves up to four
-    earlier configs (41 % faster forward+backward than the loop on longnet_lm, docs/decisions.md);
-    longer patterns use the in-kernel loop (UTAB = 0)."""
-    n_earlier = len(prio) - 1
-    if n_earlier == 0 or n_earlier > 4:
-        return _dummy(device), 1, 0
-    size = -(-plan.size // (1 << 16)) << 16  # rounded up: one cached table serves many calls
-    return union_keys(prio, size, device), size, n_earlier
-
-
-def _prep(t):
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _check_target(name, t, shape, dtype):
-    if t.shape != shape or t.dtype != dtype or t.stride(-1) != 1:
-        raise ValueError(f"{name} must be {tuple(shape)} {dtype} with a unit last stride, got "
-                         f"{tuple(t.shape)} {t.dtype} strides {t.stride()}")
-
-
-_CALLS: dict = {}  # FwdPlan / BwdPlan of dilated_fwd / dilated_bwd by _call_key
-
-
-def _call_key(kind, pattern, plan, q, k, causal, scale, cfg, skip):
-    """What a call's launches depend on besides its tensors and strides (planned once per key)."""
-    return (kind, pattern, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo, plan.khi,
-            plan.base, plan.mapped_kind, plan.qdoc is not None, tuple(q.shape), k.shape[1],
-            k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg, skip)
-
-
-_CAPTURED: list = []  # what CUDA graphs launched with: kept for good (a replay reads it)
-
-
-def _planned(key, build, device, keep):
-    """``(plan of the call, whether it was made just now)``. Under CUDA-graph capture the plan
-    and ``keep`` (the call's position tensors) outlive any cache clear."""
-    hit = _CALLS.get(key)
-    fresh = hit is None
-    if fresh:
-        if len(_CALLS) >= 256:
-            _CALLS.clear()
-        hit = _CALLS[key] = kept(build, device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        _CAPTURED.append((hit, keep))
-    return hit, fresh
-
-
-class Call(NamedTuple):
-    """What a planned call needs besides its tensors (shape: ``(B, Hq, Hkv, Sq, Sk, D)``)."""
-
-    pattern: object
-    plan: PositionPlan
-    shape: tuple
-    dtype: torch.dtype
-    device: torch.device
-    causal: bool
-    cfg: KernelConfig
-    skip: tuple = ()  # key/value heads not computed (AttnInputs.skip_kv_heads)
-    merge: bool = False  # merge into a given float32 out / dq (dilated_fwd's / _bwd's acc)
-    merge_kv: bool = False  # add dk/dv into given float32 sums (dilated_bwd's dkv_acc)
-
-
-class FwdPlan(NamedTuple):
-    """The forward's launches: the config tables, the heads per chunk of the float32 merge
-    buffer (0: none) and per launch ``(grid, launch row, integer arguments, keywords)``."""
-
-    tables: tuple
-    hch: int
-    items: list
-
-
-class BwdPlan(NamedTuple):
-    """The backward's launches: config tables, sink keys, heads per chunk of the float32 sums
-    (``(hch, kch)``, None: none), dq and dk/dv launches, and whether the dk/dv launches add into
-    the caller's sums (``merge_kv`` without sink keys: their share comes in a first launch)."""
-
-    tables: tuple
-    sinks: int
-    chunks: object
-    dq_items: list
-    kv_items: list
-    kv_merge: bool = False
-
-
-def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
-    """The compile-time flags of launch ``ln`` of call ``c`` (``tile``: class indices per
-    program on its own side, for ``_may_mix``)."""
-    return Flags(CAUSAL=c.causal, PER_HEAD=c.pattern.query_dilation == "per_head",
-                 MAPPED=c.plan.mapped_kind, HAS_DOC=c.plan.qdoc is not None,
-                 IEEE=c.dtype == torch.float32, SLIDING=c.pattern.sliding, UTAB=utab,
-                 EARLIER=_earlier(ln.npri),
-                 MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, c.pattern.sliding), SINK=sink)
-
-
-def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:
-    """Heads per chunk of a float32 sum over ``nlaunch`` launches of ``rows`` float32 rows a
-    head: at most ``cfg.acc_bytes``."""
-    if nlaunch < 2:
-        return heads
-    return max(1, min(heads, cfg.acc_bytes // max(rows * 4, 1)))
-
-
-def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
-    """``(first head, heads)`` chunks of at most ``chunk`` of ``heads`` heads, ``group`` per
-    key/value head (1: key/value heads), the key/value heads ``skip`` left out."""
-    out, h = [], 0
-    while h < heads:
-        if h // group in skip:
-            h += group
-            continue
-        end = h
-        while end < heads and end // group not in skip and end - h < chunk:
-            end += 1
-        out.append((h, end - h))
-        h = end
-    return out
-
-
-def _skipped(skip: tuple, hkv: int, rows: int, cfg: KernelConfig, merge: bool) -> tuple:
-    """The key/value heads a call of ``rows`` query rows leaves out (``KernelConfig.skip_rows``);
-    merging into given sums, which launches index from their first head, only trailing ones."""
-    skip = tuple(j for j in skip if not merge or set(range(j, hkv)) <= set(skip))
-    return skip if rows >= cfg.skip_rows or len(_head_runs(hkv, 1, skip, hkv)) <= 1 else ()
-
-
-def _fill_skipped(skip: tuple, group: int, *fills) -> None:
-    """``t[:, heads of skipped key/value head j] = value`` for each ``(t, value)`` in ``fills``."""
-    for j in skip:
-        for t, value in fills:
-            t.narrow(1, j * group, group).fill_(value)
 
 
 def plan_fwd(c: Call) -> FwdPlan:
@@ -402,11 +70,39 @@ def plan_fwd(c: Call) -> FwdPlan:
     return FwdPlan(tables, hch if len(launch) > 1 and not c.merge else 0, items)
 
 
+def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, skip: tuple,
+                flags: tuple):
+    """``(sparse plan, dense plan or None, whether either was made just now, heads to fill,
+    positions)`` of a call: ``build`` (:func:`plan_fwd` / :func:`plan_bwd`) of the sparse
+    pattern leaving out ``skip`` (and, where that adds no launch, the dense key/value heads:
+    ``_head_split``) and of the plain causal config over the dense heads, whose launches come
+    last (they overwrite what the sparse ones computed for them). ``flags``: ``Call``'s
+    ``merge`` (and ``merge_kv``)."""
+    (B, HQ, SQ, D), dev = q.shape, q.device
+    shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
+    sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags))
+    pos = _positions(plan, dev)
+    plans, fresh = [], False
+    for pat, heads, fl in ((for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal),
+                            left, flags),
+                           (DENSE, _dense_skip(pattern.dense_kv_heads, skip, shape[2]), ())):
+        key = _call_key(build.__name__, pat, plan, q, k, causal, scale, cfg, (heads, *fl))
+        made, new = _planned(key, lambda: build(Call(pat, plan, shape, q.dtype, dev,
+                                                     bool(causal), cfg, heads, *fl)), dev, pos)
+        plans.append(made)
+        fresh = fresh or new
+        if not pattern.dense_kv_heads:
+            plans.append(None)
+            break
+    return (*plans, fresh, fill, pos)
+
+
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
                 lse=None, skip: tuple = (), acc=None):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log),
-    planned once per call key (:func:`plan_fwd`). ``out`` / ``lse``: tensors to write into (unit
-    last stride). ``skip``: key/value heads not computed (out 0, lse -inf). ``acc``: a float32
+    planned once per call key (:func:`plan_fwd`); the pattern's dense key/value heads: one more
+    launch of the plain causal config over their heads. ``out`` / ``lse``: tensors to write
+    into (unit last stride). ``skip``: key/value heads not computed (out 0, lse -inf). ``acc``: a float32
     result with its given ``lse`` over other keys (0, -inf at first) this call merges into (the
     ring's pieces; ``out`` not written)."""
     q, k, v = _prep(q), _prep(k), _prep(v)
@@ -425,23 +121,22 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     if SQ == 0:
         return (acc if merge else out), lse
     cfg = kernel_config()
-    skip = _skipped(skip, k.shape[1], B * SQ, cfg, merge)
+    fp, dense, fresh, fill, pos = _call_plans(
+        plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,))
     if not merge:
-        _fill_skipped(skip, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
-    pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-    pos = _positions(plan, dev)
-    fp, fresh = _planned(
-        _call_key("fwd", pattern, plan, q, k, causal, scale, cfg, (skip, merge)),
-        lambda: plan_fwd(Call(pattern, plan, (B, HQ, k.shape[1], SQ, k.shape[2], D), q.dtype,
-                              dev, bool(causal), cfg, skip, merge)), dev, pos)
+        _fill_skipped(fill, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
     if not merge:
         acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch \
             else out
-    head = (_strided(q), _strided(k), _strided(v), _strided(out), _strided(lse), _strided(acc),
-            pos, fp.tables)
+    qkv = (_strided(q), _strided(k), _strided(v))
     scale_log2 = scale * LOG2E
-    _run([(_fwd_kernel, grid, head, (row, *ints, scale_log2), kw)
-          for grid, row, ints, kw in fp.items], fresh, cfg)
+    run = []
+    for p, buf in ((fp, acc), (dense, out)):
+        if p is not None:
+            head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
+            run += [(_fwd_kernel, grid, head, (row, *ints, scale_log2), kw)
+                    for grid, row, ints, kw in p.items]
+    _run(run, fresh, cfg)
     return (acc if merge else out), lse
 
 
@@ -529,7 +224,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
                 plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None,
                 dkv_acc=None):
     """Backward launches → (dq, dk, dv) in the input dtype (``dlse`` may be None), planned once per
-    call key (:func:`plan_bwd`). ``dq``/``dk``/``dv``: tensors (or views) to write into; float32
+    call key (:func:`plan_bwd`); dense key/value heads as in :func:`dilated_fwd`. ``dq``/``dk``/``dv``: tensors (or views) to write into; float32
     sums over configs hold a chunk of heads at a time (``_sum_buffers``). ``skip``: key/value
     heads not computed (zero gradients). ``dq_acc`` / ``dkv_acc``: float32 sums this call's dq /
     (dk, dv) add into (the ring's pieces; dk/dv in the kernels where no key is a sink)."""
@@ -549,24 +244,18 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     if SQ == 0 or SK == 0:
         return (dq_acc if merge else dq.zero_()), *(dkv_acc or (dk.zero_(), dv.zero_()))
     cfg = kernel_config()
-    skip = _skipped(skip, HKV, B * SQ, cfg, merge or dkv_acc is not None)
-    _fill_skipped(() if merge else skip, HQ // HKV, (dq, 0.0))
+    bp, dense, fresh, fill, pos = _call_plans(
+        plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, dkv_acc is not None))
+    _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
     for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
         _check_target(name, t, k.shape, torch.float32)
-    pattern = for_ranges(pattern, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
     lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
     dblk = 64 if not cfg.interpret else 16
     run = [(_delta_kernel, (triton.cdiv(SQ, dblk), B * HQ),
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
              _strided(delta), SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
-    pos = _positions(plan, dev)
-    bp, fresh = _planned(
-        _call_key("bwd", pattern, plan, q, k, causal, scale, cfg,
-                  (skip, merge, dkv_acc is not None)),
-        lambda: plan_bwd(Call(pattern, plan, (B, HQ, HKV, SQ, SK, D), q.dtype, dev,
-                              bool(causal), cfg, skip, merge, dkv_acc is not None)), dev, pos)
     if not bp.kv_merge:
-        _fill_skipped(skip, 1, (dk, 0.0), (dv, 0.0))
+        _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
     if bp.chunks is None:  # one launch per kernel writes the result in the input dtype
         dqacc, dkacc, dvacc = dq, dk, dv
     else:
@@ -591,6 +280,15 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             _strided(dvacc), sinkg, pos, bp.tables)
     run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
             for grid, row, ints, kw in bp.kv_items]
+    if dense is not None:  # one launch per kernel: written in the input dtype, no sink key
+        none, dqs, dks, dvs = Strided(_dummy(dev), 0, 0, 0), _strided(dq), _strided(dk), \
+            _strided(dv)
+        head = (qs, ks, vs, dos, lses, deltas, dqs, dqs, none, pos, dense.tables)
+        run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
+                for grid, row, ints, kw in dense.dq_items]
+        head = (qs, ks, vs, dos, lses, deltas, dks, dvs, dks, dvs, none, pos, dense.tables)
+        run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
+                for grid, row, ints, kw in dense.kv_items]
     _run(run, fresh, cfg)
     if dkv_acc is None:
         return (dq_acc if merge else dq), dk, dv

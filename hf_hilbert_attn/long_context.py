@@ -6,8 +6,8 @@ With gradient checkpointing, what a step keeps grows with the sequence ``S`` in 
 
 * every layer's checkpointed input, ``[S, hidden]`` per layer, for the whole backward —
   :func:`offload_checkpoints` keeps them in (pinned) host memory instead;
-* the MLP of the layer being recomputed, about four ``[S, intermediate]`` tensors —
-  :func:`tile_mlp` runs the MLP and its backward ``chunk_tokens`` rows at a time;
+* the MLP and norms of the layer being recomputed, ``[S, intermediate]`` and float32 ``[S,
+  hidden]`` tensors — :func:`tile_mlp` runs them and their backward ``chunk_tokens`` rows at a time;
 * the logits, ``[S, vocab]`` — :func:`hf_hilbert_attn.training.lm_loss`: Liger-Kernel's fused
   linear cross-entropy on CUDA where it is installed, else chunked.
 
@@ -147,20 +147,22 @@ def _set_rng_state(device, state):
 def _tiled_mlp_forward(mlp, inner, x, *args, **kwargs):
     chunk = mlp._hf_tile_chunk
     if args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2 \
-            or x.numel() // x.shape[-1] <= chunk:
-        return inner(x, *args, **kwargs)
+            or x.numel() // x.shape[-1] <= chunk \
+            or torch.compiler.is_compiling() and type(mlp).__name__.endswith("Norm"):
+        return inner(x, *args, **kwargs)  # (compiled, a norm is fused: it keeps x, a scale a row)
     rng = mlp.training and any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in mlp.modules())
     return _TiledMLPFunction.apply(inner, chunk, rng, x, *mlp.parameters())
 
 
 def tile_mlp(model, chunk_tokens: int = 8192):
-    """Run every decoder layer's ``mlp`` over ``chunk_tokens`` tokens at a time (batch and
-    sequence flattened), forward and backward; ``chunk_tokens=0`` restores the plain MLP.
+    """Run every decoder layer's ``mlp`` and norms over ``chunk_tokens`` tokens at a time
+    (batch and sequence flattened), forward and backward; ``chunk_tokens=0`` restores them.
 
-    One chunk's ``[chunk, intermediate]`` activations exist at a time instead of ``[S,
-    intermediate]`` (:class:`_TiledMLPFunction`; dropout masks are replayed): exact for
-    token-wise MLPs, for one more MLP forward per step. Calling again changes the chunk; shorter
-    inputs run the plain MLP; the state dict is unchanged.
+    One chunk's ``[chunk, intermediate]`` activations and a norm's float32 ``[chunk, hidden]``
+    exist at a time (:class:`_TiledMLPFunction`; dropout masks are replayed; compiled, a norm
+    runs whole, fused): exact for token-wise modules, for one more forward of them per step.
+    Norms: a layer's children whose class name ends in ``Norm``. Calling again changes the
+    chunk; shorter inputs run the plain modules; the state dict is unchanged.
 
     ``model``: a Transformers model (or a module containing one), returned changed in place.
     ``ValueError``: a negative ``chunk_tokens`` or no decoder layer with an ``mlp``.
@@ -168,11 +170,12 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     chunk = int(chunk_tokens)
     if chunk < 0:
         raise ValueError(f"tile_mlp: chunk_tokens must be >= 0 (0 = off), got {chunk_tokens}")
-    mlps = [layer.mlp for layer in _decoder_layers(model, "tile_mlp")
-            if isinstance(getattr(layer, "mlp", None), torch.nn.Module)]
+    layers = _decoder_layers(model, "tile_mlp")
+    mlps = [ly.mlp for ly in layers if isinstance(getattr(ly, "mlp", None), torch.nn.Module)]
     if not mlps:
         raise ValueError(f"tile_mlp: no decoder layer of {type(model).__name__} has an `mlp`")
-    for mlp in mlps:
+    norms = [m for layer in layers for m in layer.children() if type(m).__name__.endswith("Norm")]
+    for mlp in mlps + norms:
         if chunk == 0:
             _unpatch(mlp, "_hf_tile_saved")
             mlp.__dict__.pop("_hf_tile_chunk", None)

@@ -326,10 +326,8 @@ class DilatedPattern:
         w, r = self.configs[i]
         pos = torch.as_tensor(pos)
         if self.sliding:  # no segments: one group per class p % r (the window is separate)
-            return torch.zeros_like(pos), (torch.remainder(pos, r) if r > 1 else torch.zeros_like(pos))
-        seg = torch.div(pos, w, rounding_mode="floor")
-        cls = torch.remainder(pos, w) % r if r > 1 else torch.zeros_like(pos)
-        return seg, cls
+            return torch.zeros_like(pos), torch.remainder(pos, r)
+        return torch.div(pos, w, rounding_mode="floor"), torch.remainder(pos, w) % r
 
     def config_keys(self, i: int, head, q_pos, k_pos) -> tuple:
         """Integer keys with ``config_allowed(i, head, p, s) == (q_key == k_key)`` (broadcast;
@@ -356,8 +354,7 @@ class DilatedPattern:
 
     def in_window(self, i: int, q_pos, k_pos) -> torch.Tensor:
         """Sliding windows: ``|p - s| < w_i`` (causality, ``s <= p``, is applied apart)."""
-        d = torch.as_tensor(q_pos) - torch.as_tensor(k_pos)
-        return d.abs() < self.segment_lengths[i]
+        return (torch.as_tensor(q_pos) - torch.as_tensor(k_pos)).abs() < self.segment_lengths[i]
 
     def sink_allowed(self, k_pos) -> torch.Tensor:
         """The sink rule: key position ``< sink_tokens`` (any query, any head)."""

@@ -186,17 +186,19 @@ def test_tiled_mlp_with_dropout_recomputes_the_same_masks():
 
 # ------------------------------------------------------------------------------ memory
 class _LargestIntermediate(TorchDispatchMode):
-    """Largest number of token rows of any tensor an op creates whose last dim is INTER."""
+    """Largest number of token rows of any tensor an op creates whose last dim is ``dim``
+    (default INTER), of ``dtype`` if given."""
 
-    def __init__(self):
+    def __init__(self, dim=INTER, dtype=None):
         super().__init__()
-        self.rows = 0
+        self.rows, self.dim, self.dtype = 0, dim, dtype
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == INTER:
-                self.rows = max(self.rows, t.numel() // INTER)
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == self.dim \
+                    and self.dtype in (None, t.dtype):
+                self.rows = max(self.rows, t.numel() // self.dim)
         return out
 
 
@@ -229,6 +231,25 @@ def test_tiled_mlp_bounds_intermediate_activations():
     assert tiled.rows == 96  # forward and backward: one chunk's [chunk, intermediate] at a time
     # the gated MLP saved 4 [tokens, INTER] tensors (+ x) per layer; tiled, only x
     assert plain_saved - tiled_saved >= LAYERS * 4 * 500 * INTER * 8 - LAYERS * 500 * HIDDEN * 8
+
+
+def test_tiled_norms_keep_their_float32_intermediates_to_a_chunk():
+    # LlamaRMSNorm computes in float32; in this float64 model its [tokens, hidden] float32
+    # intermediates (forward and backward) are the only float32 tensors of that width. The
+    # layers' norms are tiled (the model's final norm is not a layer's: left out here).
+    model = tiny_llama()
+    model.model.norm = torch.nn.Identity()
+    ids = torch.randint(0, VOCAB, (2, 250))  # 500 tokens
+    want = loss_and_grads(model, ids)
+    with _LargestIntermediate(HIDDEN, torch.float32) as plain:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert plain.rows == 500
+    tile_mlp(model, 96)
+    assert "forward" in model.model.layers[0].input_layernorm.__dict__
+    with _LargestIntermediate(HIDDEN, torch.float32) as tiled:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert tiled.rows == 96
+    assert_same(loss_and_grads(model, ids), want, "tiled norms")
 
 
 def test_offload_packs_exactly_the_checkpointed_layer_inputs():
@@ -288,8 +309,8 @@ def test_undo_restores_the_plain_modules():
     assert model.model.layers[0].mlp._hf_tile_chunk == 20
     assert set(model.state_dict()) == sd
     tile_mlp(model, 0)
-    assert "forward" not in model.model.layers[0].mlp.__dict__
-    assert not hasattr(model.model.layers[0].mlp, "_hf_tile_chunk")
+    for m in (model.model.layers[0].mlp, model.model.layers[0].post_attention_layernorm):
+        assert "forward" not in m.__dict__ and not hasattr(m, "_hf_tile_chunk")
 
 
 def test_bad_input_errors():
@@ -357,3 +378,16 @@ def test_auto_loss_falls_back_on_cpu_even_with_liger_installed(fake_liger):
     assert_close("loss", lm_loss(h, w, y, 7), chunked_lm_loss(h, w, y, 7),
                  2 * reorder_tol(30 + VOCAB + HIDDEN))
     assert fake_liger == []  # Liger runs only on CUDA
+
+
+def test_tiled_layers_compile_with_the_same_losses():
+    # compiled decoder layers (regional compilation, as tools.finetune --compile): the tiled MLP
+    # stays an autograd Function; a norm runs whole inside the graph (the compiler fuses it)
+    model = tiny_llama()
+    ids = torch.randint(0, VOCAB, (2, 100))
+    want = loss_and_grads(model, ids)
+    tile_mlp(model, 70)
+    torch._dynamo.reset()
+    for layer in model.model.layers:
+        layer.compile(backend="aot_eager")
+    assert_same(loss_and_grads(model, ids), want, "tiled, compiled layers")

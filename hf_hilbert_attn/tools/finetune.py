@@ -143,7 +143,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--tiled-mlp", type=int, default=0, metavar="CHUNK",
-                   help="run each layer's MLP and its backward CHUNK tokens at a time (0: off)")
+                   help="run each layer's MLP and norms and their backward CHUNK tokens at a "
+                   "time (0: off)")
     p.add_argument("--offload-checkpoints", action="store_true",
                    help="keep the checkpointed layer inputs in host memory (needs "
                    "--gradient-checkpointing)")

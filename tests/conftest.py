@@ -26,6 +26,25 @@ def _mark(event: str) -> None:
 _mark("conftest imported")
 
 
+def _worker_threads():
+    """Intra-op threads of an xdist worker: its share of the cores, None outside xdist. Torch's
+    pool (and that of every process a test starts: they inherit the environment) defaults to
+    every core, so CI's 2 workers on 2 cores ran 4 busy threads, and tiny ops waited in OpenMP
+    barriers for a descheduled one (tests/test_tool_smoke.py's ``_one_thread``: 1.4 s instead of
+    15 ms; a 4-step fine-tune of the tiny model in a worker: 4.7 s instead of 0.3 s). An
+    OMP_NUM_THREADS of the caller's is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not workers:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // workers)
+
+
+_THREADS = _worker_threads()
+if _THREADS is not None:  # before torch is imported (pytest_configure)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+
 def pytest_sessionstart(session):
     _mark("session start")
 
@@ -89,6 +108,8 @@ def pytest_configure(config):
     if _collects(config):
         import torch
 
+        if _THREADS is not None and os.environ["OMP_NUM_THREADS"].isdigit():
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # if imported before
         HAS_CUDA = torch.cuda.is_available()
         # CPU machines run the real Triton kernels through the interpreter. This must be set
         # before any @triton.jit function is defined, i.e. before hf_hilbert_attn.kernels is

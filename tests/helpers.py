@@ -10,7 +10,7 @@ import torch
 
 from hf_hilbert_attn import DilatedPattern
 
-__all__ = ["random_pattern", "assert_close"]
+__all__ = ["random_pattern", "assert_close", "run_finetune_here"]
 
 
 def random_pattern(rng: random.Random, length: Optional[int] = None, *, max_w: Optional[int] = None,
@@ -81,3 +81,19 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float, w
         at = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
         raise AssertionError(f"{where}: max error {float(diff.max()):.3g} > {tol:g} * {scale:.3g} "
                              f"at {list(at)} (got {float(got[at]):.6g}, want {float(want[at]):.6g})")
+
+
+def run_finetune_here(main, argv) -> None:
+    """``main(argv)`` of the fine-tune (``hf_hilbert_attn.tools.finetune``, or
+    examples/finetune.py's) in this process: a one-process run costs its steps, not a process
+    that spends seconds importing. Accelerate's process state is a singleton, shared with
+    whatever ran here before: cleared before and after, as in a fresh process."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        main([str(a) for a in argv])
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()

@@ -120,14 +120,33 @@ def test_eval_command_runs_builtin(capsys, tmp_path):
         assert str(tmp_path / name) in out
 
 
-def test_console_module_exit_code():
-    # A real process: the exit status a shell sees.
+def _cli_processes(tmp_path, *runs):
+    """``python -m hf_hilbert_attn.tools.cli ARGV`` in ``CWD`` for each ``(ARGV, CWD)`` of
+    ``runs``, as processes of their own (the exit status, stdout and stderr a shell sees), forked
+    from one that made the imports every command makes first (tests/_cli_forks.py: seconds a
+    command less). Returns (returncode, stdout, stderr) of each, in order."""
+    import json
+    from types import SimpleNamespace
+
+    spec = [{"argv": list(argv), "cwd": str(cwd), "out": str(tmp_path / f"cli{i}")}
+            for i, (argv, cwd) in enumerate(runs)]
+    (tmp_path / "cli_runs.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    bad = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.tools.cli", "show-pattern", "tiny",
-                          "--length", "0"], capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_cli_forks.py"),
+                           str(tmp_path / "cli_runs.json")], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    codes = json.loads(proc.stdout.splitlines()[-1])
+    return [SimpleNamespace(returncode=code, stdout=Path(f"{r['out']}.stdout").read_text(),
+                            stderr=Path(f"{r['out']}.stderr").read_text())
+            for code, r in zip(codes, spec)]
+
+
+def test_console_module_exit_code(tmp_path):
+    # A real process: the exit status a shell sees.
+    bad, ok = _cli_processes(tmp_path, (["show-pattern", "tiny", "--length", "0"], REPO),
+                             (["show-pattern", "tiny", "--length", "8"], REPO))
     assert bad.returncode == 2 and "--length must be >= 1, got 0" in bad.stderr
-    ok = subprocess.run([sys.executable, "-m", "hf_hilbert_attn.tools.cli", "show-pattern", "tiny",
-                         "--length", "8"], capture_output=True, text=True, env=env, cwd=REPO)
     assert ok.returncode == 0 and "allowed pairs per head   36\n" in ok.stdout
 
 
@@ -222,18 +241,14 @@ def test_gpu_commands_refuse_on_cpu(capsys):
 
 def test_input_error_exit_status_and_debug(tmp_path):
     # A real process: one line on stderr, exit status 1; --debug keeps the traceback.
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     (tmp_path / "empty.txt").write_text("")
-    argv = [sys.executable, "-m", "hf_hilbert_attn.tools.cli", "eval", "--corpus",
-            str(tmp_path / "empty.txt"), "--tasks", "perplexity", "--lengths", "64",
-            "--out-dir", str(tmp_path / "o")]
-    bad = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
+    argv = ["eval", "--corpus", str(tmp_path / "empty.txt"), "--tasks", "perplexity", "--lengths",
+            "64", "--out-dir", str(tmp_path / "o")]
+    bad, dbg = _cli_processes(tmp_path, (argv, tmp_path), (["--debug"] + argv, tmp_path))
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1].startswith("hf-hilbert-attn eval: error: "
                                                           "corpus file is empty")
     assert "Traceback" not in bad.stderr
-    dbg = subprocess.run(argv[:3] + ["--debug"] + argv[3:], capture_output=True, text=True,
-                         env=env, cwd=tmp_path)
     assert dbg.returncode == 1 and "Traceback" in dbg.stderr and "InputError" in dbg.stderr
 
 

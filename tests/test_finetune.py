@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import torch
 
 from _dist import run_distributed
 from conftest import assert_error_within, model_tol, reorder_tol
+from helpers import run_finetune_here
 
 pytestmark = pytest.mark.multiprocess
 
@@ -174,11 +176,26 @@ def _run(cmd, out_dir):
     assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} failed:\n{stdout[-3000:]}\n"
                                   f"{stderr[-5000:]}")
     _run.last_stderr = stderr
+    return _losses(out_dir)
+
+
+def _losses(out_dir):
+    """The per-step losses of ``out_dir/train_log.jsonl``."""
     log = {}
     for line in (out_dir / "train_log.jsonl").read_text().splitlines():
         rec = json.loads(line)
         log[rec["step"]] = rec["loss"]  # a resumed run appends; the last record of a step wins
     return [log[k] for k in sorted(log)]
+
+
+def _run_here(args, out_dir):
+    """A one-process run of examples/finetune.py (``args`` as ``_args`` gives them, the script
+    first): its main() in this process, as ``_main_exits`` runs it (``helpers.run_finetune_here``:
+    the run costs its steps, not a process that spends its time importing). Its per-step
+    losses, as ``_run``'s."""
+    assert args[0] == "examples/finetune.py", args
+    run_finetune_here(_finetune_module().main, args[1:])
+    return _losses(out_dir)
 
 
 def _args(tmp_path, out, steps, *extra):
@@ -202,7 +219,7 @@ def one_process(tmp_path_factory):
     and chunked-loss runs below must reproduce (run once for both tests)."""
     tmp = tmp_path_factory.mktemp("one")
     (tmp / "p.yaml").write_text(PATTERN_YAML)
-    return _run([sys.executable, *_args(tmp, tmp / "one", 4)], tmp / "one")
+    return _run_here(_args(tmp, tmp / "one", 4), tmp / "one")
 
 
 def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path, one_process):
@@ -211,12 +228,17 @@ def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path, one_proc
     full = _run([*_torchrun(2), *_args(tmp_path, tmp_path / "sp2", 4)], tmp_path / "sp2")
     # close: same model, data and gradients; the ring sums in another order (LOSS_RTOL)
     assert full == pytest.approx(one, rel=LOSS_RTOL), (full, one)
-    # kill after step 2 (a run that stops there), resume under accelerate launch: exact
+    # killed after step 2: what such a run leaves is this run's checkpoint of step 2 (saved
+    # mid-run, as a killed run's last one is) and its log of steps 1-2. Resumed from there under
+    # accelerate launch: steps 3-4 exactly those of the uninterrupted run
     part = tmp_path / "resumed"
-    _run([*_accelerate(), *_args(tmp_path, part, 2)], part)
+    shutil.copytree(tmp_path / "sp2" / "checkpoints" / "step_2", part / "checkpoints" / "step_2")
     assert (part / "checkpoints" / "step_2" / "optimizer.bin").exists()
+    log = (tmp_path / "sp2" / "train_log.jsonl").read_text().splitlines()
+    (part / "train_log.jsonl").write_text("\n".join(log[:2]) + "\n")
     resumed = _run([*_accelerate(), *_args(tmp_path, part, 4, "--resume", "latest")], part)
-    assert resumed == full, f"exact: resumed trajectory {resumed} != uninterrupted {full}"
+    assert len(resumed) == 4 and resumed[2:] == full[2:], \
+        f"exact: resumed trajectory {resumed} != uninterrupted {full}"
     # said once (rank 0), and the progress bar shows no tokens/s before a step has been timed
     assert _run.last_stderr.count("resumed from") == 1, _run.last_stderr[-3000:]
     assert "tok_s=0" not in _run.last_stderr
@@ -244,8 +266,8 @@ def test_finetune_chunked_loss_matches_model_loss(tmp_path, one_process):
     and under sequence parallelism (each shard divides by the whole sequence's label count)."""
     (tmp_path / "p.yaml").write_text(PATTERN_YAML)
     one = one_process
-    chunked = _run([sys.executable, *_args(tmp_path, tmp_path / "c1", 4, "--loss-chunk", "13")],
-                   tmp_path / "c1")
+    chunked = _run_here(_args(tmp_path, tmp_path / "c1", 4, "--loss-chunk", "13"),
+                        tmp_path / "c1")
     assert chunked == pytest.approx(one, rel=LOSS_RTOL), (chunked, one)
     sp = _run([*_torchrun(2), *_args(tmp_path, tmp_path / "c2", 4, "--loss-chunk", "13",
                                      "--layout", "zigzag", "--gradient-checkpointing")],
@@ -310,11 +332,11 @@ def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):
     dense = ["--pattern", str(tmp_path / "dense.yaml")]
     for impl, extra in (("sdpa", []), ("hilbert_dilated", dense)):
         out = tmp_path / impl
-        losses[impl] = _run([sys.executable, "examples/finetune.py", "--model",
-                             str(tmp_path / "model"), "--data", str(tmp_path / "data"),
-                             "--seq-len", "64", "--max-steps", "3", "--save-every", "0",
-                             "--lr", "1e-4", "--attn-implementation", impl, "--output-dir",
-                             str(out), *extra], out)
+        losses[impl] = _run_here(["examples/finetune.py", "--model", str(tmp_path / "model"),
+                                  "--data", str(tmp_path / "data"), "--seq-len", "64",
+                                  "--max-steps", "3", "--save-every", "0", "--lr", "1e-4",
+                                  "--attn-implementation", impl, "--output-dir", str(out),
+                                  *extra], out)
         final = out / "final"
         loaded = AutoTokenizer.from_pretrained(final)
         assert loaded("Hello 12345.")["input_ids"] == tok("Hello 12345.")["input_ids"]
@@ -391,10 +413,10 @@ def test_finetune_memory_options_keep_the_losses(tmp_path, capsys):
     (tmp_path / "p.yaml").write_text("segment_lengths: [16, 32]\ndilation_rates: [1, 2]\n")
     base = _args(tmp_path, tmp_path / "plain", 3, "--save-every", "0", "--gradient-checkpointing",
                  "--loss-chunk", "40")
-    plain = _run([sys.executable, *base], tmp_path / "plain")
+    plain = _run_here(base, tmp_path / "plain")
     opts = _args(tmp_path, tmp_path / "opts", 3, "--save-every", "0", "--gradient-checkpointing",
                  "--loss-chunk", "40", "--tiled-mlp", "30", "--offload-checkpoints")
-    tiled = _run([sys.executable, *opts], tmp_path / "opts")
+    tiled = _run_here(opts, tmp_path / "opts")
     assert len(plain) == 3 and tiled == pytest.approx(plain, rel=LOSS_RTOL)
     code, err = _main_exits(capsys, "--offload-checkpoints")
     assert code == 2 and "needs --gradient-checkpointing" in err, err

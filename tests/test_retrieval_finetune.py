@@ -4,6 +4,7 @@ the answer only), ``finetune --retrieval-mix`` alone and sequence-parallel, the 
 
 import csv
 import json
+import logging
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from conftest import model_tol
+from helpers import run_finetune_here
 from hf_hilbert_attn.tools.evaluation.corpus import (build_char_tokenizer, build_default_model,
                                                builtin_corpus)
 from hf_hilbert_attn.tools.evaluation.passkey import passkey_prompts
@@ -177,24 +179,29 @@ def _ft_args(assets, out, seed, *extra):
 
 
 @pytest.mark.multiprocess
-def test_finetune_retrieval_mix_loss_on_the_answer_and_sequence_parallel(assets, tok, tmp_path):
+def test_finetune_retrieval_mix_loss_on_the_answer_and_sequence_parallel(assets, tok, tmp_path,
+                                                                         caplog):
     """A retrieval step's loss is the model's loss on the answer tokens of its block (checked on
     the first step, from the same weights), and 2 sequence-parallel ranks (labels sharded with
-    the ids) give the 1-process losses."""
+    the ids) give the 1-process losses (that run: in this process, helpers.run_finetune_here)."""
     from transformers import AutoModelForCausalLM
 
     import hf_hilbert_attn
+    from hf_hilbert_attn.tools.finetune import main
     from hf_hilbert_attn.tools.finetune_data import RetrievalMix
 
     seed = next(s for s in range(50) if RetrievalSchedule(0.5, s).is_retrieval(0))
-    one = _run([sys.executable, *_ft_args(assets, tmp_path / "one", seed)])
+    args = _ft_args(assets, tmp_path / "one", seed)
+    assert args[:2] == ["-m", "hf_hilbert_attn.tools.finetune"]
+    with caplog.at_level(logging.INFO, logger="finetune"):  # its summary lines
+        run_finetune_here(main, args[2:])
     log = _log(tmp_path / "one")
     assert [r["retrieval"] for r in log][0] == 1 and sum(r["retrieval"] for r in log) in (1, 2)
     stats = json.loads((tmp_path / "one" / "train_stats.json").read_text())
     assert stats["retrieval_blocks"] == sum(r["retrieval"] for r in log)
     assert stats["retrieval_mix"] == 0.5 and stats["retrieval_tasks"] == ["passkey",
                                                                            "niah_single"]
-    assert f"{stats['retrieval_blocks']} of 3 blocks were retrieval examples" in one.stderr
+    assert f"{stats['retrieval_blocks']} of 3 blocks were retrieval examples" in caplog.text
 
     model = AutoModelForCausalLM.from_pretrained(assets / "model",
                                                  attn_implementation="hilbert_dilated")
@@ -260,10 +267,21 @@ def test_quality_passes_retrieval_mix_to_the_finetune(assets, tmp_path):
     assert stats["retrieval_mix"] == 0.25 and stats["retrieval_blocks"] == 1
 
 
-def test_retrieval_finetune_script_smoke(tmp_path):
-    proc = _run([sys.executable, "examples/benchmarks/retrieval_finetune.py", "--smoke",
-                 "--out", str(tmp_path), "--jobs", "4", "--rows", "dense", "calibrated"],
-                timeout=240)  # the default row is the calibrated one's code path, less 2 processes
+@pytest.mark.timeout(240)  # as the script's process had
+def test_retrieval_finetune_script_smoke(tmp_path, capsys, monkeypatch):
+    # the script's main() in this process (its fine-tunes are still processes of their own), as
+    # tests/test_calibrate.py runs retrieval_study.py's: it puts its folder on sys.path
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location(
+        "retrieval_finetune", ROOT / "examples/benchmarks/retrieval_finetune.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # the default row is the calibrated one's code path, less 2 processes
+    assert script.main(["--smoke", "--out", str(tmp_path), "--jobs", "4", "--rows", "dense",
+                        "calibrated"]) == 0
+    stdout = capsys.readouterr().out
 
     rows = list(csv.DictReader((tmp_path / "retrieval_finetune.csv").open()))
     methods = {r["method"] for r in rows}
@@ -277,4 +295,4 @@ def test_retrieval_finetune_script_smoke(tmp_path):
                       "config.json").read_text())
     assert any(cfg["hilbert_attn"]["layer_dense_kv_heads"]), "the hybrid was fine-tuned"
     md = (tmp_path / "retrieval_finetune.md").read_text()
-    assert "| calibrated_mix0.25 | 0.25 |" in md and "FAILED" not in proc.stdout
+    assert "| calibrated_mix0.25 | 0.25 |" in md and "FAILED" not in stdout

@@ -1,12 +1,13 @@
 """Decoding: a few queries against a key/value cache, as one plan per forward and one run per
 layer (the plan/run split of ``docs/kernels.md``, "Decoding").
 
-Every layer of a decode step attends at the same positions, so the host work — which cached
-key each query head may attend, from the pattern, the positions, documents, padding and dense
-heads — is done once, by :func:`plan_decode`, into a :class:`DecodePlan` kept on the device.
-:func:`run_decode` then only launches the decode kernel (``kernels._decode``: split over keys,
-tiles no query attends never loaded; on a CPU, one fused SDPA call with the plan as its mask). Dense key/value heads are rows of the same plan (every
-key allowed), so they cost no second call.
+Every layer of a decode step attends at the same positions, so what follows from them — the
+positions of the queries and of the cached keys, documents, padding — is gathered once, by
+:func:`plan_decode`, into a :class:`DecodePlan`, and turned into device tensors by its first
+run. :func:`run_decode` then launches the decode kernel once per layer (``kernels._decode``:
+split over keys, the pattern's rule evaluated per key tile from the positions, tiles no query
+attends never loaded; on a CPU, one fused SDPA call with the plan's bias as its mask). Dense
+key/value heads are a table of the same launch, so they cost no second call.
 """
 
 from __future__ import annotations
@@ -30,13 +31,68 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(eq=False)
 class DecodePlan:
-    """The keys each query head may attend: ``bias`` ``[Bm, Hkv, (Hq // Hkv) * Sq, Skp]``
-    float32, 0 where allowed and ``-inf`` elsewhere (``Bm`` 1 where every row is alike, ``Skp``
-    ``Sk`` rounded up to 16 for aligned rows; row ``g * Sq + i`` is query ``i`` of query head
-    ``j * (Hq // Hkv) + g``)."""
+    """What every layer of a decode step with one pattern reads: the pattern, the head counts,
+    the positions ``[Sq]`` / ``[B, Sq]`` of the queries and ``[Sk]`` / ``[B, Sk]`` of the cached
+    keys (true positions, slot order) and their document ids (a negative key id: padding). Its
+    first run makes what a run needs from them: on CUDA the kernel's ``Rule`` (int32 rows
+    per batch row, the configs and dense key/value heads as small tables) and launch, on a CPU
+    the float32 bias (0 allowed, -inf not, ``[Bm, Hkv, (Hq // Hkv) * Sq, Sk]``)."""
 
-    bias: torch.Tensor
+    pattern: DilatedPattern
+    num_heads: int
+    num_kv_heads: int
     sk: int
+    q_positions: torch.Tensor
+    k_positions: torch.Tensor
+    q_doc_ids: Optional[torch.Tensor] = None
+    k_doc_ids: Optional[torch.Tensor] = None
+    _made: Optional[object] = None  # the launcher or the bias, made by the first run
+
+    def rule(self, batch: int):
+        """The kernel's ``Rule`` of this plan for ``batch`` rows (made anew each call)."""
+        from .kernels._decode import Rule  # imports Triton: on the first decode call
+
+        p = self.pattern
+        rows = [None if t is None else _rows(t, batch) for t in
+                (self.q_positions, self.k_positions, self.q_doc_ids, self.k_doc_ids)]
+        cfg, dense = _tables(p, self.num_kv_heads, rows[0].device)
+        return Rule(rows[0], rows[1], rows[2] if rows[2] is not None else rows[0],
+                    rows[3] if rows[3] is not None else rows[1], cfg, dense, p.sink_tokens)
+
+    def bias(self) -> torch.Tensor:
+        """The CPU run's float32 bias (``build_mask`` over the positions, dense heads included)."""
+        allowed = self.pattern.build_mask(self.num_heads, self.q_positions, self.k_positions,
+                                          q_doc_ids=self.q_doc_ids, k_doc_ids=self.k_doc_ids,
+                                          num_kv_heads=self.num_kv_heads)  # [Bm, Hq, Sq, Sk]
+        bm, _, sq, sk = allowed.shape
+        rows = allowed.reshape(bm, self.num_kv_heads, self.num_heads // self.num_kv_heads * sq, sk)
+        return torch.zeros(rows.shape, dtype=torch.float32, device=rows.device).masked_fill_(
+            ~rows, float("-inf"))
+
+
+_TABLES: dict = {}  # (pattern, Hkv, device) -> the kernel's config and dense-head tables
+
+
+def _tables(pattern: DilatedPattern, num_kv_heads: int, device) -> tuple:
+    """``Rule.CFG`` and ``Rule.DENSE`` of ``pattern``: made once per device (a copy to the
+    device waits for it), afresh while tracing."""
+    key = (pattern, num_kv_heads, device)
+    hit = None if torch.compiler.is_compiling() else _TABLES.get(key)
+    if hit is None:
+        pattern.check_kv_heads(num_kv_heads)
+        cfgs = list(pattern.configs)
+        cfgs += cfgs[:1] * ((1 << (len(cfgs) - 1).bit_length()) - len(cfgs))
+        hit = (torch.tensor(cfgs, dtype=torch.int32, device=device),
+               torch.tensor([j in pattern.dense_kv_heads for j in range(num_kv_heads)],
+                            dtype=torch.int8, device=device))
+        _TABLES[key] = hit
+    return hit
+
+
+def _rows(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """``t`` (``[S]`` or ``[1 or B, S]``) as contiguous int32 ``[batch, S]``."""
+    t = t if t.dim() == 2 else t[None]
+    return t.to(torch.int32).expand(batch, t.shape[1]).contiguous()
 
 
 def decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern) -> bool:
@@ -65,49 +121,54 @@ def _kernel(q: torch.Tensor) -> bool:
 
 
 def plan_decode(pattern: DilatedPattern, num_heads: int, num_kv_heads: int, sk: int,
-                q_positions: torch.Tensor, k_positions: torch.Tensor, *, causal: bool = True,
+                q_positions: torch.Tensor, k_positions: torch.Tensor, *,
                 q_doc_ids: Optional[torch.Tensor] = None,
                 k_doc_ids: Optional[torch.Tensor] = None) -> DecodePlan:
-    """The plan of a decode step: positions ``[Sq]`` / ``[B, Sq]`` of the queries and ``[Sk]``
-    / ``[B, Sk]`` of the cached keys (true positions, slot order), document ids likewise (a
-    negative key id: padding). The pattern's rule (``DilatedPattern.build_mask``), dense heads
-    included; O(Hq · Sq · Sk) device work, no host sync."""
-    allowed = pattern.build_mask(num_heads, q_positions, k_positions, causal=causal,
-                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
-                                 num_kv_heads=num_kv_heads)  # [Bm, Hq, Sq, Sk] bool
-    bm, _, sq, _ = allowed.shape
-    rows = num_heads // num_kv_heads * sq
-    bias = torch.full((bm, num_kv_heads, rows, -(-sk // 16) * 16), float("-inf"),
-                      dtype=torch.float32, device=allowed.device)
-    bias[..., :sk].masked_fill_(allowed.reshape(bm, num_kv_heads, rows, sk), 0.0)
-    return DecodePlan(bias, sk)
+    """The plan of a causal decode step (:class:`DecodePlan`); no device work until its first
+    run, which is O(B · (Sq + Sk)) on CUDA (the rule is evaluated in the kernel)."""
+    if (q_doc_ids is None) != (k_doc_ids is None):
+        raise ValueError("q_doc_ids and k_doc_ids must be given together")
+    return DecodePlan(pattern, num_heads, num_kv_heads, sk, q_positions, k_positions, q_doc_ids,
+                      k_doc_ids)
 
 
 def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePlan,
                scale: float, return_lse: bool = False):
     """Attention of ``q`` ``[B, Hq, Sq, D]`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` as ``plan``
-    allows (a query with none: output 0, lse -inf): the decode kernel, two launches. Returns
-    ``out`` (and ``lse`` ``[B, Hq, Sq]`` float32). Under ``torch.compile`` (``out`` only) one
-    custom op, which CUDA graphs capture."""
+    allows (a query with none: output 0, lse -inf): the decode kernel, one launch. Returns
+    ``out`` (a ``[B, Hq, Sq, D]`` view of ``[B, Sq, Hq, D]`` storage: the layout a model wants
+    back) and ``lse`` ``[B, Hq, Sq]`` float32 if asked. Under ``torch.compile`` (``out`` only)
+    one custom op, which CUDA graphs capture."""
     if k.shape[2] != plan.sk:
         raise ValueError(f"decode plan made for {plan.sk} keys, called with {k.shape[2]}")
+    (b, hq, sq, d), p = q.shape, plan.pattern
+    if not _kernel(q):  # (traced as it is under torch.compile)
+        if plan._made is None:
+            plan._made = plan.bias()
+        out, lse = _torch_decode(q, k, v, plan._made, scale)
+        return (out, lse) if return_lse else out
     if torch.compiler.is_compiling() and not return_lse:
-        return torch.ops.hf_hilbert_attn.decode(q, k, v, plan.bias, plan.sk, float(scale))
-    if not _kernel(q):
-        out, lse = _torch_decode(q, k, v, plan, scale)
-    else:
-        from .kernels._decode import decode_fwd  # imports Triton: on the first decode call
+        r = plan.rule(b)
+        return torch.ops.hf_hilbert_attn.decode(
+            q, k, v, r.QP, r.KP, r.QD if plan.q_doc_ids is not None else None, r.KD, r.CFG,
+            r.DENSE, r.SINKS, p.sliding, p.query_dilation == "per_head", float(scale))
+    if plan._made is None:
+        from .kernels._decode import DecodeLauncher
 
-        out, lse = decode_fwd(q, k, v, plan.bias, scale, interpret=not q.is_cuda)
+        plan._made = DecodeLauncher(plan.rule(b), p.sliding, p.query_dilation == "per_head",
+                                    plan.q_doc_ids is not None)
+    out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device) if return_lse else None
+    plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda)
     return (out, lse) if return_lse else out
 
 
-def _torch_decode(q, k, v, plan: DecodePlan, scale: float):
+def _torch_decode(q, k, v, bias: torch.Tensor, scale: float):
     """:func:`run_decode` off CUDA: one fused SDPA call per layer with the plan's bias as its
     float mask, the query heads of a key/value head as rows (in float32; float64 stays)."""
     (b, hq, sq, d), hkv = q.shape, k.shape[1]
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    bias = plan.bias[..., :plan.sk].to(cdt)
+    bias = bias.to(cdt)
     out, lse = _SDPA_CPU(q.to(cdt).reshape(b, hkv, hq // hkv * sq, d), k.to(cdt), v.to(cdt),
                          0.0, False, attn_mask=bias, scale=scale)
     # (a row with no allowed key: SDPA gives out 0 and lse 0; the contract says -inf)
@@ -119,11 +180,21 @@ _SDPA_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 
 
 @torch.library.custom_op("hf_hilbert_attn::decode", mutates_args=())
-def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, sk: int,
-               scale: float) -> torch.Tensor:
-    return run_decode(q, k, v, DecodePlan(bias, sk), scale)
+def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+               k_pos: torch.Tensor, q_doc: Optional[torch.Tensor], k_doc: torch.Tensor,
+               cfg: torch.Tensor, dense: torch.Tensor, sinks: int, sliding: bool,
+               per_head: bool, scale: float) -> torch.Tensor:
+    from .kernels._decode import DecodeLauncher, Rule
+
+    (b, hq, sq, d), rule = q.shape, Rule(q_pos, k_pos, q_pos if q_doc is None else q_doc, k_doc,
+                                         cfg, dense, sinks)
+    out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    DecodeLauncher(rule, sliding, per_head, q_doc is not None)(q, k, v, scale, out,
+                                                               interpret=not q.is_cuda)
+    return out
 
 
 @_decode_op.register_fake
-def _(q, k, v, bias, sk, scale):
-    return torch.empty_like(q)
+def _(q, k, v, q_pos, k_pos, q_doc, k_doc, cfg, dense, sinks, sliding, per_head, scale):
+    (b, hq, sq, d) = q.shape
+    return q.new_empty(b, sq, hq, d).transpose(1, 2)

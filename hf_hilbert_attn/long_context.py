@@ -48,12 +48,9 @@ def _patch_forward(module, attr: str, new_forward) -> None:
 
 def _unpatch(module, attr: str) -> None:
     saved = module.__dict__.pop(attr, None)
-    if saved is None:
-        return
-    inner, was_instance = saved
-    if was_instance:
-        module.forward = inner
-    else:
+    if saved is not None and saved[1]:  # an instance forward: put it back
+        module.forward = saved[0]
+    elif saved is not None:  # the class's forward: drop ours
         del module.forward
 
 
@@ -123,11 +120,9 @@ class _TiledMLPFunction(torch.autograd.Function):
                     g = grads.pop(0)
                     dx[i:i + chunk] = 0 if g is None else g
                 for j, g in zip(want_p, grads):
-                    if g is None:
-                        continue
-                    if acc[j] is None:
+                    if g is not None and acc[j] is None:
                         acc[j] = g.to(torch.promote_types(g.dtype, torch.float32))
-                    else:
+                    elif g is not None:
                         acc[j] += g
         pgrads = [None if a is None else a.to(p.dtype) for a, p in zip(acc, params)]
         return (None, None, None, dx.view_as(x) if want_x else None, *pgrads)
@@ -344,8 +339,5 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
 
 def offload_stats(model) -> Optional[OffloadStats]:
     """The :class:`OffloadStats` of ``model``'s offload hooks, or None when none are installed."""
-    for m in model.modules():
-        off = m.__dict__.get("_hf_offloader")
-        if off is not None:
-            return off.stats
-    return None
+    offloaders = (m.__dict__.get("_hf_offloader") for m in model.modules())
+    return next((off.stats for off in offloaders if off is not None), None)

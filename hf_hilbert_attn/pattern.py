@@ -413,14 +413,13 @@ class DilatedPattern:
         and document tensors (``[S]`` or ``[B, S]``; none: index == position) are indexed with
         the storage indices it passes in. ``num_heads`` / ``num_kv_heads``: for dense heads.
         """
-        dense = self.dense_query_heads(num_heads, num_kv_heads) if self.dense_kv_heads else None
+        if self.dense_kv_heads:
+            self.dense_query_heads(num_heads, num_kv_heads)  # (checks the head counts now)
         qp = None if q_positions is None else _as_2d(q_positions)
         kp = None if k_positions is None else _as_2d(k_positions)
         qd = None if q_doc_ids is None else _as_2d(q_doc_ids)
         kd = None if k_doc_ids is None else _as_2d(k_doc_ids)
-        configs = self.configs
-        per_head = self.query_dilation == "per_head"
-        sliding, sink = self.sliding, self.sink_tokens
+        configs, sliding, sink = self.configs, self.sliding, self.sink_tokens
 
         def _pick(t, b, idx):
             return t[b % t.shape[0] if t.shape[0] > 1 else 0, idx]
@@ -428,23 +427,7 @@ class DilatedPattern:
         def mask_mod(b, h, q_idx, kv_idx):
             p = q_idx if qp is None else _pick(qp, b, q_idx)
             s = kv_idx if kp is None else _pick(kp, b, kv_idx)
-            ok = None
-            for w, r in configs:
-                if sliding:
-                    c = (p - s < w) & (s - p < w)
-                    tq, tk = p % r, s % r
-                else:
-                    c = (p // w) == (s // w)
-                    tq, tk = (p % w) % r, (s % w) % r
-                if r > 1:
-                    c = c & (tq == tk)
-                    if per_head:
-                        c = c & (tq == h % r)
-                ok = c if ok is None else (ok | c)
-            if sink:
-                ok = ok | (s < sink)
-            if dense is not None:
-                ok = ok | dense.to(h.device if isinstance(h, torch.Tensor) else "cpu")[h]
+            ok = self.allowed(h, p, s, num_heads=num_heads, num_kv_heads=num_kv_heads)
             if causal:
                 ok = ok & (s <= p)
             if qd is not None:

@@ -67,13 +67,11 @@ def resolve_layout(layout: str, seq_len: int, world_size: int,
     """
     if layout != "auto":
         return layout
-    if pattern is not None and seq_len > 0 and not pattern.dense_kv_heads:
-        if pattern.sliding:
-            if pattern.max_segment <= seq_len:
-                return "contiguous"
-        elif seq_len % (world_size * pattern.max_segment) == 0:
-            return "contiguous"
-    return "zigzag"
+    if pattern is None or seq_len <= 0 or pattern.dense_kv_heads:
+        return "zigzag"
+    if pattern.sliding:
+        return "contiguous" if pattern.max_segment <= seq_len else "zigzag"
+    return "contiguous" if seq_len % (world_size * pattern.max_segment) == 0 else "zigzag"
 
 
 def _check_layout(layout: str, pattern: Optional[DilatedPattern]):
@@ -167,8 +165,7 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     rank, world = _rank_world(group)
     s = ids.shape[1]
     layout = resolve_layout(layout, s, world, pattern)
-    _check_layout(layout, pattern)
-    pos_table = shard_positions(s, world, layout, pattern, pad_to_multiple)
+    pos_table = shard_positions(s, world, layout, pattern, pad_to_multiple)  # checks the layout
     sp = pos_table.numel()
     idx = pos_table[rank].to(ids.device)  # [L] indices into the padded sequence
 
@@ -180,8 +177,7 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     labels = batch.get("labels")
     if labels is not None:
         sh = pad(shift_labels(labels), IGNORE_INDEX).index_select(1, idx)
-        out["labels"] = sh
-        out["shift_labels"] = sh
+        out["labels"] = out["shift_labels"] = sh
         out["num_items"] = (sh != IGNORE_INDEX).sum()
     if batch.get("attention_mask") is not None:
         out["attention_mask"] = pad(batch["attention_mask"], 0).index_select(1, idx)
@@ -261,19 +257,13 @@ def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *
             raise ValueError("gather_sequence(layout='auto') needs seq_len (the unpadded length "
                              "given to shard_batch) to know which layout was used")
         layout = resolve_layout(layout, seq_len, world, pattern)
-    pos_table = _table_for_padded(full_len, world, layout, pattern)
-    inv = torch.empty_like(pos_table.flatten())
-    inv[pos_table.flatten()] = torch.arange(full_len)
+    pos_table = shard_positions(full_len, world, layout, pattern)
+    if pos_table.numel() != full_len:
+        raise ValueError(f"a gathered length of {full_len} cannot come from layout {layout!r} over "
+                         f"{world} ranks")
+    inv = torch.argsort(pos_table.flatten())  # the inverse permutation: position -> stored index
     out = stored.index_select(dim, inv.to(x.device))
     return out if seq_len is None else out.narrow(dim, 0, seq_len)
-
-
-def _table_for_padded(padded: int, world: int, layout: str, pattern) -> torch.Tensor:
-    table = shard_positions(padded, world, layout, pattern)
-    if table.numel() != padded:
-        raise ValueError(f"a gathered length of {padded} cannot come from layout {layout!r} over "
-                         f"{world} ranks")
-    return table
 
 
 def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,

@@ -67,9 +67,10 @@ DTYPES = [torch.float32, torch.float16] + [torch.bfloat16] * torch.cuda.is_avail
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_run_matches_reference(dtype):
     rng = random.Random(torch.randint(2**31, ()).item())
-    for _ in range(3):
+    for case in range(4):  # the first: one key tile, so one split (no partial results)
         b, (hq, hkv) = rng.randint(1, 2), rng.choice([(6, 2), (4, 4), (3, 1), (8, 2)])
-        sq, sk, d = rng.randint(1, 5), rng.randint(20, 97), rng.choice([16, 32])
+        sq, d = rng.randint(1, 5), rng.choice([16, 32])
+        sk = rng.randint(sq + 1, 16) if case == 0 else rng.randint(20, 97)
         p = random_pattern(rng, sk, window=None, sinks=None)
         if rng.random() < 0.5:
             p = p.replace(dense_kv_heads=tuple(sorted(rng.sample(range(hkv), 1))))

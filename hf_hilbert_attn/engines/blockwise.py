@@ -5,6 +5,8 @@ FlashAttention-style backward. Any device, any positions and documents.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..numerics import accum_dtype, finite_or_zero, merge_partials
@@ -16,33 +18,27 @@ def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
     _, _, need_causal, own, need_docs, dedupe, covered = chunk
     qc, kc = qp[:, None], kp[None, :]
     h = ps.head_ids.view(-1, 1, 1)
-    mask = None
+    parts = []  # the mask is their AND
     if own == _OWN_RULE:
-        mask = pattern.config_allowed(ps.config, h, qc, kc)
+        parts.append(pattern.config_allowed(ps.config, h, qc, kc))
     if own == _OWN_WINDOW or covered:
         # Sliding windows whose class test holds for every pair: the rule is a distance, with
         # no head dimension. Causal: the signed p - s, as pairs with s > p go anyway (below).
         dist = qc - kc if ps.causal else (qc - kc).abs()
         if own == _OWN_WINDOW:
-            m = dist < pattern.segment_lengths[ps.config]
-            mask = m if mask is None else mask & m
+            parts.append(dist < pattern.segment_lengths[ps.config])
         if covered:  # the union rule: |p - s| < covered belongs to an earlier config
-            m = dist >= covered
-            mask = m if mask is None else mask & m
-    taken = None  # the union rule: a pair belongs to the first config that allows it
-    for j in dedupe:
-        t = pattern.config_allowed(j, h, qc, kc)
-        taken = t if taken is None else taken | t
-    if taken is not None:
-        mask = ~taken if mask is None else mask & ~taken
+            parts.append(dist >= covered)
+    # the union rule: a pair belongs to the first config that allows it
+    parts += [~pattern.config_allowed(j, h, qc, kc) for j in dedupe]
     if need_causal and not (covered and ps.causal):  # p - s >= covered > 0 is causal already
-        mask = (kc <= qc) if mask is None else mask & (kc <= qc)
-    if mask is not None:
-        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        parts.append(kc <= qc)
     if need_docs:  # same document only; a negative key id is padding
-        d = ((qd[:, :, None] == kd[:, None, :]) & (kd[:, None, :] >= 0))[:, None]
-        mask = d if mask is None else mask & d
-    return mask
+        parts.append(((qd[:, :, None] == kd[:, None, :]) & (kd[:, None, :] >= 0))[:, None])
+    if not parts:
+        return None
+    mask = functools.reduce(torch.logical_and, parts)
+    return mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
 def _grouped_mask(mask, hk, g):
@@ -55,8 +51,7 @@ def _grouped_mask(mask, hk, g):
 def _pass_views(ps, hkv):
     """Per-pass head layout ``(hk, g)``: scores are ``[B, hk, g * cq, ck]``. All heads: the
     grouped view (hk = Hkv, g = Hq // Hkv); a subset of heads: one row block per head."""
-    hc = ps.head_ids.numel()
-    return (hkv, hc // hkv) if ps.kv_ids is None else (hc, 1)
+    return (hkv, ps.head_ids.numel() // hkv) if ps.kv_ids is None else (ps.head_ids.numel(), 1)
 
 
 def _gather_kv(t, rows, idx, kv_ids):
@@ -69,6 +64,15 @@ def _key_chunk(ps, kf, vf, chunk):
     """Storage rows ``ki`` of a key chunk and its K and V blocks ``[B', hk, ck, D]``."""
     ki = ps.k_order[chunk[0]:chunk[1]]
     return ki, _gather_kv(kf, ps.rows, ki, ps.kv_ids), _gather_kv(vf, ps.rows, ki, ps.kv_ids)
+
+
+def _query_tile(ps, lo, hi, hk, g, *srcs):
+    """Storage rows ``qi`` of the query tile ``lo:hi``, its positions and document ids, and the
+    tile's rows of each source ``[B', Hc, Sq, D]`` as ``[B', hk, g * cq, D]``."""
+    qi = ps.q_order[lo:hi]
+    qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
+    rows = (x.index_select(2, qi).reshape(x.shape[0], hk, g * len(qi), -1) for x in srcs)
+    return (qi, ps.q_pos[lo:hi], qd, *rows)
 
 
 def _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g):
@@ -95,16 +99,11 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
         q_src = qf[ps.rows, ps.heads]
         out_v, lse_v = out[ps.rows, ps.heads], lse[ps.rows, ps.heads]
         for lo, hi, chunks in ps.tiles:
-            qi = ps.q_order[lo:hi]
-            cq = qi.numel()
-            qb = q_src.index_select(2, qi)  # [B', Hc, cq, D]
-            nb = qb.shape[0]
-            qb = qb.reshape(nb, hk, g * cq, qb.shape[-1])
+            qi, qp, qd, qb = _query_tile(ps, lo, hi, hk, g, q_src)
+            nb, cq = qb.shape[0], qi.numel()
             m = qb.new_full((nb, hk, g * cq), float("-inf"))
             l = qb.new_zeros(nb, hk, g * cq)
             acc = qb.new_zeros(nb, hk, g * cq, dv)
-            qp = ps.q_pos[lo:hi]
-            qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
             for chunk in chunks:
                 ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
                 s = torch.matmul(qb, kb.transpose(-1, -2))  # [B', hk, g*cq, ck]
@@ -121,9 +120,8 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
             # Tile result (lse_t, out_t), merged into the running (lse, out) of these queries.
             lse_t = (m + torch.log(l)).view(nb, hk * g, cq)  # -inf where nothing was allowed
             out_t = (acc / l.clamp_min(torch.finfo(l.dtype).tiny)[..., None]).view(nb, hk * g, cq, dv)
-            l0 = lse_v.index_select(2, qi)
-            o0 = out_v.index_select(2, qi)
-            o, new = merge_partials(o0, l0, out_t, lse_t)
+            o, new = merge_partials(out_v.index_select(2, qi), lse_v.index_select(2, qi), out_t,
+                                    lse_t)
             lse_v.index_copy_(2, qi, new)
             out_v.index_copy_(2, qi, o)
     return out, lse
@@ -132,29 +130,19 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
 def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
     """FlashAttention-style backward: probabilities recomputed block by block from ``lse``;
     ``delta = rowsum(dO * O) - dlse``. ``qf`` is scaled. Returns dq, dk, dv (qf's dtype)."""
-    dq = torch.zeros_like(qf)
-    dk = torch.zeros_like(kf)
-    dv = torch.zeros_like(vf)
+    dq, dk, dv = (torch.zeros_like(x) for x in (qf, kf, vf))
     hkv = kf.shape[1]
     lse_safe = finite_or_zero(lse)  # rows with no key: p = 0 anyway
     for ps in passes:
         hk, g = _pass_views(ps, hkv)
-        q_src = qf[ps.rows, ps.heads]
-        do_src = dout[ps.rows, ps.heads]
-        lse_src, delta_src = lse_safe[ps.rows, ps.heads], delta[ps.rows, ps.heads]
+        q_src, do_src = qf[ps.rows, ps.heads], dout[ps.rows, ps.heads]
+        lse_src, delta_src = lse_safe[ps.rows, ps.heads, :, None], delta[ps.rows, ps.heads, :, None]
         dq_v, dk_v, dv_v = dq[ps.rows, ps.heads], dk[ps.rows], dv[ps.rows]
         for lo, hi, chunks in ps.tiles:
-            qi = ps.q_order[lo:hi]
-            cq = qi.numel()
-            qb = q_src.index_select(2, qi)
-            nb = qb.shape[0]
-            qb = qb.reshape(nb, hk, g * cq, qb.shape[-1])
-            dob = do_src.index_select(2, qi).reshape(nb, hk, g * cq, -1)
-            lse_b = lse_src.index_select(2, qi).reshape(nb, hk, g * cq, 1)
-            delta_b = delta_src.index_select(2, qi).reshape(nb, hk, g * cq, 1)
+            qi, qp, qd, qb, dob, lse_b, delta_b = _query_tile(ps, lo, hi, hk, g, q_src, do_src,
+                                                              lse_src, delta_src)
+            nb, cq = qb.shape[0], qi.numel()
             dq_t = torch.zeros_like(qb)
-            qp = ps.q_pos[lo:hi]
-            qd = None if ps.q_doc is None else ps.q_doc[:, lo:hi]
             for chunk in chunks:
                 ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
                 s = torch.matmul(qb, kb.transpose(-1, -2)).sub_(lse_b)
@@ -164,11 +152,10 @@ def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
                 ds = torch.matmul(dob, vb.transpose(-1, -2)).sub_(delta_b).mul_(p)
                 dq_t += torch.matmul(ds, kb)
                 dk_b = torch.matmul(ds.transpose(-1, -2), qb)  # q is scaled: d(s)/dk = scale*q
-                if ps.kv_ids is not None:  # fold the pass's heads onto their key/value heads
-                    dk_b = dk_b.new_zeros(nb, hkv, *dk_b.shape[2:]).index_add_(1, ps.kv_ids, dk_b)
-                    dv_b = dv_b.new_zeros(nb, hkv, *dv_b.shape[2:]).index_add_(1, ps.kv_ids, dv_b)
-                dk_v.index_add_(2, ki, dk_b)
-                dv_v.index_add_(2, ki, dv_b)
+                for grad, x in ((dk_v, dk_b), (dv_v, dv_b)):
+                    if ps.kv_ids is not None:  # fold the pass's heads onto their key/value heads
+                        x = x.new_zeros(nb, hkv, *x.shape[2:]).index_add_(1, ps.kv_ids, x)
+                    grad.index_add_(2, ki, x)
             dq_v.index_add_(2, qi, dq_t.view(nb, hk * g, cq, -1))
     return dq * scale, dk, dv
 
@@ -186,20 +173,16 @@ class _ChunkedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
         # computes in its own dtype even when backward() runs inside torch.autocast
         with torch.autocast(dout.device.type, enabled=False):
-            return _ChunkedAttention._backward(ctx, dout, dlse)
-
-    @staticmethod
-    def _backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        cdt = lse.dtype
-        dout = dout.to(cdt)
-        delta = (dout * out.to(cdt)).sum(-1)  # [B, Hq, Sq]
-        if dlse is not None:
-            delta = delta - dlse.to(cdt)  # d lse / d s = p: folds into the same ds formula
-        dq, dk, dv = _chunked_backward(ctx.pattern, ctx.passes, q.to(cdt) * ctx.scale, k.to(cdt),
-                                       v.to(cdt), dout, lse, delta, ctx.scale)
+            cdt = lse.dtype
+            dout = dout.to(cdt)
+            delta = (dout * out.to(cdt)).sum(-1)  # [B, Hq, Sq]
+            if dlse is not None:
+                delta = delta - dlse.to(cdt)  # d lse / d s = p: folds into the same ds formula
+            dq, dk, dv = _chunked_backward(ctx.pattern, ctx.passes, q.to(cdt) * ctx.scale,
+                                           k.to(cdt), v.to(cdt), dout, lse, delta, ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 

@@ -20,11 +20,6 @@ def document_runs(a, restart: bool = False) -> Optional[list]:
     its queries attend nothing). None for any other layout, for more than
     ``MAX_DOCUMENT_RUNS`` documents, or (``restart``) when a document does not start at position
     0 (a continued one)."""
-    if a.q_doc_ids is None:
-        return None
-    ranges = document_ranges(a)
-    if ranges is None or len(ranges) > MAX_DOCUMENT_RUNS:
-        return None
-    if restart and any(p0 for *_, p0 in ranges):
-        return None
-    return ranges
+    ranges = document_ranges(a)  # (None without document ids)
+    ok = ranges is not None and len(ranges) <= MAX_DOCUMENT_RUNS
+    return ranges if ok and not (restart and any(p0 for *_, p0 in ranges)) else None

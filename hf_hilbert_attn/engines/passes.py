@@ -92,20 +92,16 @@ def _tile_bounds(counts: list, cq: int) -> list:
     a larger one in near-equal tiles of its own (a tile never pays for a big neighbour's keys)."""
     bounds, start, cur = [], 0, 0
     for n in counts:
-        if n > cq:
-            if cur:
-                bounds.append((start, start + cur))
-                start, cur = start + cur, 0
-            pieces = -(-n // cq)
-            for j in range(pieces):
-                size = n * (j + 1) // pieces - n * j // pieces
-                bounds.append((start, start + size))
-                start += size
-            continue
-        if cur + n > cq:
+        if cur and cur + n > cq:  # the packed tile so far is full
             bounds.append((start, start + cur))
             start, cur = start + cur, 0
-        cur += n
+        if n <= cq:
+            cur += n
+            continue
+        pieces = -(-n // cq)
+        cuts = [start + n * j // pieces for j in range(pieces + 1)]
+        bounds.extend(zip(cuts[:-1], cuts[1:]))
+        start += n
     if cur:
         bounds.append((start, start + cur))
     return bounds
@@ -169,7 +165,7 @@ def _covered_distances(pattern, earlier, i) -> tuple:
     return covered_window(cfgs, None), covered_window(cfgs, r)
 
 
-def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi_group, ck,
+def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, tile_start, multi_group, ck,
                  covs):
     """Per tile, the key chunks of sliding config ``i``: for each group (class) of the tile,
     its keys within ``w_i`` of the group's queries, less the keys every one of those queries
@@ -177,7 +173,6 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi
     and groups sorted by (group, position))."""
     w = pattern.segment_lengths[i]
     dev = q_pos.device
-    tile_start = torch.tensor([b[0] for b in bounds], device=dev)
     group_start = torch.tensor(counts, device=dev).cumsum(0) - torch.tensor(counts, device=dev)
     # a tile holds whole small groups or part of one large group: cut at both kinds of start
     seg = torch.unique(torch.cat([tile_start, group_start]))
@@ -192,13 +187,11 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, bounds, multi
     pieces = [(qmin - (w - 1), qmax - cov)]
     if not causal:
         pieces.append((qmin + cov, qmax + (w - 1)))
-    cols = []
-    for lo, hi in pieces:
-        cols.append(_lex_search(kg, k_pos, g, lo, right=False).tolist())
-        cols.append(_lex_search(kg, k_pos, g, hi, right=True).tolist())
-    per_tile = [[] for _ in bounds]
+    cols = [list(zip(_lex_search(kg, k_pos, g, lo, right=False).tolist(),
+                     _lex_search(kg, k_pos, g, hi, right=True).tolist())) for lo, hi in pieces]
+    per_tile = [[] for _ in range(tile_start.numel())]
     for n, t in enumerate(tile_of.tolist()):
-        per_tile[t].extend((cols[2 * c][n], cols[2 * c + 1][n]) for c in range(len(pieces)))
+        per_tile[t].extend(c[n] for c in cols)
     return [_merge_ranges(rs, ck) for rs in per_tile]
 
 
@@ -255,12 +248,11 @@ def _chunks(pattern, i, causal, ps, qg, kg, cq, covs):
     ends = torch.tensor([b[1] - 1 for b in bounds], device=dev)
     g_lo, g_hi = qg[starts], qg[ends]
     if sliding:
-        band = _band_chunks(pattern, i, causal, ps.q_pos, qg, ps.k_pos, kg, counts, bounds,
+        band = _band_chunks(pattern, i, causal, ps.q_pos, qg, ps.k_pos, kg, counts, starts,
                             (g_lo != g_hi).tolist(), ck, covs)
-        c_tile = torch.tensor([t for t, rs in enumerate(band) for _ in rs], dtype=torch.int64,
-                              device=dev)
-        c_lo = torch.tensor([x for rs in band for x, _ in rs], dtype=torch.int64, device=dev)
-        c_hi = torch.tensor([y for rs in band for _, y in rs], dtype=torch.int64, device=dev)
+        flat = torch.tensor([(t, x, y) for t, rs in enumerate(band) for x, y in rs],
+                            dtype=torch.int64, device=dev)
+        c_tile, c_lo, c_hi = flat.view(-1, 3).T.contiguous()
     else:  # every key of the tile's groups, in chunks of CHUNK_K
         k_lo = torch.searchsorted(kg, g_lo, side="left")
         k_hi = torch.searchsorted(kg, g_hi, side="right")
@@ -315,16 +307,15 @@ def _owners(pattern, i, earlier, causal, q_rng, k_rng, single, covs):
     return keep, own, covered, dedupe
 
 
-def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q_doc, k_idx,
-               k_pos, k_doc, causal, batch_rows):
-    """The pass of config ``i`` (``None``: the sink tokens, against the keys given) over these
-    queries and keys, or None when it has no block. ``earlier``: the indices of the configs
-    before it in priority (``planning.priority``; the sinks: every config)."""
-    if q_idx.numel() == 0 or k_idx.numel() == 0:
+def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q, k, causal, batch_rows):
+    """The pass of config ``i`` (``None``: the sink tokens, against the keys given) over the
+    queries ``q`` and keys ``k`` (each ``(storage index, position, doc id)``), or None when it
+    has no block. ``earlier``: the indices of the configs before it in priority
+    (``planning.priority``; the sinks: every config)."""
+    if q[0].numel() == 0 or k[0].numel() == 0:
         return None
-    qg, kg = _groups(pattern, i, q_pos, k_pos, q_doc, k_doc)
-    ps, qg, kg = _sorted_pass(i, causal, rows, heads, hq, group_size, (q_idx, q_pos, q_doc),
-                              (k_idx, k_pos, k_doc), qg, kg)
+    qg, kg = _groups(pattern, i, q[1], k[1], q[2], k[2])
+    ps, qg, kg = _sorted_pass(i, causal, rows, heads, hq, group_size, q, k, qg, kg)
     nheads = ps.head_ids.numel()
     cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * nheads * CHUNK_K)))
     covs = _covered_distances(pattern, earlier, i)
@@ -348,17 +339,13 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q_idx, q_pos, q
     ids = keep.nonzero().flatten()
     if ids.numel() == 0:
         return None
-    dd = torch.stack(dedupe, 1) if dedupe else torch.zeros(len(single), 0, dtype=torch.bool,
-                                                           device=qg.device)
-    dd = dd.index_select(0, ids)
     cols = [x.index_select(0, ids).tolist() for x in (c_tile, c_lo, c_hi, need_causal, own,
-                                                        need_docs, covered)]
-    tiles = []
-    for (t, a, b, nc, ow, nd, cv), row in zip(zip(*cols), dd.tolist()):
-        if not tiles or tiles[-1][0] != t:
-            tiles.append((t, []))
-        tiles[-1][1].append((a, b, nc, ow, nd, tuple(j for j, f in zip(earlier, row) if f), cv))
-    ps.tiles = [(bounds[t][0], bounds[t][1], chunks) for t, chunks in tiles]
+                                                        need_docs, covered, *dedupe)]
+    ps.tiles = []
+    for t, a, b, nc, ow, nd, cv, *row in zip(*cols):  # row: per earlier config, dedupe or not
+        if not ps.tiles or ps.tiles[-1][:2] != bounds[t]:
+            ps.tiles.append((*bounds[t], []))
+        ps.tiles[-1][2].append((a, b, nc, ow, nd, tuple(j for j, f in zip(earlier, row) if f), cv))
     return ps
 
 
@@ -372,6 +359,10 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
     shared = torch.equal(qpos, qpos[:1].expand_as(qpos)) and torch.equal(kpos, kpos[:1].expand_as(kpos))
     dev = qpos.device
     passes = []
+
+    def take(idx, pos, doc):  # (storage index, position, doc id) of the rows idx
+        return idx, pos.index_select(0, idx), None if doc is None else doc.index_select(1, idx)
+
     for b in ([None] if shared else range(a.batch)):
         rows = slice(None) if b is None else slice(b, b + 1)
         # ([1, S] positions serve every row: q and k may differ in their leading size)
@@ -382,8 +373,7 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
             pick = slice(None) if (b is None or a.q_doc_ids.shape[0] == 1) else rows
             qd, kd = a.q_doc_ids[pick], a.k_doc_ids[pick]
         n_rows = a.batch if b is None else 1
-        q_all = torch.arange(a.sq, device=dev)
-        k_all = torch.arange(a.sk, device=dev)
+        q_all, k_all = torch.arange(a.sq, device=dev), torch.arange(a.sk, device=dev)
         work = []  # (config or None, configs before it, heads, query rows, key rows)
         order = priority(pattern)
         for n, i in enumerate(order):
@@ -405,11 +395,8 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
                 ks = ks[kd[0].index_select(0, ks) >= 0]  # padding is never a sink
             work.append((None, order, slice(None), q_all, ks))
         for i, earlier, heads, qs, ks in work:
-            ps = _make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, qs,
-                            qp.index_select(0, qs),
-                            None if qd is None else qd.index_select(1, qs), ks,
-                            kp.index_select(0, ks),
-                            None if kd is None else kd.index_select(1, ks), causal, n_rows)
+            ps = _make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, take(qs, qp, qd),
+                            take(ks, kp, kd), causal, n_rows)
             if ps is not None:
                 passes.append(ps)
     return passes

@@ -100,10 +100,8 @@ def _tiles(s, hq, hkv, qh, qt, kt, causal, touched, mask=None):
     # merged, and where only some were written the plan initialises the accumulators
     t.first = not bool(seen.any())
     t.mixed = not (t.first or bool(seen.all()))
-    t.empty = None
-    if mask is not None:
-        empty = ~mask.any(-1)
-        t.empty = empty.flatten() if bool(empty.any()) else None
+    empty = None if mask is None else ~mask.any(-1).flatten()
+    t.empty = empty if empty is not None and bool(empty.any()) else None
     return t
 
 
@@ -134,10 +132,9 @@ def _segment_tiles(pattern, i, earlier, s, hq, hkv, touched):
         return []
     uh, uc = _units(pattern, i, hq)
     # each earlier config owns exactly the pairs of our class inside one of its segments
-    nested = all(class_uniform(cfg, r, False) and nests(cfg[0], w, r) for cfg in earlier)
-    if nested and earlier:
-        big = max(wj for wj, _ in earlier)
-        nested = all(big % wj == 0 for wj, _ in earlier)
+    big = max((wj for wj, _ in earlier), default=0)
+    nested = all(class_uniform(cfg, r, False) and nests(cfg[0], w, r) and big % cfg[0] == 0
+                 for cfg in earlier)
     grouped = r == 1 and (nested or not earlier)
     if grouped:
         uh, uc = uh[:1], uc[:1]
@@ -151,27 +148,26 @@ def _segment_tiles(pattern, i, earlier, s, hq, hkv, touched):
         c, start = uc.view(-1, 1, 1), starts.view(1, -1, 1)
         h = None if grouped else uh.view(-1, 1).expand(-1, starts.numel()).flatten()
 
-        def rows(t):  # class indices [1, 1, L] -> storage rows [U * G, L] (s: none)
-            off = c + r * t
+        def rows(t):  # class indices [L] -> storage rows [U * G, L] (s: none)
+            off = c + r * t.view(1, 1, -1)
             return torch.where(off < seg_len, start + off, s).flatten(0, 1)
 
         def add(qt, kt, causal, mask=None):
             out.append(_tiles(s, hq, hkv, h, qt, kt, causal, touched, mask))
 
         if not earlier:
-            t = torch.arange(length).view(1, 1, -1)
+            t = torch.arange(length)
             add(rows(t), rows(t), True)
         elif nested:
-            m = max(wj for wj, _ in earlier) // r
+            m = big // r
             for b in range(1, -(-length // m)):
-                tq = b * m + torch.arange(min(m, length - b * m)).view(1, 1, -1)
-                add(rows(tq), rows(torch.arange(b * m).view(1, 1, -1)), False)
+                tq = b * m + torch.arange(min(m, length - b * m))
+                add(rows(tq), rows(torch.arange(b * m)), False)
         else:
             hb = uh.view(-1, 1, 1, 1)
             for lo in range(0, length, FAST_QUERY_BLOCK):
                 hi = min(lo + FAST_QUERY_BLOCK, length)
-                qt = rows(torch.arange(lo, hi).view(1, 1, -1))
-                kt = rows(torch.arange(hi).view(1, 1, -1))
+                qt, kt = rows(torch.arange(lo, hi)), rows(torch.arange(hi))
                 qp, kp = qt.view(uh.numel(), -1, hi - lo, 1), kt.view(uh.numel(), -1, 1, hi)
                 mask = (kp <= qp) & (qp < s)
                 for j in idx:
@@ -200,19 +196,17 @@ def _sliding_tiles(pattern, i, earlier, s, hq, hkv, touched):
     def rows(t):  # class indices [U, nb', L] -> storage rows [U * nb', L] (s: none)
         return torch.where((t >= 0) & (t < nc), c + r * t, s).flatten(0, 1)
 
-    def heads(nblocks):
-        return None if r == 1 else uh.view(-1, 1).expand(-1, nblocks).flatten()
+    def tile(tq, tk):  # a causal tile of the class indices tq, tk [1, nb', L]
+        tq = tq.expand(uh.numel(), -1, -1)
+        h = None if r == 1 else uh.view(-1, 1).expand(-1, tq.shape[1]).flatten()
+        return _tiles(s, hq, hkv, h, rows(tq), rows(tk.expand_as(tq)), True, touched)
 
     base = torch.arange(nb).view(1, -1, 1) * blk
     x = torch.arange(blk).view(1, 1, -1)
-    tq = (a + base + x).expand(uh.numel(), -1, -1)
-    out = [_tiles(s, hq, hkv, heads(nb), rows(tq), rows((base + x).expand_as(tq)), True,
-                  touched)]
+    out = [tile(a + base + x, base + x)]
     if nb > 1 and blk > 1:  # the block before, both orders reversed: causal again
         x, base = x[..., :-1], base[:, 1:]
-        tq = (a + base + blk - 2 - x).expand(uh.numel(), -1, -1)
-        out.append(_tiles(s, hq, hkv, heads(nb - 1), rows(tq),
-                          rows((base - 1 - x).expand_as(tq)), True, touched))
+        out.append(tile(a + base + blk - 2 - x, base - 1 - x))
     return out
 
 
@@ -230,11 +224,9 @@ def _fast_plan(pattern, a, causal, q):
     """The dense-tile plan for this call, or None when the fast path does not apply."""
     if not _fast_applies(pattern, a, causal, q) or a.q_doc_ids is not None:
         return None
-    if not a.natural_positions:
-        ar = torch.arange(a.sq)
-        if not (torch.equal(a.q_positions.cpu(), ar.expand_as(a.q_positions))
-                and torch.equal(a.k_positions.cpu(), ar.expand_as(a.k_positions))):
-            return None
+    if not (a.natural_positions or all(torch.equal(p.cpu(), torch.arange(a.sq).expand_as(p))
+                                       for p in (a.q_positions, a.k_positions))):
+        return None
     return _natural_plan(pattern, a.sq, a.hq, a.hkv)
 
 
@@ -271,9 +263,8 @@ def _natural_plan(pattern, s, hq, hkv):
 def _float_mask(t, b, dtype):
     if t.mask is None:
         return None
-    m = torch.zeros(t.mask.shape, dtype=dtype).masked_fill_(~t.mask, float("-inf"))
-    m = m.unsqueeze(1)  # [n, 1, lq, lk]
-    return m if b == 1 else m.repeat(b, 1, 1, 1)
+    m = torch.zeros(t.mask.shape, dtype=dtype).masked_fill_(~t.mask, float("-inf"))[:, None]
+    return m if b == 1 else m.repeat(b, 1, 1, 1)  # [B * n, 1, lq, lk]
 
 
 def _gather(t, x, xf, b, rows, length, rng=None):
@@ -320,13 +311,14 @@ def _write(t, out, lse, o, l, b):
     l_all.index_copy_(1, t.qw, l)
 
 
-def _sink_scores(q, k, mask, scale, acc):
-    """Scaled scores of every query against the sink keys, forbidden pairs at -inf:
-    ``[B, Hq, S, k]`` in ``acc``, and the sink keys ``[B, Hq, k, D]``."""
-    g = q.shape[1] // k.shape[1]
-    ks = k[:, :, :mask.shape[-1]].to(acc).repeat_interleave(g, 1)
-    sc = torch.matmul(q.to(acc), ks.transpose(-1, -2)) * scale
-    return sc.masked_fill(~mask, float("-inf")), ks
+def _sink_scores(plan, q, k, v, scale, acc):
+    """Scaled scores of the queries from ``plan.sink_lo`` on against the sink keys, forbidden
+    pairs at -inf: ``[B, Hq, S - sink_lo, k]`` in ``acc``, and the sink keys and values
+    ``[B, Hq, k, D]``."""
+    g, n = q.shape[1] // k.shape[1], plan.sink_mask.shape[-1]
+    ks, vs = (x[:, :, :n].to(acc).repeat_interleave(g, 1) for x in (k, v))
+    sc = torch.matmul(q[:, :, plan.sink_lo:].to(acc), ks.transpose(-1, -2)) * scale
+    return sc.masked_fill(~plan.sink_mask, float("-inf")), ks, vs
 
 
 def _fast_forward(plan, q, k, v, scale):
@@ -335,30 +327,24 @@ def _fast_forward(plan, q, k, v, scale):
     hkv, dv = k.shape[1], v.shape[-1]
     acc = accum_dtype(q.dtype)
     t = plan.tiles[0] if len(plan.tiles) == 1 else None
-    if t is not None and t.grouped and t.n == 1 and t.q_range == t.k_range == (0, s):
+    if t is not None and t.n == 1 and t.q_range == t.k_range == (0, s):  # (ranges: grouped only)
         # one causal call over the whole sequence (dense up to the first window): as SDPA
-        out, lse = _FLASH_FWD(q, k, v, 0.0, True, scale=scale)
-        out, lse = out.to(acc), lse.to(acc)
-        if plan.sink_mask is not None:
-            _merge_sinks(plan, q, k, v, out, lse, scale, acc)
-        return out, lse
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    qf, kf, vf = q.view(b, hq * s, d), k.view(b, hkv * s, d), v.view(b, hkv * s, dv)
-    if plan.init:
-        out = q.new_zeros(b, hq, s + 1, dv, dtype=acc)
+        out, lse = (x.to(acc) for x in _FLASH_FWD(q, k, v, 0.0, True, scale=scale))
+    else:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        qf, kf, vf = q.view(b, hq * s, d), k.view(b, hkv * s, d), v.view(b, hkv * s, dv)
+        # zeros unless every row is first written whole by one tile (lse -inf either way)
+        out = (q.new_zeros if plan.init else q.new_empty)(b, hq, s + 1, dv, dtype=acc)
         lse = q.new_full((b, hq, s + 1), float("-inf"), dtype=acc)
-    else:  # every row is first written whole by one tile
-        out = q.new_empty(b, hq, s + 1, dv, dtype=acc)
-        lse = q.new_empty((b, hq, s + 1), dtype=acc)
-    for t in plan.tiles:
-        o, l = _FLASH_FWD(_gather(t, q, qf, b, t.qr, t.lq, t.q_range),
-                          _gather(t, k, kf, b, t.kr, t.lk, t.k_range),
-                          _gather(t, v, vf, b, t.kr, t.lk, t.k_range), 0.0, t.causal,
-                          attn_mask=_float_mask(t, b, q.dtype), scale=scale)
-        if t.empty is not None:  # the kernel gives lse 0 to a row with no key
-            l = l.reshape(b, -1).masked_fill(t.empty, float("-inf"))
-        _write(t, out, lse, o.to(acc), l.to(acc), b)
-    out, lse = out[:, :, :s], lse[:, :, :s]
+        for t in plan.tiles:
+            o, l = _FLASH_FWD(_gather(t, q, qf, b, t.qr, t.lq, t.q_range),
+                              _gather(t, k, kf, b, t.kr, t.lk, t.k_range),
+                              _gather(t, v, vf, b, t.kr, t.lk, t.k_range), 0.0, t.causal,
+                              attn_mask=_float_mask(t, b, q.dtype), scale=scale)
+            if t.empty is not None:  # the kernel gives lse 0 to a row with no key
+                l = l.reshape(b, -1).masked_fill(t.empty, float("-inf"))
+            _write(t, out, lse, o.to(acc), l.to(acc), b)
+        out, lse = out[:, :, :s], lse[:, :, :s]
     if plan.sink_mask is not None:
         _merge_sinks(plan, q, k, v, out, lse, scale, acc)
     return out, lse
@@ -368,10 +354,9 @@ def _merge_sinks(plan, q, k, v, out, lse, scale, acc):
     """Merge the sink keys' part (every query against keys 0..k-1, the union rule's mask) into
     ``(out, lse)`` in place."""
     lo = plan.sink_lo
-    sc, _ = _sink_scores(q[:, :, lo:], k, plan.sink_mask, scale, acc)
+    sc, _, vs = _sink_scores(plan, q, k, v, scale, acc)
     ls = torch.logsumexp(sc, -1)
     p = torch.exp(sc - finite_or_zero(ls)[..., None])
-    vs = v[:, :, :sc.shape[-1]].to(acc).repeat_interleave(q.shape[1] // k.shape[1], 1)
     _merge_into(out[:, :, lo:], lse[:, :, lo:], torch.matmul(p, vs), ls)
 
 
@@ -391,21 +376,18 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
     hkv, dv_ = k.shape[1], v.shape[-1]
     acc = accum_dtype(q.dtype)
     lse_acc = finite_or_zero(lse.to(acc))  # a row with no key: p = 0 anyway
-    lse_dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     t = plan.tiles[0] if len(plan.tiles) == 1 else None
-    whole = t is not None and t.grouped and t.n == 1 and t.q_range == t.k_range == (0, s) \
-        and dlse is None  # one causal call over the whole sequence, as SDPA
-    if whole and plan.sink_mask is None:
-        return _FLASH_BWD(dout, q, k, v, out, lse_acc.to(lse_dt), 0.0, True, scale=scale)
+    whole = t is not None and t.n == 1 and t.q_range == t.k_range == (0, s) and dlse is None
+    if whole and plan.sink_mask is None:  # one causal call over the whole sequence, as SDPA
+        return _FLASH_BWD(dout, q, k, v, out, lse_acc, 0.0, True, scale=scale)
     dq = q.new_zeros(b, hq, s + 1, d, dtype=acc)
     dk = k.new_zeros(b, hkv, s, d, dtype=acc)
     dv = v.new_zeros(b, hkv, s, dv_, dtype=acc)
     if plan.sink_mask is not None:  # FlashAttention's formulas on the few sink keys
         lo = plan.sink_lo  # the queries from lo on
-        sc, ks = _sink_scores(q[:, :, lo:], k, plan.sink_mask, scale, acc)
+        sc, ks, vs = _sink_scores(plan, q, k, v, scale, acc)
         p = torch.exp(sc - lse_acc[:, :, lo:, None])
         n_s, g = sc.shape[-1], hq // hkv
-        vs = v[:, :, :n_s].to(acc).repeat_interleave(g, 1)
         do = dout[:, :, lo:].to(acc)
         delta = (do * out[:, :, lo:].to(acc)).sum(-1, keepdim=True)
         if dlse is not None:
@@ -417,31 +399,24 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
                            ).view(fold).sum(2)
         dv[:, :, :n_s] += torch.matmul(p.transpose(-1, -2), do).view(fold).sum(2)
     if whole:
-        gq, gk, gv = _FLASH_BWD(dout, q, k, v, out, lse_acc.to(lse_dt), 0.0, True, scale=scale)
+        gq, gk, gv = _FLASH_BWD(dout, q, k, v, out, lse_acc, 0.0, True, scale=scale)
         dq[:, :, :s] += gq
         return dq[:, :, :s], dk + gk, dv + gv
     if dlse is not None:  # the extra column: delta = rowsum(dout * out) - dlse
-        def col(x, value):
-            return torch.cat([x, torch.broadcast_to(torch.as_tensor(value, dtype=x.dtype),
-                                                    x.shape[:-1] + (1,))], -1)
-        q, k, v = col(q, 0.0), col(k, 0.0), col(v, 0.0)
-        dout, out = col(dout, 1.0), col(out, (-dlse).to(out.dtype)[..., None])
+        q, k, v = (torch.nn.functional.pad(x, (0, 1)) for x in (q, k, v))
+        dout = torch.nn.functional.pad(dout, (0, 1), value=1.0)
+        out = torch.cat([out, (-dlse).to(out.dtype)[..., None]], -1)
     q, k, v, dout, out = (x.contiguous() for x in (q, k, v, dout, out))
-    qf, kf, vf = (x.view(b, -1, x.shape[-1]) for x in (q, k, v))
-    dof, of = dout.view(b, hq * s, -1), out.view(b, hq * s, -1)
     # row S: lse +inf, so a padded query takes no part (p = 0)
-    lr = torch.cat([lse_acc.to(lse_dt), lse_acc.new_full((b, hq, 1), float("inf"), dtype=lse_dt)],
-                   2).unsqueeze(-1)
-    lrf = lr.view(b, -1, 1)
+    lr = torch.nn.functional.pad(lse_acc, (0, 1), value=float("inf")).unsqueeze(-1)
+    qf, kf, vf, dof, of, lrf = (x.view(b, -1, x.shape[-1]) for x in (q, k, v, dout, out, lr))
     for t in plan.tiles:
-        qs = (t.qw, t.lq, t.q_range)
-        ks = (t.kr, t.lk, t.k_range)
-        gq, gk, gv = _FLASH_BWD(_gather(t, dout, dof, b, t.qr, t.lq, t.q_range),
-                                _gather(t, q, qf, b, t.qr, t.lq, t.q_range),
-                                _gather(t, k, kf, b, *ks), _gather(t, v, vf, b, *ks),
-                                _gather(t, out, of, b, t.qr, t.lq, t.q_range),
-                                _gather(t, lr, lrf, b, *qs).squeeze(-1), 0.0, t.causal,
-                                attn_mask=_float_mask(t, b, q.dtype), scale=scale)
+        qr, qs, ks = (t.qr, t.lq, t.q_range), (t.qw, t.lq, t.q_range), (t.kr, t.lk, t.k_range)
+        gq, gk, gv = _FLASH_BWD(
+            _gather(t, dout, dof, b, *qr), _gather(t, q, qf, b, *qr), _gather(t, k, kf, b, *ks),
+            _gather(t, v, vf, b, *ks), _gather(t, out, of, b, *qr),
+            _gather(t, lr, lrf, b, *qs).squeeze(-1), 0.0, t.causal,
+            attn_mask=_float_mask(t, b, q.dtype), scale=scale)
         _add(t, dq, gq[..., :d].to(acc), b, *qs)
         _add(t, dk, gk[..., :d].to(acc), b, *ks)
         _add(t, dv, gv[..., :dv_].to(acc), b, *ks)
@@ -456,9 +431,8 @@ class _FastAttention(torch.autograd.Function):
         cdt = accum_dtype(q.dtype)
         out, lse = _fast_forward(plan, q.to(cdt), k.to(cdt), v.to(cdt), scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        out = out.to(q.dtype)
         ctx.plan, ctx.scale = plan, scale
-        return out, lse
+        return out.to(q.dtype), lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
@@ -489,22 +463,18 @@ def _fast_documents(q, k, v, pattern, a, runs):
     acc = accum_dtype(q.dtype)
     rows = []
     for b in range(a.batch):
-        outs, lses, at = [], [], 0
-        for _, lo, hi in (r for r in runs if r[0] == b):
-            if lo > at:
-                outs.append(q.new_zeros(1, a.hq, lo - at, v.shape[-1]))
-                lses.append(q.new_full((1, a.hq, lo - at), float("-inf"), dtype=acc))
-            sl = (slice(b, b + 1), slice(None), slice(lo, hi))
-            o, l = _FastAttention.apply(q[sl], k[sl], v[sl],
-                                        _natural_plan(pattern, hi - lo, a.hq, a.hkv), a.scale)
-            outs.append(o)
-            lses.append(l)
-            at = hi
-        if at < a.sq:
-            outs.append(q.new_zeros(1, a.hq, a.sq - at, v.shape[-1]))
-            lses.append(q.new_full((1, a.hq, a.sq - at), float("-inf"), dtype=acc))
-        rows.append((torch.cat(outs, 2), torch.cat(lses, 2)))
-    return torch.cat([o for o, _ in rows]), torch.cat([l for _, l in rows])
+        parts, at = [], 0  # (out, lse) pieces along the sequence
+        for lo, hi in [(lo, hi) for r, lo, hi in runs if r == b] + [(a.sq, None)]:
+            if lo > at:  # before the document (None: after the last)
+                parts.append((q.new_zeros(1, a.hq, lo - at, v.shape[-1]),
+                              q.new_full((1, a.hq, lo - at), float("-inf"), dtype=acc)))
+            if hi is not None:
+                sl = (slice(b, b + 1), slice(None), slice(lo, hi))
+                parts.append(_FastAttention.apply(
+                    q[sl], k[sl], v[sl], _natural_plan(pattern, hi - lo, a.hq, a.hkv), a.scale))
+                at = hi
+        rows.append([torch.cat(x, 2) for x in zip(*parts)])
+    return tuple(torch.cat(x) for x in zip(*rows))
 
 
 # Two engines of ``chunked.ENGINES``: the whole sequence, and one call per document.

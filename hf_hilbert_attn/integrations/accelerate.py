@@ -54,12 +54,11 @@ _SPLIT_CACHE: dict = {}
 
 
 def _split_groups(world: int, sp: int):
-    key = (world, sp)
-    groups = [ref() for ref in _SPLIT_CACHE.get(key, ())]
+    groups = [ref() for ref in _SPLIT_CACHE.get((world, sp), ())]
     if not groups or any(g is None for g in groups):
         # every rank must create every group, in the same order
         groups = [dist.new_group(list(range(i * sp, (i + 1) * sp))) for i in range(world // sp)]
-        _SPLIT_CACHE[key] = [weakref.ref(g) for g in groups]
+        _SPLIT_CACHE[world, sp] = [weakref.ref(g) for g in groups]
     return groups
 
 
@@ -82,7 +81,7 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
                              "(launch with accelerate launch or torchrun)")
         return SPTopology(None, 0, 1, 0, 1, "single")
     world, rank = dist.get_world_size(), dist.get_rank()
-    pc = getattr(accelerator, "parallelism_config", None) if accelerator is not None else None
+    pc = getattr(accelerator, "parallelism_config", None)
     if pc is not None and getattr(pc, "cp_enabled", False):
         mesh = accelerator.torch_device_mesh
         if mesh is not None and "cp" in (mesh.mesh_dim_names or ()):

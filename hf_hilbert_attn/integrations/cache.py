@@ -67,18 +67,16 @@ class PatternCacheLayer(DynamicLayer):
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
         self.cumulative_length += key_states.shape[-2]
+        self.keys, self.values = keys, values
         if self.pattern.dense_kv_heads:  # a dense head attends every key: drop none
-            self.keys, self.values = keys, values
             return keys, values
         sinks = self.pattern.sink_tokens
         start = _keep_from(self.pattern, self.cumulative_length, self.num_heads, self.align)
         cut = max(0, start - sinks) - self.dropped
         if cut > 0:  # slots [sinks, sinks + cut) hold the keys to drop
-            self.keys = torch.cat([keys[..., :sinks, :], keys[..., sinks + cut:, :]], dim=-2)
-            self.values = torch.cat([values[..., :sinks, :], values[..., sinks + cut:, :]], dim=-2)
+            self.keys, self.values = (torch.cat([t[..., :sinks, :], t[..., sinks + cut:, :]], -2)
+                                      for t in (keys, values))
             self.dropped += cut
-        else:
-            self.keys, self.values = keys, values
         return keys, values
 
     def get_mask_sizes(self, query_length: int, *args) -> Tuple[int, int]:
@@ -187,7 +185,7 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
     """
     if not causal:
         raise ValueError("a PatternCache serves causal decoding only (got a non-causal layer)")
-    sinks, (b, hq, sq, d), sk = pattern.sink_tokens, query.shape, key.shape[2]
+    sinks, (b, hq, sq, d), (hkv, sk) = pattern.sink_tokens, query.shape, key.shape[1:3]
     first = sinks + dropped  # the tail's first position
     if first + sk - sinks != q_start + sq:
         raise ValueError(f"PatternCache layout mismatch: {sk} keys (tail from {first}) for "
@@ -203,7 +201,6 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
                                  return_lse=True, backend=backend, **positions)
     if not sinks:
         return out
-    hkv = key.shape[1]
     scale = d ** -0.5 if scale is None else scale
     with torch.autocast(query.device.type, enabled=False):  # float32, as the op's lse
         q = query.reshape(b, hkv, (hq // hkv) * sq, d).float()  # head h reads kv head h // (hq/hkv)
@@ -249,9 +246,8 @@ def uses_pattern_attention(model) -> bool:
 def _default_cache(model) -> Cache:
     if uses_pattern_attention(model):
         return PatternCache(model)
-    attn = getattr(model.config, "_attn_implementation", None)
     if getattr(model.config, "hilbert_attn", None) is not None:  # saved with us, loaded without
-        note_once("unused", attn=attn)
+        note_once("unused", attn=getattr(model.config, "_attn_implementation", None))
     return DynamicCache(config=model.config)
 
 
@@ -271,8 +267,7 @@ def prefill_chunks(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAUL
         raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    if cache is None:
-        cache = _default_cache(model)
+    cache = _default_cache(model) if cache is None else cache
     device = next(model.parameters()).device
     for begin in range(0, input_ids.shape[1], chunk_tokens):
         end = min(begin + chunk_tokens, input_ids.shape[1])
@@ -288,8 +283,7 @@ def prefill(model, input_ids: torch.Tensor, *, chunk_tokens: int = DEFAULT_PREFI
     and return the filled cache (see :func:`prefill_chunks`). Continue with
     ``model.generate(ids_with_one_more_token, attention_mask=..., past_key_values=cache)``:
     generate feeds only the tokens the cache has not seen."""
-    if cache is None:
-        cache = _default_cache(model)
+    cache = _default_cache(model) if cache is None else cache
     for _ in prefill_chunks(model, input_ids, chunk_tokens=chunk_tokens, cache=cache):
         pass
     return cache

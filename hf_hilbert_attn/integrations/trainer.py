@@ -24,12 +24,12 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from transformers import Trainer
+from transformers import Trainer, default_data_collator
 
 from .. import DilatedPattern, sequence_parallel, shard_batch
 from ..ring.comm import all_gather
-from ..sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
-from .model_config import sharding_pattern
+from ..sharding import DEFAULT_LAYOUT, IGNORE_INDEX, LAYOUT_CHOICES
+from .model_config import ATTN_IMPLEMENTATION as ATTN, sharding_pattern
 from .accelerate import SPTopology, sequence_parallel_topology
 
 logger = logging.getLogger(__name__)
@@ -37,9 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SequenceParallelCollator", "SequenceParallelMixin", "SequenceParallelTrainer",
            "sequence_parallel_trainer", "FINGERPRINT_KEY"]
 
-ATTN = "hilbert_dilated"
 FINGERPRINT_KEY = "hilbert_sp_fingerprint"
-IGNORE_INDEX = -100
 # Flash/varlen keys of the *unsharded* packed layout (wrong for a shard, whose documents come as
 # hilbert_doc_ids): DataCollatorWithFlattening(return_flash_attn_kwargs=True), TRL's collator.
 _VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
@@ -81,13 +79,8 @@ class SequenceParallelCollator:
         self.layout, self.pattern, self.pad_token_id = layout, pattern, int(pad_token_id)
 
     def __call__(self, features):
-        if self.collator is None:
-            from transformers import default_data_collator
-
-            batch = default_data_collator(features)
-        else:
-            batch = self.collator(features)
-        batch = {k: v for k, v in dict(batch).items() if k not in _VARLEN_KEYS}
+        collate = default_data_collator if self.collator is None else self.collator
+        batch = {k: v for k, v in dict(collate(features)).items() if k not in _VARLEN_KEYS}
         if "input_ids" not in batch:
             raise ValueError(f"sequence parallelism needs 'input_ids' in every batch; the collator "
                              f"returned {sorted(batch)}")
@@ -156,8 +149,7 @@ class SequenceParallelMixin:
         if topo.sp_size == 1:
             return
         self._check_sp_config()
-        model = self.accelerator.unwrap_model(self.model)
-        pattern = sharding_pattern(model.config)
+        pattern = sharding_pattern(self.accelerator.unwrap_model(self.model).config)
         pad = getattr(getattr(self, "processing_class", None), "pad_token_id", None)
         self.data_collator = SequenceParallelCollator(
             self.data_collator, topo.sp_rank, topo.sp_size, sp_layout, pattern,
@@ -167,9 +159,8 @@ class SequenceParallelMixin:
 
     # ------------------------------------------------------------------ checks
     def _check_sp_config(self) -> None:
-        sp = self.sp_topology.sp_size
-        cfg = getattr(self.accelerator.unwrap_model(self.model), "config", None)
-        impl = getattr(cfg, "_attn_implementation", None)
+        sp, model = self.sp_topology.sp_size, self.accelerator.unwrap_model(self.model)
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
         if impl != ATTN:
             raise ValueError(f"sp_size={sp} needs a model loaded with attn_implementation="
                              f"{ATTN!r}, got {impl!r}")
@@ -185,8 +176,7 @@ class SequenceParallelMixin:
                              "shifted before sharding; the model's own loss takes shift_labels)")
         if not getattr(self, "model_accepts_loss_kwargs", True):
             raise ValueError(f"sp_size={sp} needs a model whose forward accepts "
-                             "num_items_in_batch (loss kwargs), got "
-                             f"{type(self.accelerator.unwrap_model(self.model)).__name__}")
+                             f"num_items_in_batch (loss kwargs), got {type(model).__name__}")
 
     @property
     def sp_active(self) -> bool:

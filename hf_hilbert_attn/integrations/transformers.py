@@ -231,10 +231,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     step = attention_mask  # the forward's mask: its memo holds the plans every layer shares
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
-    check_call(module, dropout, causal, b, sq, sk, attention_mask, DilatedMaskInfo, kwargs)
-    raw = getattr(module.config, "hilbert_attn", None)  # layer_idx read (and, compiled, guarded:
-    layered = isinstance(raw, dict) and LAYER_DENSE in raw  # a recompile per layer) only if used
-    pattern = get_pattern(module.config, getattr(module, "layer_idx", None) if layered else None)
+    pattern = _checked_pattern(module, dropout, causal, b, sq, sk, step, attention_mask, kwargs)
     group = _ring.get_sequence_parallel_group()
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
         args = (query, key, value, step, attention_mask, pattern, scaling, kwargs)
@@ -276,6 +273,28 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     return out.transpose(1, 2).contiguous(), None
 
 
+def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
+    """``check_call``, then the layer's pattern; once per forward for the layers that call alike
+    (module class, config, arguments, the kwargs given; each layer where dense heads differ by
+    layer), kept in the forward's mask memo (``step``)."""
+    traced = torch.compiler.is_compiling()
+    memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
+    config = module.config
+    layered = memo.get(("layered", id(config)))
+    if layered is None:  # layer_idx read (and, compiled, guarded: a recompile per layer) if used
+        raw = getattr(config, "hilbert_attn", None)
+        layered = memo[("layered", id(config))] = isinstance(raw, dict) and LAYER_DENSE in raw
+    key = (type(module), id(config), getattr(module, "layer_idx", None) if layered else None,
+           dropout, causal, b, sq, sk, getattr(info, "kv_length", info), vars(module).get(
+               "is_cross_attention"), tuple(k for k, v in kwargs.items() if v is not None
+                                            and v is not False))
+    pattern = memo.get(key)
+    if pattern is None:
+        check_call(module, dropout, causal, b, sq, sk, info, DilatedMaskInfo, kwargs)
+        pattern = memo[key] = get_pattern(config, key[2])
+    return pattern
+
+
 def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
     """A decode call (``decode.decodes``; else None), ``[B, Sq, Hq, D]`` contiguous: the step's
     plan, made by its first layer with this pattern and key count and kept in the forward's mask
@@ -288,13 +307,13 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
     dropped, traced = getattr(info, "kv_offset", 0), torch.compiler.is_compiling()
     if traced and (dropped or doc_ids is not None or not isinstance(info, DilatedMaskInfo)):
         return _eager_decode_step(query, key, value, step, info, pattern, scaling, kwargs)
-    if not decodes(query, key, value, pattern):
-        return None
     (b, hq, sq, d), (hkv, sk), dev = query.shape, key.shape[1:3], query.device
     memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
-    key_ = ("decode", pattern, hq, hkv, sk, dropped)  # one entry each, checked by identity
+    key_ = ("decode", pattern, hq, hkv, sk, dropped, query.dtype)  # one entry each
     hit = memo.get(key_)
-    if hit is None or hit[0] is not position_ids or hit[1] is not doc_ids:
+    if hit is None or hit[0] is not position_ids or hit[1] is not doc_ids:  # (by identity)
+        if not decodes(query, key, value, pattern):
+            return None
         if traced:
             at = model_positions(None, None, info.padding_mask, info.q_offset, b, sq, sk, dev)
         elif dropped:  # a PatternCache: slots [sinks | tail], the tail from sinks + dropped on
@@ -309,8 +328,11 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
         kp = torch.arange(sk, device=dev) if at.k_positions is None else at.k_positions
         hit = memo[key_] = (position_ids, doc_ids, plan_decode(
             pattern, hq, hkv, sk, qp, kp, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids))
+    elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
+                                      or value.requires_grad):
+        return None  # (what decodes() checks that a step's layers may not share)
     out = run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling)
-    return out.transpose(1, 2).contiguous()
+    return out.transpose(1, 2).contiguous()  # (already so: no copy)
 
 
 # the eager step under torch.compile: one opaque call (its plan is host work kept in the mask)

@@ -16,7 +16,7 @@ import triton.language as tl
 from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _covered, _key_range, _key_tile,
                       _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _n_range,
                       _participates, _prog_key, _program_tile, _query_rows, _row_ptrs,
-                      _sink_geometry, _split_at, _union_keep, _union_tab)
+                      _dot, _sink_geometry, _split_at, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -59,12 +59,8 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
                                                    EDGE=EDGE, MAPPED=F.MAPPED)
-        if F.IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-            dp = tl.dot(do, tl.trans(v))
+        s = _dot(q, tl.trans(k), None, F.IEEE)
+        dp = _dot(do, tl.trans(v), None, F.IEEE)
         p = tl.math.exp2(s * scale_log2 - lse2[:, None])
         if ((F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION
                 or KVGRAD):
@@ -86,18 +82,11 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
                 keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
             p = tl.where(keep, p, 0.0)
         ds = p * (dp - delta[:, None])
-        if F.IEEE:
-            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
-        else:
-            dq = tl.dot(ds.to(k.dtype), k, dq)
+        dq = _dot(ds.to(k.dtype), k, dq, F.IEEE)
         if KVGRAD:
             # rows of queries that do not exist have q = dO = 0 (no contribution)
-            if F.IEEE:
-                dkp = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
-                dvp = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
-            else:
-                dkp = tl.dot(tl.trans(ds.to(q.dtype)), q)
-                dvp = tl.dot(tl.trans(p.to(do.dtype)), do)
+            dkp = _dot(tl.trans(ds.to(q.dtype)), q, None, F.IEEE)
+            dvp = _dot(tl.trans(p.to(do.dtype)), do, None, F.IEEE)
             sg_rows = pk[:, None].to(tl.int64) * D + offs_d[None, :]
             tl.atomic_add(sgk + sg_rows, dkp * scale, mask=col_ok[:, None])
             tl.atomic_add(sgv + sg_rows, dvp, mask=col_ok[:, None])
@@ -134,12 +123,8 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
         lse2 = tl.load(LSE + lrow + q64, mask=row_ok, other=0.0) * LOG2E
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         delta = tl.load(DELTA + lrow + q64, mask=row_ok, other=0.0)
-        if F.IEEE:
-            st = tl.dot(k, tl.trans(q), input_precision="ieee")
-            dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
-        else:
-            st = tl.dot(k, tl.trans(q))
-            dpt = tl.dot(v, tl.trans(do))
+        st = _dot(k, tl.trans(q), None, F.IEEE)
+        dpt = _dot(v, tl.trans(do), None, F.IEEE)
         pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
         if (F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
@@ -160,12 +145,8 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
             pt = tl.where(keep, pt, 0.0)
         dst = pt * (dpt - delta[None, :])
-        if F.IEEE:
-            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision="ieee")
-            dk = tl.dot(dst.to(q.dtype), q, dk, input_precision="ieee")
-        else:
-            dv = tl.dot(pt.to(do.dtype), do, dv)
-            dk = tl.dot(dst.to(q.dtype), q, dk)
+        dv = _dot(pt.to(do.dtype), do, dv, F.IEEE)
+        dk = _dot(dst.to(q.dtype), q, dk, F.IEEE)
     return dk, dv
 
 

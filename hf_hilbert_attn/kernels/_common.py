@@ -51,6 +51,15 @@ LAUNCH_ROW = 32  # int32 per row: every row 16-byte aligned (Triton specialises 
 
 
 @triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """``acc + a @ b`` in float32 (``acc`` None: ``a @ b``); ``IEEE``: float32 inputs multiplied
+    in full float32 precision, not Triton's default TF32."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _launch_scalars(L):
     """The integers a launch reads before its key loops, from its row ``L``: heads ``(HOFF,
     HCH)``, span ``(KOFF, QLO, QHI, KLO, KHI)``, tiles ``(SEG0, NCLS, NBLK, BLK0, W)``

@@ -1,33 +1,86 @@
 """Decode kernel: a few queries against a long key/value cache, split over keys
-(flash-decoding), the pattern given as a mask planned once per forward.
+(flash-decoding), the pattern's rule evaluated per key tile from the keys' positions.
 
 The queries of the ``G = Hq // Hkv`` query heads that read one key/value head are the rows of
 one tile (``G * Sq`` rows, zero-padded to ``BR >= 16`` for ``tl.dot``), so each key is read
-once per key/value head. ``bias`` ``[Bm, Hkv, G * Sq, >= Sk]`` holds 0 for an allowed pair and
-``-inf`` for any other (the pattern, causality, documents, padding and dense heads, decided by
-the plan); a key tile no row may attend is not loaded at all, so a sparse pattern reads only
-the tiles it needs. Program ``(b * Hkv + j, split)`` writes the float32 partial result of its
-keys; :func:`_decode_merge_kernel` merges the splits by log-sum-exp into ``out`` and ``lse``.
+once per key/value head. Per key tile the kernel loads the keys' positions and evaluates the
+pattern (:class:`Rule`: configs, sink tokens, dense key/value heads, causality, documents and
+padding, as ``DilatedPattern.allowed``); a tile no row may attend is skipped without loading
+its keys. Program ``(b * Hkv + j, split)`` sums its share of the keys in float32; alone, it
+writes the result, else its partial result, and the split that finishes last (a counter per
+``b * Hkv + j``, which that split resets) merges the partials by log-sum-exp: one launch.
 """
+
+import functools
+from collections import namedtuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import LN2, Strided
-from ._launch import launch
+from ._common import LN2, Strided, _dot
+from ._launch import bind, relaunch
 
-__all__ = ["decode_fwd", "DECODE_MAX_ROWS"]
+__all__ = ["DecodeLauncher", "Rule", "DECODE_MAX_ROWS"]
 
 DECODE_MAX_ROWS = 128  # G * Sq rows of one tile
-_SMS: dict = {}
+_MIN_TILES, _MAX_SPLITS = 8, 16  # key tiles per split at least, splits at most (the merge
+# reads the partial results one after another: docs/decisions.md D54)
+
+# The pattern of a step: int32 positions ``QP [B, Sq]`` / ``KP [B, Sk]`` and document ids ``QD``
+# / ``KD`` (the same shapes; a negative key id is padding; the positions again without
+# documents), int32 ``CFG [NC, 2]`` (window, rate; ``NC`` a power of two, the first config
+# repeated to fill it), int8 ``DENSE [Hkv]`` (1: a dense key/value head), ``SINKS`` sink tokens.
+Rule = namedtuple("Rule", "QP KP QD KD CFG DENSE SINKS")
+
+
+@triton.jit
+def _query_side(p, h, rule, NC: tl.constexpr, SLIDING: tl.constexpr, PER_HEAD: tl.constexpr):
+    """What the rule needs of the queries, per config ``[NC, BR, 1]`` (made once, before the key
+    loop): window ``w``, rate ``r``, the queries' class and segment (sliding: position), and
+    whether a query's class is its head's (per_head; else every class)."""
+    c = tl.arange(0, NC)
+    w = tl.load(rule.CFG + 2 * c)[:, None, None]
+    r = tl.load(rule.CFG + 2 * c + 1)[:, None, None]
+    p3 = p[None, :, :]
+    if SLIDING:  # one group per class p % r, within the window
+        cq, seg = p3 % r, p3
+    else:  # segment p // w, class (p % w) % r
+        cq, seg = (p3 % w) % r, p3 // w
+    mine = (cq == h[None, :, :] % r) | (not PER_HEAD)
+    return w, r, cq, seg, mine
+
+
+@triton.jit
+def _allowed(s, w, r, cq, seg, mine, SINKS, SLIDING: tl.constexpr):
+    """``[BR, BN]``: the union of the configs (``_query_side``'s) and the sink rule for key
+    positions ``s`` ``[1, BN]`` (non-negative), causality apart."""
+    s3 = s[None, :, :]
+    if SLIDING:
+        hit = (s3 % r == cq) & (seg - s3 < w)
+    else:
+        hit = ((s3 % w) % r == cq) & (s3 // w == seg)
+    return (tl.max((hit & mine).to(tl.int32), 0) > 0) | (s < SINKS)
+
+
+@triton.jit
+def _store_rows(o_t, LSE, o, lse, b, h, i, rok, HQ, SQ, D: tl.constexpr,
+                WITH_LSE: tl.constexpr):
+    """Rows ``(h, i)`` of batch ``b``: ``o`` into ``o_t`` (its dtype), ``lse`` (natural log)
+    into ``LSE`` ``[B, Hq, Sq]``."""
+    d = tl.arange(0, D)
+    tl.store(o_t.ptr + b * o_t.sb + h.to(tl.int64)[:, None] * o_t.sh + i[:, None] * o_t.ss
+             + d[None, :], o.to(o_t.ptr.dtype.element_ty), mask=rok[:, None])
+    if WITH_LSE:
+        tl.store(LSE + (b * HQ + h) * SQ + i, lse, mask=rok)
 
 
 @triton.jit(do_not_specialize=["SK", "KPER", "NSPLIT"])
-def _decode_split_kernel(q_t, k_t, v_t, bias_t, OP, LP, HKV, GROUP, SQ, ROWS, SK, KPER, NSPLIT,
-                         scale_log2, BR: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-                         IEEE: tl.constexpr):
-    # q_t, k_t, v_t: ``Strided`` [B, H, S, D]; bias_t: ``Strided`` [Bm, Hkv, rows, >= Sk]
+def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS, SK, KPER,
+                   NSPLIT, scale_log2, BR: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+                   NC: tl.constexpr, IEEE: tl.constexpr, SLIDING: tl.constexpr,
+                   PER_HEAD: tl.constexpr, HAS_DOC: tl.constexpr, WITH_LSE: tl.constexpr):
+    # q_t, k_t, v_t, o_t: ``Strided`` [B, H, S, D]; WS: float32 [B*Hkv*NSPLIT*BR, D + 1]
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
@@ -35,12 +88,17 @@ def _decode_split_kernel(q_t, k_t, v_t, bias_t, OP, LP, HKV, GROUP, SQ, ROWS, SK
     r = tl.arange(0, BR)
     rok = r < ROWS
     h = j * GROUP + r // SQ  # row r: query head j*G + r // Sq, query r % Sq
+    i = r % SQ
     d = tl.arange(0, D)
-    q = tl.load(q_t.ptr + b * q_t.sb + h[:, None].to(tl.int64) * q_t.sh
-                + (r % SQ)[:, None] * q_t.ss + d[None, :], mask=rok[:, None], other=0.0)
+    q = tl.load(q_t.ptr + b * q_t.sb + h[:, None].to(tl.int64) * q_t.sh + i[:, None] * q_t.ss
+                + d[None, :], mask=rok[:, None], other=0.0)
+    p = tl.load(rule.QP + b * SQ + i, mask=rok, other=0)[:, None]
+    if HAS_DOC:
+        qd = tl.load(rule.QD + b * SQ + i, mask=rok, other=-2)[:, None]
+    dense = tl.load(rule.DENSE + j) != 0  # every key (causal, documents) for this head
+    cw, cr, cq, seg, mine = _query_side(p, h[:, None], rule, NC, SLIDING, PER_HEAD)
     kb = k_t.ptr + b * k_t.sb + j.to(tl.int64) * k_t.sh
     vb = v_t.ptr + b * v_t.sb + j.to(tl.int64) * v_t.sh
-    bb = bias_t.ptr + b * bias_t.sb + j.to(tl.int64) * bias_t.sh + r[:, None].to(tl.int64) * bias_t.ss
     m = tl.full([BR], float("-inf"), tl.float32)
     l = tl.zeros([BR], tl.float32)
     acc = tl.zeros([BR, D], tl.float32)
@@ -49,131 +107,111 @@ def _decode_split_kernel(q_t, k_t, v_t, bias_t, OP, LP, HKV, GROUP, SQ, ROWS, SK
     for n0 in range(lo, hi, BN):
         n = n0 + tl.arange(0, BN)
         nok = n < hi
-        bias = tl.load(bb + n[None, :], mask=rok[:, None] & nok[None, :], other=float("-inf"))
-        if tl.max(tl.max(bias, 1), 0) > float("-inf"):  # some row attends a key of this tile
+        s = tl.load(rule.KP + b * SK + n, mask=nok, other=0)[None, :]
+        ok = (s <= p) & nok[None, :] & rok[:, None]
+        if HAS_DOC:
+            kd = tl.load(rule.KD + b * SK + n, mask=nok, other=-1)[None, :]
+            ok = ok & (kd == qd) & (kd >= 0)
+        ok = ok & (_allowed(s, cw, cr, cq, seg, mine, rule.SINKS, SLIDING) | dense)
+        if tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0:  # some row attends a key of this tile
             k = tl.load(kb + n[:, None].to(tl.int64) * k_t.ss + d[None, :], mask=nok[:, None],
                         other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * scale_log2 + bias
-            m_new = tl.maximum(m, tl.max(s, 1))
+            x = tl.where(ok, _dot(q, tl.trans(k), None, IEEE) * scale_log2, float("-inf"))
+            m_new = tl.maximum(m, tl.max(x, 1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
-            p = tl.math.exp2(s - m_ref[:, None])
+            pr = tl.math.exp2(x - m_ref[:, None])
             alpha = tl.math.exp2(m - m_ref)
-            l = l * alpha + tl.sum(p, 1)
+            l = l * alpha + tl.sum(pr, 1)
             v = tl.load(vb + n[:, None].to(tl.int64) * v_t.ss + d[None, :], mask=nok[:, None],
                         other=0.0)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + _dot(pr.to(v.dtype), v, None, IEEE)
             m = m_new
     some = l > 0
     lse2 = tl.where(some, m + tl.math.log2(tl.where(some, l, 1.0)), float("-inf"))
     o = acc / tl.where(some, l, 1.0)[:, None]
-    row = (bh.to(tl.int64) * NSPLIT + sp) * ROWS + r
-    tl.store(LP + row, lse2, mask=rok)
-    tl.store(OP + row[:, None] * D + d[None, :], o, mask=rok[:, None])
+    if NSPLIT == 1:
+        _store_rows(o_t, LSE, o, lse2 * LN2, b, h, i, rok, HKV * GROUP, SQ, D, WITH_LSE)
+    else:
+        # the partial result: rows (bh * NSPLIT + sp) * BR + r of WS, D values then the lse
+        part = WS + ((bh.to(tl.int64) * NSPLIT + sp) * BR + r)[:, None] * (D + 1)
+        tl.store(part + d[None, :], o)
+        tl.store(part + D, lse2[:, None])
+        tl.debug_barrier()  # every thread's stores before the counter (released at gpu scope)
+        if tl.atomic_add(CNT + bh, 1) == NSPLIT - 1:  # the last split of (b, j): merge
+            m = tl.full([BR], float("-inf"), tl.float32)
+            tot = tl.zeros([BR], tl.float32)
+            acc = tl.zeros([BR, D], tl.float32)
+            for t in range(0, NSPLIT):
+                part = WS + ((bh.to(tl.int64) * NSPLIT + t) * BR + r)[:, None] * (D + 1)
+                lt = tl.sum(tl.load(part + D, cache_modifier=".cg"), 1)  # [BR]
+                m_new = tl.maximum(m, lt)
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.math.exp2(m - m_ref)
+                w = tl.math.exp2(lt - m_ref)
+                tot = tot * alpha + w
+                acc = acc * alpha[:, None] + w[:, None] * tl.load(part + d[None, :],
+                                                                   cache_modifier=".cg")
+                m = m_new
+            some = tot > 0
+            lse = tl.where(some, (m + tl.math.log2(tl.where(some, tot, 1.0))) * LN2,
+                           float("-inf"))
+            _store_rows(o_t, LSE, acc / tl.where(some, tot, 1.0)[:, None], lse, b, h, i, rok,
+                        HKV * GROUP, SQ, D, WITH_LSE)
+            tl.atomic_xchg(CNT + bh, 0)  # ready for the next launch
 
 
-@triton.jit(do_not_specialize=["NSPLIT"])
-def _decode_merge_kernel(OP, LP, o_t, lse_t, HKV, GROUP, SQ, ROWS, NSPLIT,
-                         BR: tl.constexpr, D: tl.constexpr):
-    # o_t: ``Strided`` [B, Hq, Sq, D]; lse_t: ``Strided`` [B, Hq, Sq] (ss: 1)
-    bh = tl.program_id(0)
-    b = (bh // HKV).to(tl.int64)
-    j = bh % HKV
-    r = tl.arange(0, BR)
-    rok = r < ROWS
-    d = tl.arange(0, D)
-    base = bh.to(tl.int64) * NSPLIT * ROWS
-    m = tl.full([BR], float("-inf"), tl.float32)
-    for s in range(0, NSPLIT):
-        m = tl.maximum(m, tl.load(LP + base + s * ROWS + r, mask=rok, other=float("-inf")))
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
-    tot = tl.zeros([BR], tl.float32)
-    acc = tl.zeros([BR, D], tl.float32)
-    for s in range(0, NSPLIT):
-        row = base + s * ROWS + r
-        w = tl.math.exp2(tl.load(LP + row, mask=rok, other=float("-inf")) - m_ref)
-        tot += w
-        acc += w[:, None] * tl.load(OP + row[:, None] * D + d[None, :], mask=rok[:, None],
-                                    other=0.0)
-    some = tot > 0
-    o = acc / tl.where(some, tot, 1.0)[:, None]
-    lse = tl.where(some, (m_ref + tl.math.log2(tl.where(some, tot, 1.0))) * LN2, float("-inf"))
-    h = (j * GROUP + r // SQ).to(tl.int64)
-    i = r % SQ
-    tl.store(o_t.ptr + b * o_t.sb + h[:, None] * o_t.sh + i[:, None] * o_t.ss + d[None, :],
-             o.to(o_t.ptr.dtype.element_ty), mask=rok[:, None])
-    tl.store(lse_t.ptr + b * lse_t.sb + h * lse_t.sh + i * lse_t.ss, lse, mask=rok)
-
-
-def _sms(device) -> int:
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (a split count target); 8 off CUDA."""
-    if device.type != "cuda":
-        return 8
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
+    return torch.cuda.get_device_properties(device).multi_processor_count \
+        if device.type == "cuda" else 8
 
 
-def _cdiv(a: int, b: int) -> int:  # (triton.cdiv is a slow call from Python in some releases)
-    return -(-a // b)
+class DecodeLauncher:
+    """The decode launch of one plan, which every layer of a step calls: what follows from the
+    shapes (tiles, splits, workspace, the compiled kernel) is made by the first call of a
+    layout, later calls add only their tensors. Layers run one after another on a stream, so
+    they share the workspace and the counters (zero again after every launch)."""
 
+    def __init__(self, rule: Rule, sliding: bool, per_head: bool, has_doc: bool):
+        self.rule, self.flags = rule, (sliding, per_head, has_doc)
+        self._key = self._state = None
 
-def _splits(batch_heads: int, sk: int, bn: int, device) -> tuple:
-    """(keys per split, splits): enough programs to fill the GPU twice, whole tiles each."""
-    tiles = _cdiv(sk, bn)
-    want = max(1, min(tiles, _cdiv(2 * _sms(device), batch_heads)))
-    per = _cdiv(tiles, want) * bn
-    return per, _cdiv(sk, per)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 out: torch.Tensor, lse=None, interpret: bool = False) -> None:
+        """``out`` ``[B, Hq, Sq, D]`` (any strides; ``lse`` ``[B, Hq, Sq]`` float32 if given):
+        attention of ``q`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` where the rule allows (a query
+        with no such key: 0 and -inf)."""
+        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype,
+               lse is None, float(scale))
+        aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15
+        if key != self._key or not aligned or interpret:
+            self._key, self._state = key, self._prepare(q, k, out, lse, scale, interpret)
+        fn, grid, ints, tail, bound = self._state
+        args = (Strided(q, *q.stride()[:3]), Strided(k, *k.stride()[:3]),
+                Strided(v, *v.stride()[:3]), Strided(out, *out.stride()[:3]),
+                out if lse is None else lse, self.rule) + ints
+        if bound is None:
+            self._state = self._state[:4] + (bind(fn, grid, args, tail),)
+        else:
+            relaunch(bound, grid, args)
 
-
-def _guard(tensors: tuple, ints: tuple) -> tuple:
-    """What Triton specialises a launch on: each tensor's (``Strided``'s) dtype, 16-byte
-    alignment and strides, each integer's value (``_launch.launch``'s guard, without its walk)."""
-    return (tuple((t.ptr.dtype, t.ptr.data_ptr() % 16 == 0, t.sb, t.sh, t.ss)
-                  if isinstance(t, Strided) else (t.dtype, t.data_ptr() % 16 == 0)
-                  for t in tensors), ints)
-
-
-def decode_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-               scale: float, out: torch.Tensor = None, interpret: bool = False):
-    """``(out [B, Hq, Sq, D] in q's dtype, lse [B, Hq, Sq] float32, natural log)``: attention of
-    ``q`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` where ``bias`` ``[Bm, Hkv, (Hq // Hkv) * Sq, >=
-    Sk]`` (float32 0 / -inf, ``Bm`` 1 or B, unit last stride) is 0; a query with no such key
-    gets 0 and -inf. Two launches: the splits over keys, then their merge."""
-    B, HQ, SQ, D = q.shape
-    HKV, SK = k.shape[1], k.shape[2]
-    group = HQ // HKV
-    rows = group * SQ
-    dev = q.device
-    if out is None:
-        out = torch.empty_like(q)
-    br = max(16, 1 << (rows - 1).bit_length())
-    bn = 16 if interpret else 64
-    per, nsplit = _splits(B * HKV, max(SK, 1), bn, dev)
-    # one float32 workspace: the splits' outputs [B*Hkv*splits*rows, D], their lse, the result's
-    n = B * HKV * nsplit * rows
-    work = torch.empty(n * (D + 1) + B * HQ * SQ, device=dev, dtype=torch.float32)
-    part_o, part_l = work[:n * D].view(n, D), work[n * D:n * (D + 1)]
-    lse = work[n * (D + 1):].view(B, HQ, SQ)
-    qs, ks, vs, os_ = (Strided(t, *t.stride()[:3]) for t in (q, k, v, out))
-    bs = Strided(bias, bias.stride(0) if bias.shape[0] > 1 else 0, *bias.stride()[1:3])
-    ls = Strided(lse, lse.stride(0), lse.stride(1), 1)
-    scale_log2 = float(scale) / LN2.value
-    # the key count (every step) and the split it sets are not specialised on: the guard of the
-    # launch cache leaves them out, so a decode step reuses the compiled launch
-    ints = (HKV, group, SQ, rows)
-    head = (qs, ks, vs, bs, part_o, part_l)
-    launch(_decode_split_kernel, (B * HKV, nsplit), head + ints + (SK, per, nsplit, scale_log2),
-           dict(BR=br, BN=bn, D=D, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2),
-           _guard(head, ints))
-    head = (part_o, part_l, os_, ls)
-    launch(_decode_merge_kernel, (B * HKV,), head + ints + (nsplit,),
-           dict(BR=br, D=D, num_warps=4), _guard(head, ints))
-    return out, lse
+    def _prepare(self, q, k, out, lse, scale, interpret):
+        (B, HQ, SQ, D), (HKV, SK) = q.shape, k.shape[1:3]
+        group = HQ // HKV
+        rows = group * SQ
+        br = max(16, 1 << (rows - 1).bit_length())
+        bn = 16 if interpret else 64
+        tiles = triton.cdiv(max(SK, 1), bn)
+        want = max(1, min(triton.cdiv(tiles, 1 if interpret else _MIN_TILES), _MAX_SPLITS,
+                          triton.cdiv(_sms(q.device), B * HKV)))
+        per = triton.cdiv(tiles, want) * bn
+        nsplit = triton.cdiv(max(SK, 1), per)
+        ws = torch.empty(B * HKV * nsplit * br * (D + 1) if nsplit > 1 else 1, device=q.device,
+                         dtype=torch.float32)
+        cnt = torch.zeros(B * HKV, device=q.device, dtype=torch.int32)
+        ints = (ws, cnt, HKV, group, SQ, rows, SK, per, nsplit, float(scale) / LN2.value)
+        tail = dict(zip(("SLIDING", "PER_HEAD", "HAS_DOC"), self.flags), BR=br, BN=bn, D=D,
+                    NC=self.rule.CFG.shape[0], IEEE=q.dtype == torch.float32,
+                    WITH_LSE=lse is not None, num_warps=8, num_stages=2)
+        return _decode_kernel, (B * HKV, nsplit), ints, tail, None

@@ -14,7 +14,7 @@ import triton.language as tl
 from ._common import (LN2, LOG2E, _SCALARS, _band_split, _covered, _key_range, _key_tile,
                       _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _participates,
                       _prog_key, _program_tile, _query_rows, _row_ptrs, _sink_geometry, _split_at,
-                      _union_keep, _union_tab)
+                      _dot, _union_keep, _union_tab)
 
 
 @triton.jit
@@ -36,11 +36,7 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
                                                    EDGE=EDGE, MAPPED=F.MAPPED)
-        if F.IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = s * scale_log2
+        s = _dot(q, tl.trans(k), None, F.IEEE) * scale_log2
         if EDGE or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
             if F.CAUSAL and EDGE:
@@ -64,11 +60,7 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if F.IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], F.IEEE)
         m_i = m_new
     return acc, l_i, m_i
 

@@ -18,9 +18,9 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch", "launch_all", "fast_launches_enabled"]
+__all__ = ["launch", "launch_all", "bind", "relaunch", "fast_launches_enabled"]
 
-_FAST: dict = {}  # (fn, device, grid, kwargs, guard) -> (compiled kernel, names of kwargs params)
+_FAST: dict = {}  # (fn, device, kwargs, guard) -> bind()'s (compiled kernel, constexpr values)
 _MAX = 1024
 _OK: Optional[bool] = None
 fast_launches = 0  # launches that skipped the binding (read by tests and benchmarks)
@@ -62,36 +62,52 @@ def _guard(args: tuple) -> tuple:
     return tuple(out)
 
 
+def bind(fn, grid: tuple, args: tuple, kwargs: dict):
+    """``fn[grid](*args, **kwargs)``; returns what :func:`relaunch` launches the same compiled
+    kernel again with (tensors of the same dtypes and alignment, the same integers), or None
+    where the plain path must serve every launch."""
+    if not isinstance(fn, JITFunction) or not fast_launches_enabled():
+        fn[grid](*args, **kwargs)
+        return None
+    kernel = fn[grid](*args, **kwargs)
+    names = fn.arg_names[len(args):]
+    if kernel is None or hasattr(kernel, "result") or any(n not in kwargs for n in names):
+        return None  # a recorded launch, a stub, a parameter left to its default
+    return kernel, tuple(kwargs[n] for n in names)
+
+
+def relaunch(bound, grid: tuple, args: tuple) -> None:
+    """Launch ``bound`` (:func:`bind`'s) on ``grid`` with ``args``, without the binding."""
+    global fast_launches
+    fast_launches += 1
+    kernel, tail = bound
+    values = (*args, *tail)
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
+    kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
+               kernel.launch_metadata(grid, stream, *values), knobs.runtime.launch_enter_hook,
+               knobs.runtime.launch_exit_hook, *values)
+
+
 def launch(fn, grid: tuple, args: tuple, kwargs: dict, guard: Optional[tuple] = None) -> None:
     """``fn[grid](*args, **kwargs)``; after the first launch of a layout, without the binding.
-    ``guard``: what ``_guard(args)`` tells apart (made once for a call's launches)."""
+    ``guard``: what ``_guard(args)`` tells apart (made once for a call's launches). The grid is
+    no part of what Triton compiles."""
     if not isinstance(fn, JITFunction) or not fast_launches_enabled():
         fn[grid](*args, **kwargs)
         return
-    dev = driver.active.get_current_device()
     # kwargs in call-site order: one launcher builds them the same way every call
-    key = (fn, dev, grid, tuple(kwargs.items()), _guard(args) if guard is None else guard)
+    key = (fn, driver.active.get_current_device(), tuple(kwargs.items()),
+           _guard(args) if guard is None else guard)
     hit = _FAST.get(key)
-    if hit is None:
-        kernel = fn[grid](*args, **kwargs)
-        if kernel is None or hasattr(kernel, "result"):
-            return
-        names = fn.arg_names[len(args):]
-        if any(n not in kwargs for n in names):  # a parameter left to its default
-            return
+    if hit is not None:
+        relaunch(hit, grid, args)
+        return
+    bound = bind(fn, grid, args, kwargs)
+    if bound is not None:
         if len(_FAST) >= _MAX:
             _FAST.clear()
-        _FAST[key] = (kernel, names)
-        return
-    global fast_launches
-    fast_launches += 1
-    kernel, names = hit
-    values = (*args, *(kwargs[n] for n in names))
-    stream = driver.active.get_current_stream(dev)
-    g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
-    meta = kernel.launch_metadata(grid, stream, *values)
-    kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, meta,
-               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+        _FAST[key] = bound
 
 
 def launch_all(launches) -> None:

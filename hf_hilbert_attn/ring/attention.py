@@ -47,15 +47,16 @@ class _Ctx:
     skip: tuple = ()  # key/value heads whose results the caller discards (dense_heads.py)
 
 
-def _block_inputs(ctx: _Ctx, xchg: KVExchange, j: int, k, v):
-    """(k_blk, v_blk, k_positions, k_doc_ids) of step ``j``, or None when the step is empty."""
-    if j == 0:
-        return k, v, ctx.k_pos, ctx.k_doc
-    blk = xchg.block(j)
-    if blk is None:
-        return None
-    st = ctx.plan.steps[j - 1]
-    return blk[0], blk[1], st.recv_kpos, st.recv_kdoc
+def _blocks(ctx: _Ctx, k, v):
+    """Per ring step ``j``: ``(j, (k_blk, v_blk, k_positions, k_doc_ids))``, or ``(j, None)``
+    when the step is empty. Step ``j + 1``'s exchange is posted before step ``j`` is given."""
+    xchg = KVExchange(k, v, ctx.plan, ctx.group())
+    xchg.post(1)
+    yield 0, (k, v, ctx.k_pos, ctx.k_doc)
+    for j, st in enumerate(ctx.plan.steps, 1):
+        xchg.post(j + 1)  # next step's transfer runs while this step computes
+        blk = xchg.block(j)
+        yield j, None if blk is None else (blk[0], blk[1], st.recv_kpos, st.recv_kdoc)
 
 
 def _kernel_plan(ctx: _Ctx, pc: Piece, backend, q, k, v, qp, kp):
@@ -101,11 +102,7 @@ def _ring_forward(ctx: _Ctx, q, k, v):
     out = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
     merged = {}  # query run -> its rows' out in acc (runs with several pieces; lse in place)
-    xchg = KVExchange(k, v, ctx.plan, ctx.group())
-    xchg.post(1)
-    for j in range(ctx.plan.world):
-        xchg.post(j + 1)  # next step's transfer runs while this step computes
-        blk = _block_inputs(ctx, xchg, j, k, v)
+    for j, blk in _blocks(ctx, k, v):
         if blk is None:
             continue
         kb, vb, kpos, kdoc = blk
@@ -145,12 +142,8 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     kv_dtype = k.dtype if direct_kv else acc
     dk = torch.zeros(k.shape, dtype=kv_dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=kv_dtype, device=v.device)
-    xchg = KVExchange(k, v, ctx.plan, ctx.group())
-    xchg.post(1)
     grads = GradExchange(dk, dv, ctx.plan, ctx.group(), acc)
-    for j in range(ctx.plan.world):
-        xchg.post(j + 1)
-        blk = _block_inputs(ctx, xchg, j, k, v)
+    for j, blk in _blocks(ctx, k, v):
         gk_blk = gv_blk = None
         if blk is not None:
             kb, vb, kpos, kdoc = blk
@@ -284,21 +277,16 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     Raises:
         ValueError: bad shapes / positions, or (every rank) ranks disagreeing on the call.
     """
+    kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
     if group is None or dist.get_world_size(group) == 1:
-        return dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
-                                 q_positions=q_positions, k_positions=k_positions,
-                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
-                                 return_lse=return_lse, backend=backend,
-                                 _skip_kv_heads=_skip_kv_heads)
-    kw = dict(group=group, q_positions=q_positions, k_positions=k_positions, causal=causal,
-              scale=scale, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
-              backend=backend)
-    done = call_under_autocast(ring_attention, q, k, v, pattern, _skip_kv_heads=_skip_kv_heads,
-                               **kw)
+        return dilated_attention(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
+    done = call_under_autocast(ring_attention, q, k, v, pattern, group=group,
+                               _skip_kv_heads=_skip_kv_heads, **kw)
     if done is not None:
         return done
     if pattern.dense_kv_heads:  # a sparse ring over every head and a dense one over those heads
-        return with_dense_heads(ring_attention, q, k, v, pattern, **kw)
+        return with_dense_heads(ring_attention, q, k, v, pattern, group=group, **kw)
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
     # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)

@@ -46,10 +46,8 @@ def sequence_parallel(group):
 
 def get_sequence_parallel_group():
     """The active sequence-parallel group, or None (no context, or a group of size 1)."""
-    if not _ACTIVE_GROUP or _ACTIVE_GROUP[-1] is None:
-        return None
-    g = _ACTIVE_GROUP[-1]
-    return None if dist.get_world_size(g) == 1 else g
+    g = _ACTIVE_GROUP[-1] if _ACTIVE_GROUP else None
+    return None if g is None or dist.get_world_size(g) == 1 else g
 
 
 # ---------------------------------------------------------------------------------- agreement
@@ -76,9 +74,7 @@ def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = Fal
             _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1, qp.shape[0], kp.shape[0],
             int(kd is not None), -1 if kd is None else kd.shape[0], int(q.is_cuda)]
     t = torch.tensor(meta + [int(cached)], dtype=torch.int64, device=q.device)
-    table = torch.stack(all_gather(t, group)).cpu()
-    all_cached = bool(table[:, -1].all())
-    table = table[:, :-1]
+    table = torch.stack(all_gather(t, group)).cpu()  # the last column: the cached flags
     bad = [i for i in range(len(meta)) if not bool((table[:, i] == table[0, i]).all())]
     if bad:
         lines = []
@@ -90,7 +86,7 @@ def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = Fal
             + "; ".join(lines) + f". Every rank must call it with equal shard shapes, pattern, "
             f"dtype and options (this rank: q {tuple(q.shape)}, k {tuple(k.shape)}, {pattern}); "
             "pad the sequence with shard_batch(...) so it divides the group.")
-    return all_cached
+    return bool(table[:, -1].all())
 
 
 def all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
@@ -121,10 +117,8 @@ def _live(group, plan: RingPlan):
 
 def _post(sends, recvs, group):
     """Post point-to-point ops ``(tensor, group_peer, tag)``; returns the Work handles."""
-    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group, tag)
-           for t, p, tag in sends]
-    ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group, tag)
-            for t, p, tag in recvs]
+    ops = [dist.P2POp(op, t, dist.get_global_rank(group, p), group, tag)
+           for op, todo in ((dist.isend, sends), (dist.irecv, recvs)) for t, p, tag in todo]
     return dist.batch_isend_irecv(ops) if ops else []
 
 
@@ -165,17 +159,15 @@ class KVExchange:
             return
         st = self.plan.steps[j - 1]
         b, _, _, d = self.k.shape
-        sends, recvs, keep = [], [], []
+        sends, recvs, kr, vr = [], [], None, None
         if st.n_send:
-            ks, vs = _gather_entries(self.k, st), _gather_entries(self.v, st)
-            sends = [(ks, st.dst, 4 * j), (vs, st.dst, 4 * j + 1)]
-            keep = [ks, vs]
-        kr = vr = None
+            sends = [(_gather_entries(self.k, st), st.dst, 4 * j),
+                     (_gather_entries(self.v, st), st.dst, 4 * j + 1)]
         if st.n_recv:
             kr = self.k.new_empty(b, st.n_recv, d)
             vr = self.v.new_empty(b, st.n_recv, self.v.shape[-1])
             recvs = [(kr, st.src, 4 * j), (vr, st.src, 4 * j + 1)]
-        self.pending[j] = (_post(sends, recvs, self.group), kr, vr, keep)
+        self.pending[j] = (_post(sends, recvs, self.group), kr, vr, sends)  # sends: kept alive
 
     def block(self, j: int):
         """``(k_blk, v_blk)`` of step ``j`` (``[B, Hkv, Ur, D]``), or None if nothing comes."""
@@ -206,8 +198,7 @@ class GradExchange:
         if gk_blk is not None:
             sends = [(_entries_of_block(gk_blk, st), st.src, 4 * j + 2),
                      (_entries_of_block(gv_blk, st), st.src, 4 * j + 3)]
-        gk_in = gv_in = None
-        recvs = []
+        recvs, gk_in, gv_in = [], None, None
         if st.n_send:
             b = self.dk.shape[0]
             gk_in = self.dk.new_empty(b, st.n_send, self.dk.shape[-1], dtype=self.dtype)
@@ -228,14 +219,11 @@ class GradExchange:
             w.wait()
         if gk_in is None:
             return
-        dk, dv = self.dk, self.dv
-        if st.send_dense:
-            b, _, d = gk_in.shape
-            n = st.send_rows.numel()
-            dk.index_add_(2, st.send_rows, gk_in.view(b, -1, n, d))
-            dv.index_add_(2, st.send_rows, gv_in.view(b, -1, n, gv_in.shape[-1]))
-        else:
-            # [B, Hkv, S, D] viewed as [Hkv, S, B, D] so the (head, row) pairs index dims 0, 1
-            idx = (st.send_head, st.send_row)
-            dk.permute(1, 2, 0, 3).index_put_(idx, gk_in.transpose(0, 1), accumulate=True)
-            dv.permute(1, 2, 0, 3).index_put_(idx, gv_in.transpose(0, 1), accumulate=True)
+        n = st.send_rows.numel()
+        for into, g in ((self.dk, gk_in), (self.dv, gv_in)):
+            if st.send_dense:
+                into.index_add_(2, st.send_rows, g.view(g.shape[0], -1, n, g.shape[-1]))
+            else:
+                # [B, Hkv, S, D] viewed as [Hkv, S, B, D] so the (head, row) pairs index dims 0, 1
+                into.permute(1, 2, 0, 3).index_put_((st.send_head, st.send_row), g.transpose(0, 1),
+                                                    accumulate=True)

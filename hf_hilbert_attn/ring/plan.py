@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
@@ -39,8 +40,7 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
     """
     dev = k_pos.device
     b = max(q_pos.shape[0], k_pos.shape[0])
-    qp = q_pos.expand(b, -1)
-    kp = k_pos.expand(b, -1)
+    qp, kp = q_pos.expand(b, -1), k_pos.expand(b, -1)
     sk = kp.shape[1]
     need = torch.zeros(hkv, sk, dtype=torch.bool, device=dev)
     if qp.numel() == 0 or sk == 0:
@@ -287,8 +287,7 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
                 continue
             if consecutive:  # only the rows whose positions can reach the keys
                 lo, hi = _query_span(pattern, causal, krng)
-                first = qrng[0]
-                qs, qe = max(qs, qs + lo - first), min(qe, qs + hi - first + 1)
+                qs, qe = max(qs, qs + lo - qrng[0]), min(qe, qs + hi - qrng[0] + 1)
                 if qs >= qe:
                     continue
             out.append(Piece(qs, qe, ks, ke, i))
@@ -296,11 +295,8 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
 
     steps = [[pc for ks, ke, krng in run_ranges(kp) for pc in reach(ks, ke, krng)]
              for kp in [k_pos] + [st.recv_kpos for st in plan.steps]]
-    writes = [0] * len(qruns)
-    for step in steps:
-        for pc in step:
-            writes[pc.run] += 1
-    return Pieces(steps, qruns, writes)
+    runs = Counter(pc.run for step in steps for pc in step)
+    return Pieces(steps, qruns, [runs[i] for i in range(len(qruns))])
 
 
 # ---------------------------------------------------------------------------------- cache

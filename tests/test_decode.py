@@ -198,6 +198,37 @@ def test_one_plan_per_forward(monkeypatch):
         assert len(made) == 3 and len(set(made[1:])) == 2, made
 
 
+def test_a_decode_step_is_one_launch_per_layer_and_one_check_per_forward(monkeypatch):
+    """A decode step of a 4-layer model: the kernel is launched once per layer (the splits'
+    merge inside it; on a CPU the PyTorch run is one SDPA call per layer), and the per-layer
+    checks run once for the step (``_checked_pattern``), again where a layer's pattern differs."""
+    import hf_hilbert_attn.integrations.transformers as tf
+    import hf_hilbert_attn.kernels._decode as kd
+
+    launches, checks = [], []
+    real_bind, real_relaunch, real_check = kd.bind, kd.relaunch, tf.check_call
+    monkeypatch.setattr(kd, "bind", lambda fn, *a: launches.append(fn) or real_bind(fn, *a))
+    monkeypatch.setattr(kd, "relaunch", lambda *a: launches.append(a[0]) or real_relaunch(*a))
+    monkeypatch.setattr(tf, "check_call", lambda *a: checks.append(a[0]) or real_check(*a))
+    sdpa = decode._SDPA_CPU
+    if sdpa is not None:
+        monkeypatch.setattr(decode, "_SDPA_CPU", lambda *a, **k: launches.append("sdpa")
+                            or sdpa(*a, **k))
+    model = _tiny(random_pattern(random.Random(4), max_w=16, min_w=4), layers=4)
+    ids = torch.randint(3, VOCAB, (1, 20), device=DEV)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :19], past_key_values=cache, use_cache=True)
+        launches.clear(), checks.clear()
+        model(input_ids=ids[:, 19:], past_key_values=cache, use_cache=True)
+        assert len(launches) == 4, launches
+        assert len(checks) == 1, checks
+        set_dense_kv_heads(model, [[0], [], [0], []])
+        checks.clear()
+        model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True)
+        assert len(checks) == 4, checks  # per-layer dense heads: a pattern per layer
+
+
 def test_static_cache_generate_compiles_to_one_graph():
     """generate() with a static cache compiles its decode steps (on a GPU with CUDA graphs,
     "reduce-overhead"): traced with fullgraph=True, the step has no graph break (positions, plan

@@ -76,8 +76,8 @@ _TABLES: dict = {}  # (pattern, Hkv, device) -> the kernel's config and dense-he
 def _tables(pattern: DilatedPattern, num_kv_heads: int, device) -> tuple:
     """``Rule.CFG`` and ``Rule.DENSE`` of ``pattern``: made once per device (a copy to the
     device waits for it), afresh while tracing."""
-    key = (pattern, num_kv_heads, device)
-    hit = None if torch.compiler.is_compiling() else _TABLES.get(key)
+    key, traced = (pattern, num_kv_heads, device), torch.compiler.is_compiling()
+    hit = None if traced else _TABLES.get(key)
     if hit is None:
         pattern.check_kv_heads(num_kv_heads)
         cfgs = list(pattern.configs)
@@ -85,7 +85,8 @@ def _tables(pattern: DilatedPattern, num_kv_heads: int, device) -> tuple:
         hit = (torch.tensor(cfgs, dtype=torch.int32, device=device),
                torch.tensor([j in pattern.dense_kv_heads for j in range(num_kv_heads)],
                             dtype=torch.int8, device=device))
-        _TABLES[key] = hit
+        if not traced:  # (a traced graph's tensors stay in the graph)
+            _TABLES[key] = hit
     return hit
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -65,6 +66,11 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
         backend=backend, ordering=ordering, _skip_kv_heads=_skip_kv_heads)
     if cast is not None:
         return cast
+    key = _prepared_key(q, k, v, pattern, (q_positions, k_positions, q_doc_ids, k_doc_ids),
+                        causal, scale, return_lse, backend, ordering, _skip_kv_heads)
+    if key in _PREPARED:  # checked and routed by an earlier call like this one: the kernels
+        out, lse = _EagerKernels.apply(q, k, v, pattern, _PREPARED[key], bool(causal))
+        return (out, lse) if return_lse else out
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
     triton = use_triton(q, a, backend)
@@ -88,11 +94,37 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
     if triton:
         if _skip_kv_heads:  # (dense_heads.py, private) heads whose results the caller discards
             a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads))
+        _prepared(key, a)
         out, lse = _kernel_attention(q, k, v, pattern, a, causal)
     else:
         out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
         lse = lse.float()  # float32 for every input dtype
     return (out, lse) if return_lse else out
+
+
+# One prepared call: the checked inputs of eager kernel calls at positions 0..S-1, by what the
+# checks and the route depend on. Every layer of a model's forward calls alike, so its first
+# call checks and routes, and the others go straight to the kernels (their plans are memoised
+# there: one host plan per forward, kernels/__init__.py).
+_PREPARED: dict = {}
+
+
+def _prepared_key(q, k, v, pattern, given: tuple, *args) -> Optional[tuple]:
+    """What the checks and the route of an eager call at the default positions depend on (on a
+    CPU, also whether Triton's interpreter is asked for: ``use_triton`` reads it per call); None
+    for other calls (``given``: their positions and document ids)."""
+    if given != (None,) * 4 or not _eager():
+        return None
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+            pattern, *args, q.is_cuda or os.environ.get("TRITON_INTERPRET"))
+
+
+def _prepared(key: Optional[tuple], a) -> None:
+    """Keep the checked inputs ``a`` of a kernels' call under ``key`` (None: not kept)."""
+    if key is not None:
+        if len(_PREPARED) >= 256:
+            _PREPARED.clear()
+        _PREPARED[key] = a
 
 
 def _kernel_attention(q, k, v, pattern, a, causal):
@@ -254,8 +286,7 @@ class _EagerKernels(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        with torch.autocast(q.device.type, enabled=False):
-            if dout is None:
-                dout = torch.zeros_like(out)
-            dq, dk, dv = _kernel_backward(dout, dlse, q, k, v, out, lse, *ctx.call)
+        # (no autocast context: the kernels' host code casts nothing)
+        dq, dk, dv = _kernel_backward(torch.zeros_like(out) if dout is None else dout, dlse,
+                                      q, k, v, out, lse, *ctx.call)
         return dq, dk, dv, None, None, None

@@ -8,7 +8,6 @@ The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wrap
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..dense_heads import DENSE
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
@@ -72,29 +71,27 @@ def plan_fwd(c: Call) -> FwdPlan:
 
 def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, skip: tuple,
                 flags: tuple):
-    """``(sparse plan, dense plan or None, whether either was made just now, heads to fill,
-    positions)`` of a call: ``build`` (:func:`plan_fwd` / :func:`plan_bwd`) of the sparse
-    pattern leaving out ``skip`` (and, where that adds no launch, the dense key/value heads:
-    ``_head_split``) and of the plain causal config over the dense heads, whose launches come
-    last (they overwrite what the sparse ones computed for them). ``flags``: ``Call``'s
-    ``merge`` (and ``merge_kv``)."""
+    """``(sparse plan, dense plan or None, whether they were made just now, heads to fill,
+    positions)`` of a call, made once per call key: ``build`` (:func:`plan_fwd` /
+    :func:`plan_bwd`) of the sparse pattern leaving out ``skip`` (and, where that adds no
+    launch, the dense key/value heads: ``_head_split``) and of the plain causal config over the
+    dense heads, whose launches come last (they overwrite what the sparse ones computed for
+    them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``)."""
     (B, HQ, SQ, D), dev = q.shape, q.device
     shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
-    sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags))
+
+    def make():
+        sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags))
+        same = (plan, shape, q.dtype, dev, bool(causal), cfg)
+        ranged = for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
+        dense = pattern.dense_kv_heads and build(
+            Call(DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2])))
+        return build(Call(ranged, *same, left, *flags)), dense or None, fill
+
     pos = _positions(plan, dev)
-    plans, fresh = [], False
-    for pat, heads, fl in ((for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal),
-                            left, flags),
-                           (DENSE, _dense_skip(pattern.dense_kv_heads, skip, shape[2]), ())):
-        key = _call_key(build.__name__, pat, plan, q, k, causal, scale, cfg, (heads, *fl))
-        made, new = _planned(key, lambda: build(Call(pat, plan, shape, q.dtype, dev,
-                                                     bool(causal), cfg, heads, *fl)), dev, pos)
-        plans.append(made)
-        fresh = fresh or new
-        if not pattern.dense_kv_heads:
-            plans.append(None)
-            break
-    return (*plans, fresh, fill, pos)
+    key = _call_key(build.__name__, pattern, plan, q, k, causal, scale, cfg, (skip, *flags))
+    (sparse, dense, fill), fresh = _planned(key, make, dev, pos)
+    return sparse, dense, fresh, fill, pos
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
@@ -123,11 +120,9 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     cfg = kernel_config()
     fp, dense, fresh, fill, pos = _call_plans(
         plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,))
-    if not merge:
+    if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
         _fill_skipped(fill, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
-    if not merge:
-        acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch \
-            else out
+        acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch else out
     qkv = (_strided(q), _strided(k), _strided(v))
     scale_log2 = scale * LOG2E
     run = []
@@ -251,44 +246,33 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         _check_target(name, t, k.shape, torch.float32)
     lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
     dblk = 64 if not cfg.interpret else 16
-    run = [(_delta_kernel, (triton.cdiv(SQ, dblk), B * HQ),
+    run = [(_delta_kernel, (-(-SQ // dblk), B * HQ),
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
              _strided(delta), SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
     if not bp.kv_merge:
         _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
-    if bp.chunks is None:  # one launch per kernel writes the result in the input dtype
-        dqacc, dkacc, dvacc = dq, dk, dv
-    else:
-        dqacc, dkacc, dvacc = _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)
+    dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
+        _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)  # (None: one launch per kernel, no sums)
     dqacc = dq_acc if merge else dqacc
     if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
         (dkacc, dvacc), dk, dv = dkv_acc, k, v
     # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
-    # tiles); the first dk/dv launch adds them in.
-    if bp.sinks:
-        sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev,
-                                     dtype=torch.float32))
-    else:
-        sinkg = Strided(_dummy(dev), 0, 0, 0)
-    qs, ks, vs, dos = _strided(q), _strided(k), _strided(v), _strided(do)
-    lses, deltas = _strided(lse), _strided(delta)
+    # tiles); the first dk/dv launch adds them in. The dense heads' launches (one per kernel)
+    # write the results in the input dtype and have no sink key.
+    none = Strided(_dummy(dev), 0, 0, 0)
+    sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32)) \
+        if bp.sinks else none
+    ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
     scales = (scale, scale * LOG2E)
-    head = (qs, ks, vs, dos, lses, deltas, _strided(dq), _strided(dqacc), sinkg, pos, bp.tables)
-    run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
-            for grid, row, ints, kw in bp.dq_items]
-    head = (qs, ks, vs, dos, lses, deltas, _strided(dk), _strided(dv), _strided(dkacc),
-            _strided(dvacc), sinkg, pos, bp.tables)
-    run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
-            for grid, row, ints, kw in bp.kv_items]
-    if dense is not None:  # one launch per kernel: written in the input dtype, no sink key
-        none, dqs, dks, dvs = Strided(_dummy(dev), 0, 0, 0), _strided(dq), _strided(dk), \
-            _strided(dv)
-        head = (qs, ks, vs, dos, lses, deltas, dqs, dqs, none, pos, dense.tables)
-        run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
-                for grid, row, ints, kw in dense.dq_items]
-        head = (qs, ks, vs, dos, lses, deltas, dks, dvs, dks, dvs, none, pos, dense.tables)
-        run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
-                for grid, row, ints, kw in dense.kv_items]
+    for p, sums, sg in ((bp, (dqacc, dkacc, dvacc), sinkg), (dense, (dq, dk, dv), none)):
+        if p is not None:
+            dqs, dks, dvs = (_strided(t) for t in sums)
+            head = (*ins, _strided(dq), dqs, sg, pos, p.tables)
+            run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
+                    for grid, row, ints, kw in p.dq_items]
+            head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
+            run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
+                    for grid, row, ints, kw in p.kv_items]
     _run(run, fresh, cfg)
     if dkv_acc is None:
         return (dq_acc if merge else dq), dk, dv

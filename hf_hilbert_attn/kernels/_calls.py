@@ -157,16 +157,13 @@ def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
 
 
 def _positions(plan: PositionPlan, device) -> Positions:
-    d = _dummy(device)
-    qinv = plan.qinv if plan.mapped else d
-    kinv = plan.kinv if plan.mapped else d
-    qdoc = plan.qdoc if plan.qdoc is not None else d
-    kdoc = plan.kdoc if plan.kdoc is not None else d
-    sqi = qinv.stride(0) if plan.mapped and qinv.shape[0] > 1 else 0
-    ski = kinv.stride(0) if plan.mapped and kinv.shape[0] > 1 else 0
-    sqd = qdoc.stride(0) if plan.qdoc is not None and qdoc.shape[0] > 1 else 0
-    skd = kdoc.stride(0) if plan.kdoc is not None and kdoc.shape[0] > 1 else 0
-    return Positions(qinv, sqi, kinv, ski, qdoc, sqd, kdoc, skd)
+    """The position and document tables of a call as the kernels take them (each with its row
+    stride, 0 for one row shared by the batch; an unused one: a dummy)."""
+    d, out = _dummy(device), []
+    for t in (plan.qinv if plan.mapped else None, plan.kinv if plan.mapped else None, plan.qdoc,
+              plan.kdoc):
+        out += [d, 0] if t is None else [t, t.stride(0) if t.shape[0] > 1 else 0]
+    return Positions(*out)
 
 
 def _strided(t: torch.Tensor) -> Strided:

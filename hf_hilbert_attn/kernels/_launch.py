@@ -18,7 +18,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch", "launch_all", "bind", "relaunch", "fast_launches_enabled"]
+__all__ = ["launch_all", "bind", "relaunch", "fast_launches_enabled"]
 
 _FAST: dict = {}  # (fn, device, kwargs, guard) -> bind()'s (compiled kernel, constexpr values)
 _MAX = 1024
@@ -89,31 +89,11 @@ def relaunch(bound, grid: tuple, args: tuple) -> None:
                knobs.runtime.launch_exit_hook, *values)
 
 
-def launch(fn, grid: tuple, args: tuple, kwargs: dict, guard: Optional[tuple] = None) -> None:
-    """``fn[grid](*args, **kwargs)``; after the first launch of a layout, without the binding.
-    ``guard``: what ``_guard(args)`` tells apart (made once for a call's launches). The grid is
-    no part of what Triton compiles."""
-    if not isinstance(fn, JITFunction) or not fast_launches_enabled():
-        fn[grid](*args, **kwargs)
-        return
-    # kwargs in call-site order: one launcher builds them the same way every call
-    key = (fn, driver.active.get_current_device(), tuple(kwargs.items()),
-           _guard(args) if guard is None else guard)
-    hit = _FAST.get(key)
-    if hit is not None:
-        relaunch(hit, grid, args)
-        return
-    bound = bind(fn, grid, args, kwargs)
-    if bound is not None:
-        if len(_FAST) >= _MAX:
-            _FAST.clear()
-        _FAST[key] = bound
-
-
 def launch_all(launches) -> None:
-    """:func:`launch` of each ``(fn, grid, head, rest, kwargs)`` (arguments ``head + rest``), the
-    guard of a head (the call's tensors, shared by its launches) made once."""
-    guards = {}
+    """``fn[grid](*head, *rest, **kwargs)`` for each ``(fn, grid, head, rest, kwargs)``; after
+    the first launch of a layout, without the binding. The guard of a head (the call's tensors,
+    shared by its launches) is made once; the grid is no part of what Triton compiles."""
+    guards, device = {}, None
     for fn, grid, head, rest, kwargs in launches:
         if not isinstance(fn, JITFunction) or not fast_launches_enabled():
             fn[grid](*head, *rest, **kwargs)
@@ -121,4 +101,15 @@ def launch_all(launches) -> None:
         g = guards.get(id(head))
         if g is None:
             g = guards[id(head)] = _guard(head)
-        launch(fn, grid, head + rest, kwargs, (g, _guard(rest)))
+            device = driver.active.get_current_device() if device is None else device
+        # kwargs in call-site order: one launcher builds them the same way every call
+        key = (fn, device, tuple(kwargs.items()), g, _guard(rest))
+        hit = _FAST.get(key)
+        if hit is not None:
+            relaunch(hit, grid, head + rest)
+            continue
+        bound = bind(fn, grid, head + rest, kwargs)
+        if bound is not None:
+            if len(_FAST) >= _MAX:
+                _FAST.clear()
+            _FAST[key] = bound

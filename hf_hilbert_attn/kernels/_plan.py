@@ -10,6 +10,7 @@ spread over more than ``MAX_SPREAD`` × the sequence length.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -88,10 +89,16 @@ def plan_positions(a, pattern=None) -> tuple:
         ``(plan, None)`` or ``(None, reason)`` when the kernels cannot take these positions.
     """
     if a.natural_positions and a.q_doc_ids is None:
-        return _plan_positions(a, pattern)
+        return _natural(a.sq, a.sk)
     key = ("positions", period(pattern, W_CAP), a.natural_positions, a.sq, a.sk)
     return _PLANS.get_or_make(key, (a.q_positions, a.k_positions, a.q_doc_ids, a.k_doc_ids),
                               lambda: _plan_positions(a, pattern))
+
+
+@functools.lru_cache(maxsize=256)
+def _natural(sq: int, sk: int) -> tuple:
+    """The plan of queries at ``sk - sq .. sk - 1`` and keys at ``0 .. sk - 1`` (shared)."""
+    return PositionPlan(False, sk - sq, sk - sq, sk - 1, 0, sk - 1, None, None, None, None), None
 
 
 def _plan_positions(a, pattern) -> tuple:

@@ -112,6 +112,32 @@ def small_tiles():
     kernels.configure(old)
 
 
+def test_a_layout_is_checked_and_routed_once(small_tiles, monkeypatch):
+    """Eager calls at the default positions: the first of a layout checks and routes, the next
+    go straight to the kernels with the same result; explicit positions, another dtype,
+    pattern or length, or the interpreter turned off are checked again (a mixed-dtype call
+    still raises after a clean one of the same shapes)."""
+    ops._PREPARED.clear()
+    checks, real = [], ops.check_inputs
+    monkeypatch.setattr(ops, "check_inputs", lambda *a, **kw: checks.append(1) or real(*a, **kw))
+    s, d = 45, 16
+    q, k, v = (torch.randn(1, h, s, d) for h in (4, 2, 2))
+    first = dilated_attention(q, k, v, PATTERN, backend="triton")
+    again = dilated_attention(q, k, v, PATTERN, backend="triton")
+    assert len(checks) == 1 and torch.equal(first, again)
+    at = torch.arange(s)
+    assert torch.equal(dilated_attention(q, k, v, PATTERN, backend="triton", q_positions=at,
+                                         k_positions=at), first)
+    with pytest.raises(ValueError, match="share a dtype"):
+        dilated_attention(q, k.double(), v, PATTERN, backend="triton")
+    dilated_attention(q, k, v, DilatedPattern([16, 32], [1, 2]), backend="triton")
+    dilated_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], PATTERN, backend="triton")
+    assert len(checks) == 5
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs CUDA"):
+        dilated_attention(q, k, v, PATTERN, backend="triton")
+
+
 @pytest.mark.parametrize("use_lse", [False, True])
 def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
     """The eager autograd Function and the custom ops (what torch.compile traces) give the same

@@ -38,9 +38,8 @@ def _head_index(dense_kv_heads: tuple, g: int, device: torch.device, inference: 
 
 def _select(t: torch.Tensor, idx: torch.Tensor, heads: tuple) -> torch.Tensor:
     # A run of consecutive heads is a view; anything else a gather (small next to attention).
-    if len(heads) == heads[-1] - heads[0] + 1:
-        return t.narrow(1, heads[0], len(heads))
-    return t.index_select(1, idx)
+    contiguous = len(heads) == heads[-1] - heads[0] + 1
+    return t.narrow(1, heads[0], len(heads)) if contiguous else t.index_select(1, idx)
 
 
 def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

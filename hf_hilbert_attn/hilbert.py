@@ -263,6 +263,5 @@ def in_storage_order(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = attend(q.index_select(2, perm), k.index_select(2, perm), v.index_select(2, perm),
                  pattern, q_positions=perm, k_positions=perm, q_doc_ids=docs[0],
                  k_doc_ids=docs[1], **kwargs)
-    if isinstance(out, tuple):
-        return tuple(t.index_select(2, inv) for t in out)
-    return out.index_select(2, inv)
+    return tuple(t.index_select(2, inv) for t in out) if isinstance(out, tuple) \
+        else out.index_select(2, inv)

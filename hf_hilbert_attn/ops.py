@@ -112,8 +112,10 @@ _PREPARED: dict = {}
 def _prepared_key(q, k, v, pattern, given: tuple, *args) -> Optional[tuple]:
     """What the checks and the route of an eager call at the default positions depend on (on a
     CPU, also whether Triton's interpreter is asked for: ``use_triton`` reads it per call); None
-    for other calls (``given``: their positions and document ids)."""
-    if given != (None,) * 4 or not _eager():
+    for other calls (``given``: their positions and document ids) and for arguments the checks
+    will refuse."""
+    if any(g is not None for g in given) or not isinstance(pattern, DilatedPattern) or not all(
+            isinstance(t, torch.Tensor) for t in (q, k, v)) or not _eager():
         return None
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
             pattern, *args, q.is_cuda or os.environ.get("TRITON_INTERPRET"))

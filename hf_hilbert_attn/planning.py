@@ -101,9 +101,7 @@ def class_uniform(earlier: Tuple[int, int], r: Optional[int], sliding: bool) -> 
     wj, rj = earlier
     if rj == 1:
         return True
-    if r is None or r % rj:
-        return False
-    return sliding or wj % rj == 0
+    return r is not None and r % rj == 0 and (sliding or wj % rj == 0)
 
 
 def nests(wj: int, w: int, span: int) -> bool:

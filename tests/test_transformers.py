@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     BertConfig,
     BertModel,
@@ -501,6 +502,25 @@ def test_sliding_window_raises():
         qwen(tokens(1, 10))
     with pytest.raises(ValueError, match="use_sliding_window=False"):
         configure(qwen, DENSE)
+
+
+def test_chunked_layers_raise_saying_how_to_load_the_model():
+    """Llama-4-style chunked layers: refused in one line naming attention_chunk_size=None, with
+    which the same config runs full attention everywhere, exactly as sdpa."""
+    small = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, intermediate_size_mlp=64,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 num_local_experts=2, max_position_embeddings=512, pad_token_id=0)
+    chunked = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "llama4_text", attention_chunk_size=16, **small), attn_implementation="sdpa").eval()
+    with pytest.raises(ValueError, match=r"chunked attention layers \(attention_chunk_size=16\).*"
+                                         r"attention_chunk_size=None") as err:
+        configure(chunked, DENSE)
+    assert "\n" not in str(err.value)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "llama4_text", attention_chunk_size=None, **small), attn_implementation="sdpa").eval()
+    ids = tokens(1, 20)
+    expected = model(ids).logits
+    assert torch.equal(configure(model, DENSE)(ids).logits, expected)
 
 
 def test_four_d_mask_raises():

@@ -130,9 +130,7 @@ def shard_for_sequence_parallel(batch: dict, topo: SPTopology, layout: str = DEF
 def reduce_loss(loss: torch.Tensor, group) -> torch.Tensor:
     """Sum ``loss`` (this shard's ``sum of token losses / N``, ``N`` over the whole sequence)
     over the SP ``group`` (None: unchanged), differentiably (see the module docstring)."""
-    if group is None:
-        return loss
-    return _SumOverGroup.apply(loss, group)
+    return loss if group is None else _SumOverGroup.apply(loss, group)
 
 
 class _SumOverGroup(torch.autograd.Function):

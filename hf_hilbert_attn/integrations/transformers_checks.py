@@ -18,6 +18,12 @@ SLIDING_MESSAGE = (
     "(Mistral-style configs) or use_sliding_window=False (Qwen2-style configs), or use sdpa."
 )
 
+CHUNKED_MESSAGE = (
+    "hilbert_dilated does not support chunked attention layers (attention_chunk_size={size}): "
+    "the dilated pattern replaces the chunks. Load the model with attention_chunk_size=None "
+    "(Llama-4-style configs: every layer full attention), or use sdpa."
+)
+
 # Mask functions Transformers composes for plain causal / bidirectional / packed / padded
 # attention; anything else (sliding windows, chunks, bidirectional image blocks, user overlays)
 # changes the function in a way the dilated pattern does not express.
@@ -38,7 +44,9 @@ def check_config(cfg) -> None:
     """Refuse configs whose layers use sliding-window or chunked attention."""
     window = getattr(cfg, "sliding_window", None)
     layer_types = getattr(cfg, "layer_types", None) or ()
-    uses_window = any(t in ("sliding_attention", "chunked_attention") for t in layer_types)
+    if "chunked_attention" in layer_types:
+        raise ValueError(CHUNKED_MESSAGE.format(size=getattr(cfg, "attention_chunk_size", None)))
+    uses_window = "sliding_attention" in layer_types
     # Qwen2-style configs keep sliding_window set but inactive (use_sliding_window=False).
     active = window is not None and getattr(cfg, "use_sliding_window", True) is not False
     if uses_window or (active and not layer_types):

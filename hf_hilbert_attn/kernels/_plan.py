@@ -66,9 +66,7 @@ def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
     inv = torch.full((bp, size), -1, device=p.device, dtype=torch.int32)
     idx = torch.arange(n, device=p.device, dtype=torch.int32).expand(bp, n)
     inv.scatter_(1, p, idx)
-    if int((inv >= 0).sum()) != bp * n:
-        return None
-    return inv
+    return inv if int((inv >= 0).sum()) == bp * n else None
 
 
 # Plans by positions (explicit ones read on the host: device syncs), made once per positions

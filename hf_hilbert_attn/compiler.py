@@ -20,8 +20,7 @@ def disable_lazily(fn):
     @functools.wraps(fn)
     def call(*args, **kwargs):
         nonlocal disabled
-        if disabled is None:
-            disabled = torch.compiler.disable(fn)
+        disabled = torch.compiler.disable(fn) if disabled is None else disabled
         return disabled(*args, **kwargs)
 
     return call

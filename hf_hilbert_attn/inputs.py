@@ -113,8 +113,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})"
                          + _layout_hint(q, k))
-    if scale is None:
-        scale = d ** -0.5
+    scale = d ** -0.5 if scale is None else scale
     natural = q_positions is None and k_positions is None
     dev = q.device
     try:
@@ -124,8 +123,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
         swapped = any(isinstance(p, torch.Tensor) and p.shape[-1:] == t.shape[1:2] != t.shape[2:3]
                       for p, t in ((k_positions, k), (q_positions, q)))
         raise ValueError(str(e) + (_layout_hint(q, k) if swapped else "")) from None
-    if kp is None:
-        kp = _arange_row(0, sk, dev)
+    kp = _arange_row(0, sk, dev) if kp is None else kp
     if qp is None:
         if q_positions is None and k_positions is not None and sq == sk:
             qp = kp  # self-attention over the given positions
@@ -278,10 +276,7 @@ def padded_positions(pos: Optional[torch.Tensor], padding_mask: torch.Tensor) ->
     permutation the kernels map (right padding stays ``0..S-1``).
     """
     real = padding_mask.to(torch.bool)
-    if pos is None:
-        pos = real.to(torch.int64).cumsum(-1) - 1
-    else:
-        pos = pos.expand(real.shape)
+    pos = real.to(torch.int64).cumsum(-1) - 1 if pos is None else pos.expand(real.shape)
     after = torch.where(real, pos, torch.full_like(pos, -1)).amax(-1, keepdim=True) + 1
     return torch.where(real, pos, after + (~real).to(torch.int64).cumsum(-1) - 1)
 

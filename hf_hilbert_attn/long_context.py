@@ -83,8 +83,7 @@ class _TiledMLPFunction(torch.autograd.Function):
             if not isinstance(y, torch.Tensor) or y.shape[0] != rows[i:i + chunk].shape[0]:
                 raise TypeError("tile_mlp: the MLP must map [tokens, hidden] to one tensor "
                                 f"[tokens, out], got {type(y).__name__}")
-            if out is None:
-                out = y.new_empty((rows.shape[0], *y.shape[1:]))
+            out = y.new_empty((rows.shape[0], *y.shape[1:])) if out is None else out
             out[i:i + chunk] = y
         return out.view(*x.shape[:-1], *out.shape[1:])
 

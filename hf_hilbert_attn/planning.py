@@ -164,9 +164,6 @@ def for_ranges(pattern, qlo: int, qhi: int, klo: int, khi: int, causal: bool):
         return pattern
     reach = max(qhi - klo, 0) if causal else max(qhi - klo, khi - qlo, 0)
     cap = pattern.max_segment  # beyond the longest window the answer no longer changes
-    if pattern.sliding:
-        key = (min(reach, cap), 0)
-    else:
-        key = (0, min(max(qhi, khi), cap))
+    key = (min(reach, cap), 0) if pattern.sliding else (0, min(max(qhi, khi), cap))
     keep = needed_configs(pattern.configs, pattern.sliding, *key)
     return pattern if len(keep) == pattern.num_configs else _pruned(pattern, keep)

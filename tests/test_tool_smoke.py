@@ -415,3 +415,20 @@ def test_command_runs_with_dense_heads_sinks_sliding(command, request, tmp_path,
     if command in ("cli-quality", "profile_step", "padded_batch"):
         kw["assets"] = request.getfixturevalue("assets")
     COMMANDS[command](**kw)
+
+
+def test_model_zoo_sorts_families_into_runs_and_refused(tmp_path, capsys):
+    """``examples/model_zoo.py``: a family that runs (the dense pattern gives sdpa's logits), one
+    we refuse in one line that says what to do, written to the CSV; the family list holds the
+    decoders the other tests use."""
+    spec = importlib.util.spec_from_file_location("smoke_model_zoo", REPO / "examples" / "model_zoo.py")
+    zoo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo)
+    assert zoo.main(["llama", "mistral", "--csv", str(tmp_path / "zoo.csv")]) == 0
+    rows = _csv(tmp_path / "zoo.csv")
+    assert [(r["family"], r["outcome"], r["baseline"]) for r in rows] == [
+        ("llama", "runs", "sdpa"), ("mistral", "refused", "sdpa")]
+    assert float(rows[0]["rel_diff"]) <= 1e-6  # the same SDPA call in float32
+    assert "sliding_window=None" in rows[1]["detail"] and "\n" not in rows[1]["detail"]
+    assert "1 runs, 1 refused, 0 not built, 0 crash of 2 families" in capsys.readouterr().out
+    assert {"llama", "mistral", "qwen2", "gpt2"} <= set(zoo.families())

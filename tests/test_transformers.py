@@ -7,6 +7,7 @@ small non-dense pattern whose segments are shorter than the sequences, so positi
 """
 
 import copy
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -521,6 +522,22 @@ def test_chunked_layers_raise_saying_how_to_load_the_model():
     ids = tokens(1, 20)
     expected = model(ids).logits
     assert torch.equal(configure(model, DENSE)(ids).logits, expected)
+
+
+def test_a_model_reading_the_mask_as_a_tensor_is_refused_in_one_line():
+    """Some models index the attention mask or read its dtype outside attention (sparse-attention
+    indexers: DeepSeek-V3.2, GLM-DSA): the compact mask says so in one line instead of a raw
+    TypeError, and stays an AttributeError for ``getattr(mask, name, default)``."""
+    info = integ.hilbert_dilated_mask(1, 8, 8)
+    assert isinstance(info, integ.DilatedMaskInfo)
+    with pytest.raises(ValueError, match=r"reads the attention mask as a tensor \(mask\[\.\.\.\]\)"
+                                         r".*use sdpa for this model") as err:
+        info[:, 0]
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"\(mask\.dtype\)"):
+        info.dtype
+    assert getattr(info, "shape", None) is None and not hasattr(info, "device")
+    assert info.ndim == 4 and dataclasses.replace(info, kv_offset=3).kv_offset == 3
 
 
 def test_four_d_mask_raises():

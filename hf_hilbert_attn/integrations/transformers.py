@@ -132,6 +132,15 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     return model
 
 
+class MaskReadError(AttributeError, ValueError):
+    """A model reads the attention mask as a tensor outside the attention function."""
+
+    def __init__(self, what: str):
+        super().__init__(f"hilbert_dilated: this model reads the attention mask as a tensor "
+                         f"(mask{what}) outside attention (e.g. a sparse-attention indexer); "
+                         "hilbert_dilated hands layers a compact mask: use sdpa for this model")
+
+
 @dataclass(eq=False)
 class DilatedMaskInfo:
     """The compact "mask" every layer of a forward receives instead of ``[B, 1, Sq, Sk]``: the
@@ -150,6 +159,12 @@ class DilatedMaskInfo:
     def ndim(self) -> int:
         # generate() passes static-cache masks back in; masking_utils reads .ndim: a prepared 4-D
         return 4
+
+    def __getattr__(self, name):  # what a tensor has and this description has not
+        raise AttributeError(name) if name.startswith("_") else MaskReadError(f".{name}")
+
+    def __getitem__(self, index):
+        raise MaskReadError("[...]")
 
 
 def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,

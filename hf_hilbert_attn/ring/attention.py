@@ -192,8 +192,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(fctx, dout, dlse):
         q, k, v, out, lse = fctx.saved_tensors  # unpacked once (checkpointing allows no more)
         with torch.autocast(q.device.type, enabled=False):
-            if dout is None:
-                dout = torch.zeros_like(out)
+            dout = torch.zeros_like(out) if dout is None else dout
             dq, dk, dv = _ring_backward(fctx.ring, q, k, v, out, lse, dout, dlse)
         return dq, dk, dv, None
 

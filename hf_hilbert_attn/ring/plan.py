@@ -222,8 +222,7 @@ def run_ranges(pos: torch.Tensor) -> List[Tuple[int, int, Tuple[int, int]]]:
     """``[(lo, hi, (first, last position))]``: the storage ranges of ``pos`` ``[Bp, S]`` holding
     consecutive positions, else (:func:`_runs` None) the whole shard with its min and max."""
     runs = _runs(pos)
-    if runs is None:
-        runs = [(0, pos.shape[1], None)]
+    runs = [(0, pos.shape[1], None)] if runs is None else runs
     return [(lo, hi, (f, f + hi - lo - 1) if f is not None
              else (int(pos[:, lo:hi].min()), int(pos[:, lo:hi].max()))) for lo, hi, f in runs]
 

@@ -1,4 +1,5 @@
-"""Decode ms/token, methods interleaved step by step in one process (host noise common-mode)."""
+"""Decode ms/token, methods interleaved step by step in one process (host noise common-mode).
+python interleave.py SHAPE CONTEXTS STEPS TAG; the steps of "sdpa-flash" run under SDPA's flash backend."""
 import sys, time, statistics, torch
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import hf_hilbert_attn
@@ -29,8 +30,8 @@ for ctx in contexts:
         for m in methods:
             model = models[m]
             cache = PatternCache(model) if m.endswith("/pattern") else DynamicCache(config=model.config)
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if m == "sdpa-flash" else torch.autocast("cuda", enabled=False):
-                cache = prefill(model, ids, chunk_tokens=16384, cache=cache)
+            # (prefill in SDPA's default choice: chunks past the first carry a mask flash cannot take)
+            cache = prefill(model, ids, chunk_tokens=16384, cache=cache)
             state[m] = [cache, ids[:, -1:]]
         times = {m: [] for m in methods}
         for i in range(steps + 3):

@@ -68,8 +68,8 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
         return cast
     key = _prepared_key(q, k, v, pattern, (q_positions, k_positions, q_doc_ids, k_doc_ids),
                         causal, scale, return_lse, backend, ordering, _skip_kv_heads)
-    if key in _PREPARED:  # checked and routed by an earlier call like this one: the kernels
-        out, lse = _EagerKernels.apply(q, k, v, pattern, _PREPARED[key], bool(causal))
+    if (a := _PREPARED.get(key)) is not None:  # checked and routed by a call like this one
+        out, lse = _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
         return (out, lse) if return_lse else out
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CSV_6G, attention_tol, eps
+from conftest import CSV_6G, attention_tol, eps, model_tol
 from hf_hilbert_attn import DilatedPattern
 from hf_hilbert_attn.tools.cli import main as cli
 
@@ -428,7 +428,8 @@ def test_model_zoo_sorts_families_into_runs_and_refused(tmp_path, capsys):
     rows = _csv(tmp_path / "zoo.csv")
     assert [(r["family"], r["outcome"], r["baseline"]) for r in rows] == [
         ("llama", "runs", "sdpa"), ("mistral", "refused", "sdpa")]
-    assert float(rows[0]["rel_diff"]) <= 1e-6  # the same SDPA call in float32
+    # float32 logits relative to their largest: 40 tokens, rows of <= 40 keys, 64 features
+    assert float(rows[0]["rel_diff"]) <= model_tol(40, 40, 64)
     assert "sliding_window=None" in rows[1]["detail"] and "\n" not in rows[1]["detail"]
     assert "1 runs, 1 refused, 0 not built, 0 crash of 2 families" in capsys.readouterr().out
     assert {"llama", "mistral", "qwen2", "gpt2"} <= set(zoo.families())

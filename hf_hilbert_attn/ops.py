@@ -229,11 +229,6 @@ def _bwd_op(
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
                             window, dense_kv_heads, scale)
-    return _kernel_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
-
-
-def _kernel_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):
-    """(dq, dk, dv) of the kernel path for checked inputs ``a`` (the backward op's work)."""
     return TRITON.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
 
 
@@ -289,6 +284,6 @@ class _EagerKernels(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         # (no autocast context: the kernels' host code casts nothing)
-        dq, dk, dv = _kernel_backward(torch.zeros_like(out) if dout is None else dout, dlse,
-                                      q, k, v, out, lse, *ctx.call)
+        dq, dk, dv = TRITON.backward(torch.zeros_like(out) if dout is None else dout, dlse,
+                                     q, k, v, out, lse, *ctx.call)
         return dq, dk, dv, None, None, None

@@ -108,18 +108,16 @@ class DilatedPattern:
     def __post_init__(self):
         w = _as_int_tuple("segment_lengths", self.segment_lengths)
         r = _as_int_tuple("dilation_rates", self.dilation_rates)
-        if len(w) == 0:
-            raise ValueError("segment_lengths must be non-empty, got []")
-        if len(r) == 0:
-            raise ValueError("dilation_rates must be non-empty, got []")
+        for name, values in (("segment_lengths", w), ("dilation_rates", r)):
+            if not values:
+                raise ValueError(f"{name} must be non-empty, got []")
         if len(w) != len(r):
             raise ValueError(
                 f"segment_lengths and dilation_rates must have equal length, got {len(w)} "
                 f"segment_lengths {list(w)} and {len(r)} dilation_rates {list(r)}")
-        for i, wi in enumerate(w):
+        for i, (wi, ri) in enumerate(zip(w, r)):
             if wi < 1:
                 raise ValueError(f"segment_lengths[{i}] must be >= 1, got {wi}")
-        for i, (wi, ri) in enumerate(zip(w, r)):
             if ri < 1:
                 raise ValueError(f"dilation_rates[{i}] must be >= 1, got {ri}")
             if ri > wi:
@@ -202,9 +200,7 @@ class DilatedPattern:
         return text
 
     def replace(self, **kwargs) -> "DilatedPattern":
-        d = self.to_dict()
-        d.update(kwargs)
-        return DilatedPattern.from_dict(d)
+        return DilatedPattern.from_dict({**self.to_dict(), **kwargs})
 
     def __hash__(self):
         return hash(self._key)
@@ -265,12 +261,6 @@ class DilatedPattern:
         self.check_kv_heads(num_kv_heads)
         kv = torch.arange(num_heads) // (num_heads // num_kv_heads)
         return torch.isin(kv, torch.tensor(self.dense_kv_heads, dtype=kv.dtype))
-
-    @property
-    def reach(self) -> int:
-        """How far back a query can see apart from the sinks: a key at ``s < p - reach`` is never
-        allowed unless it is a sink (the longest window or segment)."""
-        return self.max_segment - 1
 
     @property
     def shift_period(self) -> int:

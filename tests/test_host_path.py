@@ -148,13 +148,13 @@ def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
     v = torch.randn(1, 2, s, d, requires_grad=True)
     do, dl = torch.randn(1, 4, s, d), torch.randn(1, 4, s)
     seen = []
-    real = ops._kernel_backward
+    real = ops.TRITON.backward
 
     def spy(dout, dlse, *args):
         seen.append(dlse is None)
         return real(dout, dlse, *args)
 
-    monkeypatch.setattr(ops, "_kernel_backward", spy)
+    monkeypatch.setattr(ops.TRITON, "backward", spy)
     results = []
     for eager in (True, False):
         monkeypatch.setattr(ops, "_eager", lambda e=eager: e)

@@ -424,12 +424,13 @@ def test_model_zoo_sorts_families_into_runs_and_refused(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("smoke_model_zoo", REPO / "examples" / "model_zoo.py")
     zoo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zoo)
-    assert zoo.main(["llama", "mistral", "--csv", str(tmp_path / "zoo.csv")]) == 0
+    assert zoo.main(["gemma2", "llama", "mistral", "--csv", str(tmp_path / "zoo.csv")]) == 0
     rows = _csv(tmp_path / "zoo.csv")
     assert [(r["family"], r["outcome"], r["baseline"]) for r in rows] == [
-        ("llama", "runs", "sdpa"), ("mistral", "refused", "sdpa")]
+        ("gemma2", "refused", "eager"), ("llama", "runs", "sdpa"), ("mistral", "runs", "sdpa")]
     # float32 logits relative to their largest: 40 tokens, rows of <= 40 keys, 64 features
-    assert float(rows[0]["rel_diff"]) <= model_tol(40, 40, 64)
-    assert "sliding_window=None" in rows[1]["detail"] and "\n" not in rows[1]["detail"]
-    assert "1 runs, 1 refused, 0 not built, 0 crash of 2 families" in capsys.readouterr().out
+    # (mistral: every layer keeps a window of 16 tokens, which the 40 cross)
+    assert all(float(r["rel_diff"]) <= model_tol(40, 40, 64) for r in rows[1:])
+    assert "soft-capping" in rows[0]["detail"] and "\n" not in rows[0]["detail"]
+    assert "2 runs, 1 refused, 0 not built, 0 crash of 3 families" in capsys.readouterr().out
     assert {"llama", "mistral", "qwen2", "gpt2"} <= set(zoo.families())

@@ -488,23 +488,6 @@ def test_output_attentions_raises(family):
         model(tokens(1, 10), output_attentions=True)
 
 
-def test_sliding_window_raises():
-    mistral = tiny_model("mistral", sliding_window=16)
-    with pytest.raises(ValueError, match="sliding_window=None"):
-        configure(mistral, DENSE)
-    mistral.set_attn_implementation("hilbert_dilated")  # without configure: fails at forward
-    with pytest.raises(ValueError, match=r"sliding-window attention layers \(sliding_window=16\)"):
-        mistral(tokens(1, 10))
-    qwen = AutoModelForCausalLM.from_config(
-        tiny_config("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0,
-                    layer_types=["sliding_attention", "sliding_attention"]),
-        attn_implementation="hilbert_dilated")
-    with pytest.raises(ValueError, match="use_sliding_window=False"):
-        qwen(tokens(1, 10))
-    with pytest.raises(ValueError, match="use_sliding_window=False"):
-        configure(qwen, DENSE)
-
-
 def test_chunked_layers_raise_saying_how_to_load_the_model():
     """Llama-4-style chunked layers: refused in one line naming attention_chunk_size=None, with
     which the same config runs full attention everywhere, exactly as sdpa."""

@@ -27,10 +27,10 @@ from ..numerics import merge_partials
 from ..ops import dilated_attention
 from ..pattern import DilatedPattern
 from ..patterns import as_pattern
-from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern, note_once
+from .model_config import ATTN_IMPLEMENTATION, get_pattern, layer_window, layers_differ, note_once
 
 __all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
-           "attend_with_dropped_keys", "attend_pattern_cache", "check_unpadded",
+           "attend_with_dropped_keys", "attend_pattern_cache",
            "DEFAULT_PREFILL_CHUNK", "uses_pattern_attention", "cache_kwarg"]
 
 DEFAULT_PREFILL_CHUNK = 16384  # tokens per forward of a chunked prefill
@@ -144,21 +144,22 @@ class PatternCache(Cache):
         num_layers = num_layers or getattr(config, "num_hidden_layers", None)
         num_heads = num_heads or getattr(config, "num_attention_heads", None)
         make = functools.partial(PatternCacheLayer, self.pattern, num_heads, align)
-        per_layer = isinstance(getattr(config, "hilbert_attn", None), dict) and \
-            LAYER_DENSE in config.hilbert_attn and self.pattern == get_pattern(config)
+        per_layer = layers_differ(config) and self.pattern == get_pattern(config)
         if per_layer and not num_layers:
-            raise ValueError("PatternCache: this model gives its layers their own dense heads; "
-                             "pass num_layers (or a config with num_hidden_layers)")
-        if num_layers:  # each layer its own pattern where a calibration chose its dense heads
+            raise ValueError("PatternCache: this model's layers run different patterns; pass "
+                             "num_layers (or a config with num_hidden_layers)")
+        if num_layers:  # each layer its own pattern: a calibration's dense heads, a window
             super().__init__(layers=[
                 PatternCacheLayer(get_pattern(config, i), num_heads, align) if per_layer else make()
                 for i in range(num_layers)])
+            for i, layer in enumerate(self.layers):  # masks: Transformers' sliding ones for these
+                layer.is_sliding = per_layer and layer_window(config, i) is not None
         else:
             super().__init__(layer_class_to_replicate=make)
         probe = make()
         self.align, self.num_heads = probe.align, num_heads
-        self.max_stored_tokens = self.pattern.sink_tokens + self.pattern.cache_reach(
-            num_heads, probe.align)
+        kinds = {(x.pattern, x.align) for x in [probe, *self.layers]}  # (each once: a scan)
+        self.max_stored_tokens = max(p.sink_tokens + p.cache_reach(num_heads, a) for p, a in kinds)
 
     def stored_tokens(self, layer_idx: int = 0) -> int:
         """Keys (per row and head) that layer ``layer_idx`` stores now."""
@@ -220,14 +221,6 @@ def attend_pattern_cache(query, key, value, pattern: DilatedPattern, info, causa
     out = attend_with_dropped_keys(query, key, value, pattern, q_start=int(info.q_offset),
                                    dropped=int(info.kv_offset), causal=causal, scale=scale)
     return out.transpose(1, 2).contiguous()
-
-
-def check_unpadded(attention_mask: Optional[torch.Tensor]) -> None:
-    """A :class:`PatternCache` that dropped keys maps slots to positions without a padding mask:
-    refuse a 2-D mask with padding (one-line ``ValueError``); returns None (nothing to apply)."""
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("PatternCache does not support padded batches (every row must hold "
-                         "real tokens only): generate row by row, or use a DynamicCache")
 
 
 # --------------------------------------------------------------------------------- prefill

@@ -68,17 +68,45 @@ def reset_notes() -> None:
     _NOTED.clear()
 
 
+def layer_window(config, layer_idx: Optional[int]) -> Optional[int]:
+    """The sliding window that layer ``layer_idx`` of a model with this config keeps, or None
+    for a full-attention layer (and for ``layer_idx`` None). A layer keeps ``sliding_window``
+    when ``layer_types`` declares it ``"sliding_attention"``. Without ``layer_types``, every
+    layer keeps an active window (Mistral-style; Qwen2-style ``use_sliding_window=False``
+    turns it off)."""
+    window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+    off = window is None or layer_idx is None or getattr(config, "use_sliding_window", 1) is False
+    return None if off or (types and types[layer_idx] != "sliding_attention") else window
+
+
+def layers_differ(config) -> bool:
+    """True when the layers of a model with this config run different patterns: a calibration's
+    per-layer dense heads, or sliding-window layers (:func:`layer_window`)."""
+    raw, types = getattr(config, "hilbert_attn", None), getattr(config, "layer_types", None)
+    return (isinstance(raw, dict) and LAYER_DENSE in raw) or any(
+        layer_window(config, i) is not None for i in range(len(types or [None])))
+
+
+@functools.lru_cache(maxsize=64)
+def _sliding(window: int) -> DilatedPattern:
+    return DilatedPattern([window], [1], window="sliding")
+
+
 def get_pattern(config, layer_idx: Optional[int] = None) -> DilatedPattern:
     """The pattern a model with this config uses in layer ``layer_idx``: ``config.hilbert_attn``,
     else the default (:data:`DEFAULT_PATTERN`, ``patterns/default.yaml``; said once, with its
-    cost). A per-layer list of dense key/value heads (:func:`set_dense_kv_heads`) replaces the
-    pattern's own ``dense_kv_heads`` in its layer (``layer_idx`` None: the shared pattern)."""
+    cost). A sliding-window layer (:func:`layer_window`) keeps exactly its window ``w``: the
+    pattern ``[(w, 1)]``, ``window="sliding"``, no sinks, no dense heads. A per-layer list of
+    dense key/value heads (:func:`set_dense_kv_heads`) replaces the pattern's own
+    ``dense_kv_heads`` in its layer (``layer_idx`` None: the shared pattern)."""
     raw = getattr(config, "hilbert_attn", None)
     if raw is not None and not isinstance(raw, (dict, DilatedPattern)):
         raise TypeError(f"config.hilbert_attn must be a dict (DilatedPattern.to_dict()), got "
                         f"{type(raw).__name__}: {raw!r}")
     if raw is None:
         note_once("default")
+    if (window := layer_window(config, layer_idx)) is not None:
+        return _sliding(window)
     if not isinstance(raw, dict) or LAYER_DENSE not in raw:
         return as_pattern(raw)
     layers = raw[LAYER_DENSE]

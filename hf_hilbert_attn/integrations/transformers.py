@@ -27,9 +27,9 @@ from ..inputs import ModelPositions, model_positions
 from ..numerics import call_under_autocast
 from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
-from .cache import attend_pattern_cache, check_unpadded
-from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern
-from .transformers_checks import check_call, check_config, check_mask_function
+from .cache import attend_pattern_cache
+from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern, layer_window, layers_differ
+from .transformers_checks import check_call, check_config, check_layer_window, mask_window
 
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedMaskInfo", "configure", "get_pattern",
            "hilbert_dilated_attention_forward", "hilbert_dilated_mask", "register",
@@ -87,6 +87,9 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
                                      f"([] for none), got {hs!r}")
                 layer = base.replace(dense_kv_heads=tuple(hs))
                 layer.check_kv_heads(heads)
+                if layer.dense_kv_heads and layer_window(cfg, i) is not None:
+                    raise ValueError("a sliding-window layer keeps its window (dense heads are "
+                                     "for full-attention layers)")
             except ValueError as e:
                 raise ValueError(f"layer {i}: {e}") from None
             rows.append(list(layer.dense_kv_heads))
@@ -145,14 +148,15 @@ class MaskReadError(AttributeError, ValueError):
 class DilatedMaskInfo:
     """The compact "mask" every layer of a forward receives instead of ``[B, 1, Sq, Sk]``: the
     first query's cache slot (int; static caches: a 0-d tensor), the query / key lengths, the
-    ``[B, kv_length]`` padding mask (True = real; None: no padding) and the keys a
-    ``PatternCache`` dropped."""
+    ``[B, kv_length]`` padding mask (True = real; None: no padding), the keys a
+    ``PatternCache`` dropped and the sliding window of a ``sliding_attention`` layer's mask."""
 
     q_offset: Any
     q_length: int
     kv_length: int
     padding_mask: Optional[torch.Tensor] = None
     kv_offset: int = 0
+    window: Optional[int] = None
     _memo: dict = field(default_factory=dict, repr=False)  # positions, shared by the layers
 
     @property
@@ -172,31 +176,34 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
                          attention_mask: Optional[torch.Tensor] = None, **kwargs) -> DilatedMaskInfo:
     """``AttentionMaskInterface`` entry: the mask described in O(B·Sk), never built. Arguments
     as ``transformers.masking_utils.sdpa_mask`` (``attention_mask``: the 2-D padding mask or
-    None); ``ValueError`` for mask functions other than causal / bidirectional / packed / padding.
+    None); ``ValueError`` for mask functions other than causal / sliding window / bidirectional
+    / packed / padding.
     """
     if isinstance(attention_mask, DilatedMaskInfo):
         return attention_mask  # prepared by generate() for this very step
-    check_mask_function(mask_function, kwargs.get("local_size"))
-    if kv_offset:  # a PatternCache dropped keys after the sinks (integrations/cache.py)
-        attention_mask = check_unpadded(attention_mask)  # None: rows must be unpadded
-    padding = None
-    if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ValueError(f"hilbert_dilated expects a 2-D padding mask [B, S], got shape "
-                             f"{tuple(attention_mask.shape)}")
-        padding = attention_mask.to(torch.bool)
+    window = mask_window(mask_function)
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(f"hilbert_dilated expects a 2-D padding mask [B, S], got shape "
+                         f"{tuple(attention_mask.shape)}")
+    if kv_offset and window is not None:  # a sliding layer's cache holds the keys from kv_offset
+        # on, in order: its window reads position differences only, so count slots from there
+        attention_mask = None if attention_mask is None else attention_mask[:, kv_offset:]
+        q_offset, kv_offset = q_offset - kv_offset, 0
+    padding, missing = None if attention_mask is None else attention_mask.to(torch.bool), 0
+    if padding is not None and not kv_offset:
         # The 2-D mask covers the tokens seen so far; a static cache has more (empty) slots:
         # they are padding.
-        missing = max(0, kv_length - padding.shape[-1])  # kv_offset is 0 here
+        missing = max(0, kv_length - padding.shape[-1])
         padding = torch.nn.functional.pad(padding, (0, missing), value=False)[:, :kv_length]
-        # one host sync per forward, as flash_attention_mask does; none for a static cache
-        # (its empty slots are padding), so that CUDA graphs can capture its steps
-        if not missing and bool(padding.all()):
-            padding = None
+    # one host sync per forward, as flash_attention_mask does; none for a static cache (its
+    # empty slots are padding), so that CUDA graphs can capture its steps. A PatternCache that
+    # dropped keys (kv_offset) keeps a padded 2-D mask as it is: its layers refuse it.
+    if padding is not None and not missing and bool(padding.all()):
+        padding = None
     if isinstance(q_offset, torch.Tensor):
         # A static cache's step counter, advanced in place by the first layer: keep this step's.
         q_offset = q_offset.clone()
-    return DilatedMaskInfo(q_offset, q_length, kv_length, padding, kv_offset)
+    return DilatedMaskInfo(q_offset, q_length, kv_length, padding, kv_offset, window)
 
 
 def _positions_hook(module, args, kwargs):
@@ -290,22 +297,22 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
 
 def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
     """``check_call``, then the layer's pattern; once per forward for the layers that call alike
-    (module class, config, arguments, the kwargs given; each layer where dense heads differ by
-    layer), kept in the forward's mask memo (``step``)."""
+    (module class, config, arguments, the kwargs given; each layer where layers differ: dense
+    heads or sliding windows by layer), kept in the forward's mask memo (``step``)."""
     traced = torch.compiler.is_compiling()
     memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
     config = module.config
-    layered = memo.get(("layered", id(config)))
-    if layered is None:  # layer_idx read (and, compiled, guarded: a recompile per layer) if used
-        raw = getattr(config, "hilbert_attn", None)
-        layered = memo[("layered", id(config))] = isinstance(raw, dict) and LAYER_DENSE in raw
+    if (layered := memo.get(("layered", id(config)))) is None:  # layer_idx read (compiled:
+        # guarded, a recompile per layer) only where layers differ
+        layered = memo[("layered", id(config))] = layers_differ(config)
     key = (type(module), id(config), getattr(module, "layer_idx", None) if layered else None,
            dropout, causal, b, sq, sk, getattr(info, "kv_length", info), vars(module).get(
-               "is_cross_attention"), tuple(k for k, v in kwargs.items() if v is not None
-                                            and v is not False))
+               "is_cross_attention"), kwargs.get("sliding_window"), tuple(
+               k for k, v in kwargs.items() if v is not None and v is not False))
     pattern = memo.get(key)
     if pattern is None:
         check_call(module, dropout, causal, b, sq, sk, info, DilatedMaskInfo, kwargs)
+        check_layer_window(key[2], layer_window(config, key[2]), info, kwargs)
         pattern = memo[key] = get_pattern(config, key[2])
     return pattern
 
@@ -360,7 +367,8 @@ def _layer_sizes(info, config, sq: int, sk: int):
     if (isinstance(info, DilatedMaskInfo) and info.kv_length != sk and info.padding_mask is None
             and isinstance(info.q_offset, int) and info.q_offset + sq >= sk
             and LAYER_DENSE in (getattr(config, "hilbert_attn", None) or {})):
-        return DilatedMaskInfo(info.q_offset, info.q_length, sk, None, info.q_offset + sq - sk)
+        return DilatedMaskInfo(info.q_offset, info.q_length, sk, None, info.q_offset + sq - sk,
+                               info.window)
     return info
 
 

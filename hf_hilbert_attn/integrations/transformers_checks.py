@@ -1,9 +1,11 @@
 """What ``hilbert_dilated`` refuses in a Transformers model, each with a one-line ``ValueError``
-that says what to change: sliding-window or chunked layers, mask functions the dilated pattern
-does not express, dropout, attention weights, soft-capping, learned sinks, cross-attention and
-precomputed 4-D masks."""
+that says what to change: chunked layers, mask functions the dilated pattern does not express,
+a layer whose mask or arguments apply another window than its config declares, dropout,
+attention weights, soft-capping, learned sinks, cross-attention and precomputed 4-D masks."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -11,12 +13,6 @@ try:  # Transformers' collector of per-layer outputs (``output_attentions=True``
     from transformers.utils.output_capturing import _active_collector as _OUTPUT_COLLECTOR
 except ImportError:  # pragma: no cover - older layouts; kwargs/config are still checked
     _OUTPUT_COLLECTOR = None
-
-SLIDING_MESSAGE = (
-    "hilbert_dilated does not support sliding-window attention layers (sliding_window={window}): "
-    "the dilated pattern replaces the window. Load the model with sliding_window=None "
-    "(Mistral-style configs) or use_sliding_window=False (Qwen2-style configs), or use sdpa."
-)
 
 CHUNKED_MESSAGE = (
     "hilbert_dilated does not support chunked attention layers (attention_chunk_size={size}): "
@@ -30,6 +26,7 @@ CHUNKED_MESSAGE = (
 _KNOWN_MASK_LEAVES = {"causal_mask_function", "bidirectional_mask_function",
                       "packed_sequence_mask_function.<locals>.inner_mask",
                       "padding_mask_function.<locals>.inner_mask"}
+_SLIDING_LEAF = "sliding_window_overlay.<locals>.inner_mask"  # (window: its closure's cell)
 _MASK_WRAPPERS = {
     "and_masks.<locals>.and_mask": "mask_functions",
     "remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_function",
@@ -41,44 +38,51 @@ _UNSUPPORTED_KWARGS = {"softcap": "attention logit soft-capping (softcap)",
 
 
 def check_config(cfg) -> None:
-    """Refuse configs whose layers use sliding-window or chunked attention."""
-    window = getattr(cfg, "sliding_window", None)
-    layer_types = getattr(cfg, "layer_types", None) or ()
-    if "chunked_attention" in layer_types:
+    """Refuse configs whose layers use chunked attention."""
+    if "chunked_attention" in (getattr(cfg, "layer_types", None) or ()):
         raise ValueError(CHUNKED_MESSAGE.format(size=getattr(cfg, "attention_chunk_size", None)))
-    uses_window = "sliding_attention" in layer_types
-    # Qwen2-style configs keep sliding_window set but inactive (use_sliding_window=False).
-    active = window is not None and getattr(cfg, "use_sliding_window", True) is not False
-    if uses_window or (active and not layer_types):
-        raise ValueError(SLIDING_MESSAGE.format(window=window))
 
 
-def _unsupported_mask_parts(fn) -> list:
+def _mask_parts(fn) -> list:
+    # The leaves under Transformers' mask combinators: (name, its closure's cells).
     name = getattr(fn, "__qualname__", type(fn).__name__)
-    if name in _KNOWN_MASK_LEAVES:
-        return []
-    if name == "or_masks.<locals>.or_mask" and getattr(fn, "__closure__", None):
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ())) if hasattr(fn, "__code__") \
+        else {}
+    if name == "or_masks.<locals>.or_mask" and cells:
         # A union widens the mask (bidirectional blocks, image tokens): never ours to drop.
-        inner = dict(zip(fn.__code__.co_freevars, fn.__closure__))["mask_functions"].cell_contents
-        return [f"or_masks({', '.join(getattr(f, '__qualname__', repr(f)) for f in inner)})"]
-    if name in _MASK_WRAPPERS and getattr(fn, "__closure__", None):
-        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+        inner = cells["mask_functions"].cell_contents
+        return [(f"or_masks({', '.join(getattr(f, '__qualname__', repr(f)) for f in inner)})", {})]
+    if name in _MASK_WRAPPERS and cells:
         inner = cells[_MASK_WRAPPERS[name]].cell_contents
         inner = inner if isinstance(inner, (tuple, list)) else (inner,)
-        return [part for f in inner for part in _unsupported_mask_parts(f)]
-    return [name]
+        return [part for f in inner for part in _mask_parts(f)]
+    return [(name, cells)]
 
 
-def check_mask_function(mask_function, local_size=None) -> None:
-    """Refuse mask functions other than causal / bidirectional / packed / padding."""
-    bad = [] if mask_function is None else _unsupported_mask_parts(mask_function)
-    if any("sliding" in b for b in bad):
-        raise ValueError(SLIDING_MESSAGE.format(window=local_size))
-    if bad:
-        raise ValueError(
-            f"hilbert_dilated cannot apply the mask function(s) {bad} this model adds to causal "
-            "attention (chunked attention, bidirectional blocks, custom overlays); "
-            "supported: causal, bidirectional, packed sequences, padding. Use sdpa for this model.")
+def mask_window(mask_function) -> Optional[int]:
+    """The sliding window a mask function adds to causal attention (a ``sliding_attention``
+    layer's mask), or None. ``ValueError`` for mask functions other than causal / bidirectional
+    / packed / padding / causal sliding window."""
+    parts = [] if mask_function is None else _mask_parts(mask_function)
+    windows = [c["sliding_window"].cell_contents for n, c in parts if n == _SLIDING_LEAF]
+    bad = [n for n, _ in parts if n not in _KNOWN_MASK_LEAVES and n != _SLIDING_LEAF]
+    if bad or len(windows) > 1:
+        raise ValueError(f"hilbert_dilated cannot apply the mask function(s) {bad or windows} "
+                         "this model adds to causal attention (chunked attention, bidirectional "
+                         "blocks, custom overlays); supported: causal, sliding window, "
+                         "bidirectional, packed sequences, padding. Use sdpa for this model.")
+    return windows[0] if windows else None
+
+
+def check_layer_window(layer_idx, declared: Optional[int], info, kwargs: dict) -> None:
+    """The window a layer's config declares (:func:`.model_config.layer_window`) is the one its
+    mask (``info.window``) and its ``sliding_window`` argument apply."""
+    applied = getattr(info, "window", declared), kwargs.get("sliding_window") or declared
+    if applied != (declared, declared):
+        raise ValueError(f"hilbert_dilated: layer {layer_idx} applies sliding window {applied[0]} "
+                         f"(mask) / {applied[1]} (argument), but its config declares "
+                         f"{declared or 'full attention'} (sliding_window, layer_types): load it "
+                         "with a config that says what the layer runs, or use sdpa for it")
 
 
 @torch.compiler.assume_constant_result  # a context variable: read when a layer is traced,
@@ -106,8 +110,6 @@ def check_call(module, dropout: float, causal: bool, batch: int, sq: int, sk: in
         raise ValueError(
             "hilbert_dilated does not compute attention weights, so output_attentions=True is not "
             "supported; use attn_implementation='eager' to inspect attention weights")
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError(SLIDING_MESSAGE.format(window=kwargs["sliding_window"]))
     for key, what in _UNSUPPORTED_KWARGS.items():
         if kwargs.get(key) is not None:
             raise ValueError(f"hilbert_dilated does not support {what}; use sdpa or eager for this model")
@@ -128,6 +130,10 @@ def check_call(module, dropout: float, causal: bool, batch: int, sq: int, sk: in
             and (batch != 1 or sq != sk):  # paged caches (continuous batching) send them too
         raise ValueError("hilbert_dilated does not support paged / continuous-batching attention "
                          f"(cu_seq_lens with batch {batch}, {sq} queries, {sk} keys); use generate()")
+    if attention_mask is not None and attention_mask.kv_offset and \
+            attention_mask.padding_mask is not None:
+        raise ValueError("PatternCache does not support padded batches (every row must hold real "
+                         "tokens only): generate row by row, or use a DynamicCache")
     if attention_mask is not None and attention_mask.kv_length != sk:
         raise ValueError(
             f"hilbert_dilated: the mask was built for {attention_mask.kv_length} keys but this layer "

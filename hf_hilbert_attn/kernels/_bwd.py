@@ -13,10 +13,10 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 import triton
 import triton.language as tl
 
-from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _covered, _key_range, _key_tile,
+from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _key_range, _key_tile,
                       _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _n_range,
-                      _participates, _prog_key, _program_tile, _query_rows, _row_ptrs,
-                      _dot, _sink_geometry, _split_at, _union_keep, _union_tab)
+                      _participates, _program_tile, _query_rows, _row_keep, _row_ptrs, _dot,
+                      _sink_geometry, _split_at, _union_keep, _union_prologue, _union_tab)
 
 
 @triton.jit
@@ -53,8 +53,6 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
     """
     q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo, sgk, \
         sgv, scale = rows
-    KDOC, skdoc = keys[3], keys[5]
-    CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
@@ -64,22 +62,8 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
         p = tl.math.exp2(s * scale_log2 - lse2[:, None])
         if ((F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION
                 or KVGRAD):
-            keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
-            if F.CAUSAL and EDGE:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            if F.SLIDING and EDGE:
-                keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
-                if not F.CAUSAL:
-                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
-            if UNION:
-                if UTAB > 0:
-                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
-                else:
-                    keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
-            if F.HAS_DOC:
-                kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
-                keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
+            keep = _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB,
+                             keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
             p = tl.where(keep, p, 0.0)
         ds = p * (dp - delta[:, None])
         dq = _dot(ds.to(k.dtype), k, dq, F.IEEE)
@@ -181,21 +165,8 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
     q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
         sgk, sgv, scale = rows
-    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
-                              SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=False)
-    kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
-    kp1 = kp0
-    kp2 = kp0
-    kp3 = kp0
-    if UTAB > 0:
-        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 1:
-        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 2:
-        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 3:
-        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
+    ca, cb, ma, mb, uni = _union_prologue(pq, row_ok, pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI,
+                                          KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=False)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
@@ -328,21 +299,8 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     past the window); with ``F.MIXED`` the union mask on the diagonal tiles and on the whole tiles
     in ``[ma, mb)`` (as ``_fwd._fwd_union``)."""
     k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB = cols
-    ca, cb, ma, mb = _covered(pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
-                              SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=True)
-    kp0 = pk * 0 - 1  # program-side (key) union keys, -1 = none
-    kp1 = kp0
-    kp2 = kp0
-    kp3 = kp0
-    if UTAB > 0:
-        kp0 = _prog_key(0, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 1:
-        kp1 = _prog_key(1, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 2:
-        kp2 = _prog_key(2, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 3:
-        kp3 = _prog_key(3, pk, col_ok, pk0, pk1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
+    ca, cb, ma, mb, uni = _union_prologue(pk, col_ok, pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI,
+                                          KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=True)
     a_hi = tl.minimum(ca, qn_hi)
     b_lo = tl.maximum(cb, qn_lo)
     a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)

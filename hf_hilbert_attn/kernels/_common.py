@@ -449,6 +449,57 @@ def _prog_key(j: tl.constexpr, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ,
 
 
 @triton.jit
+def _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB, keys,
+              EDGE: tl.constexpr, UNION: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
+    """The ``[BM, BN]`` mask of a tile of queries (rows) and keys (columns) in the forward and
+    dq loops: real keys of real rows; on ``EDGE`` tiles the diagonal and the window
+    (``n_q - LB <= n_k``, ``<= n_q + LB`` non-causal); on ``UNION`` tiles no earlier config
+    covering the pair (``uni``: the tables' keys or the runtime loop); the same document."""
+    CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
+    keep = col_ok[None, :] & (offs_m[:, None] >= 0)
+    if F.CAUSAL and EDGE:
+        keep = keep & (offs_n[None, :] <= offs_m[:, None])
+    if F.SLIDING and EDGE:
+        keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
+        if not F.CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
+    if UNION:
+        if UTAB > 0:
+            keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
+        else:
+            keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
+                                      PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
+    if F.HAS_DOC:
+        kd = tl.load(keys[3] + b64 * keys[5] + kidx, mask=col_ok, other=-1)
+        keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
+    return keep
+
+
+@triton.jit
+def _union_prologue(p, ok, p0, p1, sbase, R, h, empty_at, CFG, NPRI, KEYS, PSZ,
+                    UTAB: tl.constexpr, F: tl.constexpr, KSIDE: tl.constexpr):
+    """What a config with earlier configs needs before its loops: the positions they cover
+    for the whole program and the part of them that needs the per-pair mask (``_covered``),
+    and the union arguments of the span loops, with the program-side keys of up to four earlier
+    configs (``_prog_key``; -1 = none)."""
+    ca, cb, ma, mb = _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD=F.PER_HEAD,
+                              SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=KSIDE)
+    kp0 = p * 0 - 1
+    kp1 = kp0
+    kp2 = kp0
+    kp3 = kp0
+    if UTAB > 0:
+        kp0 = _prog_key(0, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
+    if UTAB > 1:
+        kp1 = _prog_key(1, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
+    if UTAB > 2:
+        kp2 = _prog_key(2, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
+    if UTAB > 3:
+        kp3 = _prog_key(3, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
+    return ca, cb, ma, mb, (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
+
+
+@triton.jit
 def _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, p_it, UTAB: tl.constexpr):
     """Per-pair union mask from program-side keys ``kp*`` (rows) and the table entries of the
     iterated positions ``p_it`` (columns): True where no earlier config covers the pair."""

@@ -11,10 +11,10 @@ final output in the input dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from ._common import (LN2, LOG2E, _SCALARS, _band_split, _covered, _key_range, _key_tile,
-                      _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _participates,
-                      _prog_key, _program_tile, _query_rows, _row_ptrs, _sink_geometry, _split_at,
-                      _dot, _union_keep, _union_tab)
+from ._common import (LN2, LOG2E, _SCALARS, _band_split, _key_range, _key_tile, _kv_bases,
+                      _launch_order, _launch_scalars, _launch_sinks, _participates, _program_tile,
+                      _query_rows, _row_keep, _row_ptrs, _sink_geometry, _split_at, _dot,
+                      _union_prologue)
 
 
 @triton.jit
@@ -31,29 +31,13 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
     test ``(CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)``.
     """
     q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
-    KDOC, skdoc = keys[3], keys[5]
-    CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
                                                    EDGE=EDGE, MAPPED=F.MAPPED)
         s = _dot(q, tl.trans(k), None, F.IEEE) * scale_log2
         if EDGE or F.MAPPED == 2 or F.HAS_DOC or UNION:
-            keep = col_ok[None, :] & (offs_m[:, None] >= 0)  # [BM, BN]
-            if F.CAUSAL and EDGE:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            if F.SLIDING and EDGE:  # the window: n_q - LB <= n_k (<= n_q + LB non-causal)
-                keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
-                if not F.CAUSAL:
-                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + LB)
-            if UNION:
-                if UTAB > 0:
-                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
-                else:
-                    keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
-            if F.HAS_DOC:
-                kd = tl.load(KDOC + b64 * skdoc + kidx, mask=col_ok, other=-1)
-                keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)
+            keep = _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB,
+                             keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -102,21 +86,8 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     test it on the masked tiles and on the whole tiles in ``[ma, mb)`` (empty for a program that
     needs none); else none does and the loops carry no union code."""
     q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
-    ca, cb, ma, mb = _covered(pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
-                              SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=False)
-    kp0 = pq * 0 - 1  # program-side union keys (table path), -1 = none
-    kp1 = kp0
-    kp2 = kp0
-    kp3 = kp0
-    if UTAB > 0:
-        kp0 = _prog_key(0, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 1:
-        kp1 = _prog_key(1, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 2:
-        kp2 = _prog_key(2, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    if UTAB > 3:
-        kp3 = _prog_key(3, pq, row_ok, pq0, pq1, R, h, CFG, NPRI, KEYS, PSZ, PER_HEAD=F.PER_HEAD)
-    uni = (CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)
+    ca, cb, ma, mb, uni = _union_prologue(pq, row_ok, pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI,
+                                          KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=False)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)

@@ -183,10 +183,12 @@ def _cmd_show_pattern(args, parser) -> int:
 
 
 def _show_model_pattern(directory, length: int) -> int:
-    """``show-pattern MODEL_DIR``: the model's pattern, its per-layer dense heads, its density."""
+    """``show-pattern MODEL_DIR``: the model's pattern, the layers that keep a sliding window, the
+    per-layer dense heads, the density."""
     from transformers import AutoConfig
 
     from .evaluation.calibrate import _shape, model_density
+    from hf_hilbert_attn.integrations.model_config import layer_window
     from hf_hilbert_attn.integrations.transformers import LAYER_DENSE, get_pattern
 
     config = AutoConfig.from_pretrained(str(directory))
@@ -194,6 +196,11 @@ def _show_model_pattern(directory, length: int) -> int:
     raw = getattr(config, "hilbert_attn", None)
     print(f"model     {directory} ({layers} layers, {hq} query / {hkv} key/value heads)")
     print(f"pattern   {get_pattern(config)}" + ("" if raw else "  (no 'hilbert_attn': the default)"))
+    sliding = [i for i in range(layers) if layer_window(config, i) is not None]
+    if sliding:
+        print(f"sliding-window layers (each keeps its window of {config.sliding_window} tokens; "
+              f"the others run the pattern): {' '.join(map(str, sliding))}  "
+              f"({len(sliding)} of {layers})")
     per_layer = (raw or {}).get(LAYER_DENSE)
     if per_layer:
         chosen = " ".join(f"{i}:{list(h)}" for i, h in enumerate(per_layer) if h)

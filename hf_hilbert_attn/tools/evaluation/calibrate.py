@@ -132,6 +132,15 @@ class CalibrationResult:
         return asdict(self)
 
 
+def _candidates(config) -> List[Tuple[int, int]]:
+    """The (layer, kv head) pairs a calibration may make dense: those of the full-attention
+    layers (a sliding-window layer keeps its window)."""
+    from hf_hilbert_attn.integrations.model_config import layer_window
+
+    layers, _, hkv = _shape(config)
+    return [(i, j) for i in range(layers) if layer_window(config, i) is None for j in range(hkv)]
+
+
 def budget_heads(budget: float, layers: int, hkv: int) -> int:
     if not 0.0 <= budget <= 1.0:
         raise ValueError(f"budget must be a fraction in [0, 1], got {budget}")
@@ -287,7 +296,7 @@ def _ablation(model, tokenizer, samples, k: int, rescore: int, max_batch_tokens:
     from hf_hilbert_attn.integrations.transformers import set_dense_kv_heads
 
     layers, _, hkv = _shape(model.config)
-    cands = [(i, j) for i in range(layers) for j in range(hkv)]
+    cands = _candidates(model.config)
 
     def run(chosen):
         set_dense_kv_heads(model, per_layer_from(chosen, layers))
@@ -358,8 +367,10 @@ def calibrate(model, tokenizer, *, budget: float = 0.1, method: str = "needle_ma
     if method not in METHODS:
         raise ValueError(f"calibration method must be one of {', '.join(METHODS)}, got {method!r}")
     layers, _, hkv = _shape(model.config)
-    k = budget_heads(budget, layers, hkv)
-    k_order = max(k, budget_heads(order_budget, layers, hkv) if order_budget is not None else 0)
+    most = len(_candidates(model.config))  # (sliding-window layers' heads are not candidates)
+    k = min(most, budget_heads(budget, layers, hkv))
+    k_order = min(most, max(k, budget_heads(order_budget, layers, hkv) if order_budget is not None
+                            else 0))
     lengths = list(lengths) if lengths else list(default_lengths(model))
     samples = calibration_samples(tokenizer, lengths, tasks=tasks, depths=depths, trials=trials,
                                   seed=seed, documents=documents)
@@ -400,11 +411,10 @@ def _choose(model, tokenizer, samples, method, k, k_order, rescore, max_batch_to
                           disable=not show, leave=False) as bar:
             mass = _needle_mass(model, samples, _pad_id(tokenizer), max_batch_tokens, bar)
         scores = mass.tolist()
-        flat = sorted(((i, j) for i in range(layers) for j in range(hkv)),
-                      key=lambda c: (-scores[c[0]][c[1]], c))
+        flat = sorted(_candidates(model.config), key=lambda c: (-scores[c[0]][c[1]], c))
         chosen = flat[:k_order]
     else:
-        steps = 1 + layers * hkv + max(0, k_order - 1) * rescore
+        steps = 1 + len(_candidates(model.config)) + max(0, k_order - 1) * rescore
         set_dense_kv_heads(model, None)
         with progress_bar(total=steps, desc=f"calibrate (ablation, {len(samples)} prompts each)",
                           unit="passes", disable=not show, leave=False) as bar:

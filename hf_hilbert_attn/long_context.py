@@ -55,12 +55,6 @@ def _unpatch(module, attr: str) -> None:
 
 
 # ------------------------------------------------------------------------------ tiled MLP
-def _autocast_state(device_type: str):
-    if not torch.amp.is_autocast_available(device_type):
-        return None
-    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-
-
 class _TiledMLPFunction(torch.autograd.Function):
     """``y = forward(x)`` for a token-wise ``forward``, ``chunk`` rows of ``x.reshape(-1, H)``
     at a time. Saves only ``x``; backward recomputes each chunk under autograd and takes its
@@ -71,14 +65,17 @@ class _TiledMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, forward, chunk: int, rng: bool, x: torch.Tensor, *params):
         ctx.forward, ctx.chunk, ctx.params = forward, chunk, params
-        ctx.autocast = (x.device.type, _autocast_state(x.device.type))
+        dt = x.device.type  # the autocast state the chunks are recomputed under
+        ctx.autocast = (dt, (torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt))
+                        if torch.amp.is_autocast_available(dt) else None)
         ctx.rng = [] if rng else None
         ctx.save_for_backward(x)
         rows = x.reshape(-1, x.shape[-1])
         out = None
         for i in range(0, rows.shape[0], chunk):
             if rng:
-                ctx.rng.append(_rng_state(x.device))
+                ctx.rng.append((torch.get_rng_state(), torch.cuda.get_rng_state(x.device)
+                                if dt == "cuda" else None))
             y = forward(rows[i:i + chunk])
             if not isinstance(y, torch.Tensor) or y.shape[0] != rows[i:i + chunk].shape[0]:
                 raise TypeError("tile_mlp: the MLP must map [tokens, hidden] to one tensor "
@@ -108,8 +105,10 @@ class _TiledMLPFunction(torch.autograd.Function):
         with torch.enable_grad(), autocast, \
                 torch.random.fork_rng(devices=cuda, enabled=ctx.rng is not None):
             for k, i in enumerate(range(0, rows.shape[0], chunk)):
-                if ctx.rng is not None:
-                    _set_rng_state(x.device, ctx.rng[k])
+                if ctx.rng is not None:  # (the CPU's and the device's, saved in the forward)
+                    torch.set_rng_state(ctx.rng[k][0])
+                    if cuda:
+                        torch.cuda.set_rng_state(ctx.rng[k][1], x.device)
                 xc = rows[i:i + chunk].detach().requires_grad_(want_x)
                 y = ctx.forward(xc)
                 inputs = ([xc] if want_x else []) + [params[j] for j in want_p]
@@ -125,17 +124,6 @@ class _TiledMLPFunction(torch.autograd.Function):
                         acc[j] += g
         pgrads = [None if a is None else a.to(p.dtype) for a, p in zip(acc, params)]
         return (None, None, None, dx.view_as(x) if want_x else None, *pgrads)
-
-
-def _rng_state(device):
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(device, state):
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
 
 
 def _tiled_mlp_forward(mlp, inner, x, *args, **kwargs):
@@ -289,12 +277,6 @@ def _wrap_checkpoint_func(layer) -> None:
     layer._gradient_checkpointing_func = offloaded
 
 
-def _unwrap_checkpoint_func(layer) -> None:
-    fn = layer.__dict__.get("_gradient_checkpointing_func")
-    if fn is not None and hasattr(fn, "_hf_offload_inner"):
-        layer._gradient_checkpointing_func = fn._hf_offload_inner
-
-
 def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool] = None,
                         prefetch: bool = True):
     """Keep each decoder layer's checkpointed input (``[B, S, hidden]``) in host memory from
@@ -313,7 +295,9 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
     layers = _decoder_layers(model, "offload_checkpoints")
     if not enable:
         for layer in layers:
-            _unwrap_checkpoint_func(layer)
+            fn = layer.__dict__.get("_gradient_checkpointing_func")
+            if fn is not None and hasattr(fn, "_hf_offload_inner"):  # ours: the model's back
+                layer._gradient_checkpointing_func = fn._hf_offload_inner
             layer.__dict__.pop("_hf_offloader", None)
         handle = model.__dict__.pop("_hf_offload_hook", None)
         if handle is not None:

@@ -5,7 +5,8 @@ from typing import Callable, Tuple
 
 import torch
 
-__all__ = ["accum_dtype", "finite_or_zero", "merge_partials", "call_under_autocast"]
+__all__ = ["accum_dtype", "finite_or_zero", "merge_partials", "with_sink_logits",
+           "call_under_autocast"]
 
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -30,6 +31,16 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     out = (out_a * torch.exp(lse_a - ref).unsqueeze(-1)
            + out_b * torch.exp(lse_b - ref).unsqueeze(-1))
     return out, lse
+
+
+def with_sink_logits(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention whose softmax denominator also holds a learned logit per row and no value
+    (gpt-oss' ``s_aux``, one per head; or one per query): ``out`` ``[B, H, S, D]`` and ``lse``
+    ``[B, H, S]`` of the attention without it, ``sinks`` broadcastable to ``lse``. Exactly
+    ``out · exp(lse) / (exp(lse) + exp(sink)) = out · sigmoid(lse - sink)`` (a row with no
+    allowed key stays 0), differentiable in all three."""
+    dt = accum_dtype(out.dtype)
+    return out * torch.sigmoid(lse.to(dt) - sinks.to(dt)).unsqueeze(-1).to(out.dtype)
 
 
 def call_under_autocast(fn: Callable, q, k, v, *args, **kwargs):

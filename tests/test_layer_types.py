@@ -80,14 +80,7 @@ def test_with_the_dense_pattern_every_layer_equals_sdpa(family):
     could not pass."""
     model = tiny(family)
     ids = tokens(2, 40)
-    ref = loss_logits_grads(model, ids)
-    configure(model, DENSE)
-    got = loss_logits_grads(model, ids)
-    assert_rel_close(got[0], ref[0], what="loss")
-    assert_rel_close(got[1], ref[1], what="logits")
-    assert ref[2].keys() == got[2].keys()
-    for name in ref[2]:
-        assert_rel_close(got[2][name], ref[2][name], what=f"grad {name}")
+    ref, _ = dense_as_before(model, ids)
     mask = left_pad_mask(2, 40, [0, 9])
     with torch.no_grad():
         got = model(ids, attention_mask=mask).logits
@@ -99,6 +92,30 @@ def test_with_the_dense_pattern_every_layer_equals_sdpa(family):
     real = mask.bool()
     assert_rel_close(got[real], want[real], what="left-padded logits")
     assert (full - ref[1]).abs().max() > 1e-3 * ref[1].abs().max()
+
+
+def dense_as_before(model, ids):
+    """``(before, after)``: loss, logits and gradients of ``model`` as it was loaded, then
+    configured with the dense pattern; asserts they agree (every gradient, the same ones)."""
+    ref = loss_logits_grads(model, ids)
+    configure(model, DENSE)
+    got = loss_logits_grads(model, ids)
+    assert_rel_close(got[0], ref[0], what="loss")
+    assert_rel_close(got[1], ref[1], what="logits")
+    assert ref[2].keys() == got[2].keys()
+    for name in ref[2]:
+        assert_rel_close(got[2][name], ref[2][name], what=f"grad {name}")
+    return ref, got
+
+
+def logits_under(model, ids, *implementations) -> list:
+    """The model's logits under each attention implementation in turn (no gradients)."""
+    out = []
+    with torch.no_grad():
+        for implementation in implementations:
+            model.set_attn_implementation(implementation)
+            out.append(model(ids).logits)
+    return out
 
 
 def _reference_layer(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -118,13 +135,8 @@ def test_a_sparse_pattern_runs_on_full_layers_only(family):
     kinds = FAMILIES[family][1]
     full = [i for i, k in enumerate(kinds) if k == FULL]
     hf_hilbert_attn.set_dense_kv_heads(model, {i: [1] for i in full})
-    ids = tokens(2, 40)
-    with torch.no_grad():
-        got = model(ids).logits
-        model.set_attn_implementation("hilbert_reference_test")
-        want = model(ids).logits
-        model.set_attn_implementation("sdpa")
-        dense = model(ids).logits
+    got, want, dense = logits_under(model, tokens(2, 40), "hilbert_dilated",
+                                    "hilbert_reference_test", "sdpa")
     assert_rel_close(got, want, what="logits vs the reference")
     if full:  # the pattern matters
         assert (got - dense).abs().max() > 1e-3 * dense.abs().max()

@@ -30,7 +30,7 @@ from ..patterns import as_pattern
 from .model_config import ATTN_IMPLEMENTATION, get_pattern, layer_window, layers_differ, note_once
 
 __all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
-           "attend_with_dropped_keys", "attend_pattern_cache",
+           "attend_with_dropped_keys",
            "DEFAULT_PREFILL_CHUNK", "uses_pattern_attention", "cache_kwarg"]
 
 DEFAULT_PREFILL_CHUNK = 16384  # tokens per forward of a chunked prefill
@@ -176,13 +176,14 @@ def _without_sinks(pattern: DilatedPattern, ordering: str) -> DilatedPattern:
 def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              pattern: DilatedPattern, *, q_start: int, dropped: int,
                              causal: bool = True, scale: Optional[float] = None,
-                             backend: str = "auto") -> torch.Tensor:
+                             backend: str = "auto", return_lse: bool = False):
     """Dilated attention over a :class:`PatternCache` layer that dropped ``dropped`` positions
     after the sinks: ``key``/``value`` ``[B, Hkv, Sk, D]`` hold positions ``0..sinks-1`` then
     ``sinks + dropped ..``, ending with the queries' own keys; the ``Sq`` queries sit at
     ``q_start ..``. Returns ``[B, Hq, Sq, D]``: the tail with the pattern minus its sinks
     (natural order, shifted, where its first position is a multiple of the shift period),
-    the sinks as a dense softmax, merged by log-sum-exp.
+    the sinks as a dense softmax, merged by log-sum-exp; with ``return_lse`` also the merged
+    log-sum-exp ``[B, Hq, Sq]`` (float32).
     """
     if not causal:
         raise ValueError("a PatternCache serves causal decoding only (got a non-causal layer)")
@@ -201,7 +202,7 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
     out, lse = dilated_attention(query, tail_k, tail_v, body, causal=True, scale=scale,
                                  return_lse=True, backend=backend, **positions)
     if not sinks:
-        return out
+        return (out, lse) if return_lse else out
     scale = d ** -0.5 if scale is None else scale
     with torch.autocast(query.device.type, enabled=False):  # float32, as the op's lse
         q = query.reshape(b, hkv, (hq // hkv) * sq, d).float()  # head h reads kv head h // (hq/hkv)
@@ -209,18 +210,9 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
         sink_lse = torch.logsumexp(scores, dim=-1)
         sink_out = torch.matmul(torch.exp(scores - sink_lse[..., None]),
                                 value[:, :, :sinks].float())
-        merged, _ = merge_partials(out.float(), lse.float(), sink_out.reshape(b, hq, sq, -1),
-                                   sink_lse.reshape(b, hq, sq))
-    return merged.to(out.dtype)
-
-
-def attend_pattern_cache(query, key, value, pattern: DilatedPattern, info, causal: bool,
-                         scale: Optional[float]) -> torch.Tensor:
-    """The attention layer's call for a :class:`PatternCache` that dropped keys: ``info`` is the
-    layer's ``DilatedMaskInfo``; returns ``[B, Sq, Hq, D]`` contiguous."""
-    out = attend_with_dropped_keys(query, key, value, pattern, q_start=int(info.q_offset),
-                                   dropped=int(info.kv_offset), causal=causal, scale=scale)
-    return out.transpose(1, 2).contiguous()
+        merged, lse = merge_partials(out.float(), lse.float(), sink_out.reshape(b, hq, sq, -1),
+                                     sink_lse.reshape(b, hq, sq))
+    return (merged.to(out.dtype), lse) if return_lse else merged.to(out.dtype)
 
 
 # --------------------------------------------------------------------------------- prefill

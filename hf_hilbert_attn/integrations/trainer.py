@@ -103,10 +103,6 @@ class SequenceParallelCollator:
         return shard
 
 
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 class SequenceParallelMixin:
     """Sequence parallelism for a ``transformers.Trainer`` subclass (put it first in the bases).
 
@@ -136,7 +132,8 @@ class SequenceParallelMixin:
                 "SequenceParallelTrainer shards sequences itself: remove cp_size/sp_size from "
                 "parallelism_config (Trainer's context parallelism patches SDPA only) and pass "
                 "sp_size= to the trainer")
-        if sp_size not in (None, 1) and _world_size() == 1:
+        if sp_size not in (None, 1) and not (dist.is_available() and dist.is_initialized()
+                                               and dist.get_world_size() > 1):
             # a script written for `torchrun --nproc_per_node N` run as one process: the plain
             # Trainer (documented), said once rather than refused
             logger.warning("sp_size=%s with one process: training as the plain Trainer (launch %s "

@@ -24,10 +24,10 @@ from .. import ring as _ring
 from ..compiler import disable_lazily
 from ..decode import decodes, plan_decode, run_decode
 from ..inputs import ModelPositions, model_positions
-from ..numerics import call_under_autocast
+from ..numerics import call_under_autocast, with_sink_logits
 from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
-from .cache import attend_pattern_cache
+from .cache import attend_with_dropped_keys
 from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern, layer_window, layers_differ
 from .transformers_checks import check_call, check_config, check_layer_window, mask_window
 
@@ -247,23 +247,27 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     key/value ``[B, Hkv, Sk, D]``; ``attention_mask``: the :class:`DilatedMaskInfo` or None;
     ``dropout`` must be 0; ``is_causal`` overrides ``module.is_causal``; ``kwargs``:
     ``position_ids`` ``[B, S]``, optionally ``hilbert_doc_ids`` ``[B, S]``, flash-style
-    ``cu_seq_lens_q`` or ``hilbert_positions``. Returns ``(out [B, Sq, Hq, D] contiguous, None)``;
-    ``ValueError`` for what the op cannot do (``transformers_checks``)."""
+    ``cu_seq_lens_q`` or ``hilbert_positions``, learned sink logits ``s_aux`` ``[Hq]`` (gpt-oss:
+    ``numerics.with_sink_logits``). Returns ``(out [B, Sq, Hq, D] contiguous,
+    None)``; ``ValueError`` for what the op cannot do (``transformers_checks``)."""
     (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     step = attention_mask  # the forward's mask: its memo holds the plans every layer shares
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
     pattern = _checked_pattern(module, dropout, causal, b, sq, sk, step, attention_mask, kwargs)
-    group = _ring.get_sequence_parallel_group()
+    group, sinks = _ring.get_sequence_parallel_group(), kwargs.get("s_aux")  # learned sink
+    sinks = None if sinks is None else sinks.view(1, -1, 1)  # logits, one per head (gpt-oss)
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
-        args = (query, key, value, step, attention_mask, pattern, scaling, kwargs)
+        args = (query, key, value, step, attention_mask, pattern, scaling, kwargs, sinks)
         out = call_under_autocast(_decode_step, *args) \
             if torch.is_autocast_enabled(query.device.type) else _decode_step(*args)
         if out is not None:
             return out, None
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
-        return attend_pattern_cache(query, key, value, pattern, attention_mask, causal,
-                                    scaling), None
+        return _layer_output(attend_with_dropped_keys(
+            query, key, value, pattern, q_start=int(attention_mask.q_offset), causal=causal,
+            dropped=int(attention_mask.kv_offset), scale=scaling, return_lse=sinks is not None),
+            sinks)
     at = kwargs.get("hilbert_positions") if group is None and sq == sk else None  # _positions_hook
     if at is None:
         doc_ids = kwargs.get("hilbert_doc_ids")
@@ -282,16 +286,23 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
                              "(generation); run generate() outside the sequence_parallel context")
         positions = at.q_positions  # a shard must know where it is: 0..S-1 without position_ids
         positions = torch.arange(sq, device=query.device)[None] if positions is None else positions
-        out = _ring.ring_attention(query, key, value, pattern, group=group, q_positions=positions,
-                                   k_positions=positions, causal=causal, scale=scaling,
-                                   q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids)
-        return out.transpose(1, 2).contiguous(), None
+        return _layer_output(_ring.ring_attention(
+            query, key, value, pattern, group=group, q_positions=positions, k_positions=positions,
+            causal=causal, scale=scaling, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
+            return_lse=sinks is not None), sinks)
     # generate() with a static cache compiles the forward with CUDA graphs; the op plans explicit
     # positions on the host (a device sync), which graph capture forbids: run it eagerly.
     eager = at.cached and torch.compiler.is_compiling()
-    out = (_eager_dilated_attention if eager else dilated_attention)(
+    return _layer_output((_eager_dilated_attention if eager else dilated_attention)(
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
-        k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids)
+        k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
+        return_lse=sinks is not None), sinks)
+
+
+def _layer_output(result, sinks):
+    """``(out [B, Sq, Hq, D] contiguous, None)`` from the op's ``out`` or, with learned sinks,
+    its ``(out, lse)``."""
+    out = result if sinks is None else with_sink_logits(*result, sinks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -312,23 +323,25 @@ def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
     pattern = memo.get(key)
     if pattern is None:
         check_call(module, dropout, causal, b, sq, sk, info, DilatedMaskInfo, kwargs)
-        check_layer_window(key[2], layer_window(config, key[2]), info, kwargs)
+        check_layer_window(module, layer_window(config, key[2]), info, kwargs)
         pattern = memo[key] = get_pattern(config, key[2])
     return pattern
 
 
-def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
+def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, logits):
     """A decode call (``decode.decodes``; else None), ``[B, Sq, Hq, D]`` contiguous: the step's
     plan, made by its first layer with this pattern and key count and kept in the forward's mask
     (``step``), then one run. Under ``torch.compile`` (``generate()`` compiles a static cache's
     steps, with CUDA graphs under "reduce-overhead") the positions (cache slots and padding),
     plan and run are traced into the graph instead: no host sync, no graph break, the plan made
-    per layer (device work inside the graph); a PatternCache's dropped keys or document ids keep
-    the eager step there, one opaque call."""
+    per layer (device work inside the graph); a PatternCache's dropped keys, document ids or
+    learned sinks (``with_sink_logits`` of the run's lse) keep the eager step there, one opaque
+    call."""
     position_ids, doc_ids = kwargs.get("position_ids"), kwargs.get("hilbert_doc_ids")
     dropped, traced = getattr(info, "kv_offset", 0), torch.compiler.is_compiling()
-    if traced and (dropped or doc_ids is not None or not isinstance(info, DilatedMaskInfo)):
-        return _eager_decode_step(query, key, value, step, info, pattern, scaling, kwargs)
+    if traced and (dropped or doc_ids is not None or logits is not None
+                   or not isinstance(info, DilatedMaskInfo)):
+        return _eager_decode_step(query, key, value, step, info, pattern, scaling, kwargs, logits)
     (b, hq, sq, d), (hkv, sk), dev = query.shape, key.shape[1:3], query.device
     memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
     key_ = ("decode", pattern, hq, hkv, sk, dropped, query.dtype)  # one entry each
@@ -353,8 +366,10 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs):
     elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
                                       or value.requires_grad):
         return None  # (what decodes() checks that a step's layers may not share)
-    out = run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling)
-    return out.transpose(1, 2).contiguous()  # (already so: no copy)
+    out = run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling,
+                     return_lse=logits is not None)
+    out = out if logits is None else with_sink_logits(*out, logits)  # learned sinks
+    return out.transpose(1, 2).contiguous()  # (already so without them: no copy)
 
 
 # the eager step under torch.compile: one opaque call (its plan is host work kept in the mask)

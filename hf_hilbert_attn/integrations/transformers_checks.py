@@ -1,7 +1,7 @@
 """What ``hilbert_dilated`` refuses in a Transformers model, each with a one-line ``ValueError``
 that says what to change: chunked layers, mask functions the dilated pattern does not express,
 a layer whose mask or arguments apply another window than its config declares, dropout,
-attention weights, soft-capping, learned sinks, cross-attention and precomputed 4-D masks."""
+attention weights, soft-capping, cross-attention and precomputed 4-D masks."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ _MASK_WRAPPERS = {
     "add_offsets_to_mask_function.<locals>.inner_mask": "mask_function",
 }
 _UNSUPPORTED_KWARGS = {"softcap": "attention logit soft-capping (softcap)",
-                       "s_aux": "attention sinks (s_aux)", "sinks": "attention sinks",
+                       "sinks": "attention sinks computed per query (sinks)",
                        "position_bias": "additive position bias (position_bias)"}
 
 
@@ -74,15 +74,17 @@ def mask_window(mask_function) -> Optional[int]:
     return windows[0] if windows else None
 
 
-def check_layer_window(layer_idx, declared: Optional[int], info, kwargs: dict) -> None:
+def check_layer_window(module, declared: Optional[int], info, kwargs: dict) -> None:
     """The window a layer's config declares (:func:`.model_config.layer_window`) is the one its
-    mask (``info.window``) and its ``sliding_window`` argument apply."""
+    mask (``info.window``) and its ``sliding_window`` argument apply (``module``: named in the
+    error only, so that a compiled layer does not guard on its index)."""
     applied = getattr(info, "window", declared), kwargs.get("sliding_window") or declared
     if applied != (declared, declared):
-        raise ValueError(f"hilbert_dilated: layer {layer_idx} applies sliding window {applied[0]} "
-                         f"(mask) / {applied[1]} (argument), but its config declares "
-                         f"{declared or 'full attention'} (sliding_window, layer_types): load it "
-                         "with a config that says what the layer runs, or use sdpa for it")
+        raise ValueError(f"hilbert_dilated: layer {getattr(module, 'layer_idx', '?')} "
+                         f"applies sliding window {applied[0]} (mask) / {applied[1]} (argument), "
+                         f"but its config declares {declared or 'full attention'} "
+                         "(sliding_window, layer_types): load it with a config that says what "
+                         "the layer runs, or use sdpa for it")
 
 
 @torch.compiler.assume_constant_result  # a context variable: read when a layer is traced,

@@ -240,11 +240,8 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
         # into this key/value head's float32 rows
         sgk = sinkg.ptr + b64 * sinkg.sb + hk.to(tl.int64) * sinkg.sh
         sgv = sgk + SINKS * sinkg.ss
-        s_hi = SKHI
-        if F.CAUSAL:
-            s_hi = tl.minimum(s_hi, pq1 + 1)
-        s_hi = tl.where(m_last >= m_first, s_hi, SKLO)
-        s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band = _sink_geometry(pq)
+        s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
+            pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
         s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64,
                   scale_log2, s_lb, s_band, sgk, sgv, scale)
         dq_acc = _dq_tiles(dq_acc, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO,

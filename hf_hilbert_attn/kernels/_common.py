@@ -389,12 +389,17 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
 
 
 @triton.jit
-def _sink_geometry(pq):
-    """``(offs, p0, p1, sbase, R, LB, band_lo)`` that make a tile loop walk the sink keys at
+def _sink_geometry(pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL: tl.constexpr):
+    """``(offs, p0, p1, sbase, R, LB, band_lo, hi)`` that make a tile loop walk the sink keys at
     consecutive positions ``0, 1, ..``: rows indexed by their positions (the causal mask then
     compares positions), the whole range ``[0, 2**31)`` as the program's side (so the union
-    test settles no config and tests every pair) and a window reaching everything."""
-    return pq, 0, 2147483647, 0, 1, 1073741823, 0
+    test settles no config and tests every pair), a window reaching everything, and the end
+    of the sink keys ``[SKLO, hi)`` this program attends (causal: up to its last row ``pq1``;
+    none for a program without rows)."""
+    hi = SKHI
+    if CAUSAL:
+        hi = tl.minimum(hi, pq1 + 1)
+    return pq, 0, 2147483647, 0, 1, 1073741823, 0, tl.where(m_last >= m_first, hi, SKLO)
 
 
 @triton.jit

@@ -158,11 +158,8 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
         SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
         # ---- the sink keys [SKLO, SKHI) (positions < SINKS), last in priority: the pairs no
         # config allows
-        s_hi = SKHI
-        if F.CAUSAL:
-            s_hi = tl.minimum(s_hi, pq1 + 1)
-        s_hi = tl.where(m_last >= m_first, s_hi, SKLO)
-        s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band = _sink_geometry(pq)
+        s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
+            pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
         s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64, scale_log2, s_lb, s_band)
         # (16-key tiles: the per-pair union test against every config is the cost here, and
         # there are few sinks)

@@ -97,10 +97,6 @@ def parse_inline(spec: str) -> DilatedPattern:
     return DilatedPattern(w, r, **extra)
 
 
-def _freeze(d: dict) -> tuple:
-    return tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()))
-
-
 @lru_cache(maxsize=64)
 def _from_frozen(frozen: tuple) -> DilatedPattern:
     return DilatedPattern.from_dict({k: list(v) if isinstance(v, tuple) else v for k, v in frozen})
@@ -118,7 +114,8 @@ def as_pattern(pattern: PatternLike) -> DilatedPattern:
     if isinstance(pattern, DilatedPattern):
         return pattern
     if isinstance(pattern, dict):
-        return _from_frozen(_freeze(pattern))
+        return _from_frozen(tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v)
+                                         for k, v in pattern.items())))  # hashable, by content
     if isinstance(pattern, (str, os.PathLike)):
         file = Path(pattern)
         if file.suffix in (".yaml", ".yml") or file.is_file():

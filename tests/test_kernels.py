@@ -217,6 +217,13 @@ def test_packed_document_split_in_two_falls_back():
     assert len([w for w in rec if "PyTorch path" in str(w.message)]) == 1  # once per reason
 
 
+@pytest.mark.parametrize("pattern", [PAT, DilatedPattern([8, 16], [1, 2], window="sliding",
+                                                        sink_tokens=2)], ids=["segment", "sliding"])
+def test_head_dim_256(pattern):
+    # Gemma's head size on the kernels (a GPU gives it tiles of its own: _plan.fwd_blocks)
+    _run(pattern, sq=29, hq=2, hkv=1, d=256)
+
+
 def test_triton_backend_rejects_unsupported_head_dim():
     q = torch.randn(1, 2, 8, 24, device=DEV)
     with pytest.raises(ValueError, match="head_dim in"):

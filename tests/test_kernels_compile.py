@@ -41,6 +41,8 @@ CASES = {
                                dict(window="sliding", sink_tokens=4)),
     "fp16_d128_segment_sinks_perm_noncausal": ("all", "fp16", 128, False, "perm", {},
                                                dict(sink_tokens=1)),
+    "bf16_d256_sliding_sinks": ("per_head", "bf16", 256, True, "natural", {},
+                                dict(window="sliding", sink_tokens=4)),  # Gemma's head size
 }
 # Natural / permutation / gapped positions with documents; causal and not; per_head and all;
 # segments and sliding windows; sinks and none; fp32 and 16-bit; the largest 16-bit tiles

@@ -115,6 +115,13 @@ def test_head_dim_64_and_mqa():
     _check(DilatedPattern([300, 1000], [1, 3]), s=2500, hq=6, hkv=1, d=64)
 
 
+def test_head_dim_256():
+    # Gemma's head size: its own tiles (32 x 32, 8 warps; dk/dv 16 queries a step), segments
+    # with per-pair union masks, and a sliding window with sinks (the sink launch)
+    _check(LONGNET_SMALL, s=2049, hq=4, hkv=2, d=256)
+    _check(SLIDING_SMALL.replace(sink_tokens=2), s=1500, hq=4, hkv=1, d=256)
+
+
 def test_16k_tokens():
     _check(DilatedPattern([2048, 4096, 8192, 16384], [1, 2, 4, 8]), s=16384, hq=2, hkv=1, d=64)
 

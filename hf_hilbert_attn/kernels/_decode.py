@@ -201,7 +201,7 @@ class DecodeLauncher:
         group = HQ // HKV
         rows = group * SQ
         br = max(16, 1 << (rows - 1).bit_length())
-        bn = 16 if interpret else 64
+        bn = 16 if interpret else 64 if D <= 128 else 32  # (head size 256: half the keys)
         tiles = triton.cdiv(max(SK, 1), bn)
         want = max(1, min(triton.cdiv(tiles, 1 if interpret else _MIN_TILES), _MAX_SPLITS,
                           triton.cdiv(_sms(q.device), B * HKV)))

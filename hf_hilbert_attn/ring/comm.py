@@ -9,7 +9,6 @@ by order, so every pair of ranks posts them in the same order (one step at a tim
 from __future__ import annotations
 
 import contextlib
-import json
 import struct
 import weakref
 import zlib
@@ -18,7 +17,6 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from ..pattern import DilatedPattern
 from .plan import RingPlan, Step
 
 __all__ = ["sequence_parallel", "get_sequence_parallel_group", "agree", "all_gather",
@@ -58,18 +56,11 @@ _META_FIELDS = ("batch size", "query heads", "key/value heads", "query shard len
                 "document ids given", "document ids batch", "device type (1 = cuda)")
 
 
-def _pattern_crc(pattern: DilatedPattern) -> int:
-    """crc32 of the fields that define the function (the storage ordering does not)."""
-    d = {k: pattern.to_dict()[k] for k in ("segment_lengths", "dilation_rates", "query_dilation",
-                                           "sink_tokens", "window")}
-    return zlib.crc32(json.dumps(d, sort_keys=True).encode())
-
-
 def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = False) -> bool:
     """All-gather a small descriptor; raise the same ``ValueError`` on every rank on mismatch.
     Returns whether every rank's ``cached`` flag (inputs equal its cached plan's) is set."""
     meta = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
-            int(causal), _pattern_crc(pattern),
+            int(causal), zlib.crc32(repr({**pattern.to_dict(), "ordering": None}).encode()),
             struct.unpack("<q", struct.pack("<d", float(scale)))[0],
             _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1, qp.shape[0], kp.shape[0],
             int(kd is not None), -1 if kd is None else kd.shape[0], int(q.is_cuda)]

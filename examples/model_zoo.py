@@ -20,8 +20,10 @@ key-value heads as query heads, as multi-head latent attention expands them; a s
 * ``not built``: the tiny config, model or baseline could not be made (the family's own error);
 * ``crash``: any other error, with where it was raised.
 
-Nothing here is a test: ``tests/`` holds those. This is the inventory a new release is checked
-against.
+The inventory of a release (``docs/bench/model_zoo/zoo_transformers_<release>_cpu.csv``) is
+what the tests check a release against: it must name every family the installed Transformers
+has, and a family of each outcome must give its recorded outcome again
+(``tests/test_tool_smoke.py``); a new release fails there until this script is run for it.
 """
 
 from __future__ import annotations

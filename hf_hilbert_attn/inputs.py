@@ -85,6 +85,20 @@ def _layout_hint(q: torch.Tensor, k: torch.Tensor) -> str:
             f"{tuple(k.shape)}: did you pass [B, S, H, D]? use .transpose(1, 2)")
 
 
+def kernel_widths(q, k, v, scale: Optional[float], kernels: Optional[bool] = None):
+    """Head sizes the kernels lack, where they run (``kernels``; default: on a GPU), such as
+    MLA's 192 for q/k and 128 for v or Phi's 80 or 96: ``(q, k, v, scale, Dv)``, q, k, v padded
+    with zeros to the next size the kernels take (the scores and the first ``Dv`` output
+    features unchanged), the scale of the true size; else as given."""
+    d, dv = q.shape[-1], v.shape[-1]
+    width = max(16, 1 << (max(d, dv) - 1).bit_length())
+    if not (q.is_cuda if kernels is None else kernels) or (d == dv and d in KERNEL_HEAD_DIMS) \
+            or width > KERNEL_HEAD_DIMS[-1]:
+        return q, k, v, scale, dv
+    q, k, v = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+    return q, k, v, d ** -0.5 if scale is None else scale, dv
+
+
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *,
                  scale: Optional[float] = None, q_positions=None, k_positions=None,
                  q_doc_ids=None, k_doc_ids=None) -> AttnInputs:

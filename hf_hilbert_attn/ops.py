@@ -138,9 +138,10 @@ def _kernel_attention(q, k, v, pattern, a, causal):
         return _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
     qp = None if a.natural_positions else a.q_positions
     kp = None if a.natural_positions else a.k_positions
-    return torch.ops.hf_hilbert_attn.dilated_attention_fwd(
-        q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, *_op_pattern_args(pattern), bool(causal),
-        float(a.scale))
+    return torch.ops.hf_hilbert_attn.dilated_attention_fwd(  # the pattern as the schema's types
+        q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),
+        list(pattern.dilation_rates), pattern.query_dilation, int(pattern.sink_tokens),
+        pattern.window, list(pattern.dense_kv_heads), bool(causal), float(a.scale))
 
 
 # Query rows (B * Sq) up to which the kernels run dense heads at positions 0..S-1 themselves;
@@ -171,12 +172,6 @@ def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, back
 # ---------------------------------------------------------------------------------------------
 # torch.library custom ops: opaque to torch.compile (no graph break), with fake implementations
 # for tracing and an autograd formula that calls the backward op.
-
-
-def _op_pattern_args(pattern: DilatedPattern) -> tuple:
-    """The pattern as the custom ops' schema carries it (plain ints, lists and strings)."""
-    return (list(pattern.segment_lengths), list(pattern.dilation_rates), pattern.query_dilation,
-            int(pattern.sink_tokens), pattern.window, list(pattern.dense_kv_heads))
 
 
 @functools.lru_cache(maxsize=64)

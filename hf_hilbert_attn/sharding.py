@@ -74,14 +74,6 @@ def resolve_layout(layout: str, seq_len: int, world_size: int,
     return "contiguous" if seq_len % (world_size * pattern.max_segment) == 0 else "zigzag"
 
 
-def _check_layout(layout: str, pattern: Optional[DilatedPattern]):
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUT_CHOICES}, got {layout!r}")
-    if layout == "hilbert" and not isinstance(pattern, DilatedPattern):
-        raise ValueError("layout='hilbert' needs the DilatedPattern (pattern=...), got "
-                         f"{type(pattern).__name__}")
-
-
 def padded_length(seq_len: int, world_size: int, layout: str = "zigzag",
                   pad_to_multiple: int = 1) -> int:
     """Smallest length ``>= seq_len`` that ``layout`` splits evenly over ``world_size`` ranks, a
@@ -113,7 +105,11 @@ def shard_positions(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
         sequence of ``world_size · L`` (``>= seq_len``: padding).
     """
     layout = resolve_layout(layout, seq_len, world_size, pattern)
-    _check_layout(layout, pattern)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUT_CHOICES}, got {layout!r}")
+    if layout == "hilbert" and not isinstance(pattern, DilatedPattern):
+        raise ValueError("layout='hilbert' needs the DilatedPattern (pattern=...), got "
+                         f"{type(pattern).__name__}")
     s = padded_length(seq_len, world_size, layout, pad_to_multiple)
     if layout == "contiguous":
         order = torch.arange(s)

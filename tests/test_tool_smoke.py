@@ -417,13 +417,45 @@ def test_command_runs_with_dense_heads_sinks_sliding(command, request, tmp_path,
     COMMANDS[command](**kw)
 
 
+def _zoo():
+    spec = importlib.util.spec_from_file_location("smoke_model_zoo", REPO / "examples" / "model_zoo.py")
+    zoo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo)
+    return zoo
+
+
+# one family of each outcome and reason: sliding layers, learned sinks, MLA, soft-capping,
+# cross-attention, a mask read as a tensor, chunked layers, a window the config does not declare
+ZOO_SAMPLE = ("gemma3_text", "gpt_oss", "deepseek_v3", "vaultgemma", "bert", "doge",
+              "llama4_text", "moshi")
+
+
+def test_every_family_of_the_installed_transformers_is_classified():
+    """The model-zoo inventory of this Transformers release (``docs/bench/model_zoo/``) names
+    every decoder family it has, so a release that adds one fails here until the inventory is
+    run again; a family of each outcome gives the recorded outcome again."""
+    import transformers
+
+    release = ".".join(transformers.__version__.split(".")[:2])
+    path = REPO / "docs" / "bench" / "model_zoo" / f"zoo_transformers_{release}_cpu.csv"
+    if not path.is_file():
+        pytest.fail(f"no model-zoo inventory for transformers {release}: run python "
+                    f"examples/model_zoo.py --csv {path.relative_to(REPO)} (see its .md beside it)")
+    recorded = {r["family"]: r for r in _csv(path)}
+    zoo = _zoo()
+    assert set(zoo.families()) == set(recorded), \
+        f"families not classified: {sorted(set(zoo.families()) ^ set(recorded))}"
+    for name in ZOO_SAMPLE:
+        row = zoo.try_family(name)
+        assert (row["outcome"], row["detail"][:60]) == \
+            (recorded[name]["outcome"], recorded[name]["detail"][:60]), name
+
+
 def test_model_zoo_sorts_families_into_runs_and_refused(tmp_path, capsys):
     """``examples/model_zoo.py``: a family that runs (the dense pattern gives sdpa's logits), one
     we refuse in one line that says what to do, written to the CSV; the family list holds the
     decoders the other tests use."""
-    spec = importlib.util.spec_from_file_location("smoke_model_zoo", REPO / "examples" / "model_zoo.py")
-    zoo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zoo)
+    zoo = _zoo()
     assert zoo.main(["gemma2", "llama", "mistral", "--csv", str(tmp_path / "zoo.csv")]) == 0
     rows = _csv(tmp_path / "zoo.csv")
     assert [(r["family"], r["outcome"], r["baseline"]) for r in rows] == [

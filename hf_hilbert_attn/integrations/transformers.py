@@ -23,7 +23,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from .. import ring as _ring
 from ..compiler import disable_lazily
 from ..decode import decodes, plan_decode, run_decode
-from ..inputs import ModelPositions, model_positions
+from ..inputs import ModelPositions, kernel_widths, model_positions
 from ..numerics import call_under_autocast, with_sink_logits
 from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
@@ -255,6 +255,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     step = attention_mask  # the forward's mask: its memo holds the plans every layer shares
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
     pattern = _checked_pattern(module, dropout, causal, b, sq, sk, step, attention_mask, kwargs)
+    query, key, value, scaling, dv = kernel_widths(query, key, value, scaling)
     group, sinks = _ring.get_sequence_parallel_group(), kwargs.get("s_aux")  # learned sink
     sinks = None if sinks is None else sinks.view(1, -1, 1)  # logits, one per head (gpt-oss)
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
@@ -262,12 +263,12 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
         out = call_under_autocast(_decode_step, *args) \
             if torch.is_autocast_enabled(query.device.type) else _decode_step(*args)
         if out is not None:
-            return out, None
+            return out[..., :dv], None
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
         return _layer_output(attend_with_dropped_keys(
             query, key, value, pattern, q_start=int(attention_mask.q_offset), causal=causal,
             dropped=int(attention_mask.kv_offset), scale=scaling, return_lse=sinks is not None),
-            sinks)
+            sinks, dv)
     at = kwargs.get("hilbert_positions") if group is None and sq == sk else None  # _positions_hook
     if at is None:
         doc_ids = kwargs.get("hilbert_doc_ids")
@@ -289,21 +290,21 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
         return _layer_output(_ring.ring_attention(
             query, key, value, pattern, group=group, q_positions=positions, k_positions=positions,
             causal=causal, scale=scaling, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
-            return_lse=sinks is not None), sinks)
+            return_lse=sinks is not None), sinks, dv)
     # generate() with a static cache compiles the forward with CUDA graphs; the op plans explicit
     # positions on the host (a device sync), which graph capture forbids: run it eagerly.
     eager = at.cached and torch.compiler.is_compiling()
     return _layer_output((_eager_dilated_attention if eager else dilated_attention)(
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
         k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
-        return_lse=sinks is not None), sinks)
+        return_lse=sinks is not None), sinks, dv)
 
 
-def _layer_output(result, sinks):
-    """``(out [B, Sq, Hq, D] contiguous, None)`` from the op's ``out`` or, with learned sinks,
-    its ``(out, lse)``."""
+def _layer_output(result, sinks, dv):
+    """``(out [B, Sq, Hq, Dv] contiguous, None)`` from the op's ``out`` or, with learned sinks,
+    its ``(out, lse)``; the first ``dv`` features (``kernel_widths``)."""
     out = result if sinks is None else with_sink_logits(*result, sinks)
-    return out.transpose(1, 2).contiguous(), None
+    return out[..., :dv].transpose(1, 2).contiguous(), None
 
 
 def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):

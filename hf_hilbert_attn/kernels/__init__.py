@@ -112,8 +112,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     elif out is None:
         out = torch.empty_like(q)
     _check_target("out", out, q.shape, q.dtype)
-    if lse is None:
-        lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32) if lse is None else lse
     _check_target("lse", lse, q.shape[:3], torch.float32)
     if SQ == 0:
         return (acc if merge else out), lse

@@ -111,8 +111,8 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     ``keep_dense_heads``: a calibration's per-layer dense heads (:func:`set_dense_kv_heads`)
     stay with the new pattern, as they describe the model (docs/decisions.md, "Shipped
     retrieval defaults"); False drops them. Returns ``model`` (changed in place). Raises
-    ``ValueError`` for an invalid pattern or sliding-window layers, ``TypeError`` without a
-    ``config``.
+    ``ValueError`` for an invalid pattern or chunked attention layers, ``TypeError`` without a
+    ``config``; sliding-window layers keep their window (:func:`get_pattern`).
     """
     pattern = as_pattern(pattern)
     configs = _model_configs(model)

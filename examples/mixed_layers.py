@@ -53,8 +53,9 @@ def convert(src: str, out: str, window: int = 1024, every: int = 6):
     model.load_state_dict(source.state_dict(), strict=True)
     ids = torch.arange(3, 3 + min(64, window))[None] % c.vocab_size  # inside every window: the
     with torch.no_grad():  # same function as the source, or the weights went to other places
-        diff = (model(ids).logits - source(ids).logits).abs().max().item()
-    if diff > 1e-4 * source(ids).logits.abs().max().item():
+        want = source(ids).logits
+        diff = (model(ids).logits - want).abs().max().item()
+    if diff > 1e-4 * want.abs().max().item():
         raise RuntimeError(f"the converted model differs from {src} by {diff:.3g}")
     model.save_pretrained(out)
     try:

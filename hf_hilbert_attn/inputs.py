@@ -91,10 +91,10 @@ def kernel_widths(q, k, v, scale: Optional[float], kernels: Optional[bool] = Non
     with zeros to the next size the kernels take (the scores and the first ``Dv`` output
     features unchanged), the scale of the true size; else as given."""
     d, dv = q.shape[-1], v.shape[-1]
-    width = max(16, 1 << (max(d, dv) - 1).bit_length())
-    if not (q.is_cuda if kernels is None else kernels) or (d == dv and d in KERNEL_HEAD_DIMS) \
-            or width > KERNEL_HEAD_DIMS[-1]:
+    if (d == dv and d in KERNEL_HEAD_DIMS) or not (q.is_cuda if kernels is None else kernels) \
+            or max(d, dv) > KERNEL_HEAD_DIMS[-1]:  # (every layer call: the usual case first)
         return q, k, v, scale, dv
+    width = max(16, 1 << (max(d, dv) - 1).bit_length())
     q, k, v = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
     return q, k, v, d ** -0.5 if scale is None else scale, dv
 

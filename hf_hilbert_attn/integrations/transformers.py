@@ -259,11 +259,12 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     group, sinks = _ring.get_sequence_parallel_group(), kwargs.get("s_aux")  # learned sink
     sinks = None if sinks is None else sinks.view(1, -1, 1)  # logits, one per head (gpt-oss)
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
-        args = (query, key, value, step, attention_mask, pattern, scaling, kwargs, sinks)
+        args = (query, key, value, step, attention_mask, pattern, scaling, kwargs,
+                sinks is not None)
         out = call_under_autocast(_decode_step, *args) \
             if torch.is_autocast_enabled(query.device.type) else _decode_step(*args)
         if out is not None:
-            return out[..., :dv], None
+            return _layer_output(out, sinks, dv)
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
         return _layer_output(attend_with_dropped_keys(
             query, key, value, pattern, q_start=int(attention_mask.q_offset), causal=causal,
@@ -301,8 +302,9 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
 
 
 def _layer_output(result, sinks, dv):
-    """``(out [B, Sq, Hq, Dv] contiguous, None)`` from the op's ``out`` or, with learned sinks,
-    its ``(out, lse)``; the first ``dv`` features (``kernel_widths``)."""
+    """``(out [B, Sq, Hq, Dv] contiguous, None)`` from the op's (or the decode run's) ``out`` or,
+    with learned sinks, its ``(out, lse)``; the first ``dv`` features (``kernel_widths``). A
+    decode run's ``out`` is already laid out so: no copy."""
     out = result if sinks is None else with_sink_logits(*result, sinks)
     return out[..., :dv].transpose(1, 2).contiguous(), None
 
@@ -329,20 +331,20 @@ def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
     return pattern
 
 
-def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, logits):
-    """A decode call (``decode.decodes``; else None), ``[B, Sq, Hq, D]`` contiguous: the step's
-    plan, made by its first layer with this pattern and key count and kept in the forward's mask
-    (``step``), then one run. Under ``torch.compile`` (``generate()`` compiles a static cache's
-    steps, with CUDA graphs under "reduce-overhead") the positions (cache slots and padding),
-    plan and run are traced into the graph instead: no host sync, no graph break, the plan made
-    per layer (device work inside the graph); a PatternCache's dropped keys, document ids or
-    learned sinks (``with_sink_logits`` of the run's lse) keep the eager step there, one opaque
-    call."""
+def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: bool):
+    """A decode call (``decode.decodes``; else None): the step's plan, made by its first layer
+    with this pattern and key count and kept in the forward's mask (``step``), then one run,
+    whose ``out`` (a ``[B, Hq, Sq, D]`` view of ``[B, Sq, Hq, D]`` storage) and, with ``lse``
+    (learned sinks), its lse it returns. Under ``torch.compile`` (``generate()`` compiles a
+    static cache's steps, with CUDA graphs under "reduce-overhead") the positions (cache slots
+    and padding), plan and run are traced into the graph instead: no host sync, no graph break,
+    the plan made per layer (device work inside the graph); a PatternCache's dropped keys,
+    document ids or learned sinks (the run's lse) keep the eager step there, one opaque call."""
     position_ids, doc_ids = kwargs.get("position_ids"), kwargs.get("hilbert_doc_ids")
     dropped, traced = getattr(info, "kv_offset", 0), torch.compiler.is_compiling()
-    if traced and (dropped or doc_ids is not None or logits is not None
+    if traced and (dropped or doc_ids is not None or lse
                    or not isinstance(info, DilatedMaskInfo)):
-        return _eager_decode_step(query, key, value, step, info, pattern, scaling, kwargs, logits)
+        return _eager_decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse)
     (b, hq, sq, d), (hkv, sk), dev = query.shape, key.shape[1:3], query.device
     memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
     key_ = ("decode", pattern, hq, hkv, sk, dropped, query.dtype)  # one entry each
@@ -367,10 +369,8 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, logits
     elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
                                       or value.requires_grad):
         return None  # (what decodes() checks that a step's layers may not share)
-    out = run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling,
-                     return_lse=logits is not None)
-    out = out if logits is None else with_sink_logits(*out, logits)  # learned sinks
-    return out.transpose(1, 2).contiguous()  # (already so without them: no copy)
+    return run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling,
+                      return_lse=lse)
 
 
 # the eager step under torch.compile: one opaque call (its plan is host work kept in the mask)

@@ -11,18 +11,18 @@ __version__ = "0.1.0"
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedPattern", "PatternCache", "configure",
            "dilated_attention", "get_pattern", "prefill", "reference_attention", "register",
            "ring_attention", "sequence_parallel", "set_dense_kv_heads", "shard_batch",
-           "gather_sequence", "__version__"]
+           "gather_sequence", "ulysses_attention", "__version__"]
 
 
 def _load() -> None:
     global dilated_attention, DilatedPattern, reference_attention, ring_attention
     global sequence_parallel, gather_sequence, shard_batch, PatternCache, prefill
     global ATTN_IMPLEMENTATION, DEFAULT_PATTERN, configure, get_pattern, register
-    global set_dense_kv_heads
+    global set_dense_kv_heads, ulysses_attention
     from .ops import dilated_attention
     from .pattern import DilatedPattern
     from .reference import reference_attention
-    from .ring import ring_attention, sequence_parallel
+    from .ring import ring_attention, sequence_parallel, ulysses_attention
     from .sharding import gather_sequence, shard_batch
     from .integrations.cache import PatternCache, prefill
     from .integrations.transformers import (ATTN_IMPLEMENTATION, DEFAULT_PATTERN, configure,

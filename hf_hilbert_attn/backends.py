@@ -163,7 +163,8 @@ class TritonBackend:
         plan, _ = self._plan(a, pattern, plan)
         if plan is not None and acc.dtype == lse.dtype == torch.float32:  # in the kernels
             return _kernels().dilated_fwd(q, k, v, pattern, a.scale, causal, plan, lse=lse,
-                                          skip=a.skip_kv_heads, acc=acc)
+                                          skip=a.skip_kv_heads, head_base=a.head_base,
+                                          acc=acc)
         return _merge_into(self.forward(q, k, v, pattern, a, causal, plan=plan), acc, lse)
 
     def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
@@ -171,7 +172,7 @@ class TritonBackend:
         plan, why = self._plan(a, pattern, plan)
         if plan is not None:
             return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse,
-                               skip=a.skip_kv_heads)
+                               skip=a.skip_kv_heads, head_base=a.head_base)
         runs = document_runs(q, k, v, pattern, a)
         if runs is not None:  # packed documents: one kernel call per document, in place
             out = torch.zeros_like(q) if out is None else out.zero_()
@@ -180,7 +181,7 @@ class TritonBackend:
             for b, lo, hi, sub_plan in runs:
                 sl = (slice(b, b + 1), slice(None), slice(lo, hi))
                 dilated_fwd(q[sl], k[sl], v[sl], pattern, a.scale, causal, sub_plan, out=out[sl],
-                            lse=lse[sl], skip=a.skip_kv_heads)
+                            lse=lse[sl], skip=a.skip_kv_heads, head_base=a.head_base)
             return out, lse
         _warn_fallback(why)
         o, l = TORCH.forward(q, k, v, pattern, a, causal)
@@ -196,6 +197,7 @@ class TritonBackend:
             kv_in = dkv_acc is not None and dkv_acc[0].dtype == torch.float32
             return _add_grads(dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale,
                                           causal, plan, *grads, skip=a.skip_kv_heads,
+                                          head_base=a.head_base,
                                           dq_acc=dq_acc if q_in else None,
                                           dkv_acc=dkv_acc if kv_in else None),
                               None if q_in else dq_acc, None if kv_in else dkv_acc)
@@ -207,7 +209,8 @@ class TritonBackend:
                 sl = (slice(b, b + 1), slice(None), slice(lo, hi))
                 dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
                             None if dlse is None else dlse[sl], pattern, a.scale, causal,
-                            sub_plan, dq[sl], dk[sl], dv[sl], skip=a.skip_kv_heads)
+                            sub_plan, dq[sl], dk[sl], dv[sl], skip=a.skip_kv_heads,
+                            head_base=a.head_base)
             return _add_grads((dq, dk, dv), dq_acc, dkv_acc)
         # anything else: differentiate the PyTorch path (the forward's fallback)
         return TORCH.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads,

@@ -7,6 +7,11 @@ computes; :data:`ENGINES` lists them in the order a call tries them.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
+import torch
+
 from .engines import blockwise, tiles
 from .engines.passes import CHUNK_K, CHUNK_Q
 from .numerics import accum_dtype
@@ -43,6 +48,8 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     if b == 0 or sq == 0 or k.shape[2] == 0:  # nothing to attend: empty / all -inf rows
         out = q.new_zeros(b, hq, sq, v.shape[-1]) + 0 * q.sum() + 0 * k.sum() + 0 * v.sum()
         return out, q.new_full((b, hq, sq), float("-inf"), dtype=accum_dtype(q.dtype))
+    if a.head_base and pattern.query_dilation == "per_head":
+        return _numbered_heads(q, k, v, pattern, a, causal)
     if a.natural_positions:  # keys at 0..Sk-1, queries the last Sq of them
         sk = k.shape[2]
         pattern = for_ranges(pattern, sk - sq, sk - 1, 0, sk - 1, causal)
@@ -51,3 +58,22 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
         if made is not None:
             return attend(q, k, v, pattern, a, made)
     raise AssertionError("the blockwise engine takes every call")
+
+
+def _numbered_heads(q, k, v, pattern, a, causal):
+    """``chunked_attention`` of heads numbered from ``a.head_base`` (a head shard's): the engines
+    number heads from 0, so ``p`` zero heads go in front, ``p`` congruent to ``head_base``
+    modulo every rate and a whole number of key/value heads (their results are dropped)."""
+    g = a.hq // a.hkv
+    p = a.head_base % math.lcm(g, *pattern.dilation_rates)
+    a = dataclasses.replace(a, hq=a.hq + p, hkv=a.hkv + p // g, head_base=0,
+                            skip_kv_heads=tuple(j + p // g for j in a.skip_kv_heads))
+    if pattern.dense_kv_heads:
+        pattern = pattern.replace(dense_kv_heads=[j + p // g for j in pattern.dense_kv_heads])
+
+    def pad(t, n):
+        return torch.cat([t.new_zeros(t.shape[:1] + (n,) + t.shape[2:]), t], 1)
+
+    out, lse = chunked_attention(pad(q, p), pad(k, p // g), pad(v, p // g), pattern, a,
+                                 causal=causal)
+    return out[:, p:], lse[:, p:]

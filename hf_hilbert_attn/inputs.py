@@ -35,6 +35,9 @@ class AttnInputs:
     # key/value heads whose results the caller discards (dense_heads.py): their out/lse
     # unspecified, gradients arriving for them zero; long kernel calls skip them (D41)
     skip_kv_heads: tuple = ()
+    # query head h follows the pattern's rule as head head_base + h (a head-sharded rank's
+    # heads: ring/ulysses.py); the pattern's dense key/value heads are given in local indices
+    head_base: int = 0
 
 
 def _positions(name, t, batch, length, device, default):

@@ -29,7 +29,7 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
                       q_doc_ids: Optional[torch.Tensor] = None,
                       k_doc_ids: Optional[torch.Tensor] = None, return_lse: bool = False,
                       backend: str = "auto", ordering: Optional[str] = None,
-                      _skip_kv_heads: tuple = ()):
+                      _skip_kv_heads: tuple = (), _head_base: int = 0):
     """LongNet-style dilated attention (the rule: README "The pattern", ``pattern.py``),
     differentiable.
 
@@ -63,11 +63,11 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
     cast = call_under_autocast(  # under torch.autocast: cast like SDPA, compute with it off
         dilated_attention, q, k, v, pattern, causal=causal, scale=scale, q_positions=q_positions,
         k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
-        backend=backend, ordering=ordering, _skip_kv_heads=_skip_kv_heads)
+        backend=backend, ordering=ordering, _skip_kv_heads=_skip_kv_heads, _head_base=_head_base)
     if cast is not None:
         return cast
     key = _prepared_key(q, k, v, pattern, (q_positions, k_positions, q_doc_ids, k_doc_ids),
-                        causal, scale, return_lse, backend, ordering, _skip_kv_heads)
+                        causal, scale, return_lse, backend, ordering, _skip_kv_heads, _head_base)
     if (a := _PREPARED.get(key)) is not None:  # checked and routed by a call like this one
         out, lse = _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
         return (out, lse) if return_lse else out
@@ -84,16 +84,18 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
         return with_dense_heads(dilated_attention, q, k, v, pattern, return_lse=return_lse,
                                 causal=causal, scale=a.scale, q_positions=q_positions,
                                 k_positions=k_positions, q_doc_ids=q_doc_ids,
-                                k_doc_ids=k_doc_ids, backend=backend, ordering=ordering)
+                                k_doc_ids=k_doc_ids, backend=backend, ordering=ordering,
+                                _head_base=_head_base)
     if a.natural_positions and a.sq == a.sk > 1 and \
             storage_ordering(pattern, a.sq, a.head_dim, q.device, ordering) == "hilbert":
         return in_storage_order(dilated_attention, q, k, v, pattern, causal=causal, scale=a.scale,
                                 q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
                                 return_lse=return_lse, backend=backend,
-                                _skip_kv_heads=_skip_kv_heads)
+                                _skip_kv_heads=_skip_kv_heads, _head_base=_head_base)
+    if _skip_kv_heads or _head_base:  # (private) heads whose results the caller discards
+        # (dense_heads.py); the number of head 0 in the rule (a head shard's: ring/ulysses.py)
+        a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads), head_base=_head_base)
     if triton:
-        if _skip_kv_heads:  # (dense_heads.py, private) heads whose results the caller discards
-            a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads))
         _prepared(key, a)
         out, lse = _kernel_attention(q, k, v, pattern, a, causal)
     else:
@@ -136,6 +138,9 @@ def _kernel_attention(q, k, v, pattern, a, causal):
     PyTorch path when the kernels cannot take them)."""
     if _eager():
         return _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
+    if a.head_base:
+        raise NotImplementedError("head-sharded attention runs eagerly (outside torch.compile "
+                                  "and torch.func transforms)")
     qp = None if a.natural_positions else a.q_positions
     kp = None if a.natural_positions else a.k_positions
     return torch.ops.hf_hilbert_attn.dilated_attention_fwd(  # the pattern as the schema's types

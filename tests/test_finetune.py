@@ -1,9 +1,10 @@
 """Sequence-parallel training equals single-process training; finetune.py runs, resumes exactly.
 
 Liger-Kernel-style convergence check: the same tiny Llama trains for several steps once on the
-whole sequence in one process and once sharded over a gloo group (ring attention); the loss and
-every parameter gradient must agree at every step (close: float32, different summation order;
-the bound comes from a float64 run of the same steps, ``conftest.assert_error_within``).
+whole sequence in one process and once sharded over a gloo group (ring attention, or
+head-sharded attention); the loss and every parameter gradient must agree at every step (close:
+float32, different summation order; the bound comes from a float64 run of the same steps,
+``conftest.assert_error_within``).
 """
 
 import contextlib
@@ -44,7 +45,7 @@ def _tiny_llama(seed):
     return model
 
 
-def _worker_train(rank, world, seed, layout, steps):
+def _worker_train(rank, world, seed, layout, steps, mode="ring"):
     import hf_hilbert_attn
     from hf_hilbert_attn.integrations.accelerate import (
         average_gradients, reduce_loss, sequence_parallel_topology, shard_for_sequence_parallel)
@@ -74,7 +75,7 @@ def _worker_train(rank, world, seed, layout, steps):
         out_exact.loss.backward()
         shard = shard_for_sequence_parallel(batch, topo, layout=layout, pattern=pattern)
         assert ("hilbert_doc_ids" in shard) == ("position_ids" in batch or layout == "hilbert")
-        with hf_hilbert_attn.sequence_parallel(topo.group):
+        with hf_hilbert_attn.sequence_parallel(topo.group, mode=mode):
             out = sp(**shard)
         loss = reduce_loss(out.loss, topo.group)
         loss.backward()
@@ -83,7 +84,7 @@ def _worker_train(rank, world, seed, layout, steps):
         # order, so the error against float64 is the one-process run's size (conftest rule 2);
         # floor: the n-token mean (loss) or sum (gradients) in another order (rule 1)
         n = int((labels[:, 1:] != -100).sum())
-        what = f"step {step} ({layout})"
+        what = f"step {step} ({layout}, {mode})"
         assert_error_within("loss", loss, out_ref.loss, out_exact.loss, what=what,
                             floor=reorder_tol(n) * abs(out_exact.loss.item()))
         for (name, p_ref), (_, p_sp), (_, p_ex) in zip(ref.named_parameters(),
@@ -112,6 +113,19 @@ def _worker_train_layouts(rank, world, seed, steps):
 
 def test_sp_training_equals_single_process():
     res = run_distributed(_worker_train_layouts, 2, 1234, 3, timeout=240)
+    assert res[0] == res[1], "exact: both ranks of the group see the same global loss"
+
+
+def _worker_train_ulysses(rank, world, seed, steps):
+    return [_worker_train(rank, world, seed, layout, steps, mode="ulysses")
+            for layout in ("contiguous", "zigzag")]
+
+
+def test_sp_training_equals_single_process_ulysses():
+    # head-sharded: each rank attends the whole sequence with 2 of the 4 query heads (1 of the
+    # 2 key/value heads), numbered as in one process; packed documents and padding in the last
+    # step, as above
+    res = run_distributed(_worker_train_ulysses, 2, 4321, 3, timeout=240)
     assert res[0] == res[1], "exact: both ranks of the group see the same global loss"
 
 

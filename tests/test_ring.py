@@ -110,7 +110,8 @@ def _check_case(rank, world, c, group):
 
     ql, kl, vl = shard(q), shard(k), shard(v)
     use_docs = docs is not None or pad_n > 0
-    out, lse = ring_attention(ql, kl, vl, pat, group=group, q_positions=full_pos[idx],
+    attend = c.get("attend", ring_attention)  # (test_ulysses.py: the head-sharded mode)
+    out, lse = attend(ql, kl, vl, pat, group=group, q_positions=full_pos[idx],
                               k_positions=full_pos[idx], causal=causal,
                               q_doc_ids=full_doc[idx] if use_docs else None,
                               k_doc_ids=full_doc[idx] if use_docs else None, return_lse=True,

@@ -165,6 +165,8 @@ def _errors(world, tmp):
                 sp_size=2, **data),
             "layout": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"),
                                                       sp_size=2, sp_layout="diagonal", **data),
+            "mode": lambda: SequenceParallelTrainer(model=_model(), args=_args(f"{tmp}/e"),
+                                                    sp_size=2, sp_mode="heads", **data),
         }
     out = {}
     for name, make in cases.items():
@@ -382,7 +384,7 @@ def test_sp_trainer_errors(runs):
               "sdpa": "needs a model loaded with attn_implementation='hilbert_dilated', got 'sdpa'",
               "smoothing": "label_smoothing_factor",
               "tokens": "average_tokens_across_devices=True",
-              "layout": "sp_layout must be one of"}
+              "layout": "sp_layout must be one of", "mode": "sp_mode must be one of"}
     for name, msg in expect.items():
         assert errors[name] is not None, f"{name}: no error"
         assert msg in errors[name] and "\n" not in errors[name], (name, errors[name])

@@ -78,7 +78,7 @@ import torch.distributed as dist  # noqa: E402
 
 from hf_hilbert_attn import DilatedPattern, dilated_attention  # noqa: E402
 from hf_hilbert_attn.tools.benchmarks import common as C  # noqa: E402
-from hf_hilbert_attn.ring import ring_attention  # noqa: E402
+from hf_hilbert_attn.ring import sequence_parallel_attention  # noqa: E402
 
 from hf_hilbert_attn.ring import local_attention  # noqa: E402  (the shard-alone ideal)
 from hf_hilbert_attn.sharding import LAYOUTS, resolve_layout, shard_positions  # noqa: E402
@@ -215,7 +215,9 @@ class CommCounter:
 
     Wraps ``torch.distributed.batch_isend_irecv`` (sends: ``P2POp`` whose op is ``isend``) and
     ``all_gather`` (this rank's input, i.e. what it contributes; the ring all-gathers positions
-    and a small descriptor per call). ``ring/comm.py`` looks both up on the module at call time.
+    and a small descriptor per call), and ``all_to_all_single`` (head-sharded mode: its input
+    but the chunk it keeps, counted with the point-to-point bytes). The library looks them up
+    on the module at call time.
     """
 
     def __init__(self):
@@ -224,8 +226,8 @@ class CommCounter:
         self.gathered = {"fwd": 0, "bwd": 0}
 
     def __enter__(self):
-        self._orig = (dist.batch_isend_irecv, dist.all_gather)
-        orig_batch, orig_gather = self._orig
+        self._orig = (dist.batch_isend_irecv, dist.all_gather, dist.all_to_all_single)
+        orig_batch, orig_gather, orig_a2a = self._orig
 
         def batch_isend_irecv(p2p_op_list):
             for op in p2p_op_list:
@@ -237,11 +239,17 @@ class CommCounter:
             self.gathered[self.phase] += tensor.numel() * tensor.element_size()
             return orig_gather(tensor_list, tensor, *args, **kwargs)
 
+        def all_to_all_single(output, input, *args, **kwargs):  # (ulysses) all but own chunk
+            world = dist.get_world_size(kwargs.get("group"))
+            self.p2p[self.phase] += input.numel() * input.element_size() * (world - 1) // world
+            return orig_a2a(output, input, *args, **kwargs)
+
         dist.batch_isend_irecv, dist.all_gather = batch_isend_irecv, all_gather
+        dist.all_to_all_single = all_to_all_single
         return self
 
     def __exit__(self, *exc):
-        dist.batch_isend_irecv, dist.all_gather = self._orig
+        dist.batch_isend_irecv, dist.all_gather, dist.all_to_all_single = self._orig
         return False
 
 
@@ -257,11 +265,12 @@ def dense_ring_bytes(world: int, seq_len: int, batch: int, hkv: int, head_dim: i
 
 
 # ============================================================================= inputs / calls
-def layout_label(layout: str, seq_len: int, world: int, pattern) -> str:
-    """``"auto"`` names what it resolves to for this length (``"auto→contiguous"``)."""
+def layout_label(layout: str, seq_len: int, world: int, pattern, sp_mode: str = "ring") -> str:
+    """``"auto"`` names what it resolves to for this length (``"auto→contiguous"``); another
+    mode than the ring goes in front (``"ulysses/contiguous"``)."""
     if layout == "auto":
-        return f"auto→{resolve_layout(layout, seq_len, world, pattern)}"
-    return layout
+        layout = f"auto→{resolve_layout(layout, seq_len, world, pattern)}"
+    return layout if sp_mode == "ring" else f"{sp_mode}/{layout}"
 
 
 def positions(d: Dist, seq_len: int, layout: str, pattern) -> torch.Tensor:
@@ -288,8 +297,10 @@ def local_inputs(args, d: Dist, tokens: int, seed: int):
 
 
 def ring_call(args, d: Dist, pattern, q, k, v, pos):
-    return ring_attention(q, k, v, pattern, group=d.group, q_positions=pos, k_positions=pos,
-                          causal=not args.non_causal, backend=args.backend)
+    """The sequence-parallel call of ``--sp-mode`` (the ring by default)."""
+    return sequence_parallel_attention(q, k, v, pattern, group=d.group, mode=args.sp_mode,
+                                       q_positions=pos, k_positions=pos,
+                                       causal=not args.non_causal, backend=args.backend)
 
 
 def local_call(args, pattern, q, k, v, pos, backend=None):
@@ -367,7 +378,7 @@ def run_correctness(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> 
             ratio = ring_rel / single_rel if single_rel > 0 else (0.0 if ring_rel == 0 else math.inf)
             rows.add(dict(
                 C.environment(d.device), mode="correctness", world_size=d.world,
-                comm=d.backend, layout=layout_label(layout, S, d.world, pattern),
+                comm=d.backend, layout=layout_label(layout, S, d.world, pattern, args.sp_mode),
                 pattern=pattern_name, seq_len=S, batch=args.batch,
                 heads_q=args.heads, heads_kv=args.kv_heads, head_dim=args.head_dim,
                 dtype=args.dtype, causal=not args.non_causal, tensor=n,
@@ -407,7 +418,10 @@ def _full_single_ms(args, device, pattern, S: int) -> float:
 
 
 def _time_full_on_rank0(args, d: Dist, pattern, S: int) -> tuple:
-    """:func:`_full_single_ms` on rank 0 while the others wait: ``(ms or None, why)``."""
+    """:func:`_full_single_ms` on rank 0 while the others wait: ``(ms or None, why)``; once per
+    length and run (every mode compares with the same time)."""
+    if S in _FULL_TIMES:
+        return _FULL_TIMES[S]
     ms, err = None, ""
     if d.is_main:
         try:
@@ -416,7 +430,11 @@ def _time_full_on_rank0(args, d: Dist, pattern, S: int) -> tuple:
             err = why(e)
         C.free_memory(d.device)  # its tensors died with the call
     got = allreduce(d, [ms if ms is not None else (-1.0 if d.is_main else -2.0)], "max")[0]
-    return (got if got >= 0 else None), err
+    _FULL_TIMES[S] = (got if got >= 0 else None), err
+    return _FULL_TIMES[S]
+
+
+_FULL_TIMES: dict = {}  # S -> _time_full_on_rank0's result
 
 
 def run_scaling(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> "Sink":
@@ -430,7 +448,8 @@ def run_scaling(args, d: Dist, pattern, pattern_name: str, rows: "Sink") -> "Sin
         for layout in args.layouts:
             log(d, f"scaling T={C.fmt_size(T)} W={d.world} {layout}")
             row = dict(C.environment(d.device), mode="scaling", world_size=d.world, comm=d.backend,
-                       layout=layout_label(layout, S, d.world, pattern), pattern=pattern_name,
+                       layout=layout_label(layout, S, d.world, pattern, args.sp_mode),
+                       pattern=pattern_name,
                        tokens_per_gpu=T, seq_len=S,
                        batch=args.batch, heads_q=args.heads, heads_kv=args.kv_heads,
                        head_dim=args.head_dim, dtype=args.dtype, causal=not args.non_causal,
@@ -820,6 +839,10 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--non-causal", action="store_true", help="bidirectional attention")
+    p.add_argument("--sp-modes", type=words, default=["ring"],
+                   help="comma list of ring, ulysses, auto: the sequence-parallel modes checked "
+                        "or timed one after the other (default ring; rows of another mode name it "
+                        "in the layout column)")
     p.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
                    help="dilated_attention backend for the op and every ring block")
     p.add_argument("--seed", type=int, default=0)
@@ -857,6 +880,9 @@ def parse_args(argv=None):
                    help="testing: one rank raises OOM above this many tokens per GPU")
     g.add_argument("--fake-oom-rank", type=int, default=-1, help="testing: that rank (default last)")
     args = p.parse_args(argv)
+    bad = [x for x in args.sp_modes if x not in ("ring", "ulysses", "auto")]
+    if bad or not args.sp_modes:
+        p.error(f"--sp-modes takes ring, ulysses, auto; got {bad or args.sp_modes}")
     bad = [x for x in args.layouts if x not in LAYOUT_CHOICES]
     if bad:
         p.error(f"unknown --layouts {bad}; choose from {list(LAYOUT_CHOICES)}")
@@ -878,7 +904,9 @@ def main(argv=None) -> int:
                f"pattern {pattern_name} {pattern.configs}")
         run = {"correctness": run_correctness, "scaling": run_scaling,
                "max-len": run_max_len}[args.mode]
-        rows = run(args, d, pattern, pattern_name, Sink(args, d))
+        rows = Sink(args, d)
+        for args.sp_mode in args.sp_modes:
+            rows = run(args, d, pattern, pattern_name, rows)
         if d.is_main:
             report(args, d, rows, pattern_name)
         if d.group is not None:

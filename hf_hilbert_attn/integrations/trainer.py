@@ -27,7 +27,7 @@ import torch.distributed as dist
 from transformers import Trainer, default_data_collator
 
 from .. import DilatedPattern, sequence_parallel, shard_batch
-from ..ring.comm import all_gather
+from ..ring.comm import MODES, all_gather
 from ..sharding import DEFAULT_LAYOUT, IGNORE_INDEX, LAYOUT_CHOICES
 from .model_config import ATTN_IMPLEMENTATION as ATTN, sharding_pattern
 from .accelerate import SPTopology, sequence_parallel_topology
@@ -112,6 +112,8 @@ class SequenceParallelMixin:
             group, or a world of 1) any ``sp_size`` gives the plain Trainer, with a warning.
         sp_layout: how a sequence is cut over the group (default ``"auto"``, see
             :func:`hf_hilbert_attn.sharding.resolve_layout`).
+        sp_mode: ``"ring"``, ``"ulysses"`` (head-sharded) or ``"auto"`` (the default), as in
+            :func:`hf_hilbert_attn.sequence_parallel`.
 
     Raises (one-line ``ValueError``, the same on every rank): ``sp_size`` does not divide the
         world size; attention other than ``hilbert_dilated``; Trainer's own context parallelism;
@@ -120,10 +122,12 @@ class SequenceParallelMixin:
     """
 
     def __init__(self, *args, sp_size: Optional[int] = None, sp_layout: str = DEFAULT_LAYOUT,
-                 **kwargs):
+                 sp_mode: str = "auto", **kwargs):
         super().__init__(*args, **kwargs)
         if sp_layout not in LAYOUT_CHOICES:
             raise ValueError(f"sp_layout must be one of {LAYOUT_CHOICES}, got {sp_layout!r}")
+        if sp_mode not in MODES:
+            raise ValueError(f"sp_mode must be one of {MODES}, got {sp_mode!r}")
         if sp_size is not None and (not isinstance(sp_size, int) or sp_size < 1):
             raise ValueError(f"sp_size must be a positive integer, got {sp_size!r}")
         pc = getattr(self.accelerator, "parallelism_config", None)
@@ -142,7 +146,7 @@ class SequenceParallelMixin:
             sp_size = None
         topo = sequence_parallel_topology(None, sp_size)
         self.sp_topology: SPTopology = topo
-        self.sp_layout = sp_layout
+        self.sp_layout, self.sp_mode = sp_layout, sp_mode
         if topo.sp_size == 1:
             return
         self._check_sp_config()
@@ -246,7 +250,7 @@ class SequenceParallelMixin:
         if not self.sp_active:
             return super().training_step(model, inputs, num_items_in_batch)
         self._check_same_batch(inputs)
-        with sequence_parallel(self.sp_topology.group):
+        with sequence_parallel(self.sp_topology.group, self.sp_mode):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -257,7 +261,7 @@ class SequenceParallelMixin:
                              "holds a shard of the logits): drop compute_metrics or set "
                              "prediction_loss_only=True")
         self._check_same_batch(inputs)
-        with sequence_parallel(self.sp_topology.group):
+        with sequence_parallel(self.sp_topology.group, self.sp_mode):
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
 

@@ -288,8 +288,9 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
                              "(generation); run generate() outside the sequence_parallel context")
         positions = at.q_positions  # a shard must know where it is: 0..S-1 without position_ids
         positions = torch.arange(sq, device=query.device)[None] if positions is None else positions
-        return _layer_output(_ring.ring_attention(
-            query, key, value, pattern, group=group, q_positions=positions, k_positions=positions,
+        return _layer_output(_ring.sequence_parallel_attention(
+            query, key, value, pattern, group=group, mode=_ring.get_sequence_parallel_mode(),
+            q_positions=positions, k_positions=positions,
             causal=causal, scale=scaling, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
             return_lse=sinks is not None), sinks, dv)
     # generate() with a static cache compiles the forward with CUDA graphs; the op plans explicit

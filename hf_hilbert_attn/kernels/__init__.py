@@ -55,7 +55,8 @@ def plan_fwd(c: Call) -> FwdPlan:
             seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
             ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
             rows.append(_launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV,
-                                    (seg0, ncls, nblk, blk0), sinks, len(prio), psz, c.merge))
+                                    (seg0, ncls, nblk, blk0), sinks, len(prio), psz, c.merge,
+                                    c.hbase))
             kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
                       num_warps=warps, num_stages=stages)
             cap = fwd_max_registers((BM, BN, warps), not _earlier(ln.npri))
@@ -70,13 +71,13 @@ def plan_fwd(c: Call) -> FwdPlan:
 
 
 def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, skip: tuple,
-                flags: tuple):
+                flags: tuple, hbase: int):
     """``(sparse plan, dense plan or None, whether they were made just now, heads to fill,
     positions)`` of a call, made once per call key: ``build`` (:func:`plan_fwd` /
     :func:`plan_bwd`) of the sparse pattern leaving out ``skip`` (and, where that adds no
     launch, the dense key/value heads: ``_head_split``) and of the plain causal config over the
     dense heads, whose launches come last (they overwrite what the sparse ones computed for
-    them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``)."""
+    them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``); ``hbase``: its ``hbase``."""
     (B, HQ, SQ, D), dev = q.shape, q.device
     shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
 
@@ -86,22 +87,24 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, sk
         ranged = for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
         dense = pattern.dense_kv_heads and build(
             Call(DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2])))
-        return build(Call(ranged, *same, left, *flags)), dense or None, fill
+        return build(Call(ranged, *same, left, *flags, hbase=hbase)), dense or None, fill
 
     pos = _positions(plan, dev)
-    key = _call_key(build.__name__, pattern, plan, q, k, causal, scale, cfg, (skip, *flags))
+    key = _call_key(build.__name__, pattern, plan, q, k, causal, scale, cfg,
+                    (skip, *flags, hbase))
     (sparse, dense, fill), fresh = _planned(key, make, dev, pos)
     return sparse, dense, fresh, fill, pos
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
-                lse=None, skip: tuple = (), acc=None):
+                lse=None, skip: tuple = (), acc=None, head_base: int = 0):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log),
     planned once per call key (:func:`plan_fwd`); the pattern's dense key/value heads: one more
     launch of the plain causal config over their heads. ``out`` / ``lse``: tensors to write
     into (unit last stride). ``skip``: key/value heads not computed (out 0, lse -inf). ``acc``: a float32
     result with its given ``lse`` over other keys (0, -inf at first) this call merges into (the
-    ring's pieces; ``out`` not written)."""
+    ring's pieces; ``out`` not written). ``head_base``: query head ``h`` follows the pattern's
+    rule as head ``head_base + h`` (a head-sharded rank's heads; dense heads: local indices)."""
     q, k, v = _prep(q), _prep(k), _prep(v)
     B, HQ, SQ, D = q.shape
     dev = q.device
@@ -118,7 +121,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         return (acc if merge else out), lse
     cfg = kernel_config()
     fp, dense, fresh, fill, pos = _call_plans(
-        plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,))
+        plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base)
     if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
         _fill_skipped(fill, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
         acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch else out
@@ -165,7 +168,7 @@ def plan_bwd(c: Call) -> BwdPlan:
 
     def row(lp, li, ln, h0, nh, tiles, merge=False):
         return _launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
-                           len(prio), psz, merge)
+                           len(prio), psz, merge, c.hbase)
 
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
     # the sink launch's dk/dv sums are needed by the dk/dv kernel)
@@ -216,12 +219,13 @@ def _bwd_stats(lse, B, HQ, SQ, dev):
 
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
                 plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None,
-                dkv_acc=None):
+                dkv_acc=None, head_base: int = 0):
     """Backward launches → (dq, dk, dv) in the input dtype (``dlse`` may be None), planned once per
     call key (:func:`plan_bwd`); dense key/value heads as in :func:`dilated_fwd`. ``dq``/``dk``/``dv``: tensors (or views) to write into; float32
     sums over configs hold a chunk of heads at a time (``_sum_buffers``). ``skip``: key/value
     heads not computed (zero gradients). ``dq_acc`` / ``dkv_acc``: float32 sums this call's dq /
-    (dk, dv) add into (the ring's pieces; dk/dv in the kernels where no key is a sink)."""
+    (dk, dv) add into (the ring's pieces; dk/dv in the kernels where no key is a sink);
+    ``head_base`` as in :func:`dilated_fwd`."""
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
@@ -239,7 +243,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         return (dq_acc if merge else dq.zero_()), *(dkv_acc or (dk.zero_(), dv.zero_()))
     cfg = kernel_config()
     bp, dense, fresh, fill, pos = _call_plans(
-        plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, dkv_acc is not None))
+        plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, dkv_acc is not None),
+        head_base)
     _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
     for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
         _check_target(name, t, k.shape, torch.float32)

@@ -197,10 +197,10 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
     ``[B, Hkv, 2 * SINKS, D]``."""
     CFG, LCFG, KEYS = tables
     scale, scale_log2 = scales
-    HOFF, HCH, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
-    b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
-                                                  GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
-                                                  PER_HEAD=F.PER_HEAD)
+    HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
+    b, hl, h, hc, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF,
+                                                      HCH, HBASE, GROUP, SEG0, NCLS, NBLK, BLK0,
+                                                      W, R, PER_HEAD=F.PER_HEAD)
     b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi = _query_rows(b, blk, sbase, ncl, R, QLO, QHI,
                                                               QOFF, pos.QINV, pos.sqinv, BM=BM,
                                                               MAPPED=F.MAPPED)
@@ -223,7 +223,7 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
         SLIDING=F.SLIDING)
     k_base, v_base, KDOC_T = _kv_bases(k, v, pos.KDOC, b64, hk, KOFF, MAPPED=F.MAPPED)
     dq_acc = tl.zeros([BM, D], tl.float32)
-    rows = (qt, dot, lse2, dlt, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB,
+    rows = (qt, dot, lse2, dlt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB,
             band_lo, sinkg.ptr, sinkg.ptr, scale)
     keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
     if F.EARLIER == 0:  # first config in priority order: no union test, nothing skipped
@@ -242,7 +242,7 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
         sgv = sgk + SINKS * sinkg.ss
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
-        s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64,
+        s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64,
                   scale_log2, s_lb, s_band, sgk, sgv, scale)
         dq_acc = _dq_tiles(dq_acc, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO,
                            s_hi, s_hi, BN=16, D=D, EDGE=True, UNION=True, UTAB=0, KVGRAD=True,
@@ -251,7 +251,7 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
     NLAUNCHED, FIRST, LAST = _launch_order(L)
     acc_ptrs = _row_ptrs(dqacc, b64, hl, qidx, D=D)
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
+        prev = row_ok & _participates(pq, hc, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
                                       SLIDING=F.SLIDING)
         dq_acc += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
     if LAST != 0:
@@ -329,7 +329,7 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     # belongs to exactly one program, so the first launch writes every row of the buffers.
     CFG, LCFG, KEYS = tables
     scale, scale_log2 = scales
-    HOFF, HCH, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
+    HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     tile = tl.program_id(0)
     bhk = tl.program_id(1)
     b = bhk // HCH
@@ -385,14 +385,14 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
         h = hk * GROUP + hh
         h64 = h.to(tl.int64)
         if F.PER_HEAD:
-            active = (h % R) == c
+            active = ((h + HBASE) % R) == c
         else:
             active = h >= 0
         if active:
             q_base = q.ptr + b64 * q.sb + h64 * q.sh
             do_base = do.ptr + b64 * do.sb + h64 * do.sh
             lrow = b64 * lse.sb + h64 * lse.sh  # lse and delta: [B, Hq, Sq], one layout
-            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB)
+            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h + HBASE, b64, scale_log2, LB)
             qside = (q_base, do_base, pos.QINV, pos.QDOC, lse.ptr, delta.ptr, lrow, pos.sqinv,
                      pos.sqdoc, q.ss, do.ss, QOFF)
             if F.EARLIER == 0:

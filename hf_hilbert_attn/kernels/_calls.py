@@ -173,19 +173,19 @@ def _strided(t: torch.Tensor) -> Strided:
 
 
 def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
-                merge=False) -> dict:
+                merge=False, hbase=0) -> dict:
     """The integers of launch ``li`` (of ``nlaunch``) of config launch ``ln``, by name
     (``_common.LAUNCH_FIELDS`` and ``_SCALARS``): heads ``h0 .. h0 + nh`` (``group`` query heads
     per key/value head), ``tiles`` = (first segment, classes, blocks per class, first block).
     ``merge``: every launch merges into the given float32 result (``_participates``), none writes
-    the output."""
+    the output. ``hbase``: the number of head 0 in the pattern's rule (``Call.hbase``)."""
     seg0, ncls, nblk, blk0 = tiles
     first, last = li == 0 and not merge, li == nlaunch - 1 and not merge
     return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
                 QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls, NBLK=nblk,
                 BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1), SKLO=plan.klo,
                 SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, NLAUNCHED=li + merge,
-                FIRST=int(first), LAST=int(last), PSZ=psz)
+                FIRST=int(first), LAST=int(last), PSZ=psz, HBASE=hbase)
 
 
 def _scalars(row: dict) -> tuple:
@@ -281,6 +281,7 @@ class Call(NamedTuple):
     skip: tuple = ()  # key/value heads not computed (AttnInputs.skip_kv_heads)
     merge: bool = False  # merge into a given float32 out / dq (dilated_fwd's / _bwd's acc)
     merge_kv: bool = False  # add dk/dv into given float32 sums (dilated_bwd's dkv_acc)
+    hbase: int = 0  # query head h is head hbase + h of the pattern's rule (a head shard's)
 
 
 class FwdPlan(NamedTuple):

@@ -42,7 +42,7 @@ Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EA
 #   ``_launch_scalars`` reads them before the key loops, ``_launch_sinks`` and
 #   ``_launch_order`` after.
 _SCALARS = ["R", "LB", "NPRI", "PSZ", "GROUP", "QOFF"]
-LAUNCH_FIELDS = ("HOFF", "HCH",
+LAUNCH_FIELDS = ("HOFF", "HCH", "HBASE",
                  "KOFF", "QLO", "QHI", "KLO", "KHI",
                  "SEG0", "NCLS", "NBLK", "BLK0", "W",
                  "SINKS", "SKLO", "SKHI", "NCFG",
@@ -62,18 +62,18 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 @triton.jit
 def _launch_scalars(L):
     """The integers a launch reads before its key loops, from its row ``L``: heads ``(HOFF,
-    HCH)``, span ``(KOFF, QLO, QHI, KLO, KHI)``, tiles ``(SEG0, NCLS, NBLK, BLK0, W)``
+    HCH, HBASE)``, span ``(KOFF, QLO, QHI, KLO, KHI)``, tiles ``(SEG0, NCLS, NBLK, BLK0, W)``
     (``LAUNCH_FIELDS``)."""
     return (tl.load(L + 0), tl.load(L + 1), tl.load(L + 2), tl.load(L + 3), tl.load(L + 4),
             tl.load(L + 5), tl.load(L + 6), tl.load(L + 7), tl.load(L + 8), tl.load(L + 9),
-            tl.load(L + 10), tl.load(L + 11))
+            tl.load(L + 10), tl.load(L + 11), tl.load(L + 12))
 
 
 @triton.jit
 def _launch_sinks(L):
     """``(SINKS, SKLO, SKHI, NCFG)`` of a launch from its row ``L``: read after the key loop,
     before the sink keys' (``_launch_order``)."""
-    return tl.load(L + 12), tl.load(L + 13), tl.load(L + 14), tl.load(L + 15)
+    return tl.load(L + 13), tl.load(L + 14), tl.load(L + 15), tl.load(L + 16)
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def _launch_order(L):
     register all through it, where an argument is read from the constant bank (a forward with
     sink keys and sliding windows: 193 registers with all of them read before the loops, 164
     as arguments; docs/decisions.md)."""
-    return tl.load(L + 16), tl.load(L + 17), tl.load(L + 18)
+    return tl.load(L + 17), tl.load(L + 18), tl.load(L + 19)
 
 
 @triton.jit
@@ -103,27 +103,29 @@ def _n_range(sbase, ncl, LO, HI, R):
 
 
 @triton.jit
-def _program_tile(tile, bh, HOFF, HCH, GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
+def _program_tile(tile, bh, HOFF, HCH, HBASE, GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
                   PER_HEAD: tl.constexpr):
     """Program ids of a query-side kernel (forward, dq) → its tile: batch ``b``, head ``h`` (``hl``
-    within the launch's chunk of heads, ``hk`` its key/value head), class-index block ``blk``,
-    and the position ``sbase`` of class index 0 of its segment and class, which holds ``ncl``
-    positions. Grid: ``(segments * classes * blocks, B * heads in the chunk)``; per_head mode
-    has one class per head (``h % R``)."""
+    within the launch's chunk of heads, ``hk`` its key/value head, ``hc`` its number in the
+    pattern's rule: ``h + HBASE``, ``HBASE`` the first head of a head-sharded rank), class-index
+    block ``blk``, and the position ``sbase`` of class index 0 of its segment and class, which
+    holds ``ncl`` positions. Grid: ``(segments * classes * blocks, B * heads in the chunk)``;
+    per_head mode has one class per head (``hc % R``)."""
     b = bh // HCH
     hl = bh % HCH  # head within this launch's chunk of heads (the float32 buffer holds HCH)
     h = HOFF + hl
+    hc = h + HBASE
     hk = h // GROUP
     blk = BLK0 + tile % NBLK
     t2 = tile // NBLK
     seg = SEG0 + t2 // NCLS
     if PER_HEAD:
-        c = h % R
+        c = hc % R
     else:
         c = t2 % NCLS
     sbase = seg * W + c  # position of class index n = 0
     ncl = (W - c + R - 1) // R  # positions of class c in a (full) segment
-    return b, hl, h, hk, blk, sbase, ncl
+    return b, hl, h, hc, hk, blk, sbase, ncl
 
 
 @triton.jit

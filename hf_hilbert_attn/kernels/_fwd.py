@@ -119,10 +119,10 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
     and the union key tables; ``L``: this launch's row of integers (``_launch_scalars``), then
     the integers the key loops read (``_SCALARS``); ``F``: its ``Flags``."""
     CFG, LCFG, KEYS = tables
-    HOFF, HCH, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
-    b, hl, h, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF, HCH,
-                                                  GROUP, SEG0, NCLS, NBLK, BLK0, W, R,
-                                                  PER_HEAD=F.PER_HEAD)
+    HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
+    b, hl, h, hc, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF,
+                                                      HCH, HBASE, GROUP, SEG0, NCLS, NBLK, BLK0,
+                                                      W, R, PER_HEAD=F.PER_HEAD)
     # ---- query rows: class indices [blk*BM, blk*BM + BM) that exist
     b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi = _query_rows(b, blk, sbase, ncl, R, QLO, QHI,
                                                               QOFF, pos.QINV, pos.sqinv, BM=BM,
@@ -141,7 +141,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     o_acc = tl.zeros([BM, D], tl.float32)
-    rows = (qt, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo)
+    rows = (qt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB, band_lo)
     keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
     if F.EARLIER == 0:
         # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
@@ -160,7 +160,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
         # config allows
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
-        s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, h, b64, scale_log2, s_lb, s_band)
+        s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scale_log2, s_lb, s_band)
         # (16-key tiles: the per-pair union test against every config is the cost here, and
         # there are few sinks)
         o_acc, l_i, m_i = _fwd_tiles(o_acc, l_i, m_i, s_rows, keys,
@@ -175,7 +175,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
     lse_ptrs = lse.ptr + b64 * lse.sb + h.to(tl.int64) * lse.sh + qidx.to(tl.int64) * lse.ss
     acc_ptrs = _row_ptrs(acc, b64, hl, qidx, D=D)
     if FIRST == 0:
-        prev = row_ok & _participates(pq, h, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
+        prev = row_ok & _participates(pq, hc, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
                                       SLIDING=F.SLIDING)
         prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * LOG2E
         prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)

@@ -220,7 +220,8 @@ def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
 
 
 def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, scale=None,
-                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto"):
+                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto",
+                    _skip_kv_heads=()):
     """A shard's attention to its own keys only, as the ring computes its local step (per run
     of consecutive positions): :func:`~hf_hilbert_attn.dilated_attention` at the same positions,
     at a ring rank's cost without exchanges (``bench_ring.py``). Arguments and result as
@@ -230,11 +231,14 @@ def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, 
     done = call_under_autocast(local_attention, q, k, v, pattern, **kw)
     if done is not None:
         return done
+    if pattern.dense_kv_heads:  # as the ring: a sparse and a dense call
+        return with_dense_heads(local_attention, q, k, v, pattern, **kw)
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     plan = RingPlan(0, 1, a.hkv)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(None), plan, a.q_positions, a.k_positions,
                a.q_doc_ids, a.k_doc_ids, backend,
-               plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions))
+               plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions),
+               tuple(_skip_kv_heads))
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out
 

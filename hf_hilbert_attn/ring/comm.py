@@ -19,23 +19,32 @@ import torch.distributed as dist
 
 from .plan import RingPlan, Step
 
-__all__ = ["sequence_parallel", "get_sequence_parallel_group", "agree", "all_gather",
+__all__ = ["sequence_parallel", "get_sequence_parallel_group", "get_sequence_parallel_mode",
+           "MODES", "agree", "all_gather",
            "weak_group", "KVExchange", "GradExchange"]
 
 _ACTIVE_GROUP = []
 
 
+MODES = ("auto", "ring", "ulysses")
+
+
 @contextlib.contextmanager
-def sequence_parallel(group):
-    """Inside this context the registered ``hilbert_dilated`` attention runs as ring attention.
+def sequence_parallel(group, mode: str = "auto"):
+    """Inside this context the registered ``hilbert_dilated`` attention runs over ``group``.
 
     ``group``: a process group whose ranks each hold one shard of the sequence
-    (:func:`hf_hilbert_attn.sharding.shard_batch`), or None (no ring). Example::
+    (:func:`hf_hilbert_attn.sharding.shard_batch`), or None (one process). ``mode``:
+    ``"ring"`` (keys and values travel around the ranks), ``"ulysses"`` (all-to-all from
+    sequence shards to head shards and back: the heads must split over the ranks) or ``"auto"``
+    (``ring.ulysses.resolve_mode``). Every mode computes the one-process function. Example::
 
-        with hf_hilbert_attn.sequence_parallel(group):
+        with hf_hilbert_attn.sequence_parallel(group, mode="ulysses"):
             loss = model(**shard_batch(batch, group)).loss
     """
-    _ACTIVE_GROUP.append(group)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    _ACTIVE_GROUP.append((group, mode))
     try:
         yield group
     finally:
@@ -44,8 +53,13 @@ def sequence_parallel(group):
 
 def get_sequence_parallel_group():
     """The active sequence-parallel group, or None (no context, or a group of size 1)."""
-    g = _ACTIVE_GROUP[-1] if _ACTIVE_GROUP else None
+    g = _ACTIVE_GROUP[-1][0] if _ACTIVE_GROUP else None
     return None if g is None or dist.get_world_size(g) == 1 else g
+
+
+def get_sequence_parallel_mode() -> str:
+    """The active context's ``mode`` (``"auto"`` outside any)."""
+    return _ACTIVE_GROUP[-1][1] if _ACTIVE_GROUP else "auto"
 
 
 # ---------------------------------------------------------------------------------- agreement

@@ -1,0 +1,179 @@
+"""Head-sharded (Ulysses) sequence parallelism, and the choice between it and the ring.
+
+Every rank holds a shard of the sequence (q, k, v of some tokens with their true positions, any
+layout). One all-to-all per tensor turns the shards into head groups: rank ``r`` receives every
+token of query heads ``[r·n, (r+1)·n)`` (``n = Hq / W``) and of the key/value heads they read
+(a key/value head goes to every rank that needs it when there are fewer than ranks). Each rank
+then runs the one-process op on its heads, numbered from ``r·n`` in the pattern's rule
+(per_head classes ``h mod r_i`` and dense key/value heads are those of one process), and one
+more all-to-all brings every head of its own tokens back. The backward runs the exchanges in
+reverse (an all-to-all of equal chunks is its own adjoint) around the op's own backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from ..compiler import disable_lazily
+from ..numerics import call_under_autocast
+from ..ops import dilated_attention
+from .comm import agree, all_gather, weak_group
+
+__all__ = ["ulysses_attention", "sequence_parallel_attention", "resolve_mode", "check_heads"]
+
+
+def check_heads(hq: int, hkv: int, world: int) -> None:
+    """``ValueError`` unless ``hq`` query and ``hkv`` key/value heads shard over ``world``
+    ranks: ``world`` divides ``hq``, and divides ``hkv`` or is a multiple of it."""
+    if hq % world or (hkv % world and world % hkv):
+        raise ValueError(
+            f"mode='ulysses' shards heads: {hq} query and {hkv} key/value heads do not split "
+            f"over {world} ranks (the ranks must divide the query heads, and divide or be a "
+            "multiple of the key/value heads); use mode='ring'")
+
+
+def _exchange(x: torch.Tensor, group) -> torch.Tensor:
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    """Chunk ``j`` of dim 0 to rank ``j``, chunk ``j`` of the result from rank ``j``; the backward
+    is the same exchange of the gradient (the group held weakly, as the ring's: comm.weak_group)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = weak_group(group)
+        return _exchange(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad.contiguous(), ctx.group()), None
+
+
+def _to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """``[B, H, L, D]`` (this rank's ``L`` tokens, every head) -> ``[B, H / W, W·L, D]`` (this
+    rank's heads, every token, shards in rank order): a view of a token-major ``[B, W·L, H / W,
+    D]`` tensor, received in place for ``B = 1`` (one copy, the send buffer's)."""
+    b, h, length, d = x.shape
+    send = x.transpose(1, 2).reshape(b, length, world, h // world, d).permute(2, 0, 1, 3, 4)
+    recv = _AllToAll.apply(send.contiguous(), group)  # [W, B, L, n, D]: rank j's tokens
+    if b > 1:
+        recv = recv.transpose(0, 1)
+    return recv.reshape(b, world * length, h // world, d).transpose(1, 2)
+
+
+def _to_tokens(y: torch.Tensor, group, world: int) -> torch.Tensor:
+    """Inverse of :func:`_to_heads`: ``[B, n, W·L, D]`` -> ``[B, W·n, L, D]``, a view of a
+    contiguous ``[B, L, W·n, D]`` tensor (the layout a model's output projection reads)."""
+    b, n, s, d = y.shape
+    send = y.transpose(1, 2).reshape(b, world, s // world, n, d).transpose(0, 1)
+    recv = _AllToAll.apply(send.contiguous(), group)  # [W, B, L, n, D]: rank j's heads
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, s // world, world * n, d).transpose(1, 2)
+
+
+# group -> (its inputs (q positions, k positions, k document ids), the gathered ones): every
+# layer of a forward gives the same positions, so the first layer's gather serves the others
+_GATHERED = weakref.WeakKeyDictionary()
+
+
+def _gathered(group, inputs: tuple, cached: bool) -> tuple:
+    """Every rank's ``inputs`` (``[B, L]`` each, or None) concatenated in rank order."""
+    if cached:
+        return _GATHERED[group][1]
+    out = tuple(None if t is None else torch.cat(all_gather(t, group), 1) for t in inputs)
+    _GATHERED[group] = (tuple(None if t is None else t.clone() for t in inputs), out)
+    return out
+
+
+def _same(group, inputs: tuple) -> bool:
+    kept = _GATHERED.get(group)
+    return kept is not None and all(
+        (a is None) == (b is None) and (a is None or (a.shape == b.shape and torch.equal(a, b)))
+        for a, b in zip(kept[0], inputs))
+
+
+@functools.lru_cache(maxsize=64)
+def _local_pattern(pattern, kv0: int, nkv: int):
+    """``pattern`` on a rank holding key/value heads ``[kv0, kv0 + nkv)``: its dense heads in
+    local indices."""
+    if not pattern.dense_kv_heads:
+        return pattern
+    return pattern.replace(dense_kv_heads=[j - kv0 for j in pattern.dense_kv_heads
+                                           if kv0 <= j < kv0 + nkv])
+
+
+@disable_lazily  # collectives and host-side checks: one opaque call under torch.compile
+def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True,
+                      scale=None, q_doc_ids=None, k_doc_ids=None, return_lse=False,
+                      backend="auto"):
+    """Dilated attention over a sequence sharded across ``group``, by heads (module docstring).
+
+    Arguments and result as :func:`~hf_hilbert_attn.ring_attention`; queries and keys are the
+    same tokens' (``Sq == Sk`` on every rank). ``ValueError``: heads that do not split over the
+    group (:func:`check_heads`), or ranks that disagree on the call."""
+    from .attention import _shard_inputs
+
+    kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+    world = 1 if group is None else dist.get_world_size(group)
+    if world == 1:
+        return dilated_attention(q, k, v, pattern, **kw)
+    done = call_under_autocast(ulysses_attention, q, k, v, pattern, group=group, **kw)
+    if done is not None:
+        return done
+    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
+    if a.sq != a.sk:
+        raise ValueError(f"mode='ulysses' needs queries and keys of the same tokens, got "
+                         f"{a.sq} queries and {a.sk} keys on this rank; use mode='ring'")
+    check_heads(a.hq, a.hkv, world)
+    inputs = (a.q_positions, a.k_positions, a.q_doc_ids, a.k_doc_ids)
+    cached = agree(q, k, v, pattern, causal, a.scale, a.q_positions, a.k_positions, a.k_doc_ids,
+                   group, cached=_same(group, inputs))
+    qp, kp, qd, kd = _gathered(group, inputs, cached)
+    rank, rep = dist.get_rank(group), max(1, world // a.hkv)
+    if rep > 1:  # fewer key/value heads than ranks: each goes to the ranks whose queries read it
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    local = _local_pattern(pattern, rank // rep if rep > 1 else rank * (a.hkv // world),
+                           max(1, a.hkv // world))
+    out = dilated_attention(_to_heads(q, group, world), _to_heads(k, group, world),
+                            _to_heads(v, group, world), local, causal=causal, scale=a.scale,
+                            q_positions=qp, k_positions=kp, q_doc_ids=qd, k_doc_ids=kd,
+                            return_lse=return_lse, backend=backend,
+                            _head_base=rank * (a.hq // world))
+    if not return_lse:
+        return _to_tokens(out, group, world)
+    return (_to_tokens(out[0], group, world),
+            _to_tokens(out[1].unsqueeze(-1), group, world).squeeze(-1))
+
+
+def resolve_mode(mode: str, world: int, hq: int, hkv: int, pattern) -> str:
+    """The mode ``"auto"`` stands for on ``world`` ranks (others unchanged): ``"ulysses"`` where
+    the heads split over the ranks and every rank gets as many dense key/value heads (a dense head costs a
+    causal attention over the whole sequence: a rank with more waits for nobody), else
+    ``"ring"`` (measured: docs/decisions.md D60)."""
+    if mode != "auto":
+        return mode
+    try:
+        check_heads(hq, hkv, world)
+    except ValueError:
+        return "ring"
+    per_rank = max(1, hkv // world)  # key/value heads per rank (fewer than ranks: one)
+    dense = [sum(j // per_rank == r for j in pattern.dense_kv_heads) if hkv >= world
+             else int(r * hkv // world in pattern.dense_kv_heads) for r in range(world)]
+    return "ulysses" if min(dense) == max(dense) else "ring"
+
+
+def sequence_parallel_attention(q, k, v, pattern, *, group, mode: str = "auto", **kwargs):
+    """:func:`~hf_hilbert_attn.ring_attention` or :func:`ulysses_attention` (``mode``, ``"auto"``:
+    :func:`resolve_mode`), with their arguments."""
+    mode = resolve_mode(mode, dist.get_world_size(group), q.shape[1], k.shape[1], pattern)
+    from .attention import ring_attention
+
+    return (ulysses_attention if mode == "ulysses" else ring_attention)(
+        q, k, v, pattern, group=group, **kwargs)

@@ -49,6 +49,29 @@ def test_ulysses_matches_reference(world):
     run_distributed(_worker_cases, world, seeds, timeout=240)
 
 
+def _worker_sorted(rank, world):
+    """Shards out of position order (zigzag, Hilbert; no padding): attended sorted by position,
+    results in shard order."""
+    import torch.distributed as dist
+
+    from hf_hilbert_attn.ring import ulysses
+
+    out = []
+    for layout in ("zigzag", "hilbert"):
+        c = dict(pattern=DilatedPattern([8, 16, 32], [1, 2, 4], sink_tokens=1), s=64, hq=8,
+                 hkv=4, d=8, b=1, causal=True, layout=layout, docs=False, seed=11,
+                 attend=ulysses_attention)
+        out.append(_check_case(rank, world, c, dist.group.WORLD))
+        order = ulysses._GATHERED.get(dist.group.WORLD).plan[4]
+        assert order is not None and not torch.equal(order, torch.arange(64)), layout
+    return out
+
+
+@pytest.mark.multiprocess
+def test_ulysses_sorts_shards_out_of_order():
+    run_distributed(_worker_sorted, 2, timeout=120)
+
+
 def _worker_triton(rank, world):
     """Through the Triton kernels (interpreter, float32): rank 1 holds query heads 2, 3 whose
     classes under rates 2 and 4 are not those of local heads 0, 1."""

@@ -13,7 +13,6 @@ reverse (an all-to-all of equal chunks is its own adjoint) around the op's own b
 from __future__ import annotations
 
 import functools
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -21,7 +20,9 @@ import torch.distributed as dist
 from ..compiler import disable_lazily
 from ..numerics import call_under_autocast
 from ..ops import dilated_attention
+from .attention import _shard_inputs, ring_attention
 from .comm import agree, all_gather, weak_group
+from .plan import PlanCache
 
 __all__ = ["ulysses_attention", "sequence_parallel_attention", "resolve_mode", "check_heads"]
 
@@ -36,12 +37,6 @@ def check_heads(hq: int, hkv: int, world: int) -> None:
             "multiple of the key/value heads); use mode='ring'")
 
 
-def _exchange(x: torch.Tensor, group) -> torch.Tensor:
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
-    return out
-
-
 class _AllToAll(torch.autograd.Function):
     """Chunk ``j`` of dim 0 to rank ``j``, chunk ``j`` of the result from rank ``j``; the backward
     is the same exchange of the gradient (the group held weakly, as the ring's: comm.weak_group)."""
@@ -49,53 +44,61 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = weak_group(group)
-        return _exchange(x, group)
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        return _exchange(grad.contiguous(), ctx.group()), None
+        return _AllToAll.forward(ctx, grad.contiguous(), ctx.group()), None
 
 
-def _to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+def _to_heads(x: torch.Tensor, group, world: int, order) -> torch.Tensor:
     """``[B, H, L, D]`` (this rank's ``L`` tokens, every head) -> ``[B, H / W, W·L, D]`` (this
-    rank's heads, every token, shards in rank order): a view of a token-major ``[B, W·L, H / W,
-    D]`` tensor, received in place for ``B = 1`` (one copy, the send buffer's)."""
+    rank's heads, every token, shards in rank order, then in ``order`` unless None): a view of
+    a token-major ``[B, W·L, H / W, D]`` tensor, received in place for ``B = 1`` (one copy, the
+    send buffer's; ``order``: one more)."""
     b, h, length, d = x.shape
     send = x.transpose(1, 2).reshape(b, length, world, h // world, d).permute(2, 0, 1, 3, 4)
     recv = _AllToAll.apply(send.contiguous(), group)  # [W, B, L, n, D]: rank j's tokens
     if b > 1:
         recv = recv.transpose(0, 1)
-    return recv.reshape(b, world * length, h // world, d).transpose(1, 2)
+    recv = recv.reshape(b, world * length, h // world, d)
+    return (recv if order is None else recv.index_select(1, order)).transpose(1, 2)
 
 
-def _to_tokens(y: torch.Tensor, group, world: int) -> torch.Tensor:
-    """Inverse of :func:`_to_heads`: ``[B, n, W·L, D]`` -> ``[B, W·n, L, D]``, a view of a
-    contiguous ``[B, L, W·n, D]`` tensor (the layout a model's output projection reads)."""
+def _to_tokens(y: torch.Tensor, group, world: int, inverse) -> torch.Tensor:
+    """Inverse of :func:`_to_heads`: ``[B, n, W·L, D]`` (tokens put back by ``inverse`` unless
+    None) -> ``[B, W·n, L, D]``, a view of a contiguous ``[B, L, W·n, D]`` tensor (the layout a
+    model's output projection reads)."""
     b, n, s, d = y.shape
+    y = y if inverse is None else y.index_select(2, inverse)
     send = y.transpose(1, 2).reshape(b, world, s // world, n, d).transpose(0, 1)
     recv = _AllToAll.apply(send.contiguous(), group)  # [W, B, L, n, D]: rank j's heads
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s // world, world * n, d).transpose(1, 2)
 
 
-# group -> (its inputs (q positions, k positions, k document ids), the gathered ones): every
-# layer of a forward gives the same positions, so the first layer's gather serves the others
-_GATHERED = weakref.WeakKeyDictionary()
+# Every layer of a forward gives the same positions: the first layer's gather serves the others
+# (kept per group while every rank's inputs are unchanged, as the ring's plans)
+_GATHERED = PlanCache()
 
 
-def _gathered(group, inputs: tuple, cached: bool) -> tuple:
-    """Every rank's ``inputs`` (``[B, L]`` each, or None) concatenated in rank order."""
-    if cached:
-        return _GATHERED[group][1]
-    out = tuple(None if t is None else torch.cat(all_gather(t, group), 1) for t in inputs)
-    _GATHERED[group] = (tuple(None if t is None else t.clone() for t in inputs), out)
-    return out
-
-
-def _same(group, inputs: tuple) -> bool:
-    kept = _GATHERED.get(group)
-    return kept is not None and all(
-        (a is None) == (b is None) and (a is None or (a.shape == b.shape and torch.equal(a, b)))
-        for a, b in zip(kept[0], inputs))
+def _gather(group, inputs: tuple) -> tuple:
+    """Every rank's ``inputs`` (q, k positions, q, k document ids: ``[B, L]`` each, or None)
+    concatenated in rank order, then ``(order, inverse)``: where the positions are one
+    permutation of distinct positions for every row and not in order (zigzag, Hilbert shards),
+    the tokens are attended sorted by position (``order``: the kernels' fast path; measured,
+    docs/decisions.md D61), else None."""
+    qp, kp, qd, kd = (None if t is None else torch.cat(all_gather(t, group), 1) for t in inputs)
+    order = inverse = None
+    if qd is None and torch.equal(qp, kp) and bool((qp == qp[:1]).all()):
+        order = torch.argsort(qp[0])
+        if bool((order[1:] > order[:-1]).all()):
+            order = None  # already in order
+        else:
+            inverse = torch.argsort(order)
+            qp = kp = qp.index_select(1, order)
+    return qp, kp, qd, kd, order, inverse
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,8 +120,6 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
     Arguments and result as :func:`~hf_hilbert_attn.ring_attention`; queries and keys are the
     same tokens' (``Sq == Sk`` on every rank). ``ValueError``: heads that do not split over the
     group (:func:`check_heads`), or ranks that disagree on the call."""
-    from .attention import _shard_inputs
-
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
     world = 1 if group is None else dist.get_world_size(group)
@@ -133,35 +134,34 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
                          f"{a.sq} queries and {a.sk} keys on this rank; use mode='ring'")
     check_heads(a.hq, a.hkv, world)
     inputs = (a.q_positions, a.k_positions, a.q_doc_ids, a.k_doc_ids)
-    cached = agree(q, k, v, pattern, causal, a.scale, a.q_positions, a.k_positions, a.k_doc_ids,
-                   group, cached=_same(group, inputs))
-    qp, kp, qd, kd = _gathered(group, inputs, cached)
+    entry = _GATHERED.lookup(group, ("ulysses",), inputs)
+    if not agree(q, k, v, pattern, causal, a.scale, a.q_positions, a.k_positions, a.k_doc_ids,
+                 group, cached=entry is not None):
+        entry = _GATHERED.store(group, ("ulysses",), inputs, _gather(group, inputs), None)
+    qp, kp, qd, kd, order, inverse = entry.plan
     rank, rep = dist.get_rank(group), max(1, world // a.hkv)
     if rep > 1:  # fewer key/value heads than ranks: each goes to the ranks whose queries read it
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     local = _local_pattern(pattern, rank // rep if rep > 1 else rank * (a.hkv // world),
                            max(1, a.hkv // world))
-    out = dilated_attention(_to_heads(q, group, world), _to_heads(k, group, world),
-                            _to_heads(v, group, world), local, causal=causal, scale=a.scale,
-                            q_positions=qp, k_positions=kp, q_doc_ids=qd, k_doc_ids=kd,
-                            return_lse=return_lse, backend=backend,
-                            _head_base=rank * (a.hq // world))
+    q, k, v = (_to_heads(t, group, world, order) for t in (q, k, v))
+    out = dilated_attention(q, k, v, local, causal=causal, scale=a.scale, q_positions=qp,
+                            k_positions=kp, q_doc_ids=qd, k_doc_ids=kd, return_lse=return_lse,
+                            backend=backend, _head_base=rank * (a.hq // world))
     if not return_lse:
-        return _to_tokens(out, group, world)
-    return (_to_tokens(out[0], group, world),
-            _to_tokens(out[1].unsqueeze(-1), group, world).squeeze(-1))
+        return _to_tokens(out, group, world, inverse)
+    return (_to_tokens(out[0], group, world, inverse),
+            _to_tokens(out[1].unsqueeze(-1), group, world, inverse).squeeze(-1))
 
 
 def resolve_mode(mode: str, world: int, hq: int, hkv: int, pattern) -> str:
     """The mode ``"auto"`` stands for on ``world`` ranks (others unchanged): ``"ulysses"`` where
-    the heads split over the ranks and every rank gets as many dense key/value heads (a dense head costs a
-    causal attention over the whole sequence: a rank with more waits for nobody), else
-    ``"ring"`` (measured: docs/decisions.md D60)."""
+    the heads split over the ranks (:func:`check_heads`) and every rank gets as many dense
+    key/value heads (a dense head costs a causal attention over the whole sequence: a rank with
+    more waits for nobody), else ``"ring"`` (measured: docs/decisions.md D60)."""
     if mode != "auto":
         return mode
-    try:
-        check_heads(hq, hkv, world)
-    except ValueError:
+    if hq % world or (hkv % world and world % hkv):
         return "ring"
     per_rank = max(1, hkv // world)  # key/value heads per rank (fewer than ranks: one)
     dense = [sum(j // per_rank == r for j in pattern.dense_kv_heads) if hkv >= world
@@ -173,7 +173,5 @@ def sequence_parallel_attention(q, k, v, pattern, *, group, mode: str = "auto", 
     """:func:`~hf_hilbert_attn.ring_attention` or :func:`ulysses_attention` (``mode``, ``"auto"``:
     :func:`resolve_mode`), with their arguments."""
     mode = resolve_mode(mode, dist.get_world_size(group), q.shape[1], k.shape[1], pattern)
-    from .attention import ring_attention
-
     return (ulysses_attention if mode == "ulysses" else ring_attention)(
         q, k, v, pattern, group=group, **kwargs)

@@ -10,7 +10,8 @@ attention interface (``ALL_ATTENTION_FUNCTIONS``), text-only variants included. 
 family's config with small sizes (2 layers, hidden 64, 4 query / 2 key-value heads of 16, 128
 tokens of vocabulary; again without the head size where the family derives it, then with as many
 key-value heads as query heads, as multi-head latent attention expands them; a sliding window of
-16 tokens where the family's layers have one), random weights, and 40 tokens. Outcomes:
+16 tokens where the family's layers have one, chunks of 16 where they are chunked), random
+weights, and 40 tokens. Outcomes:
 
 * ``runs``: the ``dense`` pattern gives the baseline's logits (``rel_diff``: largest difference
   over the largest logit; the baseline is sdpa, or eager where the family offers no sdpa), a
@@ -45,7 +46,7 @@ SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_l
              topk_group=1, pad_token_id=0, bos_token_id=1, eos_token_id=2, attention_dropout=0.0,
              attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, hidden_dropout=0.0,
              attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, dropout=0.0)
-SLIDING_WINDOW = 16  # for families whose layers have one
+SLIDING_WINDOW = 16  # for families whose layers have one (and their chunks)
 MAX_PARAMS = 20_000_000  # a family whose model stays larger ignores the small sizes: not built
 
 
@@ -76,6 +77,8 @@ def _build(name: str, attn: str, sizes: dict):
     cfg = AutoConfig.for_model(name, **sizes)
     if getattr(cfg, "sliding_window", None):  # a window the 40 tokens cross
         cfg.sliding_window = SLIDING_WINDOW
+    if getattr(cfg, "attention_chunk_size", None):  # chunks too (Llama 4)
+        cfg.attention_chunk_size = SLIDING_WINDOW
     with torch.device("meta"):  # sizes the family ignores must not fill the machine's memory
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
     if params > MAX_PARAMS:

@@ -224,9 +224,9 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
       restarting positions are packed documents (:func:`restart_documents`) unless ``doc_ids``
       are given; ``0..S-1`` with one document becomes None (natural order, where
       ``pattern.ordering`` applies). A ``sharded`` (sequence-parallel) row needs ``doc_ids``.
-    * With a cache: key ``j`` of row ``b`` sits at ``cumsum(padding_mask[b])[j] - 1`` (at ``j``
+    * With a cache: slot ``j`` of row ``b`` sits at ``cumsum(padding_mask[b])[j] - 1`` (at ``j``
       without a mask), as generate's ``position_ids``; the queries are the cache slots
-      ``q_offset ..``. (A ``PatternCache`` that dropped keys goes to
+      ``q_offset ..``, the keys the last ``sk``. (A ``PatternCache`` that dropped keys goes to
       ``integrations.cache.attend_with_dropped_keys`` instead.)
 
     ``padding_mask`` ``[B, Sk]`` (True = a real token) or None; padded keys get document id -1
@@ -240,11 +240,11 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
         slots = torch.arange(sq, device=device, dtype=torch.int64) + q_offset  # [Sq]
         if padding_mask is None:
             return ModelPositions(slots.unsqueeze(0), None, None, None, True)
-        k_pos = (padding_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)  # [B, Sk]
+        k_pos = (padding_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)  # [B, >= Sk]
         q_pos = k_pos.gather(1, slots.unsqueeze(0).expand(k_pos.shape[0], sq))
-        k_doc = torch.where(padding_mask, 0, -1).to(torch.int64)
+        k_doc = torch.where(padding_mask[:, -sk:], 0, -1).to(torch.int64)
         q_doc = torch.zeros(1, sq, dtype=torch.int64, device=device)
-        return ModelPositions(*_same_batch(q_pos, k_pos, q_doc, k_doc), True)
+        return ModelPositions(*_same_batch(q_pos, k_pos[:, -sk:], q_doc, k_doc), True)
 
     pos = None
     if position_ids is not None:

@@ -59,7 +59,7 @@ def test_each_layer_runs_what_its_config_declares(family, tmp_path, capsys):
     config.hilbert_attn = SMALL.to_dict()
     window = DilatedPattern([WINDOW], [1], window="sliding")
     for i, kind in enumerate(kinds):
-        assert layer_window(config, i) == (WINDOW if kind == SLIDE else None)
+        assert layer_window(config, i) == (window if kind == SLIDE else None)
         assert get_pattern(config, i) == (window if kind == SLIDE else SMALL), i
     assert get_pattern(config) == SMALL and layer_window(config, None) is None
     # show-pattern MODEL_DIR names the layers that keep their window
@@ -140,7 +140,7 @@ def test_a_sparse_pattern_runs_on_full_layers_only(family):
     assert_rel_close(got, want, what="logits vs the reference")
     if full:  # the pattern matters
         assert (got - dense).abs().max() > 1e-3 * dense.abs().max()
-    with pytest.raises(ValueError, match=r"layer \d: a sliding-window layer keeps its window") as e:
+    with pytest.raises(ValueError, match=r"layer \d: a sliding-window or chunked layer keeps") as e:
         hf_hilbert_attn.set_dense_kv_heads(model, {kinds.index(SLIDE): [0]})
     assert "\n" not in str(e.value)
 
@@ -180,12 +180,11 @@ def test_a_window_the_config_does_not_declare_is_refused():
     attn = [layer.self_attn for layer in model.model.layers]
     full, windowed = integ.hilbert_dilated_mask(1, 12, 12), integ.hilbert_dilated_mask(
         1, 12, 12, mask_function=sliding_window_causal_mask_function(WINDOW))
-    assert (full.window, windowed.window) == (None, WINDOW)
+    assert (full.window, windowed.window) == (None, get_pattern(model.config, 1))
     integ.hilbert_dilated_attention_forward(attn[1], q, kv, kv, windowed, sliding_window=WINDOW)
     for layer, info, kw in [(attn[0], full, dict(sliding_window=5)), (attn[0], windowed, {}),
                             (attn[1], full, {}), (attn[1], windowed, dict(sliding_window=5))]:
-        with pytest.raises(ValueError, match=r"layer \d applies sliding window .* config "
-                                             r"declares") as e:
+        with pytest.raises(ValueError, match=r"layer \d applies .* but its config declares") as e:
             integ.hilbert_dilated_attention_forward(layer, q, kv, kv, info, **kw)
         assert "\n" not in str(e.value)
 
@@ -195,11 +194,11 @@ def test_mask_functions_name_their_window():
     wrappers too; a union or two windows are refused."""
     sliding = sliding_window_causal_mask_function(6)
     assert mask_window(None) is None and mask_window(causal_mask_function) is None
-    assert mask_window(sliding) == 6
+    assert mask_window(sliding) == DilatedPattern([6], [1], window="sliding")
     remap = getattr(masking_utils, "remap_positions_for_packed_sequence", None)  # (5.2x)
     packed = sliding if remap is None else remap(sliding, torch.zeros(1, 4, dtype=torch.long))
     assert mask_window(and_masks(packed, packed_sequence_mask_function(
-        torch.zeros(1, 4, dtype=torch.long)))) == 6
+        torch.zeros(1, 4, dtype=torch.long)))) == mask_window(sliding)
     for bad in (or_masks(sliding, causal_mask_function),
                 and_masks(sliding, sliding_window_causal_mask_function(4))):
         with pytest.raises(ValueError, match="cannot apply the mask function"):

@@ -16,7 +16,6 @@ import pytest
 import torch
 import yaml
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     BertConfig,
     BertModel,
@@ -442,19 +441,20 @@ def test_configure_accepts_dict_and_yaml(tmp_path):
 
 # ------------------------------------------------------------------------------- sequence parallel
 def test_sequence_parallel_calls_ring_with_shard_positions(monkeypatch):
-    # The ring itself is tested elsewhere; here: the wiring (positions of the local shard, the
-    # pattern, causality) and that a KV cache is refused.
+    # The ring and Ulysses are tested elsewhere; here: the wiring (positions of the local
+    # shard, the pattern, causality, the context's mode) and that a KV cache is refused.
     seen = []
 
-    def fake_ring(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
-                  q_doc_ids=None, k_doc_ids=None, return_lse=False):
+    def fake_ring(q, k, v, pattern, *, group, mode, q_positions, k_positions, causal=True,
+                  scale=None, q_doc_ids=None, k_doc_ids=None, return_lse=False):
+        assert mode == "auto"  # the default of sequence_parallel(group)
         seen.append((group, q_positions.clone(), causal, pattern))
         return hf_hilbert_attn.dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
                                                  q_positions=q_positions, k_positions=k_positions,
                                                  q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
 
     monkeypatch.setattr(integ._ring, "get_sequence_parallel_group", lambda: "GROUP")
-    monkeypatch.setattr(integ._ring, "ring_attention", fake_ring)
+    monkeypatch.setattr(integ._ring, "sequence_parallel_attention", fake_ring)
     model = configure(tiny_model("llama"), SMALL)
     ids = tokens(1, 24)
     shard_pos = torch.arange(100, 124).unsqueeze(0)
@@ -486,25 +486,6 @@ def test_output_attentions_raises(family):
     model = configure(tiny_model(family), DENSE)
     with pytest.raises(ValueError, match="output_attentions=True is not supported"):
         model(tokens(1, 10), output_attentions=True)
-
-
-def test_chunked_layers_raise_saying_how_to_load_the_model():
-    """Llama-4-style chunked layers: refused in one line naming attention_chunk_size=None, with
-    which the same config runs full attention everywhere, exactly as sdpa."""
-    small = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, intermediate_size_mlp=64,
-                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 num_local_experts=2, max_position_embeddings=512, pad_token_id=0)
-    chunked = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        "llama4_text", attention_chunk_size=16, **small), attn_implementation="sdpa").eval()
-    with pytest.raises(ValueError, match=r"chunked attention layers \(attention_chunk_size=16\).*"
-                                         r"attention_chunk_size=None") as err:
-        configure(chunked, DENSE)
-    assert "\n" not in str(err.value)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        "llama4_text", attention_chunk_size=None, **small), attn_implementation="sdpa").eval()
-    ids = tokens(1, 20)
-    expected = model(ids).logits
-    assert_rel_close(configure(model, DENSE)(ids).logits, expected, what="logits")
 
 
 def test_a_model_reading_the_mask_as_a_tensor_is_refused_in_one_line():

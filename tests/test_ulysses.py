@@ -49,6 +49,63 @@ def test_ulysses_matches_reference(world):
     run_distributed(_worker_cases, world, seeds, timeout=240)
 
 
+def _hybrid_case(seed: int) -> dict:
+    """A random case on 4 ranks whose heads split over 2 ranks but not over 4: Ulysses in pairs
+    of ranks, a ring across the pairs."""
+    import functools
+
+    from hf_hilbert_attn.ring import sequence_parallel_attention
+
+    rng = random.Random(seed)
+    c = _case(seed, 4)
+    hkv = rng.choice([1, 2])
+    c.update(hkv=hkv, hq=rng.choice([2, 6]), attend=functools.partial(
+        sequence_parallel_attention, mode="hybrid"))
+    if c["pattern"].dense_kv_heads:
+        c["pattern"] = c["pattern"].replace(dense_kv_heads=[hkv - 1])
+    return c
+
+
+def _worker_hybrid(rank, world, seeds):
+    import torch.distributed as dist
+
+    from hf_hilbert_attn.ring.ulysses import ulysses_size
+
+    cases = [_hybrid_case(sd) for sd in seeds]
+    # and fixed ones where the numbering of heads decides classes (the second pair's first
+    # head is 1 or 3): computed (contiguous), and sent (zigzag: only the rate-4 segment reaches
+    # the other pair's keys)
+    for layout, pat, hq, hkv in (
+            ("contiguous", DilatedPattern([8, 16, 32], [1, 2, 4], sink_tokens=1,
+                                          dense_kv_heads=[1]), 6, 2),
+            ("zigzag", DilatedPattern([4, 32], [1, 4]), 2, 1)):
+        cases.append(dict(cases[0], pattern=pat, s=64, hq=hq, hkv=hkv, layout=layout,
+                          docs=False, causal=True))
+    out = []
+    for c in cases:
+        assert ulysses_size(world, c["hq"], c["hkv"]) == 2, c
+        out.append(_check_case(rank, world, c, dist.group.WORLD))
+    return out
+
+
+@pytest.mark.multiprocess
+def test_hybrid_matches_reference():
+    base = random.randrange(10**6)
+    run_distributed(_worker_hybrid, 4, [base + i for i in range(4)], timeout=240)
+
+
+def test_hybrid_takes_the_largest_ulysses_group_of_one_node(monkeypatch):
+    from hf_hilbert_attn.ring.ulysses import ulysses_size
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert ulysses_size(8, 32, 8) == 8  # the heads split over every rank: Ulysses alone
+    assert ulysses_size(8, 12, 4) == 4  # 12 heads do not split over 8
+    assert ulysses_size(4, 9, 3) == 1  # nor 9 over 2 or 4: the ring alone
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # two nodes of 4 ranks
+    assert ulysses_size(8, 32, 8) == 4
+    assert ulysses_size(8, 32, 2) == 4  # key/value heads go to 2 ranks each
+
+
 def _worker_sorted(rank, world):
     """Shards out of position order (zigzag, Hilbert; no padding): attended sorted by position,
     results in shard order."""

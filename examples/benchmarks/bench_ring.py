@@ -840,9 +840,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--non-causal", action="store_true", help="bidirectional attention")
     p.add_argument("--sp-modes", type=words, default=["ring"],
-                   help="comma list of ring, ulysses, auto: the sequence-parallel modes checked "
-                        "or timed one after the other (default ring; rows of another mode name it "
-                        "in the layout column)")
+                   help="comma list of ring, ulysses, hybrid, auto: the sequence-parallel modes "
+                        "checked or timed one after the other (default ring; rows of another mode "
+                        "name it in the layout column; hybrid: Ulysses within a node, see "
+                        "docs/multi_gpu.md)")
     p.add_argument("--backend", choices=["auto", "triton", "torch"], default="auto",
                    help="dilated_attention backend for the op and every ring block")
     p.add_argument("--seed", type=int, default=0)
@@ -880,9 +881,9 @@ def parse_args(argv=None):
                    help="testing: one rank raises OOM above this many tokens per GPU")
     g.add_argument("--fake-oom-rank", type=int, default=-1, help="testing: that rank (default last)")
     args = p.parse_args(argv)
-    bad = [x for x in args.sp_modes if x not in ("ring", "ulysses", "auto")]
+    bad = [x for x in args.sp_modes if x not in ("ring", "ulysses", "hybrid", "auto")]
     if bad or not args.sp_modes:
-        p.error(f"--sp-modes takes ring, ulysses, auto; got {bad or args.sp_modes}")
+        p.error(f"--sp-modes takes ring, ulysses, hybrid, auto; got {bad or args.sp_modes}")
     bad = [x for x in args.layouts if x not in LAYOUT_CHOICES]
     if bad:
         p.error(f"unknown --layouts {bad}; choose from {list(LAYOUT_CHOICES)}")

@@ -17,13 +17,13 @@ gradient of single-process training (:func:`average_gradients` without DDP).
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from ..ring.comm import split_group
 from ..sharding import DEFAULT_LAYOUT, shard_batch
 
 logger = logging.getLogger(__name__)
@@ -45,21 +45,6 @@ class SPTopology:
     dp_rank: int
     dp_size: int
     source: str
-
-
-# (world, sp) -> weak references to the SP groups: torch's registry owns a group until
-# destroy_process_group(); a group this cache kept past that ran its gloo threads into interpreter
-# teardown, where a job could hang or abort at exit (as the ring's once did; tests/test_ring_exit)
-_SPLIT_CACHE: dict = {}
-
-
-def _split_groups(world: int, sp: int):
-    groups = [ref() for ref in _SPLIT_CACHE.get((world, sp), ())]
-    if not groups or any(g is None for g in groups):
-        # every rank must create every group, in the same order
-        groups = [dist.new_group(list(range(i * sp, (i + 1) * sp))) for i in range(world // sp)]
-        _SPLIT_CACHE[world, sp] = [weakref.ref(g) for g in groups]
-    return groups
 
 
 def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) -> SPTopology:
@@ -102,8 +87,8 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
         raise ValueError(f"sp_size must divide the world size {world}, got {sp_size}")
     if sp == 1:
         return SPTopology(None, 0, 1, rank, world, "split")
-    groups = _split_groups(world, sp)
-    return SPTopology(groups[rank // sp], rank % sp, sp, rank // sp, world // sp, "split")
+    group = split_group(dist.group.WORLD, sp)[0]  # (held weakly: comm.split_group)
+    return SPTopology(group, rank % sp, sp, rank // sp, world // sp, "split")
 
 
 def global_num_items(num_items: torch.Tensor, group) -> torch.Tensor:

@@ -27,7 +27,8 @@ from ..numerics import merge_partials
 from ..ops import dilated_attention
 from ..pattern import DilatedPattern
 from ..patterns import as_pattern
-from .model_config import ATTN_IMPLEMENTATION, get_pattern, layer_window, layers_differ, note_once
+from .model_config import (ATTN_IMPLEMENTATION, get_pattern, layer_window, layers_differ,
+                           note_once, replaced)
 
 __all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
            "attend_with_dropped_keys",
@@ -148,11 +149,11 @@ class PatternCache(Cache):
         if per_layer and not num_layers:
             raise ValueError("PatternCache: this model's layers run different patterns; pass "
                              "num_layers (or a config with num_hidden_layers)")
-        if num_layers:  # each layer its own pattern: a calibration's dense heads, a window
+        if num_layers:  # each layer its own pattern: a calibration's dense heads, a window, chunks
             super().__init__(layers=[
                 PatternCacheLayer(get_pattern(config, i), num_heads, align) if per_layer else make()
                 for i in range(num_layers)])
-            for i, layer in enumerate(self.layers):  # masks: Transformers' sliding ones for these
+            for i, layer in enumerate(self.layers):  # masks: Transformers' sliding / chunked ones
                 layer.is_sliding = per_layer and layer_window(config, i) is not None
         else:
             super().__init__(layer_class_to_replicate=make)
@@ -167,12 +168,6 @@ class PatternCache(Cache):
 
 
 # --------------------------------------------------------------------------------- attention
-@functools.lru_cache(maxsize=64)
-def _without_sinks(pattern: DilatedPattern, ordering: str) -> DilatedPattern:
-    # ordering in the key: equal patterns may carry different layouts, the result keeps its own
-    return pattern.replace(sink_tokens=0)
-
-
 def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              pattern: DilatedPattern, *, q_start: int, dropped: int,
                              causal: bool = True, scale: Optional[float] = None,
@@ -192,7 +187,7 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
     if first + sk - sinks != q_start + sq:
         raise ValueError(f"PatternCache layout mismatch: {sk} keys (tail from {first}) for "
                          f"queries at {q_start}..{q_start + sq - 1}")
-    body = _without_sinks(pattern, pattern.ordering)
+    body = replaced(pattern, pattern.ordering, sink_tokens=0)
     tail_k, tail_v = key[:, :, sinks:], value[:, :, sinks:]
     positions = {}
     if first % pattern.shift_period:  # not a shift of the natural order: say where they are

@@ -68,35 +68,45 @@ def reset_notes() -> None:
     _NOTED.clear()
 
 
-def layer_window(config, layer_idx: Optional[int]) -> Optional[int]:
-    """The sliding window that layer ``layer_idx`` of a model with this config keeps, or None
-    for a full-attention layer (and for ``layer_idx`` None). A layer keeps ``sliding_window``
-    when ``layer_types`` declares it ``"sliding_attention"``. Without ``layer_types``, every
-    layer keeps an active window (Mistral-style; Qwen2-style ``use_sliding_window=False``
-    turns it off)."""
-    window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
-    off = window is None or layer_idx is None or getattr(config, "use_sliding_window", 1) is False
-    return None if off or (types and types[layer_idx] != "sliding_attention") else window
+# The local attention a layer type keeps exactly: its config field (the size), its window kind.
+LOCAL_LAYERS = {"sliding_attention": ("sliding_window", "sliding"),
+                "chunked_attention": ("attention_chunk_size", "segment")}
+
+
+@functools.lru_cache(maxsize=64)
+def local_pattern(size: int, window: str) -> DilatedPattern:
+    """``[(size, 1)]``: a sliding window (``window="sliding"``) or chunks (``"segment"``)."""
+    return DilatedPattern([size], [1], window=window)
+
+
+def layer_window(config, layer_idx: Optional[int]) -> Optional[DilatedPattern]:
+    """What layer ``layer_idx`` of a model with this config keeps exactly (:func:`local_pattern`)
+    or None for a full-attention layer (and for ``layer_idx`` None): a ``"sliding_attention"``
+    layer its ``sliding_window``, a ``"chunked_attention"`` layer its ``attention_chunk_size``.
+    Without ``layer_types``, every layer keeps an active window (Mistral-style; Qwen2-style
+    ``use_sliding_window=False`` turns it off), else chunks, as Transformers reads it."""
+    types = getattr(config, "layer_types", None)
+    if layer_idx is None or getattr(config, "use_sliding_window", 1) is False:
+        return None
+    for kind, (field, window) in LOCAL_LAYERS.items():
+        if getattr(config, field, None) is not None and (not types or types[layer_idx] == kind):
+            return local_pattern(getattr(config, field), window)
+    return None
 
 
 def layers_differ(config) -> bool:
     """True when the layers of a model with this config run different patterns: a calibration's
-    per-layer dense heads, or sliding-window layers (:func:`layer_window`)."""
+    per-layer dense heads, or sliding-window or chunked layers (:func:`layer_window`)."""
     raw, types = getattr(config, "hilbert_attn", None), getattr(config, "layer_types", None)
     return (isinstance(raw, dict) and LAYER_DENSE in raw) or any(
         layer_window(config, i) is not None for i in range(len(types or [None])))
 
 
-@functools.lru_cache(maxsize=64)
-def _sliding(window: int) -> DilatedPattern:
-    return DilatedPattern([window], [1], window="sliding")
-
-
 def get_pattern(config, layer_idx: Optional[int] = None) -> DilatedPattern:
     """The pattern a model with this config uses in layer ``layer_idx``: ``config.hilbert_attn``,
     else the default (:data:`DEFAULT_PATTERN`, ``patterns/default.yaml``; said once, with its
-    cost). A sliding-window layer (:func:`layer_window`) keeps exactly its window ``w``: the
-    pattern ``[(w, 1)]``, ``window="sliding"``, no sinks, no dense heads. A per-layer list of
+    cost). A sliding-window or chunked layer (:func:`layer_window`) keeps exactly its window
+    or chunk ``w``: the pattern ``[(w, 1)]``, no sinks, no dense heads. A per-layer list of
     dense key/value heads (:func:`set_dense_kv_heads`) replaces the pattern's own
     ``dense_kv_heads`` in its layer (``layer_idx`` None: the shared pattern)."""
     raw = getattr(config, "hilbert_attn", None)
@@ -105,8 +115,8 @@ def get_pattern(config, layer_idx: Optional[int] = None) -> DilatedPattern:
                         f"{type(raw).__name__}: {raw!r}")
     if raw is None:
         note_once("default")
-    if (window := layer_window(config, layer_idx)) is not None:
-        return _sliding(window)
+    if (local := layer_window(config, layer_idx)) is not None:
+        return local
     if not isinstance(raw, dict) or LAYER_DENSE not in raw:
         return as_pattern(raw)
     layers = raw[LAYER_DENSE]
@@ -116,7 +126,7 @@ def get_pattern(config, layer_idx: Optional[int] = None) -> DilatedPattern:
     if not isinstance(layers, (list, tuple)) or not 0 <= layer_idx < len(layers):
         raise ValueError(f"config.hilbert_attn[{LAYER_DENSE!r}] must list the dense key/value "
                          f"heads of every layer; layer {layer_idx} is missing (got {layers!r})")
-    return _with_dense(base, base.ordering, tuple(layers[layer_idx]))
+    return replaced(base, base.ordering, dense_kv_heads=tuple(layers[layer_idx]))
 
 
 def sharding_pattern(config) -> DilatedPattern:
@@ -129,6 +139,7 @@ def sharding_pattern(config) -> DilatedPattern:
 
 
 @functools.lru_cache(maxsize=1024)
-def _with_dense(base: DilatedPattern, ordering: str, heads: tuple) -> DilatedPattern:
-    # ordering in the key: equal patterns may carry different layouts, the result keeps base's
-    return base.replace(dense_kv_heads=list(heads))
+def replaced(base: DilatedPattern, ordering: str, **fields) -> DilatedPattern:
+    # base.replace(**fields) once per layer or call; ordering in the key: equal patterns may
+    # carry different layouts, the result keeps base's
+    return base.replace(**fields)

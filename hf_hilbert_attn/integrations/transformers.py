@@ -29,7 +29,7 @@ from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from .cache import attend_with_dropped_keys
 from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern, layer_window, layers_differ
-from .transformers_checks import check_call, check_config, check_layer_window, mask_window
+from .transformers_checks import check_call, check_layer_window, mask_window
 
 __all__ = ["ATTN_IMPLEMENTATION", "DEFAULT_PATTERN", "DilatedMaskInfo", "configure", "get_pattern",
            "hilbert_dilated_attention_forward", "hilbert_dilated_mask", "register",
@@ -88,8 +88,8 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
                 layer = base.replace(dense_kv_heads=tuple(hs))
                 layer.check_kv_heads(heads)
                 if layer.dense_kv_heads and layer_window(cfg, i) is not None:
-                    raise ValueError("a sliding-window layer keeps its window (dense heads are "
-                                     "for full-attention layers)")
+                    raise ValueError("a sliding-window or chunked layer keeps its window "
+                                     "(dense heads are for full-attention layers)")
             except ValueError as e:
                 raise ValueError(f"layer {i}: {e}") from None
             rows.append(list(layer.dense_kv_heads))
@@ -111,13 +111,11 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     ``keep_dense_heads``: a calibration's per-layer dense heads (:func:`set_dense_kv_heads`)
     stay with the new pattern, as they describe the model (docs/decisions.md, "Shipped
     retrieval defaults"); False drops them. Returns ``model`` (changed in place). Raises
-    ``ValueError`` for an invalid pattern or chunked attention layers, ``TypeError`` without a
-    ``config``; sliding-window layers keep their window (:func:`get_pattern`).
+    ``ValueError`` for an invalid pattern, ``TypeError`` without a ``config``; sliding-window
+    and chunked layers keep their window or chunks (:func:`get_pattern`).
     """
     pattern = as_pattern(pattern)
     configs = _model_configs(model)
-    for cfg in configs:
-        check_config(cfg)
     old = getattr(model.config, "hilbert_attn", None)
     layers = old.get(LAYER_DENSE) if keep_dense_heads and isinstance(old, dict) else None
     for cfg in configs:
@@ -149,7 +147,8 @@ class DilatedMaskInfo:
     """The compact "mask" every layer of a forward receives instead of ``[B, 1, Sq, Sk]``: the
     first query's cache slot (int; static caches: a 0-d tensor), the query / key lengths, the
     ``[B, kv_length]`` padding mask (True = real; None: no padding), the keys a
-    ``PatternCache`` dropped and the sliding window of a ``sliding_attention`` layer's mask."""
+    ``PatternCache`` dropped and what a ``sliding_attention`` or ``chunked_attention`` layer's
+    mask keeps (``model_config.local_pattern``)."""
 
     q_offset: Any
     q_length: int
@@ -185,20 +184,26 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(f"hilbert_dilated expects a 2-D padding mask [B, S], got shape "
                          f"{tuple(attention_mask.shape)}")
-    if kv_offset and window is not None:  # a sliding layer's cache holds the keys from kv_offset
-        # on, in order: its window reads position differences only, so count slots from there
-        attention_mask = None if attention_mask is None else attention_mask[:, kv_offset:]
-        q_offset, kv_offset = q_offset - kv_offset, 0
+    slots = kv_length  # the slots the padding mask covers: the keys', or every slot (chunks)
+    if kv_offset and window is not None:  # a sliding or chunked layer's cache holds the keys
+        if window.sliding:  # from kv_offset on, in order; a window reads position differences
+            attention_mask = None if attention_mask is None else attention_mask[:, kv_offset:]
+            q_offset = q_offset - kv_offset  # only, so count slots from there
+        else:  # chunks read positions: the mask of every slot, whose last are the keys
+            slots = kv_offset + kv_length
+            attention_mask = torch.ones(batch_size, slots, dtype=torch.bool, device=kwargs.get(
+                "device", "cpu")) if attention_mask is None else attention_mask
+        kv_offset = 0
     padding, missing = None if attention_mask is None else attention_mask.to(torch.bool), 0
     if padding is not None and not kv_offset:
         # The 2-D mask covers the tokens seen so far; a static cache has more (empty) slots:
         # they are padding.
-        missing = max(0, kv_length - padding.shape[-1])
-        padding = torch.nn.functional.pad(padding, (0, missing), value=False)[:, :kv_length]
+        missing = max(0, slots - padding.shape[-1])
+        padding = torch.nn.functional.pad(padding, (0, missing), value=False)[:, :slots]
     # one host sync per forward, as flash_attention_mask does; none for a static cache (its
     # empty slots are padding), so that CUDA graphs can capture its steps. A PatternCache that
     # dropped keys (kv_offset) keeps a padded 2-D mask as it is: its layers refuse it.
-    if padding is not None and not missing and bool(padding.all()):
+    if padding is not None and not missing and slots == kv_length and bool(padding.all()):
         padding = None
     if isinstance(q_offset, torch.Tensor):
         # A static cache's step counter, advanced in place by the first layer: keep this step's.
@@ -313,7 +318,7 @@ def _layer_output(result, sinks, dv):
 def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
     """``check_call``, then the layer's pattern; once per forward for the layers that call alike
     (module class, config, arguments, the kwargs given; each layer where layers differ: dense
-    heads or sliding windows by layer), kept in the forward's mask memo (``step``)."""
+    heads, sliding windows or chunks by layer), kept in the forward's mask memo (``step``)."""
     traced = torch.compiler.is_compiling()
     memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
     config = module.config

@@ -1,32 +1,31 @@
 """What ``hilbert_dilated`` refuses in a Transformers model, each with a one-line ``ValueError``
-that says what to change: chunked layers, mask functions the dilated pattern does not express,
-a layer whose mask or arguments apply another window than its config declares, dropout,
+that says what to change: mask functions the dilated pattern does not express, a layer whose
+mask or arguments apply another window or chunk than its config declares, dropout,
 attention weights, soft-capping, cross-attention and precomputed 4-D masks."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
+from transformers import masking_utils
+
+from .model_config import local_pattern
 
 try:  # Transformers' collector of per-layer outputs (``output_attentions=True`` lands here).
     from transformers.utils.output_capturing import _active_collector as _OUTPUT_COLLECTOR
 except ImportError:  # pragma: no cover - older layouts; kwargs/config are still checked
     _OUTPUT_COLLECTOR = None
 
-CHUNKED_MESSAGE = (
-    "hilbert_dilated does not support chunked attention layers (attention_chunk_size={size}): "
-    "the dilated pattern replaces the chunks. Load the model with attention_chunk_size=None "
-    "(Llama-4-style configs: every layer full attention), or use sdpa."
-)
-
 # Mask functions Transformers composes for plain causal / bidirectional / packed / padded
-# attention; anything else (sliding windows, chunks, bidirectional image blocks, user overlays)
-# changes the function in a way the dilated pattern does not express.
-_KNOWN_MASK_LEAVES = {"causal_mask_function", "bidirectional_mask_function",
-                      "packed_sequence_mask_function.<locals>.inner_mask",
+# attention, and for the windows and chunks layers keep (their cell: the size; the window kind);
+# anything else (bidirectional image blocks, user overlays) changes the function.
+_PACKED = "packed_sequence_mask_function.<locals>.inner_mask"
+_KNOWN_MASK_LEAVES = {"causal_mask_function", "bidirectional_mask_function", _PACKED,
                       "padding_mask_function.<locals>.inner_mask"}
-_SLIDING_LEAF = "sliding_window_overlay.<locals>.inner_mask"  # (window: its closure's cell)
+_LOCAL_LEAVES = {"sliding_window_overlay.<locals>.inner_mask": ("sliding_window", "sliding"),
+                 "chunked_overlay.<locals>.inner_mask": ("chunk_size", "segment")}
+# Before remap_positions_for_packed_sequence, Transformers counts a packed row's chunks from the
+# row's first token, not each document's: another function than the chunks of positions.
+_CHUNKS_BY_ROW = not hasattr(masking_utils, "remap_positions_for_packed_sequence")
 _MASK_WRAPPERS = {
     "and_masks.<locals>.and_mask": "mask_functions",
     "remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_function",
@@ -35,12 +34,6 @@ _MASK_WRAPPERS = {
 _UNSUPPORTED_KWARGS = {"softcap": "attention logit soft-capping (softcap)",
                        "sinks": "attention sinks computed per query (sinks)",
                        "position_bias": "additive position bias (position_bias)"}
-
-
-def check_config(cfg) -> None:
-    """Refuse configs whose layers use chunked attention."""
-    if "chunked_attention" in (getattr(cfg, "layer_types", None) or ()):
-        raise ValueError(CHUNKED_MESSAGE.format(size=getattr(cfg, "attention_chunk_size", None)))
 
 
 def _mask_parts(fn) -> list:
@@ -59,32 +52,44 @@ def _mask_parts(fn) -> list:
     return [(name, cells)]
 
 
-def mask_window(mask_function) -> Optional[int]:
-    """The sliding window a mask function adds to causal attention (a ``sliding_attention``
-    layer's mask), or None. ``ValueError`` for mask functions other than causal / bidirectional
-    / packed / padding / causal sliding window."""
+def mask_window(mask_function):
+    """What a mask function adds to causal attention as a pattern (:func:`.model_config.
+    local_pattern`: a ``sliding_attention`` layer's window, a ``chunked_attention`` layer's
+    chunks), or None. ``ValueError`` for mask functions other than causal / bidirectional /
+    packed / padding / one causal sliding window or chunking."""
     parts = [] if mask_function is None else _mask_parts(mask_function)
-    windows = [c["sliding_window"].cell_contents for n, c in parts if n == _SLIDING_LEAF]
-    bad = [n for n, _ in parts if n not in _KNOWN_MASK_LEAVES and n != _SLIDING_LEAF]
-    if bad or len(windows) > 1:
-        raise ValueError(f"hilbert_dilated cannot apply the mask function(s) {bad or windows} "
-                         "this model adds to causal attention (chunked attention, bidirectional "
-                         "blocks, custom overlays); supported: causal, sliding window, "
-                         "bidirectional, packed sequences, padding. Use sdpa for this model.")
-    return windows[0] if windows else None
+    local = [local_pattern(c[_LOCAL_LEAVES[n][0]].cell_contents, _LOCAL_LEAVES[n][1])
+             for n, c in parts if n in _LOCAL_LEAVES]
+    bad = [n for n, _ in parts if n not in _KNOWN_MASK_LEAVES and n not in _LOCAL_LEAVES]
+    if bad or len(local) > 1:
+        raise ValueError(f"hilbert_dilated cannot apply the mask function(s) {bad or local} "
+                         "this model adds to causal attention (bidirectional blocks, custom "
+                         "overlays); supported: causal, sliding window, chunks, bidirectional, "
+                         "packed sequences, padding. Use sdpa for this model.")
+    if _CHUNKS_BY_ROW and local and not local[0].sliding and _PACKED in (n for n, _ in parts):
+        raise ValueError("hilbert_dilated: this Transformers counts the chunks of a packed row "
+                         "from the row's first token, not each document's (hilbert_dilated "
+                         "restarts them with the positions): upgrade transformers, or use sdpa")
+    return local[0] if local else None
 
 
-def check_layer_window(module, declared: Optional[int], info, kwargs: dict) -> None:
-    """The window a layer's config declares (:func:`.model_config.layer_window`) is the one its
-    mask (``info.window``) and its ``sliding_window`` argument apply (``module``: named in the
-    error only, so that a compiled layer does not guard on its index)."""
-    applied = getattr(info, "window", declared), kwargs.get("sliding_window") or declared
+def _named(local) -> str:
+    return "full attention" if local is None else \
+        f"{'sliding window' if local.sliding else 'chunks of'} {local.max_segment}"
+
+
+def check_layer_window(module, declared, info, kwargs: dict) -> None:
+    """The window or chunks a layer's config declares (:func:`.model_config.layer_window`) are
+    what its mask (``info.window``) and its ``sliding_window`` argument apply (``module``: named
+    in the error only, so that a compiled layer does not guard on its index)."""
+    arg = kwargs.get("sliding_window")
+    applied = getattr(info, "window", declared), local_pattern(arg, "sliding") if arg else declared
     if applied != (declared, declared):
-        raise ValueError(f"hilbert_dilated: layer {getattr(module, 'layer_idx', '?')} "
-                         f"applies sliding window {applied[0]} (mask) / {applied[1]} (argument), "
-                         f"but its config declares {declared or 'full attention'} "
-                         "(sliding_window, layer_types): load it with a config that says what "
-                         "the layer runs, or use sdpa for it")
+        raise ValueError(f"hilbert_dilated: layer {getattr(module, 'layer_idx', '?')} applies "
+                         f"{_named(applied[0])} (mask) / {_named(applied[1])} (argument), but "
+                         f"its config declares {_named(declared)} (sliding_window, "
+                         "attention_chunk_size, layer_types): load it with a config that says "
+                         "what the layer runs, or use sdpa for it")
 
 
 @torch.compiler.assume_constant_result  # a context variable: read when a layer is traced,

@@ -45,6 +45,7 @@ class _Ctx:
     backend: str
     pieces: Pieces
     skip: tuple = ()  # key/value heads whose results the caller discards (dense_heads.py)
+    head_base: int = 0  # the number of query head 0 in the pattern's rule (ulysses.py, hybrid)
 
 
 def _blocks(ctx: _Ctx, k, v):
@@ -82,7 +83,7 @@ def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
     kd = None if kdoc is None else kdoc[:, rk]
     a = check_inputs(q, k, v, ctx.pattern, scale=ctx.scale, q_positions=qp, k_positions=kp,
                      q_doc_ids=qd, k_doc_ids=kd)
-    a = dataclasses.replace(a, skip_kv_heads=ctx.skip) if ctx.skip else a
+    a = dataclasses.replace(a, skip_kv_heads=ctx.skip, head_base=ctx.head_base)
     backend = select_backend(q, a, ctx.backend)
     return backend, a, with_documents(_kernel_plan(ctx, pc, backend, q, k, v, qp, kp), qd, kd)
 
@@ -258,7 +259,7 @@ def cached_plan(group) -> Optional[RingPlan]:
 @disable_lazily  # not torch.compiler.disable: that imports dynamo at import
 def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto",
-                   _skip_kv_heads=()):
+                   _skip_kv_heads=(), _head_base=0):
     """Dilated attention over a sequence sharded across the ranks of ``group``.
 
     Every rank calls this with its shard; all ranks must agree on shapes, pattern and options.
@@ -282,6 +283,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     """
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+    kw["_head_base"] = _head_base  # (private) heads numbered from it: a Ulysses group's
     if group is None or dist.get_world_size(group) == 1:
         return dilated_attention(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
     done = call_under_autocast(ring_attention, q, k, v, pattern, group=group,
@@ -293,18 +295,18 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
     # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)
-    key = (pattern, a.hq, a.hkv, bool(causal), q.device, tuple(_skip_kv_heads))
+    key = (pattern, a.hq, a.hkv, bool(causal), q.device, tuple(_skip_kv_heads), _head_base)
     entry = _PLANS.lookup(group, key, (qp, kp, kd))
     if not agree(q, k, v, pattern, causal, a.scale, qp, kp, kd, group,
                  cached=entry is not None):
         all_qp, all_kp = all_gather(qp, group), all_gather(kp, group)
         all_kd = None if kd is None else all_gather(kd, group)
         plan = plan_ring(pattern, a.hq, a.hkv, causal, dist.get_rank(group), all_qp, all_kp,
-                         all_kd, tuple(_skip_kv_heads))
+                         all_kd, tuple(_skip_kv_heads), _head_base)
         entry = _PLANS.store(group, key, (qp, kp, kd), plan,
                              plan_pieces(pattern, causal, plan, qp, kp))
     # the autograd graph holds the group weakly (comm.weak_group)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(group), entry.plan, qp, kp, a.q_doc_ids, kd,
-               backend, entry.pieces, tuple(_skip_kv_heads))
+               backend, entry.pieces, tuple(_skip_kv_heads), _head_base)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out

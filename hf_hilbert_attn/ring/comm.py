@@ -20,13 +20,13 @@ import torch.distributed as dist
 from .plan import RingPlan, Step
 
 __all__ = ["sequence_parallel", "get_sequence_parallel_group", "get_sequence_parallel_mode",
-           "MODES", "agree", "all_gather",
+           "MODES", "split_group", "agree", "all_gather",
            "weak_group", "KVExchange", "GradExchange"]
 
 _ACTIVE_GROUP = []
 
 
-MODES = ("auto", "ring", "ulysses")
+MODES = ("auto", "ring", "ulysses", "hybrid")
 
 
 @contextlib.contextmanager
@@ -36,8 +36,10 @@ def sequence_parallel(group, mode: str = "auto"):
     ``group``: a process group whose ranks each hold one shard of the sequence
     (:func:`hf_hilbert_attn.sharding.shard_batch`), or None (one process). ``mode``:
     ``"ring"`` (keys and values travel around the ranks), ``"ulysses"`` (all-to-all from
-    sequence shards to head shards and back: the heads must split over the ranks) or ``"auto"``
-    (``ring.ulysses.resolve_mode``). Every mode computes the one-process function. Example::
+    sequence shards to head shards and back: the heads must split over the ranks),
+    ``"hybrid"`` (Ulysses within groups of ranks of one node, a ring across them:
+    ``ring.ulysses.ulysses_size``) or ``"auto"`` (``ring.ulysses.resolve_mode``). Every mode
+    computes the one-process function. Example::
 
         with hf_hilbert_attn.sequence_parallel(group, mode="ulysses"):
             loss = model(**shard_batch(batch, group)).loss
@@ -60,6 +62,32 @@ def get_sequence_parallel_group():
 def get_sequence_parallel_mode() -> str:
     """The active context's ``mode`` (``"auto"`` outside any)."""
     return _ACTIVE_GROUP[-1][1] if _ACTIVE_GROUP else "auto"
+
+
+# (group's ranks, size) -> weak references to this rank's two subgroups: torch's registry owns a
+# group until destroy_process_group(); a group kept past that ran its gloo threads into
+# interpreter teardown, where a job could hang or abort at exit (tests/test_ring_exit.py)
+_SPLITS: dict = {}
+
+
+def split_group(group, size: int) -> tuple:
+    """This rank's two subgroups of ``group``: its ``size`` consecutive ranks, and the ranks at
+    its place in the other such blocks. Every rank of the world calls this alike (new process
+    groups need the whole world): the subgroups of every rank's ``group`` are made in one order."""
+    key = (tuple(dist.get_process_group_ranks(group)), size)
+    mine = [ref() for ref in _SPLITS.get(key, ())]
+    if not mine or None in mine:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, key[0])
+        made = {}
+        for ranks in sorted(set(everyone)):
+            for part in ([ranks[i:i + size] for i in range(0, len(ranks), size)]
+                         + [ranks[j::size] for j in range(size)]):
+                made[part] = dist.new_group(list(part))
+        me = key[0].index(dist.get_rank())
+        mine = [made[key[0][me // size * size:][:size]], made[key[0][me % size::size]]]
+        _SPLITS[key] = [weakref.ref(g) for g in mine]
+    return tuple(mine)
 
 
 # ---------------------------------------------------------------------------------- agreement

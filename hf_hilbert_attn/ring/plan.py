@@ -30,13 +30,14 @@ __all__ = ["key_need", "Step", "RingPlan", "plan_ring", "MAX_RUNS", "run_ranges"
 
 # ---------------------------------------------------------------------------------- send plan
 def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
-             q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+             q_pos: torch.Tensor, k_pos: torch.Tensor, head_base: int = 0) -> torch.Tensor:
     """Which ``(kv head, key row)`` some query can attend: bool ``[Hkv, Sk]``. ``q_pos`` ``[Bq,
     Sq]``, ``k_pos`` ``[Bk, Sk]`` (int64, >= 0). A key is needed if, for some
     config, a query of its batch entry is in its (segment, class) bucket (sliding: its class,
     within ``w``), not before it (causal), of a class some query head of the kv head uses
     (per_head); or if it is a sink some query is not before. Exactly ``pattern.build_mask``'s
     pairs but for documents (ignored: a superset is all a send plan needs). No S² work.
+    ``head_base``: query head ``h`` uses the classes of head ``head_base + h`` (a head shard's).
     """
     dev = k_pos.device
     b = max(q_pos.shape[0], k_pos.shape[0])
@@ -47,7 +48,7 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
         return need
     hi = int(torch.maximum(qp.max(), kp.max())) + 1
     per_head = pattern.query_dilation == "per_head"
-    heads_of_kv = torch.arange(hq, device=dev).view(hkv, hq // hkv)  # [Hkv, G] query heads
+    heads_of_kv = torch.arange(head_base, head_base + hq, device=dev).view(hkv, hq // hkv)
     for w, r in pattern.configs:
         if pattern.sliding:
             kcls = torch.remainder(kp, r)
@@ -165,7 +166,8 @@ def _entries(need: torch.Tensor):
 
 def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: int,
               q_positions: List[torch.Tensor], k_positions: List[torch.Tensor],
-              k_doc_ids: Optional[List[torch.Tensor]] = None, skip_kv_heads=()) -> RingPlan:
+              k_doc_ids: Optional[List[torch.Tensor]] = None, skip_kv_heads=(),
+              head_base: int = 0) -> RingPlan:
     """The ring plan of ``rank`` given every rank's positions.
 
     Args:
@@ -174,6 +176,7 @@ def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: in
         q_positions, k_positions: per group rank, ``[Bp, S]`` int64 true positions.
         k_doc_ids: per group rank ``[Bd, S]`` or None.
         skip_kv_heads: key/value heads whose results are discarded (dense heads): not sent.
+        head_base: the number of query head 0 in the pattern's rule (a head shard's).
 
     Returns:
         A :class:`RingPlan`, a pure function of its arguments: sender and receiver compute
@@ -183,7 +186,7 @@ def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: in
     plan = RingPlan(rank, world, hkv)
 
     def need(qp, kp):  # skipped heads' results are discarded: their keys are not sent
-        return key_need(pattern, hq, hkv, causal, qp, kp).index_fill_(
+        return key_need(pattern, hq, hkv, causal, qp, kp, head_base).index_fill_(
             0, torch.tensor(skip_kv_heads, dtype=torch.long, device=kp.device), False)
     for j in range(1, world):
         dst, src = (rank + j) % world, (rank - j) % world

@@ -13,6 +13,7 @@ reverse (an all-to-all of equal chunks is its own adjoint) around the op's own b
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.distributed as dist
@@ -21,16 +22,22 @@ from ..compiler import disable_lazily
 from ..numerics import call_under_autocast
 from ..ops import dilated_attention
 from .attention import _shard_inputs, ring_attention
-from .comm import agree, all_gather, weak_group
+from .comm import agree, all_gather, split_group, weak_group
 from .plan import PlanCache
 
-__all__ = ["ulysses_attention", "sequence_parallel_attention", "resolve_mode", "check_heads"]
+__all__ = ["ulysses_attention", "sequence_parallel_attention", "resolve_mode", "ulysses_size",
+           "check_heads"]
+
+
+def heads_split(hq: int, hkv: int, world: int) -> bool:
+    """Whether ``hq`` query and ``hkv`` key/value heads shard over ``world`` ranks: ``world``
+    divides ``hq``, and divides ``hkv`` or is a multiple of it."""
+    return not (hq % world or (hkv % world and world % hkv))
 
 
 def check_heads(hq: int, hkv: int, world: int) -> None:
-    """``ValueError`` unless ``hq`` query and ``hkv`` key/value heads shard over ``world``
-    ranks: ``world`` divides ``hq``, and divides ``hkv`` or is a multiple of it."""
-    if hq % world or (hkv % world and world % hkv):
+    """``ValueError`` unless :func:`heads_split`."""
+    if not heads_split(hq, hkv, world):
         raise ValueError(
             f"mode='ulysses' shards heads: {hq} query and {hkv} key/value heads do not split "
             f"over {world} ranks (the ranks must divide the query heads, and divide or be a "
@@ -114,12 +121,13 @@ def _local_pattern(pattern, kv0: int, nkv: int):
 @disable_lazily  # collectives and host-side checks: one opaque call under torch.compile
 def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True,
                       scale=None, q_doc_ids=None, k_doc_ids=None, return_lse=False,
-                      backend="auto"):
+                      backend="auto", _ring=None):
     """Dilated attention over a sequence sharded across ``group``, by heads (module docstring).
 
     Arguments and result as :func:`~hf_hilbert_attn.ring_attention`; queries and keys are the
     same tokens' (``Sq == Sk`` on every rank). ``ValueError``: heads that do not split over the
-    group (:func:`check_heads`), or ranks that disagree on the call."""
+    group (:func:`check_heads`), or ranks that disagree on the call. ``_ring`` (private, mode
+    ``"hybrid"``): the group across which the gathered sequences form a ring (None: one)."""
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
     world = 1 if group is None else dist.get_world_size(group)
@@ -145,9 +153,10 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
     local = _local_pattern(pattern, rank // rep if rep > 1 else rank * (a.hkv // world),
                            max(1, a.hkv // world))
     q, k, v = (_to_heads(t, group, world, order) for t in (q, k, v))
-    out = dilated_attention(q, k, v, local, causal=causal, scale=a.scale, q_positions=qp,
-                            k_positions=kp, q_doc_ids=qd, k_doc_ids=kd, return_lse=return_lse,
-                            backend=backend, _head_base=rank * (a.hq // world))
+    attend = dilated_attention if _ring is None else functools.partial(ring_attention, group=_ring)
+    out = attend(q, k, v, local, causal=causal, scale=a.scale, q_positions=qp, k_positions=kp,
+                 q_doc_ids=qd, k_doc_ids=kd, return_lse=return_lse, backend=backend,
+                 _head_base=rank * (a.hq // world))
     if not return_lse:
         return _to_tokens(out, group, world, inverse)
     return (_to_tokens(out[0], group, world, inverse),
@@ -156,12 +165,12 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
 
 def resolve_mode(mode: str, world: int, hq: int, hkv: int, pattern) -> str:
     """The mode ``"auto"`` stands for on ``world`` ranks (others unchanged): ``"ulysses"`` where
-    the heads split over the ranks (:func:`check_heads`) and every rank gets as many dense
+    the heads split over the ranks (:func:`heads_split`) and every rank gets as many dense
     key/value heads (a dense head costs a causal attention over the whole sequence: a rank with
     more waits for nobody), else ``"ring"`` (measured: docs/decisions.md D60)."""
     if mode != "auto":
         return mode
-    if hq % world or (hkv % world and world % hkv):
+    if not heads_split(hq, hkv, world):
         return "ring"
     per_rank = max(1, hkv // world)  # key/value heads per rank (fewer than ranks: one)
     dense = [sum(j // per_rank == r for j in pattern.dense_kv_heads) if hkv >= world
@@ -169,9 +178,24 @@ def resolve_mode(mode: str, world: int, hq: int, hkv: int, pattern) -> str:
     return "ulysses" if min(dense) == max(dense) else "ring"
 
 
+def ulysses_size(world: int, hq: int, hkv: int) -> int:
+    """Mode ``"hybrid"``'s Ulysses group size: the largest divisor of ``world`` over which the
+    heads split (:func:`heads_split`) that holds no more ranks than one node
+    (``LOCAL_WORLD_SIZE``, as ``torchrun`` sets it; else ``world``); 1: a ring alone."""
+    node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return max(u for u in range(1, min(world, node) + 1)
+               if world % u == 0 and heads_split(hq, hkv, u))
+
+
 def sequence_parallel_attention(q, k, v, pattern, *, group, mode: str = "auto", **kwargs):
-    """:func:`~hf_hilbert_attn.ring_attention` or :func:`ulysses_attention` (``mode``, ``"auto"``:
-    :func:`resolve_mode`), with their arguments."""
-    mode = resolve_mode(mode, dist.get_world_size(group), q.shape[1], k.shape[1], pattern)
-    return (ulysses_attention if mode == "ulysses" else ring_attention)(
+    """:func:`~hf_hilbert_attn.ring_attention`, :func:`ulysses_attention` or both (``mode``:
+    ``"hybrid"``: Ulysses within groups of :func:`ulysses_size` ranks, a ring across them;
+    ``"auto"``: :func:`resolve_mode`), with their arguments."""
+    world = 1 if group is None else dist.get_world_size(group)  # (1: the op itself)
+    mode = resolve_mode(mode, world, q.shape[1], k.shape[1], pattern)
+    u = ulysses_size(world, q.shape[1], k.shape[1]) if mode == "hybrid" else 0
+    if 1 < u < world:  # this rank's Ulysses group (u consecutive ranks), ring across them
+        inner, ring = split_group(group, u)
+        return ulysses_attention(q, k, v, pattern, group=inner, _ring=ring, **kwargs)
+    return (ulysses_attention if mode == "ulysses" or u == world else ring_attention)(
         q, k, v, pattern, group=group, **kwargs)

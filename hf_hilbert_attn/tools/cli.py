@@ -183,8 +183,8 @@ def _cmd_show_pattern(args, parser) -> int:
 
 
 def _show_model_pattern(directory, length: int) -> int:
-    """``show-pattern MODEL_DIR``: the model's pattern, the layers that keep a sliding window, the
-    per-layer dense heads, the density."""
+    """``show-pattern MODEL_DIR``: the model's pattern, the layers that keep a sliding window or
+    their chunks, the per-layer dense heads, the density."""
     from transformers import AutoConfig
 
     from .evaluation.calibrate import _shape, model_density
@@ -196,11 +196,14 @@ def _show_model_pattern(directory, length: int) -> int:
     raw = getattr(config, "hilbert_attn", None)
     print(f"model     {directory} ({layers} layers, {hq} query / {hkv} key/value heads)")
     print(f"pattern   {get_pattern(config)}" + ("" if raw else "  (no 'hilbert_attn': the default)"))
-    sliding = [i for i in range(layers) if layer_window(config, i) is not None]
-    if sliding:
-        print(f"sliding-window layers (each keeps its window of {config.sliding_window} tokens; "
-              f"the others run the pattern): {' '.join(map(str, sliding))}  "
-              f"({len(sliding)} of {layers})")
+    local = {i: layer_window(config, i) for i in range(layers)}
+    for kind, what in (("sliding", "sliding-window layers (each keeps its window of"),
+                       ("segment", "chunked layers (each keeps its chunks of")):
+        kept = [i for i, p in local.items() if p is not None and p.window == kind]
+        if kept:
+            sizes = "/".join(sorted({str(local[i].max_segment) for i in kept}))
+            print(f"{what} {sizes} tokens; the others run the pattern): "
+                  f"{' '.join(map(str, kept))}  ({len(kept)} of {layers})")
     per_layer = (raw or {}).get(LAYER_DENSE)
     if per_layer:
         chosen = " ".join(f"{i}:{list(h)}" for i, h in enumerate(per_layer) if h)

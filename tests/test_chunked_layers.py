@@ -16,13 +16,12 @@ from transformers.masking_utils import (and_masks, causal_mask_function,
                                         packed_sequence_mask_function)
 
 import hf_hilbert_attn
-from hf_hilbert_attn import DilatedPattern, PatternCache, configure, get_pattern
+from hf_hilbert_attn import DilatedPattern, configure, get_pattern
 from hf_hilbert_attn.integrations import transformers as integ
-from hf_hilbert_attn.integrations.cache import cache_kwarg
 from hf_hilbert_attn.integrations.model_config import layer_window
 from hf_hilbert_attn.integrations.transformers_checks import _CHUNKS_BY_ROW, mask_window
 from hf_hilbert_attn.tools.cli import main as cli_main
-from test_layer_types import _reference_layer, dense_as_before
+from test_layer_types import _reference_layer, dense_as_before, generates_as_sdpa
 from test_transformers import (DENSE, SMALL, VOCAB, assert_rel_close, generate_position_ids,
                                left_pad_mask, tokens)
 
@@ -144,22 +143,8 @@ def test_generation_keeps_the_chunks(cache):
     only the current chunk's keys."""
     if cache == "static" and not _static_generation_works():
         pytest.skip("this Transformers cannot generate chunked layers with a static cache")
-    model = configure(tiny(), DENSE)
-    new = 2 * CHUNK + 3
-    ids = tokens(3, 29)
-    mask = torch.ones_like(ids) if cache == "pattern" else left_pad_mask(3, 29, [0, 5, 13])
-    kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-              pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-    theirs = {} if cache == "pattern" else dict(cache_implementation=cache)
-    ours = {cache_kwarg(model): PatternCache(model)} if cache == "pattern" else theirs
-    got = model.generate(ids, **ours, **kw)
-    model.set_attn_implementation("sdpa")
-    want = model.generate(ids, **theirs, **kw)
-    assert torch.equal(got.sequences, want.sequences)
-    for t, (a, b) in enumerate(zip(got.logits, want.logits)):
-        assert_rel_close(a, b, what=f"step {t}")
+    stored = generates_as_sdpa(configure(tiny(), DENSE), 29, [0, 5, 13], cache, 2 * CHUNK + 3)
     if cache == "pattern":
-        stored = ours[cache_kwarg(model)].layers
         assert [layer.is_sliding for layer in stored] == [k == CHUNKED for k in KINDS]
         assert all(layer.keys.shape[-2] < CHUNK for layer, k in zip(stored, KINDS)
                    if k == CHUNKED)

@@ -145,16 +145,12 @@ def test_a_sparse_pattern_runs_on_full_layers_only(family):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static", "pattern"])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_generation_keeps_the_window(family, cache):
-    """Greedy generation past the window gives sdpa's tokens and logits: left-padded rows with
-    Transformers' caches (a sliding layer's cache holds its last keys only), unpadded rows with a
-    PatternCache, whose sliding layers store fewer keys than the window."""
-    model = configure(tiny(family), DENSE)
-    new = 3 * WINDOW
-    ids = tokens(3, 21)
-    mask = torch.ones_like(ids) if cache == "pattern" else left_pad_mask(3, 21, [0, 4, 9])
+def generates_as_sdpa(model, length: int, pads: list, cache: str, new: int):
+    """Greedy generation of ``new`` tokens after 3 rows of ``length`` gives sdpa's tokens and
+    logits: rows left-padded by ``pads`` with Transformers' ``cache`` ("dynamic", "static"),
+    unpadded with a PatternCache ("pattern"), whose layers are returned (else None)."""
+    ids = tokens(3, length)
+    mask = torch.ones_like(ids) if cache == "pattern" else left_pad_mask(3, length, pads)
     kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
               pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     theirs = {} if cache == "pattern" else dict(cache_implementation=cache)
@@ -165,9 +161,18 @@ def test_generation_keeps_the_window(family, cache):
     assert torch.equal(got.sequences, want.sequences)
     for t, (a, b) in enumerate(zip(got.logits, want.logits)):
         assert_rel_close(a, b, what=f"step {t}")
+    return ours[cache_kwarg(model)].layers if cache == "pattern" else None
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static", "pattern"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generation_keeps_the_window(family, cache):
+    """Greedy generation past the window gives sdpa's tokens and logits: left-padded rows with
+    Transformers' caches (a sliding layer's cache holds its last keys only), unpadded rows with a
+    PatternCache, whose sliding layers store fewer keys than the window."""
+    stored = generates_as_sdpa(configure(tiny(family), DENSE), 21, [0, 4, 9], cache, 3 * WINDOW)
     if cache == "pattern":
         kinds = FAMILIES[family][1]
-        stored = ours[cache_kwarg(model)].layers
         assert [layer.is_sliding for layer in stored] == [k == SLIDE for k in kinds]
         assert all(layer.keys.shape[-2] < WINDOW for layer, k in zip(stored, kinds) if k == SLIDE)
 

@@ -99,9 +99,7 @@ def class_uniform(earlier: Tuple[int, int], r: Optional[int], sliding: bool) -> 
     Sliding windows: the answer is then "allowed" for the group's pairs and heads; segments:
     the same for every pair and head of the group, whatever it is."""
     wj, rj = earlier
-    if rj == 1:
-        return True
-    return r is not None and r % rj == 0 and (sliding or wj % rj == 0)
+    return rj == 1 or (r is not None and r % rj == 0 and (sliding or wj % rj == 0))
 
 
 def nests(wj: int, w: int, span: int) -> bool:
@@ -116,9 +114,7 @@ def covers(earlier: Tuple[int, int], config: Tuple[int, int], sliding: bool) -> 
     divides ``config``'s and its segments hold ``config``'s on class boundaries (``rj`` divides
     ``w``, ``w`` divides ``wj``); sliding, its window is at least as long."""
     (wj, rj), (w, r) = earlier, config
-    if r % rj:
-        return False
-    return wj >= w if sliding else (w % rj == 0 and wj % w == 0)
+    return r % rj == 0 and (wj >= w if sliding else (w % rj == 0 and wj % w == 0))
 
 
 def covered_window(earlier: Iterable[Tuple[int, int]], r: Optional[int]) -> int:
@@ -136,11 +132,7 @@ def needed_configs(configs: tuple, sliding: bool, reach: int, hi: int) -> tuple:
     that cover each other, the first is kept."""
     def covers(i, j):
         (wi, ri), (wj, rj) = configs[i], configs[j]
-        if rj % ri:
-            return False
-        if sliding:
-            return wi >= min(wj, reach + 1)
-        return hi < wi and hi < wj
+        return rj % ri == 0 and (wi >= min(wj, reach + 1) if sliding else hi < wi and hi < wj)
 
     keep = []
     for j in range(len(configs)):

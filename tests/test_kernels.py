@@ -386,7 +386,7 @@ def test_covered_ranges_against_brute_force():
 
 
 def test_kernel_parameters_stay_few():
-    # every jit function of the kernels takes at most 25 parameters: tensors as Strided tuples,
+    # every jit function of the kernels takes at most 26 parameters: tensors as Strided tuples,
     # the launch's integers in its table row, the compile-time flags in one Flags tuple
     import ast
     import pathlib
@@ -398,7 +398,7 @@ def test_kernel_parameters_stay_few():
                     "triton.jit" in ast.unparse(d) for d in node.decorator_list):
                 found[node.name] = len(node.args.args)
     assert {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"} <= found.keys()
-    assert max(found.values()) <= 25, sorted(found.items(), key=lambda kv: -kv[1])[:5]
+    assert max(found.values()) <= 26, sorted(found.items(), key=lambda kv: -kv[1])[:5]
 
 
 @triton.jit
@@ -524,3 +524,18 @@ def test_sliding_random_patterns():
         pat = DilatedPattern(w, r, query_dilation=mode, window="sliding",
                              sink_tokens=rng.choice([0, 1, 5]))
         _run(pat, sq=rng.randint(2, 80), hq=4, hkv=2, causal=rng.random() < 0.6)
+
+
+@pytest.mark.parametrize("mode", ["per_head", "all"])
+def test_sliding_band_edges_where_windows_do_not_divide(mode):
+    # every earlier rate divides the launch's: the launch owns the keys from ceil(w_i / r) class
+    # steps back (_band_edge), a moved diagonal instead of the union test; windows that are not
+    # multiples of the rate put that edge between classes (a floor would be one step off), an
+    # earlier window longer than the launch's own leaves it nothing, equal rates nest too
+    for w, r in (([7, 17, 30], [1, 2, 4]), ([9, 12, 20], [1, 3, 3]), ([40, 16], [1, 2])):
+        pat = DilatedPattern(w, r, query_dilation=mode, window="sliding", sink_tokens=2)
+        q = torch.zeros(1, 4, 47, 16, device=DEV)
+        plan, _ = plan_positions(check_inputs(q, q, q, pat), pat)
+        launch = kernels._launches(pat, plan, True)[1]
+        assert all(ln.npri == 0 for ln in launch), launch  # no union code in any of them
+        _run(pat, sq=47, hq=4, hkv=2)

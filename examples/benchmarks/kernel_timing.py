@@ -86,13 +86,14 @@ def check(pattern, s=2048, hq=8, hkv=2, d=128, dtype=torch.bfloat16, causal=True
     return errs
 
 
-def time_case(pattern, s, hq, hkv, d, dtype, causal=True, bwd=True, hilbert=False):
+def time_case(pattern, s, hq, hkv, d, dtype, causal=True, bwd=True, hilbert=False,
+              backend="auto"):
     q = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
     k = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
     v = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
-    kw = {}
+    kw = dict(backend=backend)
     if hilbert:
-        kw = dict(k_positions=torch.randperm(s, device=DEVICE))
+        kw["k_positions"] = torch.randperm(s, device=DEVICE)
     fl = pattern.attention_flops(s, hq, d, causal=causal, num_kv_heads=hkv)
     _reset_peak()
     with torch.no_grad():
@@ -188,7 +189,7 @@ def launch_table(pattern, s, hq, d, events, hkv=None):
     return "\n".join(rows)
 
 
-def profile(pattern, s, hq, hkv, d):
+def profile(name, pattern, s, hq, hkv, d):
     q = torch.randn(1, hq, s, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, hkv, s, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, hkv, s, d, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
@@ -199,7 +200,7 @@ def profile(pattern, s, hq, hkv, d):
         dilated_attention(q, k, v, pattern).backward(torch.ones_like(q))
         torch.cuda.synchronize()
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    print(f"profile S={s}: " + ", ".join(f"{e.name[:12]}={e.device_time / 1e3:.2f}ms" for e in evs))
+    print(f"profile {name} S={s}: " + ", ".join(f"{e.name[:12]}={e.device_time / 1e3:.2f}ms" for e in evs))
     table = launch_table(pattern, s, hq, d, [(e.name, e.device_time / 1e3) for e in evs], hkv)
     if table:
         print(table)
@@ -235,11 +236,12 @@ def main(argv=None):
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--pattern", nargs="+", default=["longnet_lm"],
                     help="shipped pattern names or YAML files, timed side by side (the first is used for "
-                         "--long, --decode, --profile)")
+                         "--long, --decode)")
     ap.add_argument("--csv", default=None, help="also write the timing rows to this CSV")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--hilbert", action="store_true", help="also time a random position map")
-    ap.add_argument("--profile", action="store_true", help="per-launch kernel times of one fwd+bwd")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-launch kernel times of one fwd+bwd of each pattern")
     ap.add_argument("--dense", action="store_true", help="also time the dense pattern (raw speed)")
     ap.add_argument("--decode", action="store_true", help="time Sq=1 against the torch path")
     ap.add_argument("--long", type=int, nargs=2, metavar=("S_FB", "S_FWD"), default=None,
@@ -293,11 +295,20 @@ def main(argv=None):
         long_runs(pat, *args.long, args.hq, args.hkv, args.dim)
         return
     for s in args.seq:
-        if args.profile:
-            profile(pat, s, args.hq, args.hkv, args.dim)
+        for name, p in pats if args.profile else ():
+            profile(name, p, s, args.hq, args.hkv, args.dim)
         if args.dense:
-            r = time_case(DilatedPattern.dense(s), s, args.hq, args.hkv, args.dim, torch.bfloat16, bwd=False)
+            # our kernels on the dense pattern (backend "auto" would hand it to SDPA, D32), and
+            # that SDPA call (GQA in place: cuDNN or flash, as SDPA picks)
+            dense = DilatedPattern.dense(s)
+            be = "triton" if DEVICE.type == "cuda" else "torch"
+            r = time_case(dense, s, args.hq, args.hkv, args.dim, torch.bfloat16, backend=be)
             print(f"ours dense   S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+            rows.append(dict(gpu=gpu, impl="ours", pattern="dense", seq=s, density=1.0, **r))
+            r = time_case(dense, s, args.hq, args.hkv, args.dim, torch.bfloat16)
+            print(f"sdpa dense (auto) S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+            rows.append(dict(gpu=gpu, impl="sdpa (auto, dense causal)", pattern="dense", seq=s,
+                             density=1.0, **r))
             r = time_sdpa_fwd(s, args.hq, args.hkv, args.dim, torch.bfloat16)
             print(f"sdpa fwd     S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
         for name, p in pats:

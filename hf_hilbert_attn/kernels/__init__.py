@@ -15,7 +15,7 @@ from ..planning import for_ranges
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by tests and tools)
     _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _cfg_tensor, _check_target,
-    _dense_skip, _dummy, _earlier, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
+    _dense_skip, _dummy, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
     _key_tiles, _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
     _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided, _trimmed, _union_args)
 from ._common import LOG2E as _LOG2E
@@ -51,7 +51,7 @@ def plan_fwd(c: Call) -> FwdPlan:
             if lp is None:
                 continue
             tab = utab if ln.pair else 0
-            BM, BN, warps, stages = tiles[tab > 0, not _earlier(ln.npri)]
+            BM, BN, warps, stages = tiles[tab > 0, ln.npri == 0]
             seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
             ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
             rows.append(_launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV,
@@ -59,7 +59,7 @@ def plan_fwd(c: Call) -> FwdPlan:
                                     c.hbase))
             kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
                       num_warps=warps, num_stages=stages)
-            cap = fwd_max_registers((BM, BN, warps), not _earlier(ln.npri))
+            cap = fwd_max_registers((BM, BN, warps), ln.npri == 0)
             if cap and c.dtype != torch.float32 and not c.cfg.interpret:
                 kw["maxnreg"] = cap
             items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
@@ -194,7 +194,9 @@ def plan_bwd(c: Call) -> BwdPlan:
                 continue
             kseg0, knseg, kblk0, knblk = _key_tiles(lp, ln.w, ln.r, kBN)
             rows.append(row(lp, li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0), kv_merge))
-            fl = _flags(c, prio, ln, kBN, bool(sinks), utab)
+            # (the sink keys' dk/dv sums: added by the first launch only; the flag's code
+            # costs the others registers)
+            fl = _flags(c, prio, ln, kBN, bool(sinks) and li == 0, utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
             kv_items.append(((knseg * ln.r * knblk, B * ng), _scalars(rows[-1]), kw))

@@ -46,13 +46,13 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
 
     Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal (and, sliding,
     the window's edges) needs a mask. ``rows``: ``(q, do, lse2, delta, qd, offs_m, pq, p0, p1,
-    sbase, R, h, b64, scale_log2, LB, band_lo, sgk, sgv, scale)``; ``keys`` and ``uni`` as in
+    sbase, R, h, b64, scale_log2, LB, LC, band_lo, sgk, sgv, scale)``; ``keys`` and ``uni`` as in
     ``_fwd._fwd_tiles``. ``KVGRAD`` (the sink keys): this tile's dk/dv too, added atomically
     to the float32 rows ``sgk[pos]`` / ``sgv[pos]`` of its key/value head, which the dk/dv
     kernel's first launch adds in.
     """
-    q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo, sgk, \
-        sgv, scale = rows
+    q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, LC, band_lo, \
+        sgk, sgv, scale = rows
     offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
@@ -63,7 +63,7 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
         if ((F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION
                 or KVGRAD):
             keep = _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB,
-                             keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
+                             LC, keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
             p = tl.where(keep, p, 0.0)
         ds = p * (dp - delta[:, None])
         dq = _dot(ds.to(k.dtype), k, dq, F.IEEE)
@@ -84,10 +84,10 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
     (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing.
     ``cols``: the program's keys ``(k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64,
-    scale_log2, LB)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
+    scale_log2, LB, LC)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
     lrow, sqinv, sqdoc, sqs, sds, QOFF)`` (bases and ``lrow``, the offset of lse's and delta's
     rows, at the program's batch and query head); ``uni`` as in ``_fwd._fwd_tiles``."""
-    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scale_log2, LB = cols
+    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scale_log2, LB, LC = cols
     q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF = qside
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
@@ -112,8 +112,8 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
         pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
         if (F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
-            if F.CAUSAL and EDGE:
-                keep = keep & (offs_n[:, None] <= offs_m[None, :])
+            if F.CAUSAL and EDGE:  # (moved by the LC class steps earlier configs own)
+                keep = keep & (offs_n[:, None] + LC <= offs_m[None, :])
             if F.SLIDING and EDGE:  # the window: n_q <= n_k + LB (>= n_k - LB non-causal)
                 keep = keep & (offs_m[None, :] <= offs_n[:, None] + LB)
                 if not F.CAUSAL:
@@ -163,8 +163,8 @@ def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D:
 def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
               BN: tl.constexpr, D: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
-    q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo, \
-        sgk, sgv, scale = rows
+    q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, LC, \
+        band_lo, sgk, sgv, scale = rows
     ca, cb, ma, mb, uni = _union_prologue(pq, row_ok, pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI,
                                           KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=False)
     a_hi = tl.minimum(ca, kn_hi)
@@ -188,8 +188,8 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB, NPRI, PSZ, GROUP,
-               QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB, LC, NPRI, PSZ,
+               GROUP, QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
                F: tl.constexpr):
     """dq of one config's launch. Arguments as in ``_fwd._fwd_kernel``; ``do``, ``dq``:
     ``Strided`` like ``q``, ``lse`` / ``delta``: ``[B, Hq, Sq]``, ``dqacc``: the float32 sum
@@ -219,11 +219,11 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
         qd = qidx
 
     kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1 = _key_range(
-        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=F.CAUSAL,
+        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, LC, BM=BM, CAUSAL=F.CAUSAL,
         SLIDING=F.SLIDING)
     k_base, v_base, KDOC_T = _kv_bases(k, v, pos.KDOC, b64, hk, KOFF, MAPPED=F.MAPPED)
     dq_acc = tl.zeros([BM, D], tl.float32)
-    rows = (qt, dot, lse2, dlt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB,
+    rows = (qt, dot, lse2, dlt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB, LC,
             band_lo, sinkg.ptr, sinkg.ptr, scale)
     keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
     if F.EARLIER == 0:  # first config in priority order: no union test, nothing skipped
@@ -243,7 +243,7 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
         s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64,
-                  scale_log2, s_lb, s_band, sgk, sgv, scale)
+                  scale_log2, s_lb, 0, s_band, sgk, sgv, scale)
         dq_acc = _dq_tiles(dq_acc, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO,
                            s_hi, s_hi, BN=16, D=D, EDGE=True, UNION=True, UTAB=0, KVGRAD=True,
                            F=F)
@@ -295,7 +295,7 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
     past the window); with ``F.MIXED`` the union mask on the diagonal tiles and on the whole tiles
     in ``[ma, mb)`` (as ``_fwd._fwd_union``)."""
-    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB = cols
+    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB, LC = cols
     ca, cb, ma, mb, uni = _union_prologue(pk, col_ok, pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI,
                                           KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=True)
     a_hi = tl.minimum(ca, qn_hi)
@@ -320,8 +320,8 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tables, L, R, LB, NPRI,
-                 PSZ, GROUP, QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tables, L, R, LB, LC,
+                 NPRI, PSZ, GROUP, QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
                  F: tl.constexpr):
     """dk and dv of one config's launch; arguments as in ``_dq_kernel`` (heads: key/value heads;
     ``dkacc`` / ``dvacc``: the float32 sums of earlier launches, a chunk of key/value heads)."""
@@ -366,9 +366,9 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     pk1 = sbase + R * tl.maximum(n_last, n_first)
     qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
     band_hi = qn_hi  # sliding: query tiles ending below this lie inside every key's window
-    if F.CAUSAL:
-        qn_lo = tl.maximum(qn_lo, n_first)  # queries n >= the first key's n
-        full_lo = blk * BN + BN - 1  # query tiles starting here see no diagonal
+    if F.CAUSAL:  # (LC: the class steps earlier configs own, a diagonal moved up)
+        qn_lo = tl.maximum(qn_lo, n_first + LC)  # queries n >= the first key's n + LC
+        full_lo = blk * BN + BN - 1 + LC  # query tiles starting here see no diagonal
     else:
         full_lo = qn_lo
         if F.SLIDING:
@@ -392,7 +392,8 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
             q_base = q.ptr + b64 * q.sb + h64 * q.sh
             do_base = do.ptr + b64 * do.sb + h64 * do.sh
             lrow = b64 * lse.sb + h64 * lse.sh  # lse and delta: [B, Hq, Sq], one layout
-            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h + HBASE, b64, scale_log2, LB)
+            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h + HBASE, b64, scale_log2, LB,
+                    LC)
             qside = (q_base, do_base, pos.QINV, pos.QDOC, lse.ptr, delta.ptr, lrow, pos.sqinv,
                      pos.sqdoc, q.ss, do.ss, QOFF)
             if F.EARLIER == 0:

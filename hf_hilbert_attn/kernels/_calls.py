@@ -15,17 +15,11 @@ import torch
 import triton
 
 from ..plan_cache import kept
-from ..planning import class_uniform, config_meets, nests, sink_keys
+from ..planning import class_uniform, config_meets, covered_window, nests, sink_keys
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
 from ._config import KernelConfig, kernel_config
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
                     union_keys)
-
-def _earlier(npri: int) -> bool:
-    """Compile-time flag: does any config come before the launch in priority order? Without,
-    it compiles without the union code (no spills on sm_90, 18 % faster; docs/decisions.md)."""
-    return npri > 0
-
 
 def _smem(device, cfg: KernelConfig) -> Optional[int]:
     """Shared memory per program (opt-in maximum, bytes) of ``device``; None off CUDA."""
@@ -81,8 +75,10 @@ def _dummy(device):
 
 
 class _Launch(NamedTuple):
-    """One launch: tiling segment (sliding: ``W_CAP``), rate, band reach in class steps, configs
-    before it, its ``(w, r)`` for ``_participates``, per-pair union test (``_needs_pair_mask``)."""
+    """One launch: tiling segment (sliding: ``W_CAP``), rate, band reach in class steps, the
+    configs before it that its union test runs over (none: compiled without the union code, no
+    spills on sm_90, 18 % faster; docs/decisions.md), its ``(w, r)`` for ``_participates``,
+    per-pair union test (``_needs_pair_mask``) and the band's near edge ``lc`` (``_band_edge``)."""
 
     w: int
     r: int
@@ -90,6 +86,16 @@ class _Launch(NamedTuple):
     npri: int
     entry: tuple
     pair: bool
+    lc: int = 0
+
+
+def _band_edge(earlier, r: int, causal: bool) -> Optional[int]:
+    """Sliding windows, causal, every earlier rate dividing ``r``: each earlier config ``(w_i,
+    r_i)`` allows exactly the keys of this launch's class less than ``w_i`` positions back, so
+    the launch owns the keys at least ``lc = max ceil(w_i / r)`` class steps back — a band edge
+    like the diagonal, no union test (docs/kernels.md). None where that does not hold."""
+    nested = causal and all(class_uniform(cfg, r, True) for cfg in earlier)
+    return -(-covered_window(earlier, r) // r) if nested else None
 
 
 def _launches(pattern, plan: PositionPlan, causal: bool = True):
@@ -104,7 +110,9 @@ def _launches(pattern, plan: PositionPlan, causal: bool = True):
             continue
         npri = prio.index((w, r))
         if pattern.sliding:
-            out.append(_Launch(W_CAP, r, (w - 1) // r, npri, (w, r), False))
+            lc = _band_edge(prio[:npri], r, causal)
+            out.append(_Launch(W_CAP, r, (w - 1) // r, npri if lc is None else 0, (w, r), False,
+                               lc or 0))
         else:
             out.append(_Launch(w, r, 0, npri, (w, r), _needs_pair_mask(prio[:npri], r)))
     return prio, out, sink_keys(pattern, plan.klo, plan.base)
@@ -184,7 +192,8 @@ def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
     return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
                 QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls, NBLK=nblk,
                 BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1), SKLO=plan.klo,
-                SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, NLAUNCHED=li + merge,
+                SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, LC=ln.lc,
+                NLAUNCHED=li + merge,
                 FIRST=int(first), LAST=int(last), PSZ=psz, HBASE=hbase)
 
 
@@ -215,9 +224,8 @@ def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
     the per-pair union mask on whole tiles (``MIXED``): an earlier rate does not divide ``r``, or
     a program may straddle one of its segments (not if ``r * tile | wj`` and ``wj | w``); sliding
     windows: always. Else the loops compile once, without union code."""
-    if sliding:
-        return bool(earlier)
-    return not all(class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
+    return bool(earlier) if sliding else not all(
+        class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
 
 
 def _union_args(prio, plan, device):
@@ -312,16 +320,14 @@ def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
     return Flags(CAUSAL=c.causal, PER_HEAD=c.pattern.query_dilation == "per_head",
                  MAPPED=c.plan.mapped_kind, HAS_DOC=c.plan.qdoc is not None,
                  IEEE=c.dtype == torch.float32, SLIDING=c.pattern.sliding, UTAB=utab,
-                 EARLIER=_earlier(ln.npri),
+                 EARLIER=ln.npri > 0,
                  MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, c.pattern.sliding), SINK=sink)
 
 
 def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:
     """Heads per chunk of a float32 sum over ``nlaunch`` launches of ``rows`` float32 rows a
     head: at most ``cfg.acc_bytes``."""
-    if nlaunch < 2:
-        return heads
-    return max(1, min(heads, cfg.acc_bytes // max(rows * 4, 1)))
+    return heads if nlaunch < 2 else max(1, min(heads, cfg.acc_bytes // max(rows * 4, 1)))
 
 
 def _head_runs(heads: int, group: int, skip: tuple, chunk: int):

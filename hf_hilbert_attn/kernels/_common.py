@@ -41,7 +41,7 @@ Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EA
 #   config and positions; from the table, one set of compiled kernels serves every pattern.
 #   ``_launch_scalars`` reads them before the key loops, ``_launch_sinks`` and
 #   ``_launch_order`` after.
-_SCALARS = ["R", "LB", "NPRI", "PSZ", "GROUP", "QOFF"]
+_SCALARS = ["R", "LB", "LC", "NPRI", "PSZ", "GROUP", "QOFF"]
 LAUNCH_FIELDS = ("HOFF", "HCH", "HBASE",
                  "KOFF", "QLO", "QHI", "KLO", "KHI",
                  "SEG0", "NCLS", "NBLK", "BLK0", "W",
@@ -148,11 +148,11 @@ def _query_rows(b, blk, sbase, ncl, R, QLO, QHI, QOFF, QINV, sqinv, BM: tl.const
 
 
 @triton.jit
-def _key_range(blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM: tl.constexpr,
+def _key_range(blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, LC, BM: tl.constexpr,
                CAUSAL: tl.constexpr, SLIDING: tl.constexpr):
     """Key class indices ``[kn_lo, kn_hi)`` of a query tile: same segment and class (sliding:
     the band of ``LB`` class steps before each query, after it too when not causal; causal: up
-    to the last query). Returns ``(kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1)``:
+    to the last query, less the ``LC`` class steps earlier configs own). Returns ``(kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1)``:
     keys below ``full_hi`` need no diagonal mask, keys from ``band_lo`` on lie inside every
     query's window (lower side), ``[m_first, m_last]`` are the tile's existing queries (none
     when ``m_last < m_first``: an empty key range) at positions ``[pq0, pq1]``."""
@@ -166,8 +166,8 @@ def _key_range(blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM: tl.constexpr,
         if not CAUSAL:
             kn_hi = tl.minimum(kn_hi, m_last + LB + 1)
     if CAUSAL:
-        kn_hi = tl.minimum(kn_hi, m_last + 1)  # keys n <= the last query's n
-        full_hi = tl.minimum(kn_hi, blk * BM + 1)  # below: no diagonal inside the tile
+        kn_hi = tl.minimum(kn_hi, m_last + 1 - LC)  # keys n <= the last query's n - LC
+        full_hi = tl.minimum(kn_hi, blk * BM + 1 - LC)  # below: no diagonal inside the tile
     else:
         full_hi = kn_hi
         if SLIDING:
@@ -456,16 +456,17 @@ def _prog_key(j: tl.constexpr, p, ok, p0, p1, R, h, CFG, NPRI, KEYS, PSZ,
 
 
 @triton.jit
-def _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB, keys,
+def _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB, LC, keys,
               EDGE: tl.constexpr, UNION: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
     """The ``[BM, BN]`` mask of a tile of queries (rows) and keys (columns) in the forward and
-    dq loops: real keys of real rows; on ``EDGE`` tiles the diagonal and the window
-    (``n_q - LB <= n_k``, ``<= n_q + LB`` non-causal); on ``UNION`` tiles no earlier config
+    dq loops: real keys of real rows; on ``EDGE`` tiles the diagonal, moved back by the ``LC``
+    class steps earlier configs own (``n_k <= n_q - LC``), and the window (``n_q - LB <= n_k``,
+    ``<= n_q + LB`` non-causal); on ``UNION`` tiles no earlier config
     covering the pair (``uni``: the tables' keys or the runtime loop); the same document."""
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     keep = col_ok[None, :] & (offs_m[:, None] >= 0)
     if F.CAUSAL and EDGE:
-        keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        keep = keep & (offs_n[None, :] <= offs_m[:, None] - LC)
     if F.SLIDING and EDGE:
         keep = keep & (offs_n[None, :] >= offs_m[:, None] - LB)
         if not F.CAUSAL:

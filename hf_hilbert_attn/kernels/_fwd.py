@@ -25,19 +25,19 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
 
     ``EDGE`` tiles need the causal / range-end / window-edge mask; ``UNION`` tiles the per-pair
     union mask. No branch inside the loop, so Triton can software-pipeline the loads. ``rows``:
-    the program's queries ``(q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB,
+    the program's queries ``(q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, LC,
     band_lo)``; ``keys``:
     where keys live ``(k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs)``; ``uni``: the union
     test ``(CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)``.
     """
-    q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
+    q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, LC, band_lo = rows
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
                                                    EDGE=EDGE, MAPPED=F.MAPPED)
         s = _dot(q, tl.trans(k), None, F.IEEE) * scale_log2
         if EDGE or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB,
-                             keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
+                             LC, keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -85,7 +85,7 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     the host: ``kernels._may_mix``): every program takes the spans with the union code, which
     test it on the masked tiles and on the whole tiles in ``[ma, mb)`` (empty for a program that
     needs none); else none does and the loops carry no union code."""
-    q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, band_lo = rows
+    q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, LC, band_lo = rows
     ca, cb, ma, mb, uni = _union_prologue(pq, row_ok, pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI,
                                           KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=False)
     a_hi = tl.minimum(ca, kn_hi)
@@ -111,8 +111,8 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, QOFF, scale_log2,
-                BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F: tl.constexpr):
+def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROUP, QOFF,
+                scale_log2, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F: tl.constexpr):
     """One config's launch. ``q k v o acc``: ``Strided`` ``[B, H, S, D]`` (``acc``: the float32
     partial results of earlier launches, a chunk of heads), ``lse`` ``[B, Hq, Sq]`` (natural
     log); ``pos``: ``Positions``; ``tables``: the configs in priority order, the launched ones
@@ -135,13 +135,13 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
 
     # ---- key range of this tile
     kn_lo, kn_hi, full_hi, band_lo, m_first, m_last, pq0, pq1 = _key_range(
-        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, BM=BM, CAUSAL=F.CAUSAL,
+        blk, sbase, ncl, R, qn_lo, qn_hi, KLO, KHI, LB, LC, BM=BM, CAUSAL=F.CAUSAL,
         SLIDING=F.SLIDING)
     k_base, v_base, KDOC_T = _kv_bases(k, v, pos.KDOC, b64, hk, KOFF, MAPPED=F.MAPPED)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     o_acc = tl.zeros([BM, D], tl.float32)
-    rows = (qt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB, band_lo)
+    rows = (qt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB, LC, band_lo)
     keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
     if F.EARLIER == 0:
         # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
@@ -160,7 +160,8 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, NPRI, PSZ, GROUP, Q
         # config allows
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
-        s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scale_log2, s_lb, s_band)
+        s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scale_log2, s_lb, 0,
+                  s_band)
         # (16-key tiles: the per-pair union test against every config is the cost here, and
         # there are few sinks)
         o_acc, l_i, m_i = _fwd_tiles(o_acc, l_i, m_i, s_rows, keys,

@@ -59,6 +59,5 @@ def with_dense_heads(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torc
         return dense
     sparse = attend(q, k, v, pattern.sparse_part, return_lse=return_lse,
                     _skip_kv_heads=pattern.dense_kv_heads, **kwargs)
-    if not return_lse:
-        return sparse.index_copy(1, qi, dense)
-    return sparse[0].index_copy(1, qi, dense[0]), sparse[1].index_copy(1, qi, dense[1])
+    return sparse.index_copy(1, qi, dense) if not return_lse else \
+        (sparse[0].index_copy(1, qi, dense[0]), sparse[1].index_copy(1, qi, dense[1]))

@@ -199,9 +199,8 @@ def restart_documents(positions: torch.Tensor) -> Optional[torch.Tensor]:
     ``DataCollatorWithFlattening`` and of Transformers' ``find_packed_sequence_indices``.
     """
     new_doc = torch.diff(positions, dim=-1) != 1  # [B, S-1]
-    if not bool(new_doc.any()):
-        return None
-    return torch.nn.functional.pad(new_doc, (1, 0), value=False).cumsum(-1)
+    return torch.nn.functional.pad(new_doc, (1, 0), value=False).cumsum(-1) \
+        if bool(new_doc.any()) else None
 
 
 @dataclass

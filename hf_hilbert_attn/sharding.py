@@ -69,9 +69,9 @@ def resolve_layout(layout: str, seq_len: int, world_size: int,
         return layout
     if pattern is None or seq_len <= 0 or pattern.dense_kv_heads:
         return "zigzag"
-    if pattern.sliding:
-        return "contiguous" if pattern.max_segment <= seq_len else "zigzag"
-    return "contiguous" if seq_len % (world_size * pattern.max_segment) == 0 else "zigzag"
+    whole = pattern.max_segment <= seq_len if pattern.sliding else \
+        seq_len % (world_size * pattern.max_segment) == 0
+    return "contiguous" if whole else "zigzag"
 
 
 def padded_length(seq_len: int, world_size: int, layout: str = "zigzag",

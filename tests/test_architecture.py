@@ -24,8 +24,10 @@ MAX_FUNCTION_LINES = 80
 # PyTorch path, documents and long calls; the cap comes down further by simplifying. 9650 with
 # head-sharded sequence parallelism (ring/ulysses.py, and the head numbering it needs in the
 # kernels and the PyTorch path: issue 36); 9710 with its hybrid (the ring's head numbering,
-# process subgroups: issue 36) and chunked attention layers (Llama 4: issue 35)
-MAX_LIBRARY_LINES = 9710
+# process subgroups: issue 36) and chunked attention layers (Llama 4: issue 35); 9722 with
+# DeepSpeed's Ulysses calling our attention on a head slice (issue 36), 35 lines net of 27
+# simplified elsewhere (the sliding band edge, D64, met the cap by simplifying alone)
+MAX_LIBRARY_LINES = 9722
 
 
 def _modules() -> dict:

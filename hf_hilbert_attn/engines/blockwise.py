@@ -43,9 +43,8 @@ def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
 
 def _grouped_mask(mask, hk, g):
     """``[Bm, Hm, cq, ck]`` -> broadcastable to scores viewed as ``[B, hk, g, cq, ck]``."""
-    if mask.shape[1] == 1:
-        return mask[:, :, None]
-    return mask.reshape(mask.shape[0], hk, g, mask.shape[2], mask.shape[3])
+    return mask[:, :, None] if mask.shape[1] == 1 else \
+        mask.reshape(mask.shape[0], hk, g, mask.shape[2], mask.shape[3])
 
 
 def _pass_views(ps, hkv):

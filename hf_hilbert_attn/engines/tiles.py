@@ -115,9 +115,8 @@ def _units(pattern, i, hq):
     """(query head, class) pairs of config ``i``: two ``[U]`` tensors."""
     r = pattern.dilation_rates[i]
     h = torch.arange(hq)
-    if pattern.query_dilation == "per_head" or r == 1:
-        return h, h % r
-    return h.repeat_interleave(r), torch.arange(r).repeat(hq)
+    return (h, h % r) if pattern.query_dilation == "per_head" or r == 1 else \
+        (h.repeat_interleave(r), torch.arange(r).repeat(hq))
 
 
 def _segment_tiles(pattern, i, earlier, s, hq, hkv, touched):

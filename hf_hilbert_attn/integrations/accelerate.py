@@ -17,6 +17,7 @@ gradient of single-process training (:func:`average_gradients` without DDP).
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..ring.comm import split_group
+from ..ring.ulysses import head_slice
 from ..sharding import DEFAULT_LAYOUT, shard_batch
 
 logger = logging.getLogger(__name__)
@@ -144,3 +146,19 @@ def average_gradients(model: torch.nn.Module, group=None) -> None:
         if p.grad is not None:
             dist.all_reduce(p.grad, group=group)
             p.grad.div_(world)
+
+
+def deepspeed_head_slice(module, heads: int) -> Optional[tuple]:
+    """Under DeepSpeed's Ulysses (Accelerate's ``ParallelismConfig(sp_size=N,
+    sp_backend="deepspeed")``), a training layer is called with one rank's ``heads`` query heads
+    over the whole sequence: their :func:`~hf_hilbert_attn.ring.ulysses.head_slice` (the first
+    query head, the first key/value head, key/value heads), so per-head classes and dense heads
+    stay those of one process. None elsewhere (DeepSpeed not imported or its groups not made,
+    evaluation, every head given)."""
+    mpu = sys.modules.get("deepspeed.runtime.sequence_parallel.parallel_state_sp")
+    # (its getter asserts the group exists, which torch.compile cannot trace: read the global)
+    group = getattr(mpu, "_SEQUENCE_PARALLEL_GROUP", None) if module.training else None
+    world, hq = group and dist.get_world_size(group), module.config.num_attention_heads
+    hkv = getattr(module.config, "num_key_value_heads", None) or hq
+    return head_slice(dist.get_rank(group), world, hq, hkv) if world and heads * world == hq \
+        and heads < hq else None

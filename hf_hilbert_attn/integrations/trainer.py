@@ -241,9 +241,8 @@ class SequenceParallelMixin:
             return super().get_test_dataloader(test_dataset)
 
     def get_total_train_batch_size(self, args) -> int:
-        if not self.sp_active:
-            return super().get_total_train_batch_size(args)
-        return self._train_batch_size * args.gradient_accumulation_steps * self.sp_topology.dp_size
+        return super().get_total_train_batch_size(args) if not self.sp_active else \
+            self._train_batch_size * args.gradient_accumulation_steps * self.sp_topology.dp_size
 
     # ------------------------------------------------------------------ steps
     def training_step(self, model, inputs, num_items_in_batch=None):

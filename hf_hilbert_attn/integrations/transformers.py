@@ -27,6 +27,8 @@ from ..inputs import ModelPositions, kernel_widths, model_positions
 from ..numerics import call_under_autocast, with_sink_logits
 from ..ops import dilated_attention
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
+from ..ring.ulysses import _local_pattern
+from .accelerate import deepspeed_head_slice
 from .cache import attend_with_dropped_keys
 from .model_config import ATTN_IMPLEMENTATION, LAYER_DENSE, get_pattern, layer_window, layers_differ
 from .transformers_checks import check_call, check_layer_window, mask_window
@@ -275,7 +277,12 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
             query, key, value, pattern, q_start=int(attention_mask.q_offset), causal=causal,
             dropped=int(attention_mask.kv_offset), scale=scaling, return_lse=sinks is not None),
             sinks, dv)
-    at = kwargs.get("hilbert_positions") if group is None and sq == sk else None  # _positions_hook
+    # DeepSpeed's Ulysses: this rank's heads over the whole sequence, the gathered position_ids
+    ds = None if group is not None else deepspeed_head_slice(module, query.shape[1])
+    if ds is not None:
+        pattern = _local_pattern(pattern, ds[1], ds[2])
+        sinks = None if sinks is None else sinks[:, ds[0]:ds[0] + query.shape[1]]
+    at = kwargs.get("hilbert_positions") if group is None and sq == sk and ds is None else None
     if at is None:
         doc_ids = kwargs.get("hilbert_doc_ids")
         cu_seqlens = kwargs.get("cu_seq_lens_q")
@@ -304,7 +311,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     return _layer_output((_eager_dilated_attention if eager else dilated_attention)(
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
         k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
-        return_lse=sinks is not None), sinks, dv)
+        return_lse=sinks is not None, _head_base=0 if ds is None else ds[0]), sinks, dv)
 
 
 def _layer_output(result, sinks, dv):

@@ -171,10 +171,7 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
-    if F.SLIDING and F.CAUSAL:  # one range (as in _fwd._fwd_union)
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
-                      UTAB=UTAB, F=F)
-    elif F.MIXED:
+    if F.MIXED:
         dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
                       UTAB=UTAB, F=F)
         dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D, UNION=True,

@@ -9,6 +9,7 @@ Host code only (no Triton kernel here); the launchers are ``kernels.dilated_fwd`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -25,14 +26,12 @@ def _smem(device, cfg: KernelConfig) -> Optional[int]:
     """Shared memory per program (opt-in maximum, bytes) of ``device``; None off CUDA."""
     if cfg.smem is not None or device.type != "cuda":
         return cfg.smem
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMEM:
-        _SMEM[idx] = getattr(torch.cuda.get_device_properties(idx),
-                             "shared_memory_per_block_optin", None)
-    return _SMEM[idx]
+    return _optin_smem(device.index if device.index is not None else torch.cuda.current_device())
 
 
-_SMEM: dict = {}
+@functools.lru_cache(maxsize=None)
+def _optin_smem(index: int) -> Optional[int]:
+    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", None)
 
 
 def _blocks(kind, d, dtype, smem=None, pair=False, first=False, skips=False, cfg=None):
@@ -47,12 +46,8 @@ def _blocks(kind, d, dtype, smem=None, pair=False, first=False, skips=False, cfg
         bm, bn, warps, stages = bwd_blocks(d, dtype, cfg.interpret, smem, pair)
     else:
         bm, bn, warps, stages = dkdv_blocks(d, dtype, cfg.interpret, smem, skips)
-    over = cfg.tile_override(kind, first)
-    if over is not None:
-        bm, bn = over[:2]
-        if len(over) > 2:
-            warps, stages = over[2:]
-    return bm, bn, warps, stages
+    over = tuple(cfg.tile_override(kind, first) or ())  # (BM, BN) or (BM, BN, warps, stages)
+    return over + (bm, bn, warps, stages)[len(over):]
 
 
 _SMALL: dict = {}  # small int32 device tensors by (content, device): made once, never per call

@@ -92,12 +92,7 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
-    if F.SLIDING and F.CAUSAL:
-        # the covered keys run to the diagonal: one range, the union mask at the window edges
-        # only; one copy of the loops keeps registers down
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
-                                  BN=BN, D=D, UNION=True, UTAB=UTAB, F=F)
-    elif F.MIXED:
+    if F.MIXED:
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
                                   BN=BN, D=D, UNION=True, UTAB=UTAB, F=F)
         acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,

@@ -157,9 +157,8 @@ def _post(sends, recvs, group):
 
 def _gather_entries(x: torch.Tensor, step: Step) -> torch.Tensor:
     """Entries of local ``x`` ``[B, H, S, D]`` to send: flat ``[B, Ns, D]`` contiguous."""
-    if step.send_dense:
-        return x.index_select(2, step.send_rows).flatten(1, 2).contiguous()
-    return x[:, step.send_head, step.send_row].contiguous()
+    return (x.index_select(2, step.send_rows).flatten(1, 2) if step.send_dense
+            else x[:, step.send_head, step.send_row]).contiguous()
 
 
 def _scatter_block(flat: torch.Tensor, step: Step, hkv: int) -> torch.Tensor:
@@ -175,9 +174,8 @@ def _scatter_block(flat: torch.Tensor, step: Step, hkv: int) -> torch.Tensor:
 
 def _entries_of_block(block: torch.Tensor, step: Step) -> torch.Tensor:
     """Inverse of :func:`_scatter_block` (for sending a block's gradient back)."""
-    if step.recv_dense:
-        return block.flatten(1, 2).contiguous()
-    return block[:, step.recv_head, step.recv_slot].contiguous()
+    return (block.flatten(1, 2) if step.recv_dense
+            else block[:, step.recv_head, step.recv_slot]).contiguous()
 
 
 class KVExchange:

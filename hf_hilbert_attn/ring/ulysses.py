@@ -108,14 +108,21 @@ def _gather(group, inputs: tuple) -> tuple:
     return qp, kp, qd, kd, order, inverse
 
 
+def head_slice(rank: int, world: int, hq: int, hkv: int) -> tuple:
+    """``(first query head, first key/value head, key/value heads)`` rank ``rank`` of ``world``
+    attends when heads are sharded: consecutive query heads, and the key/value heads they read
+    (fewer key/value heads than ranks: each replicated to the ranks that read it; DeepSpeed's
+    Ulysses numbers them alike)."""
+    nkv = max(1, hkv // world)
+    return rank * (hq // world), rank * nkv // max(1, world // hkv), nkv
+
+
 @functools.lru_cache(maxsize=64)
 def _local_pattern(pattern, kv0: int, nkv: int):
     """``pattern`` on a rank holding key/value heads ``[kv0, kv0 + nkv)``: its dense heads in
     local indices."""
-    if not pattern.dense_kv_heads:
-        return pattern
-    return pattern.replace(dense_kv_heads=[j - kv0 for j in pattern.dense_kv_heads
-                                           if kv0 <= j < kv0 + nkv])
+    return pattern if not pattern.dense_kv_heads else pattern.replace(
+        dense_kv_heads=[j - kv0 for j in pattern.dense_kv_heads if kv0 <= j < kv0 + nkv])
 
 
 @disable_lazily  # collectives and host-side checks: one opaque call under torch.compile
@@ -147,16 +154,15 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
                  group, cached=entry is not None):
         entry = _GATHERED.store(group, ("ulysses",), inputs, _gather(group, inputs), None)
     qp, kp, qd, kd, order, inverse = entry.plan
-    rank, rep = dist.get_rank(group), max(1, world // a.hkv)
+    rep = max(1, world // a.hkv)
     if rep > 1:  # fewer key/value heads than ranks: each goes to the ranks whose queries read it
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    local = _local_pattern(pattern, rank // rep if rep > 1 else rank * (a.hkv // world),
-                           max(1, a.hkv // world))
+    hbase, kv0, nkv = head_slice(dist.get_rank(group), world, a.hq, a.hkv)
     q, k, v = (_to_heads(t, group, world, order) for t in (q, k, v))
     attend = dilated_attention if _ring is None else functools.partial(ring_attention, group=_ring)
-    out = attend(q, k, v, local, causal=causal, scale=a.scale, q_positions=qp, k_positions=kp,
-                 q_doc_ids=qd, k_doc_ids=kd, return_lse=return_lse, backend=backend,
-                 _head_base=rank * (a.hq // world))
+    out = attend(q, k, v, _local_pattern(pattern, kv0, nkv), causal=causal, scale=a.scale,
+                 q_positions=qp, k_positions=kp, q_doc_ids=qd, k_doc_ids=kd,
+                 return_lse=return_lse, backend=backend, _head_base=hbase)
     if not return_lse:
         return _to_tokens(out, group, world, inverse)
     return (_to_tokens(out[0], group, world, inverse),

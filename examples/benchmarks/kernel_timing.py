@@ -9,9 +9,11 @@
 Prints, per case: max error vs a float32 reference on a small shape, then fwd / fwd+bwd ms
 (median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``; a
 pattern's dense key/value heads counted with ``--hkv``) and peak memory, next to SDPA flash
-dense causal on the same shape. ``--device cpu`` runs the same rows on the PyTorch path (wall
-clock, SDPA's own CPU kernel, no memory column): a smoke run of the pipeline, its timings mean
-nothing.
+dense causal on the same shape. ``--dense`` adds our kernels on the dense pattern (the yardstick
+of the sparse ones) and SDPA as it picks a backend for that call (cuDNN on an H100 / H200);
+``--profile`` a per-config, per-kernel table of each pattern. ``--device cpu`` runs the same
+rows on the PyTorch path (wall clock, SDPA's own CPU kernel, no memory column): a smoke run of
+the pipeline, its timings mean nothing.
 """
 
 import argparse

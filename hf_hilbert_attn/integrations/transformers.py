@@ -311,7 +311,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     return _layer_output((_eager_dilated_attention if eager else dilated_attention)(
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
         k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
-        return_lse=sinks is not None, _head_base=0 if ds is None else ds[0]), sinks, dv)
+        return_lse=sinks is not None, **({} if ds is None else {"_head_base": ds[0]})), sinks, dv)
 
 
 def _layer_output(result, sinks, dv):

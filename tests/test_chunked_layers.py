@@ -21,7 +21,7 @@ from hf_hilbert_attn.integrations import transformers as integ
 from hf_hilbert_attn.integrations.model_config import layer_window
 from hf_hilbert_attn.integrations.transformers_checks import _CHUNKS_BY_ROW, mask_window
 from hf_hilbert_attn.tools.cli import main as cli_main
-from test_layer_types import _reference_layer, dense_as_before, generates_as_sdpa
+from test_layer_types import _reference_layer, generates_as_sdpa, padded_as_sdpa
 from test_transformers import (DENSE, SMALL, VOCAB, assert_rel_close, generate_position_ids,
                                left_pad_mask, tokens)
 
@@ -67,20 +67,7 @@ def test_with_the_dense_pattern_chunked_layers_equal_sdpa():
     """Logits, loss and every gradient equal sdpa's, also for a left-padded batch (Transformers
     starts a padded row's chunks at its first real token, as its positions do); the chunks
     matter (the same weights with chunks longer than the prompt give other logits)."""
-    model = tiny()
-    ids = tokens(2, 57)
-    ref, _ = dense_as_before(model, ids)
-    mask = left_pad_mask(2, 57, [0, 11])
-    with torch.no_grad():
-        got = model(ids, attention_mask=mask).logits
-        model.set_attn_implementation("sdpa")
-        want = model(ids, attention_mask=mask).logits
-        unchunked = tiny(chunk=512)
-        unchunked.load_state_dict(model.state_dict())
-        full = unchunked(ids).logits
-    real = mask.bool()
-    assert_rel_close(got[real], want[real], what="left-padded logits")
-    assert (full - ref[1]).abs().max() > 1e-3 * ref[1].abs().max()
+    padded_as_sdpa(tiny(), tiny(chunk=512), 57, 11)
 
 
 def test_packed_documents_restart_their_chunks():

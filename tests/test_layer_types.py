@@ -78,17 +78,22 @@ def test_with_the_dense_pattern_every_layer_equals_sdpa(family):
     """Logits, loss and every gradient equal sdpa's, also for a left-padded batch; the windows
     matter (the same weights without them give other logits), so a layer that lost its window
     could not pass."""
-    model = tiny(family)
-    ids = tokens(2, 40)
+    padded_as_sdpa(tiny(family), tiny(family, window=None), 40, 9)
+
+
+def padded_as_sdpa(model, plain, length: int, pad: int):
+    """:func:`dense_as_before` on two rows of ``length`` tokens, then a batch whose second row
+    has ``pad`` left padding: its real tokens' logits equal sdpa's; and ``plain`` (the model's
+    weights without its windows or chunks) gives other logits, so they matter."""
+    ids = tokens(2, length)
     ref, _ = dense_as_before(model, ids)
-    mask = left_pad_mask(2, 40, [0, 9])
+    mask = left_pad_mask(2, length, [0, pad])
     with torch.no_grad():
         got = model(ids, attention_mask=mask).logits
         model.set_attn_implementation("sdpa")
         want = model(ids, attention_mask=mask).logits
-        unwindowed = tiny(family, window=None)
-        unwindowed.load_state_dict(model.state_dict())
-        full = unwindowed(ids).logits
+        plain.load_state_dict(model.state_dict())
+        full = plain(ids).logits
     real = mask.bool()
     assert_rel_close(got[real], want[real], what="left-padded logits")
     assert (full - ref[1]).abs().max() > 1e-3 * ref[1].abs().max()

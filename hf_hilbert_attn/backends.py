@@ -163,8 +163,7 @@ class TritonBackend:
         plan, _ = self._plan(a, pattern, plan)
         if plan is not None and acc.dtype == lse.dtype == torch.float32:  # in the kernels
             return _kernels().dilated_fwd(q, k, v, pattern, a.scale, causal, plan, lse=lse,
-                                          skip=a.skip_kv_heads, head_base=a.head_base,
-                                          acc=acc)
+                                          acc=acc, **_kernel_kw(a))
         return _merge_into(self.forward(q, k, v, pattern, a, causal, plan=plan), acc, lse)
 
     def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
@@ -172,7 +171,7 @@ class TritonBackend:
         plan, why = self._plan(a, pattern, plan)
         if plan is not None:
             return dilated_fwd(q, k, v, pattern, a.scale, causal, plan, out=out, lse=lse,
-                               skip=a.skip_kv_heads, head_base=a.head_base)
+                               **_kernel_kw(a))
         runs = document_runs(q, k, v, pattern, a)
         if runs is not None:  # packed documents: one kernel call per document, in place
             out = torch.zeros_like(q) if out is None else out.zero_()
@@ -181,7 +180,7 @@ class TritonBackend:
             for b, lo, hi, sub_plan in runs:
                 sl = (slice(b, b + 1), slice(None), slice(lo, hi))
                 dilated_fwd(q[sl], k[sl], v[sl], pattern, a.scale, causal, sub_plan, out=out[sl],
-                            lse=lse[sl], skip=a.skip_kv_heads, head_base=a.head_base)
+                            lse=lse[sl], **_kernel_kw(a))
             return out, lse
         _warn_fallback(why)
         o, l = TORCH.forward(q, k, v, pattern, a, causal)
@@ -196,8 +195,7 @@ class TritonBackend:
             q_in = dq_acc is not None and dq_acc.dtype == torch.float32
             kv_in = dkv_acc is not None and dkv_acc[0].dtype == torch.float32
             return _add_grads(dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale,
-                                          causal, plan, *grads, skip=a.skip_kv_heads,
-                                          head_base=a.head_base,
+                                          causal, plan, *grads, **_kernel_kw(a),
                                           dq_acc=dq_acc if q_in else None,
                                           dkv_acc=dkv_acc if kv_in else None),
                               None if q_in else dq_acc, None if kv_in else dkv_acc)
@@ -209,8 +207,7 @@ class TritonBackend:
                 sl = (slice(b, b + 1), slice(None), slice(lo, hi))
                 dilated_bwd(dout[sl], q[sl], k[sl], v[sl], out[sl], lse[sl],
                             None if dlse is None else dlse[sl], pattern, a.scale, causal,
-                            sub_plan, dq[sl], dk[sl], dv[sl], skip=a.skip_kv_heads,
-                            head_base=a.head_base)
+                            sub_plan, dq[sl], dk[sl], dv[sl], **_kernel_kw(a))
             return _add_grads((dq, dk, dv), dq_acc, dkv_acc)
         # anything else: differentiate the PyTorch path (the forward's fallback)
         return TORCH.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal, grads,
@@ -218,6 +215,11 @@ class TritonBackend:
 
 
 TORCH, TRITON = TorchBackend(), TritonBackend()
+
+
+def _kernel_kw(a) -> dict:
+    """What a kernels' call takes from the checked inputs ``a`` besides scale and positions."""
+    return dict(skip=a.skip_kv_heads, head_base=a.head_base, softcap=a.softcap)
 
 
 def document_runs(q, k, v, pattern, a):
@@ -235,7 +237,8 @@ def document_runs(q, k, v, pattern, a):
         positions = None if p0 == 0 else \
             a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
         sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
-                           pattern, scale=a.scale, q_positions=positions, k_positions=positions)
+                           pattern, scale=a.scale, q_positions=positions, k_positions=positions,
+                           softcap=a.softcap or None)
         plan, _ = _kernels().plan_positions(sub, pattern)
         if plan is None:
             return None

@@ -96,17 +96,19 @@ def _rows(t: torch.Tensor, batch: int) -> torch.Tensor:
     return t.to(torch.int32).expand(batch, t.shape[1]).contiguous()
 
 
-def decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern) -> bool:
+def decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern,
+            softcap: Optional[float] = None) -> bool:
     """Whether a call of ``q`` ``[B, Hq, Sq, D]`` against ``k``/``v`` ``[B, Hkv, Sk, D]`` is a
     decode call :func:`run_decode` takes: at most ``DECODE_MAX_QUERIES`` queries, no gradient
     to record, one supported dtype, equal head dims; on CUDA (or in Triton's interpreter where
     asked: ``HF_HILBERT_DECODE_KERNEL=1``, tests) the kernel's head dims and tile; on a CPU,
     which reads every key, while ``pattern`` reads at least ``1 / CPU_KEY_RATIO`` of them (else the op's
-    blockwise path, which reads only those, is faster: docs/decisions.md D35, D50)."""
+    blockwise path, which reads only those, is faster: docs/decisions.md D35, D50) and the
+    scores are not soft-capped (``softcap``: SDPA cannot)."""
     sq, hq, hkv, sk = q.shape[2], q.shape[1], k.shape[1], k.shape[2]
     kernel = _kernel(q)
     reads = sum(min(w, sk) // r for w, r in pattern.configs) + pattern.sink_tokens
-    return ((kernel or q.device.type == "cpu" and _SDPA_CPU is not None
+    return ((kernel or q.device.type == "cpu" and _SDPA_CPU is not None and not softcap
              and sk <= CPU_KEY_RATIO * reads)
             and 0 < sq <= DECODE_MAX_QUERIES and k.shape[2] > 0 and q.dtype == k.dtype == v.dtype
             and q.dtype in _DTYPES and q.shape[-1] == v.shape[-1] and hkv > 0 and hq % hkv == 0
@@ -134,9 +136,10 @@ def plan_decode(pattern: DilatedPattern, num_heads: int, num_kv_heads: int, sk: 
 
 
 def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePlan,
-               scale: float, return_lse: bool = False):
+               scale: float, return_lse: bool = False, softcap: Optional[float] = None):
     """Attention of ``q`` ``[B, Hq, Sq, D]`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` as ``plan``
-    allows (a query with none: output 0, lse -inf): the decode kernel, one launch. Returns
+    allows (a query with none: output 0, lse -inf), scores soft-capped at ``softcap`` if given
+    (a call :func:`decodes` takes): the decode kernel, one launch. Returns
     ``out`` (a ``[B, Hq, Sq, D]`` view of ``[B, Sq, Hq, D]`` storage: the layout a model wants
     back) and ``lse`` ``[B, Hq, Sq]`` float32 if asked. Under ``torch.compile`` (``out`` only)
     one custom op, which CUDA graphs capture."""
@@ -144,6 +147,9 @@ def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePl
         raise ValueError(f"decode plan made for {plan.sk} keys, called with {k.shape[2]}")
     (b, hq, sq, d), p = q.shape, plan.pattern
     if not _kernel(q):  # (traced as it is under torch.compile)
+        if softcap:
+            raise ValueError("soft-capped decoding runs on the decode kernel (CUDA) only "
+                             "(decodes() says which calls run_decode takes)")
         if plan._made is None:
             plan._made = plan.bias()
         out, lse = _torch_decode(q, k, v, plan._made, scale)
@@ -152,7 +158,8 @@ def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePl
         r = plan.rule(b)
         return torch.ops.hf_hilbert_attn.decode(
             q, k, v, r.QP, r.KP, r.QD if plan.q_doc_ids is not None else None, r.KD, r.CFG,
-            r.DENSE, r.SINKS, p.sliding, p.query_dilation == "per_head", float(scale))
+            r.DENSE, r.SINKS, p.sliding, p.query_dilation == "per_head", float(scale),
+            float(softcap or 0.0))
     if plan._made is None:
         from .kernels._decode import DecodeLauncher
 
@@ -160,7 +167,7 @@ def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePl
                                     plan.q_doc_ids is not None)
     out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device) if return_lse else None
-    plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda)
+    plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda, softcap=softcap or 0.0)
     return (out, lse) if return_lse else out
 
 
@@ -184,18 +191,20 @@ _SDPA_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
                k_pos: torch.Tensor, q_doc: Optional[torch.Tensor], k_doc: torch.Tensor,
                cfg: torch.Tensor, dense: torch.Tensor, sinks: int, sliding: bool,
-               per_head: bool, scale: float) -> torch.Tensor:
+               per_head: bool, scale: float, softcap: float) -> torch.Tensor:
     from .kernels._decode import DecodeLauncher, Rule
 
     (b, hq, sq, d), rule = q.shape, Rule(q_pos, k_pos, q_pos if q_doc is None else q_doc, k_doc,
                                          cfg, dense, sinks)
     out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     DecodeLauncher(rule, sliding, per_head, q_doc is not None)(q, k, v, scale, out,
-                                                               interpret=not q.is_cuda)
+                                                               interpret=not q.is_cuda,
+                                                               softcap=softcap)
     return out
 
 
 @_decode_op.register_fake
-def _(q, k, v, q_pos, k_pos, q_doc, k_doc, cfg, dense, sinks, sliding, per_head, scale):
+def _(q, k, v, q_pos, k_pos, q_doc, k_doc, cfg, dense, sinks, sliding, per_head, scale,
+      softcap):
     (b, hq, sq, d) = q.shape
     return q.new_empty(b, sq, hq, d).transpose(1, 2)

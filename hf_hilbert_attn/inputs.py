@@ -4,6 +4,7 @@ negative key document id is padding)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,6 +39,8 @@ class AttnInputs:
     # query head h follows the pattern's rule as head head_base + h (a head-sharded rank's
     # heads: ring/ulysses.py); the pattern's dense key/value heads are given in local indices
     head_base: int = 0
+    # scores s (scaled) are taken as softcap * tanh(s / softcap) (Gemma 2); 0: they are not
+    softcap: float = 0.0
 
 
 def _positions(name, t, batch, length, device, default):
@@ -104,7 +107,7 @@ def kernel_widths(q, k, v, scale: Optional[float], kernels: Optional[bool] = Non
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *,
                  scale: Optional[float] = None, q_positions=None, k_positions=None,
-                 q_doc_ids=None, k_doc_ids=None) -> AttnInputs:
+                 q_doc_ids=None, k_doc_ids=None, softcap: Optional[float] = None) -> AttnInputs:
     """Validate shapes/dtypes and normalise positions; raises ``ValueError``/``TypeError``."""
     if not isinstance(pattern, DilatedPattern):
         raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
@@ -131,6 +134,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})"
                          + _layout_hint(q, k))
     scale = d ** -0.5 if scale is None else scale
+    if softcap is not None and not (isinstance(softcap, (int, float)) and 0 < softcap < math.inf):
+        raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
     natural = q_positions is None and k_positions is None
     dev = q.device
     try:
@@ -159,7 +164,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
     qd = _positions("q_doc_ids", q_doc_ids, b, sq, dev, None)
     kd = _positions("k_doc_ids", k_doc_ids, b, sk, dev, None)
     pattern.check_kv_heads(hkv)
-    return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural)
+    return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural,
+                      softcap=float(softcap or 0.0))
 
 
 def document_ranges(a) -> Optional[list]:

@@ -29,7 +29,8 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
                       q_doc_ids: Optional[torch.Tensor] = None,
                       k_doc_ids: Optional[torch.Tensor] = None, return_lse: bool = False,
                       backend: str = "auto", ordering: Optional[str] = None,
-                      _skip_kv_heads: tuple = (), _head_base: int = 0):
+                      softcap: Optional[float] = None, _skip_kv_heads: tuple = (),
+                      _head_base: int = 0):
     """LongNet-style dilated attention (the rule: README "The pattern", ``pattern.py``),
     differentiable.
 
@@ -54,25 +55,29 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
             ``pattern.ordering``): ``"hilbert"`` permutes self-attention at ``0..S-1`` into the
             pattern's Hilbert order and back, the same function (explicit positions: already in
             the caller's storage order).
+        softcap: take every score ``s`` (scaled) as ``softcap * tanh(s / softcap)`` before
+            the softmax (Gemma 2's attention logit soft-capping); None: not.
 
     Returns:
         ``out`` ``[B, Hq, Sq, D]`` in the input dtype, and ``lse`` if ``return_lse``.
     """
     if ordering is not None and ordering not in ORDERINGS:
         raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
+    kw = dict(causal=causal, scale=scale, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+              return_lse=return_lse, backend=backend, softcap=softcap, _head_base=_head_base)
     cast = call_under_autocast(  # under torch.autocast: cast like SDPA, compute with it off
-        dilated_attention, q, k, v, pattern, causal=causal, scale=scale, q_positions=q_positions,
-        k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse,
-        backend=backend, ordering=ordering, _skip_kv_heads=_skip_kv_heads, _head_base=_head_base)
+        dilated_attention, q, k, v, pattern, q_positions=q_positions, k_positions=k_positions,
+        ordering=ordering, _skip_kv_heads=_skip_kv_heads, **kw)
     if cast is not None:
         return cast
     key = _prepared_key(q, k, v, pattern, (q_positions, k_positions, q_doc_ids, k_doc_ids),
-                        causal, scale, return_lse, backend, ordering, _skip_kv_heads, _head_base)
+                        ordering, _skip_kv_heads, *kw.values())
     if (a := _PREPARED.get(key)) is not None:  # checked and routed by a call like this one
         out, lse = _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
         return (out, lse) if return_lse else out
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                     softcap=softcap)
     triton = use_triton(q, a, backend)
     if _dense_call(pattern, a, causal, return_lse, backend):
         # The pattern allows every pair here: the fastest dense path is the op (SDPA picks
@@ -81,27 +86,20 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
                                               scale=a.scale, enable_gqa=a.hq != a.hkv)
     if pattern.dense_kv_heads and not _dense_heads_in_kernels(triton, a, pattern):
         # elsewhere than in the kernels: two calls without dense heads (dense_heads.py)
-        return with_dense_heads(dilated_attention, q, k, v, pattern, return_lse=return_lse,
-                                causal=causal, scale=a.scale, q_positions=q_positions,
-                                k_positions=k_positions, q_doc_ids=q_doc_ids,
-                                k_doc_ids=k_doc_ids, backend=backend, ordering=ordering,
-                                _head_base=_head_base)
+        return with_dense_heads(dilated_attention, q, k, v, pattern, q_positions=q_positions,
+                                k_positions=k_positions, ordering=ordering, **kw)
     if a.natural_positions and a.sq == a.sk > 1 and \
             storage_ordering(pattern, a.sq, a.head_dim, q.device, ordering) == "hilbert":
-        return in_storage_order(dilated_attention, q, k, v, pattern, causal=causal, scale=a.scale,
-                                q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
-                                return_lse=return_lse, backend=backend,
-                                _skip_kv_heads=_skip_kv_heads, _head_base=_head_base)
+        return in_storage_order(dilated_attention, q, k, v, pattern, _skip_kv_heads=_skip_kv_heads,
+                                **{**kw, "q_doc_ids": a.q_doc_ids, "k_doc_ids": a.k_doc_ids})
     if _skip_kv_heads or _head_base:  # (private) heads whose results the caller discards
         # (dense_heads.py); the number of head 0 in the rule (a head shard's: ring/ulysses.py)
         a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads), head_base=_head_base)
     if triton:
         _prepared(key, a)
-        out, lse = _kernel_attention(q, k, v, pattern, a, causal)
-    else:
-        out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
-        lse = lse.float()  # float32 for every input dtype
-    return (out, lse) if return_lse else out
+    out, lse = _kernel_attention(q, k, v, pattern, a, causal) if triton else \
+        chunked_attention(q, k, v, pattern, a, causal=causal)
+    return (out, lse.float()) if return_lse else out  # (lse: float32 for every input dtype)
 
 
 # One prepared call: the checked inputs of eager kernel calls at positions 0..S-1, by what the
@@ -146,7 +144,8 @@ def _kernel_attention(q, k, v, pattern, a, causal):
     return torch.ops.hf_hilbert_attn.dilated_attention_fwd(  # the pattern as the schema's types
         q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),
         list(pattern.dilation_rates), pattern.query_dilation, int(pattern.sink_tokens),
-        pattern.window, list(pattern.dense_kv_heads), bool(causal), float(a.scale))
+        pattern.window, list(pattern.dense_kv_heads), bool(causal), float(a.scale),
+        a.softcap)
 
 
 # Query rows (B * Sq) up to which the kernels run dense heads at positions 0..S-1 themselves;
@@ -167,9 +166,11 @@ def _dense_heads_in_kernels(triton: bool, a, pattern: DilatedPattern) -> bool:
 def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, backend: str) -> bool:
     """Whether SDPA computes this call exactly: positions ``0..Sk-1`` (queries the last ``Sq``,
     causal only as a square or a single query, SDPA's causal mask being top-left aligned), no
-    documents or padding, no lse asked, and a pattern that allows every pair of ``Sk`` tokens;
+    documents or padding, no lse asked, no soft-capping, and a pattern that allows every pair
+    of ``Sk`` tokens;
     ``backend="auto"`` only (the others name an engine). Host-side facts only (no device sync)."""
     return (backend == "auto" and not return_lse and a.natural_positions and a.q_doc_ids is None
+            and not a.softcap
             and a.batch > 0 and a.sk > 0 and (not causal or a.sq == a.sk or a.sq == 1)
             and a.head_dim == a.head_dim_v and pattern.is_dense_for(a.sk))
 
@@ -188,11 +189,13 @@ def _op_pattern(segment_lengths: tuple, dilation_rates: tuple, query_dilation: s
 
 
 def _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths,
-               dilation_rates, query_dilation, sink_tokens, window, dense_kv_heads, scale):
+               dilation_rates, query_dilation, sink_tokens, window, dense_kv_heads, scale,
+               softcap):
     pattern = _op_pattern(tuple(segment_lengths), tuple(dilation_rates), query_dilation,
                           int(sink_tokens), window, tuple(dense_kv_heads))
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                     softcap=softcap or None)
     return pattern, a
 
 
@@ -203,16 +206,17 @@ def _fwd_op(
     q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
     sink_tokens: int, window: str, dense_kv_heads: List[int], causal: bool, scale: float,
+    softcap: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
-                            window, dense_kv_heads, scale)
+                            window, dense_kv_heads, scale, softcap)
     return TRITON.forward(q, k, v, pattern, a, causal)
 
 
 @_fwd_op.register_fake
 def _(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths, dilation_rates,
-      query_dilation, sink_tokens, window, dense_kv_heads, causal, scale):
+      query_dilation, sink_tokens, window, dense_kv_heads, causal, scale, softcap):
     b, h, s, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
 
@@ -225,10 +229,11 @@ def _bwd_op(
     q_doc_ids: Optional[torch.Tensor], k_doc_ids: Optional[torch.Tensor],
     segment_lengths: List[int], dilation_rates: List[int], query_dilation: str,
     sink_tokens: int, window: str, dense_kv_heads: List[int], causal: bool, scale: float,
+    softcap: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
                             segment_lengths, dilation_rates, query_dilation, sink_tokens,
-                            window, dense_kv_heads, scale)
+                            window, dense_kv_heads, scale, softcap)
     return TRITON.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
 
 
@@ -260,7 +265,7 @@ def _backward(ctx, dout, dlse):
         dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
             torch.zeros_like(out) if dout is None else dout, dlse, q, k, v, out, lse, qp, kp,
             qd, kd, *ctx.static)
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 13
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)

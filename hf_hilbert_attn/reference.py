@@ -19,7 +19,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, patte
                         k_positions: Optional[torch.Tensor] = None,
                         q_doc_ids: Optional[torch.Tensor] = None,
                         k_doc_ids: Optional[torch.Tensor] = None, return_lse: bool = False,
-                        dtype: torch.dtype = torch.float32):
+                        softcap: Optional[float] = None, dtype: torch.dtype = torch.float32):
     """Dense masked attention of the dilated pattern (same arguments as ``dilated_attention``).
 
     Returns ``out`` ``[B, Hq, Sq, D]`` in ``dtype`` (float32 or float64), and with
@@ -29,7 +29,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, patte
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"reference dtype must be float32 or float64, got {dtype}")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                     softcap=softcap)
     mask = pattern.build_mask(a.hq, a.q_positions, a.k_positions, causal=causal,
                               q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
                               num_kv_heads=a.hkv)  # [B', Hq, Sq, Sk]
@@ -38,6 +39,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, patte
     kf = k.to(dtype).repeat_interleave(group, dim=1)
     vf = v.to(dtype).repeat_interleave(group, dim=1)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * a.scale
+    if a.softcap:
+        scores = torch.tanh(scores / a.softcap) * a.softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # -inf where the row is empty
     p = torch.exp(scores - finite_or_zero(lse).unsqueeze(-1))  # exp(-inf) = 0: masked / empty rows

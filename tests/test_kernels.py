@@ -18,7 +18,8 @@ from hf_hilbert_attn import kernels
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.kernels import plan_positions
 from hf_hilbert_attn.kernels._common import (_SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, _covered,
-                                             _launch_order, _launch_scalars, _launch_sinks)
+                                             _launch_order, _launch_scalars, _launch_sinks,
+                                             _tanh)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -139,6 +140,39 @@ def test_consecutive_positions_at_offsets(causal):
         assert not plan.mapped and plan.base == min(qa, ka) // 32 * 32
         assert (plan.qoff, plan.koff) == (qa - plan.base, ka - plan.base)
         _run(pat, sq=sq, sk=sk, hq=2, hkv=1, causal=causal, q_positions=qp, k_positions=kp)
+
+
+@triton.jit
+def _tanh_rows(x, y, N: tl.constexpr):
+    o = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(y + o, _tanh(tl.load(x + o)))
+
+
+def test_tanh_to_a_few_ulp():
+    # the soft-cap's tanh: the series below 0.3 (where the exp form would lose digits), the exp
+    # form above. Bound: exp2 within 2 ulp (a GPU's approximation; the interpreter's is exact)
+    # moves (1 - e) / (1 + e), e = exp(-2|x|) <= 0.55, by 2·eps·e·(1/(1 - e) + 1/(1 + e)) <=
+    # 3.2 eps, and its three roundings add 1.5 eps: 6 eps with margin
+    x = torch.cat([torch.linspace(-12, 12, 3 * 1024), torch.randn(1024) * 1e-3,
+                   torch.tensor([0.3, -0.3, 0.29999, 0.30001, 1e-30, 50.0, -50.0, 0.0])])
+    x = torch.cat([x, x.new_zeros(-x.numel() % 1024)]).to(DEV)
+    y = torch.empty_like(x)
+    _tanh_rows[(x.numel() // 1024,)](x, y, N=1024)
+    want = torch.tanh(x.double())
+    rel = (y.double() - want).abs() / want.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    assert float(rel.max()) <= 6 * eps(), float(x[rel.argmax()])
+
+
+@pytest.mark.parametrize("pattern,causal", [
+    (DilatedPattern([8, 16, 32], [1, 2, 4], sink_tokens=2), True),  # union launches, sinks
+    (DilatedPattern([8, 16], [1, 2], window="sliding", query_dilation="all"), False),
+    (DilatedPattern([12, 20], [1, 3], dense_kv_heads=[1]), True)])  # the dense heads' launch
+def test_soft_capped_scores(pattern, causal):
+    # Gemma 2's cap * tanh(s / cap) in every launch kind, forward and backward, with padding;
+    # a cap of 1.5 moves these inputs' scores by several units (tanh's series below 0.3 and its
+    # exp form above both appear)
+    doc = torch.tensor([0] * 20 + [1] * 20 + [-1] * 5, device=DEV)
+    _run(pattern, sq=45, causal=causal, softcap=1.5, q_doc_ids=doc, k_doc_ids=doc)
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -63,6 +63,8 @@ def _torch_same_dtype(q, k, v, pattern, causal, **kw):
     kk = k.repeat_interleave(hq // hkv, 1)
     vv = v.repeat_interleave(hq // hkv, 1)
     s = (q @ kk.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if kw.get("softcap"):  # (Gemma 2's eager attention, in the input dtype)
+        s = torch.tanh(s / kw["softcap"]) * kw["softcap"]
     # a query with no allowed key outputs 0 (as the op and the reference do), not NaN: the
     # finite fill keeps its softmax finite, the row factor zeroes it and its gradients
     s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
@@ -120,6 +122,14 @@ def test_head_dim_256():
     # with per-pair union masks, and a sliding window with sinks (the sink launch)
     _check(LONGNET_SMALL, s=2049, hq=4, hkv=2, d=256)
     _check(SLIDING_SMALL.replace(sink_tokens=2), s=1500, hq=4, hkv=1, d=256)
+
+
+def test_soft_capped_scores():
+    # Gemma 2's cap (1.5: it bends most scores of randn inputs) in every launch kind at its head
+    # size: segments with per-pair union masks and the sink run; the sliding band with a dense
+    # key/value head's launch
+    _check(LONGNET_SMALL.replace(sink_tokens=2), s=2049, hq=4, hkv=2, d=256, softcap=1.5)
+    _check(SLIDING_SMALL.replace(dense_kv_heads=[1]), s=1500, hq=4, hkv=2, d=256, softcap=1.5)
 
 
 def test_16k_tokens():

@@ -87,9 +87,19 @@ def test_gpt_oss_with_the_dense_pattern_is_its_eager_attention():
     _, got = dense_as_before(model, ids)
     assert any("sinks" in n for n in got[2]) and all(
         got[2][n].abs().max() > 0 for n in got[2] if "sinks" in n)
-    kw = dict(max_new_tokens=2 * WINDOW, min_new_tokens=2 * WINDOW, do_sample=False,
-              pad_token_id=0)
-    mask = left_pad_mask(2, 40, [0, 5])
+    generates_as_eager(model, ids, 2 * WINDOW)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)  # a sink nothing attends: plain attention
+        without = model(ids).logits
+    assert (without - got[1]).abs().max() > 1e-3 * got[1].abs().max()
+
+
+def generates_as_eager(model, ids, steps: int):
+    """Greedy tokens of ``model`` (``hilbert_dilated``) with a left-padded batch and with a
+    PatternCache equal its eager attention's."""
+    kw = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0)
+    mask = left_pad_mask(ids.shape[0], ids.shape[1], [0, 5])
     for extra in (dict(attention_mask=mask), {cache_kwarg(model): PatternCache(model)}):
         ours = model.generate(ids, **extra, **kw)
         model.set_attn_implementation("eager")
@@ -97,11 +107,25 @@ def test_gpt_oss_with_the_dense_pattern_is_its_eager_attention():
                                 **kw)
         model.set_attn_implementation("hilbert_dilated")
         assert torch.equal(ours, theirs), extra.keys()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.sinks.fill_(-1e4)  # a sink nothing attends: plain attention
-        without = model(ids).logits
-    assert (without - got[1]).abs().max() > 1e-3 * got[1].abs().max()
+
+
+def sparse_as_reference(model, ids, reference: str) -> PatternCache:
+    """With a sparse pattern configured: the logits equal those of the attention registered as
+    ``reference`` and differ from eager's (the pattern matters); a PatternCache's greedy run of 40
+    tokens equals the full cache's, step by step. Returns the PatternCache."""
+    got, want, dense = logits_under(model, ids, "hilbert_dilated", reference, "eager")
+    assert_rel_close(got, want, what="logits vs the reference")
+    assert (got - dense).abs().max() > 1e-3 * dense.abs().max()
+    model.set_attn_implementation("hilbert_dilated")
+    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0,
+              output_logits=True, return_dict_in_generate=True)
+    cache = PatternCache(model)
+    bounded = model.generate(ids, **{cache_kwarg(model): cache}, **kw)
+    full = model.generate(ids, **kw)
+    assert torch.equal(bounded.sequences, full.sequences)
+    for t, (a, b) in enumerate(zip(bounded.logits, full.logits)):
+        assert_rel_close(a, b, rel=model_tol(80, 80, 16), what=f"step {t}")
+    return cache
 
 
 def _reference_with_sinks(module, query, key, value, attention_mask, scaling=None,
@@ -119,21 +143,8 @@ def test_gpt_oss_with_a_sparse_pattern_equals_the_reference():
     pattern (``get_pattern(config, layer)``)."""
     AttentionInterface.register("hilbert_sinks_reference_test", _reference_with_sinks)
     model = configure(tiny_gpt_oss(), SMALL)
-    ids = tokens(2, 40)
-    got, want, dense = logits_under(model, ids, "hilbert_dilated",
-                                    "hilbert_sinks_reference_test", "eager")
-    assert_rel_close(got, want, what="logits vs the reference")
-    assert (got - dense).abs().max() > 1e-3 * dense.abs().max()  # the pattern matters
+    cache = sparse_as_reference(model, tokens(2, 40), "hilbert_sinks_reference_test")
     # a PatternCache drops keys in every layer (the dropped-key layout gives its lse too)
-    model.set_attn_implementation("hilbert_dilated")
-    kw = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0,
-              output_logits=True, return_dict_in_generate=True)
-    cache = PatternCache(model)
-    bounded = model.generate(ids, **{cache_kwarg(model): cache}, **kw)
-    full = model.generate(ids, **kw)
-    assert torch.equal(bounded.sequences, full.sequences)
-    for t, (a, b) in enumerate(zip(bounded.logits, full.logits)):
-        assert_rel_close(a, b, rel=model_tol(80, 80, 16), what=f"step {t}")
     assert all(layer.dropped > 0 for layer in cache.layers)
 
 
@@ -142,9 +153,15 @@ def test_gpt_oss_with_a_sparse_pattern_equals_the_reference():
 def test_gpu_gpt_oss_matches_eager():
     """On the GPU (the kernels give out and lse, the sinks rescale them): with the dense pattern,
     logits and gradients as eager's, within TF32 rounding; greedy tokens equal."""
+    gpu_dense_as_eager(tiny_gpt_oss().cuda(), 2 * WINDOW)
+
+
+def gpu_dense_as_eager(model, steps: int, caches=(None,)):
+    """On the GPU, ``model`` with the dense pattern: logits and gradients as its eager
+    attention's within TF32 rounding; greedy tokens (``steps``, with each cache factory of
+    ``caches``, None: the default cache) as eager's."""
     from conftest import eps
 
-    model = tiny_gpt_oss().cuda()
     ids = tokens(2, 40).cuda()
     ref = loss_logits_grads(model, ids)
     configure(model, DENSE)
@@ -154,7 +171,9 @@ def test_gpu_gpt_oss_matches_eager():
     assert_rel_close(got[1], ref[1], rel=10 * eps("tf32"), what="logits")
     for name in ref[2]:
         assert_rel_close(got[2][name], ref[2][name], rel=20 * eps("tf32"), what=f"grad {name}")
-    kw = dict(max_new_tokens=2 * WINDOW, do_sample=False, pad_token_id=0)
-    ours = model.generate(ids, **kw)
+    kw = dict(max_new_tokens=steps, do_sample=False, pad_token_id=0)
+    ours = [model.generate(ids, **({} if c is None else {cache_kwarg(model): c(model)}), **kw)
+            for c in caches]
     model.set_attn_implementation("eager")
-    assert torch.equal(ours, model.generate(ids, **kw))
+    theirs = model.generate(ids, **kw)
+    assert all(torch.equal(o, theirs) for o in ours)

@@ -59,7 +59,7 @@ def _case(seed: int, world: int):
     return dict(pattern=pat, s=rng.choice([37, 61, 97]) + world, hq=hq, hkv=hkv,
                 d=rng.choice([8, 12]), b=rng.choice([1, 2]), causal=rng.random() < 0.7,
                 layout=rng.choice(["contiguous", "zigzag", "hilbert"]),
-                docs=rng.random() < 0.3, seed=seed)
+                docs=rng.random() < 0.3, seed=seed, softcap=rng.choice([None, None, 2.0]))
 
 
 def _check_case(rank, world, c, group):
@@ -84,7 +84,8 @@ def _check_case(rank, world, c, group):
         pos = pos - starts
     ref, ref_lse = reference_attention(q, k, v, pat, causal=causal, q_positions=pos,
                                        k_positions=pos, q_doc_ids=docs, k_doc_ids=docs,
-                                       return_lse=True, dtype=torch.float64)
+                                       return_lse=True, softcap=c.get("softcap"),
+                                       dtype=torch.float64)
     finite = torch.isfinite(ref_lse)
     (ref * dout).sum().backward(inputs=[q, k, v], retain_graph=True)
     ref_lse_term = torch.where(finite, ref_lse * dlse, torch.zeros_like(ref_lse)).sum()
@@ -115,7 +116,7 @@ def _check_case(rank, world, c, group):
                               k_positions=full_pos[idx], causal=causal,
                               q_doc_ids=full_doc[idx] if use_docs else None,
                               k_doc_ids=full_doc[idx] if use_docs else None, return_lse=True,
-                              backend=c.get("backend", "auto"))
+                              backend=c.get("backend", "auto"), softcap=c.get("softcap"))
     ridx = idx[real]
     what = f"rank {rank}/{world} case {c}"
     rels = {"out": _rel(out[:, :, real], ref.detach()[:, :, ridx])}
@@ -476,10 +477,11 @@ def test_local_attention_equals_the_op(backend):
 
 # ------------------------------------------------------------------ sink tokens, sliding windows
 def _sinks_sliding_case(seed: int, world: int, window: str, layout: str, sinks: int, docs: bool):
-    """A random case of :func:`_case` with the pattern's window kind and sinks replaced."""
+    """A random case of :func:`_case` with the pattern's window kind and sinks replaced (with
+    documents: soft-capped scores too)."""
     c = _case(seed, world)
     c.update(pattern=c["pattern"].replace(window=window, sink_tokens=sinks), layout=layout,
-             docs=docs)
+             docs=docs, softcap=2.0 if docs else None)
     return c
 
 
@@ -503,7 +505,8 @@ def _worker_sinks_sliding(rank, world, cases):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_sinks_and_sliding_match_reference(world):
     """Sliding windows cross shards and sink keys go from the first shard(s) to every later
-    query, for contiguous and zigzag shards: rows, lse and gradients equal the reference."""
+    query, for contiguous and zigzag shards: rows, lse and gradients equal the reference (the
+    cases with documents soft-capped)."""
     base = random.randrange(10**6)
     if world == 2:
         cases = [(base, world, "sliding", "contiguous", 3, False),

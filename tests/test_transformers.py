@@ -446,12 +446,13 @@ def test_sequence_parallel_calls_ring_with_shard_positions(monkeypatch):
     seen = []
 
     def fake_ring(q, k, v, pattern, *, group, mode, q_positions, k_positions, causal=True,
-                  scale=None, q_doc_ids=None, k_doc_ids=None, return_lse=False):
+                  scale=None, q_doc_ids=None, k_doc_ids=None, return_lse=False, softcap=None):
         assert mode == "auto"  # the default of sequence_parallel(group)
         seen.append((group, q_positions.clone(), causal, pattern))
         return hf_hilbert_attn.dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
                                                  q_positions=q_positions, k_positions=k_positions,
-                                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+                                                 q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                                                 softcap=softcap)
 
     monkeypatch.setattr(integ._ring, "get_sequence_parallel_group", lambda: "GROUP")
     monkeypatch.setattr(integ._ring, "sequence_parallel_attention", fake_ring)

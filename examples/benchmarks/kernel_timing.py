@@ -11,7 +11,8 @@ Prints, per case: max error vs a float32 reference on a small shape, then fwd / 
 pattern's dense key/value heads counted with ``--hkv``) and peak memory, next to SDPA flash
 dense causal on the same shape. ``--dense`` adds our kernels on the dense pattern (the yardstick
 of the sparse ones) and SDPA as it picks a backend for that call (cuDNN on an H100 / H200);
-``--profile`` a per-config, per-kernel table of each pattern. ``--device cpu`` runs the same
+``--profile`` a per-config, per-kernel table of each pattern; ``--softcap CAP`` each pattern
+again with soft-capped scores (Gemma 2). ``--device cpu`` runs the same
 rows on the PyTorch path (wall clock, SDPA's own CPU kernel, no memory column): a smoke run of
 the pipeline, its timings mean nothing.
 """
@@ -89,11 +90,11 @@ def check(pattern, s=2048, hq=8, hkv=2, d=128, dtype=torch.bfloat16, causal=True
 
 
 def time_case(pattern, s, hq, hkv, d, dtype, causal=True, bwd=True, hilbert=False,
-              backend="auto"):
+              backend="auto", softcap=None):
     q = torch.randn(1, hq, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
     k = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
     v = torch.randn(1, hkv, s, d, device=DEVICE, dtype=dtype, requires_grad=bwd)
-    kw = dict(backend=backend)
+    kw = dict(backend=backend, **({"softcap": softcap} if softcap else {}))  # (older packages)
     if hilbert:
         kw["k_positions"] = torch.randperm(s, device=DEVICE)
     fl = pattern.attention_flops(s, hq, d, causal=causal, num_kv_heads=hkv)
@@ -242,6 +243,8 @@ def main(argv=None):
     ap.add_argument("--csv", default=None, help="also write the timing rows to this CSV")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--hilbert", action="store_true", help="also time a random position map")
+    ap.add_argument("--softcap", type=float, default=None,
+                    help="also time each pattern with its scores soft-capped at this value")
     ap.add_argument("--profile", action="store_true",
                     help="per-launch kernel times of one fwd+bwd of each pattern")
     ap.add_argument("--dense", action="store_true", help="also time the dense pattern (raw speed)")
@@ -319,6 +322,13 @@ def main(argv=None):
             print(f"ours {name} S={s} (density {dens:.2%}): "
                   + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
             rows.append(dict(gpu=gpu, impl="ours", pattern=name, seq=s, density=dens, **r))
+            if args.softcap:
+                r = time_case(p, s, args.hq, args.hkv, args.dim, torch.bfloat16,
+                              softcap=args.softcap)
+                print(f"ours softcap {name} S={s}: "
+                      + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+                rows.append(dict(gpu=gpu, impl=f"ours softcap {args.softcap:g}", pattern=name,
+                                 seq=s, density=dens, **r))
             if args.hilbert:
                 r = time_case(p, s, args.hq, args.hkv, args.dim, torch.bfloat16, hilbert=True)
                 print(f"ours mapped {name} S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))

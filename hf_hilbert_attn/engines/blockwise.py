@@ -86,7 +86,17 @@ def _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g):
     return torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
 
 
-def _chunked_forward(pattern, passes, qf, kf, vf):
+def _scores(qb, kb, softcap):
+    """A block's scores ``[B', hk, g*cq, ck]`` from scaled queries, and (soft-capped:
+    ``softcap * tanh(s / softcap)``) the factor ``1 - tanh**2`` their gradient takes, else 1."""
+    s = torch.matmul(qb, kb.transpose(-1, -2))
+    if not softcap:
+        return s, 1.0
+    t = torch.tanh(s.div_(softcap))
+    return t * softcap, 1.0 - t * t
+
+
+def _chunked_forward(pattern, passes, qf, kf, vf, softcap):
     """Forward over the plan: ``out [B, Hq, Sq, Dv]`` and ``lse [B, Hq, Sq]`` in qf's dtype.
     ``qf`` is already multiplied by the softmax scale."""
     b, hq, sq, _ = qf.shape
@@ -105,7 +115,7 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
             acc = qb.new_zeros(nb, hk, g * cq, dv)
             for chunk in chunks:
                 ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
-                s = torch.matmul(qb, kb.transpose(-1, -2))  # [B', hk, g*cq, ck]
+                s = _scores(qb, kb, softcap)[0]  # [B', hk, g*cq, ck]
                 s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
                 m_new = torch.maximum(m, s.amax(-1))
                 m_safe = finite_or_zero(m_new)  # empty rows stay 0
@@ -126,7 +136,7 @@ def _chunked_forward(pattern, passes, qf, kf, vf):
     return out, lse
 
 
-def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
+def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale, softcap):
     """FlashAttention-style backward: probabilities recomputed block by block from ``lse``;
     ``delta = rowsum(dO * O) - dlse``. ``qf`` is scaled. Returns dq, dk, dv (qf's dtype)."""
     dq, dk, dv = (torch.zeros_like(x) for x in (qf, kf, vf))
@@ -144,11 +154,12 @@ def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
             dq_t = torch.zeros_like(qb)
             for chunk in chunks:
                 ki, kb, vb = _key_chunk(ps, kf, vf, chunk)
-                s = torch.matmul(qb, kb.transpose(-1, -2)).sub_(lse_b)
-                s = _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g)
+                s, dcap = _scores(qb, kb, softcap)
+                s = _mask_scores(s.sub_(lse_b), pattern, ps, chunk, qp, qd, hk, g)
                 p = s.exp_()  # [B', hk, g*cq, ck]
                 dv_b = torch.matmul(p.transpose(-1, -2), dob)  # [B', hk, ck, Dv]
                 ds = torch.matmul(dob, vb.transpose(-1, -2)).sub_(delta_b).mul_(p)
+                ds = ds.mul_(dcap) if softcap else ds
                 dq_t += torch.matmul(ds, kb)
                 dk_b = torch.matmul(ds.transpose(-1, -2), qb)  # q is scaled: d(s)/dk = scale*q
                 for grad, x in ((dk_v, dk_b), (dv_v, dv_b)):
@@ -161,13 +172,13 @@ def _chunked_backward(pattern, passes, qf, kf, vf, dout, lse, delta, scale):
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, pattern, passes, scale):
+    def forward(ctx, q, k, v, pattern, passes, scale, softcap):
         cdt = accum_dtype(q.dtype)
         qf = q.to(cdt) * scale
-        out, lse = _chunked_forward(pattern, passes, qf, k.to(cdt), v.to(cdt))
+        out, lse = _chunked_forward(pattern, passes, qf, k.to(cdt), v.to(cdt), softcap)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.pattern, ctx.passes, ctx.scale = pattern, passes, scale
+        ctx.pattern, ctx.passes, ctx.scale, ctx.softcap = pattern, passes, scale, softcap
         return out, lse
 
     @staticmethod
@@ -181,8 +192,9 @@ class _ChunkedAttention(torch.autograd.Function):
             if dlse is not None:
                 delta = delta - dlse.to(cdt)  # d lse / d s = p: folds into the same ds formula
             dq, dk, dv = _chunked_backward(ctx.pattern, ctx.passes, q.to(cdt) * ctx.scale,
-                                           k.to(cdt), v.to(cdt), dout, lse, delta, ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+                                           k.to(cdt), v.to(cdt), dout, lse, delta, ctx.scale,
+                                           ctx.softcap)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 def plan(pattern, a, causal, q):
@@ -192,4 +204,4 @@ def plan(pattern, a, causal, q):
 
 
 def attend(q, k, v, pattern, a, passes):
-    return _ChunkedAttention.apply(q, k, v, pattern, passes, a.scale)
+    return _ChunkedAttention.apply(q, k, v, pattern, passes, a.scale, a.softcap)

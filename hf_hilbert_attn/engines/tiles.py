@@ -210,10 +210,11 @@ def _sliding_tiles(pattern, i, earlier, s, hq, hkv, touched):
 
 
 def _fast_applies(pattern, a, causal, q) -> bool:
-    """Whether the dense-tile path can take this call, positions and documents aside."""
+    """Whether the dense-tile path can take this call, positions and documents aside (PyTorch's
+    fused attention, which it calls, has no soft-capping)."""
     cfgs = [pattern.configs[i] for i in priority(pattern)]
     return (_FLASH_FWD is not None and _FLASH_BWD is not None and q.device.type == "cpu"
-            and causal and a.sq == a.sk and a.head_dim_v == a.head_dim
+            and causal and not a.softcap and a.sq == a.sk and a.head_dim_v == a.head_dim
             # sliding: an earlier class test that varied inside a class would need masks per pair
             and not (pattern.sliding and not all(class_uniform(e, r, True) for n, (_, r)
                                                  in enumerate(cfgs) for e in cfgs[:n])))

@@ -171,14 +171,15 @@ class PatternCache(Cache):
 def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              pattern: DilatedPattern, *, q_start: int, dropped: int,
                              causal: bool = True, scale: Optional[float] = None,
-                             backend: str = "auto", return_lse: bool = False):
+                             backend: str = "auto", return_lse: bool = False,
+                             softcap: Optional[float] = None):
     """Dilated attention over a :class:`PatternCache` layer that dropped ``dropped`` positions
     after the sinks: ``key``/``value`` ``[B, Hkv, Sk, D]`` hold positions ``0..sinks-1`` then
     ``sinks + dropped ..``, ending with the queries' own keys; the ``Sq`` queries sit at
     ``q_start ..``. Returns ``[B, Hq, Sq, D]``: the tail with the pattern minus its sinks
     (natural order, shifted, where its first position is a multiple of the shift period),
     the sinks as a dense softmax, merged by log-sum-exp; with ``return_lse`` also the merged
-    log-sum-exp ``[B, Hq, Sq]`` (float32).
+    log-sum-exp ``[B, Hq, Sq]`` (float32); ``softcap`` as in ``dilated_attention``.
     """
     if not causal:
         raise ValueError("a PatternCache serves causal decoding only (got a non-causal layer)")
@@ -195,13 +196,14 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
         positions = dict(q_positions=torch.arange(q_start, q_start + sq, device=dev),
                          k_positions=torch.arange(first, q_start + sq, device=dev))
     out, lse = dilated_attention(query, tail_k, tail_v, body, causal=True, scale=scale,
-                                 return_lse=True, backend=backend, **positions)
+                                 return_lse=True, backend=backend, softcap=softcap, **positions)
     if not sinks:
         return (out, lse) if return_lse else out
     scale = d ** -0.5 if scale is None else scale
     with torch.autocast(query.device.type, enabled=False):  # float32, as the op's lse
         q = query.reshape(b, hkv, (hq // hkv) * sq, d).float()  # head h reads kv head h // (hq/hkv)
         scores = torch.matmul(q, key[:, :, :sinks].float().transpose(-1, -2)) * scale
+        scores = scores if not softcap else torch.tanh(scores / softcap) * softcap
         sink_lse = torch.logsumexp(scores, dim=-1)
         sink_out = torch.matmul(torch.exp(scores - sink_lse[..., None]),
                                 value[:, :, :sinks].float())

@@ -255,8 +255,9 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     ``dropout`` must be 0; ``is_causal`` overrides ``module.is_causal``; ``kwargs``:
     ``position_ids`` ``[B, S]``, optionally ``hilbert_doc_ids`` ``[B, S]``, flash-style
     ``cu_seq_lens_q`` or ``hilbert_positions``, learned sink logits ``s_aux`` ``[Hq]`` (gpt-oss:
-    ``numerics.with_sink_logits``). Returns ``(out [B, Sq, Hq, D] contiguous,
-    None)``; ``ValueError`` for what the op cannot do (``transformers_checks``)."""
+    ``numerics.with_sink_logits``), ``softcap`` (Gemma 2's soft-capped scores). Returns ``(out
+    [B, Sq, Hq, D] contiguous, None)``; ``ValueError`` for what the op cannot do
+    (``transformers_checks``)."""
     (b, _, sq, _), sk = query.shape, key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     step = attention_mask  # the forward's mask: its memo holds the plans every layer shares
@@ -265,6 +266,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     query, key, value, scaling, dv = kernel_widths(query, key, value, scaling)
     group, sinks = _ring.get_sequence_parallel_group(), kwargs.get("s_aux")  # learned sink
     sinks = None if sinks is None else sinks.view(1, -1, 1)  # logits, one per head (gpt-oss)
+    softcap = kwargs.get("softcap")
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
         args = (query, key, value, step, attention_mask, pattern, scaling, kwargs,
                 sinks is not None)
@@ -275,8 +277,8 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
         return _layer_output(attend_with_dropped_keys(
             query, key, value, pattern, q_start=int(attention_mask.q_offset), causal=causal,
-            dropped=int(attention_mask.kv_offset), scale=scaling, return_lse=sinks is not None),
-            sinks, dv)
+            dropped=int(attention_mask.kv_offset), scale=scaling, return_lse=sinks is not None,
+            softcap=softcap), sinks, dv)
     # DeepSpeed's Ulysses: this rank's heads over the whole sequence, the gathered position_ids
     ds = None if group is not None else deepspeed_head_slice(module, query.shape[1])
     if ds is not None:
@@ -304,14 +306,15 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
             query, key, value, pattern, group=group, mode=_ring.get_sequence_parallel_mode(),
             q_positions=positions, k_positions=positions,
             causal=causal, scale=scaling, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
-            return_lse=sinks is not None), sinks, dv)
+            return_lse=sinks is not None, softcap=softcap), sinks, dv)
     # generate() with a static cache compiles the forward with CUDA graphs; the op plans explicit
     # positions on the host (a device sync), which graph capture forbids: run it eagerly.
     eager = at.cached and torch.compiler.is_compiling()
     return _layer_output((_eager_dilated_attention if eager else dilated_attention)(
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
         k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
-        return_lse=sinks is not None, **({} if ds is None else {"_head_base": ds[0]})), sinks, dv)
+        return_lse=sinks is not None, softcap=softcap,
+        **({} if ds is None else {"_head_base": ds[0]})), sinks, dv)
 
 
 def _layer_output(result, sinks, dv):
@@ -363,7 +366,7 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: b
     key_ = ("decode", pattern, hq, hkv, sk, dropped, query.dtype)  # one entry each
     hit = memo.get(key_)
     if hit is None or hit[0] is not position_ids or hit[1] is not doc_ids:  # (by identity)
-        if not decodes(query, key, value, pattern):
+        if not decodes(query, key, value, pattern, kwargs.get("softcap")):
             return None
         if traced:
             at = model_positions(None, None, info.padding_mask, info.q_offset, b, sq, sk, dev)
@@ -383,7 +386,7 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: b
                                       or value.requires_grad):
         return None  # (what decodes() checks that a step's layers may not share)
     return run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling,
-                      return_lse=lse)
+                      return_lse=lse, softcap=kwargs.get("softcap"))
 
 
 # the eager step under torch.compile: one opaque call (its plan is host work kept in the mask)

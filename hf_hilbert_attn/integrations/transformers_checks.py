@@ -1,7 +1,8 @@
 """What ``hilbert_dilated`` refuses in a Transformers model, each with a one-line ``ValueError``
 that says what to change: mask functions the dilated pattern does not express, a layer whose
 mask or arguments apply another window or chunk than its config declares, dropout,
-attention weights, soft-capping, cross-attention and precomputed 4-D masks."""
+attention weights, per-query sinks, an additive position bias, cross-attention and
+precomputed 4-D masks."""
 
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ _MASK_WRAPPERS = {
     "remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_function",
     "add_offsets_to_mask_function.<locals>.inner_mask": "mask_function",
 }
-_UNSUPPORTED_KWARGS = {"softcap": "attention logit soft-capping (softcap)",
-                       "sinks": "attention sinks computed per query (sinks)",
+_UNSUPPORTED_KWARGS = {"sinks": "attention sinks computed per query (sinks)",
                        "position_bias": "additive position bias (position_bias)"}
 
 

@@ -19,7 +19,7 @@ from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by
     _key_tiles, _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
     _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided, _trimmed, _union_args)
 from ._common import LOG2E as _LOG2E
-from ._common import Strided
+from ._common import Strided, _scales
 from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._fwd import _fwd_kernel
 from ._plan import PositionPlan, fwd_max_registers, plan_positions
@@ -71,13 +71,13 @@ def plan_fwd(c: Call) -> FwdPlan:
 
 
 def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, skip: tuple,
-                flags: tuple, hbase: int):
+                flags: tuple, hbase: int, softcap: float):
     """``(sparse plan, dense plan or None, whether they were made just now, heads to fill,
     positions)`` of a call, made once per call key: ``build`` (:func:`plan_fwd` /
     :func:`plan_bwd`) of the sparse pattern leaving out ``skip`` (and, where that adds no
     launch, the dense key/value heads: ``_head_split``) and of the plain causal config over the
     dense heads, whose launches come last (they overwrite what the sparse ones computed for
-    them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``); ``hbase``: its ``hbase``."""
+    them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``); ``hbase``, ``softcap``: its own."""
     (B, HQ, SQ, D), dev = q.shape, q.device
     shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
 
@@ -85,26 +85,28 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, sk
         sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags))
         same = (plan, shape, q.dtype, dev, bool(causal), cfg)
         ranged = for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-        dense = pattern.dense_kv_heads and build(
-            Call(DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2])))
-        return build(Call(ranged, *same, left, *flags, hbase=hbase)), dense or None, fill
+        dense = pattern.dense_kv_heads and build(Call(
+            DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2]), softcap=softcap))
+        return (build(Call(ranged, *same, left, *flags, hbase=hbase, softcap=softcap)),
+                dense or None, fill)
 
     pos = _positions(plan, dev)
     key = _call_key(build.__name__, pattern, plan, q, k, causal, scale, cfg,
-                    (skip, *flags, hbase))
+                    (skip, *flags, hbase, softcap))
     (sparse, dense, fill), fresh = _planned(key, make, dev, pos)
     return sparse, dense, fresh, fill, pos
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
-                lse=None, skip: tuple = (), acc=None, head_base: int = 0):
+                lse=None, skip: tuple = (), acc=None, head_base: int = 0, softcap: float = 0.0):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log),
     planned once per call key (:func:`plan_fwd`); the pattern's dense key/value heads: one more
     launch of the plain causal config over their heads. ``out`` / ``lse``: tensors to write
     into (unit last stride). ``skip``: key/value heads not computed (out 0, lse -inf). ``acc``: a float32
     result with its given ``lse`` over other keys (0, -inf at first) this call merges into (the
     ring's pieces; ``out`` not written). ``head_base``: query head ``h`` follows the pattern's
-    rule as head ``head_base + h`` (a head-sharded rank's heads; dense heads: local indices)."""
+    rule as head ``head_base + h`` (a head-sharded rank's heads; dense heads: local indices).
+    ``softcap`` > 0: every score ``s`` (scaled) is taken as ``softcap * tanh(s / softcap)``."""
     q, k, v = _prep(q), _prep(k), _prep(v)
     B, HQ, SQ, D = q.shape
     dev = q.device
@@ -121,17 +123,17 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
         return (acc if merge else out), lse
     cfg = kernel_config()
     fp, dense, fresh, fill, pos = _call_plans(
-        plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base)
+        plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
     if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
         _fill_skipped(fill, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
         acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch else out
     qkv = (_strided(q), _strided(k), _strided(v))
-    scale_log2 = scale * LOG2E
+    scales = _scales(scale, softcap)
     run = []
     for p, buf in ((fp, acc), (dense, out)):
         if p is not None:
             head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
-            run += [(_fwd_kernel, grid, head, (row, *ints, scale_log2), kw)
+            run += [(_fwd_kernel, grid, head, (row, *ints, scales), kw)
                     for grid, row, ints, kw in p.items]
     _run(run, fresh, cfg)
     return (acc if merge else out), lse
@@ -221,13 +223,13 @@ def _bwd_stats(lse, B, HQ, SQ, dev):
 
 def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
                 plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None,
-                dkv_acc=None, head_base: int = 0):
+                dkv_acc=None, head_base: int = 0, softcap: float = 0.0):
     """Backward launches → (dq, dk, dv) in the input dtype (``dlse`` may be None), planned once per
     call key (:func:`plan_bwd`); dense key/value heads as in :func:`dilated_fwd`. ``dq``/``dk``/``dv``: tensors (or views) to write into; float32
     sums over configs hold a chunk of heads at a time (``_sum_buffers``). ``skip``: key/value
     heads not computed (zero gradients). ``dq_acc`` / ``dkv_acc``: float32 sums this call's dq /
     (dk, dv) add into (the ring's pieces; dk/dv in the kernels where no key is a sink);
-    ``head_base`` as in :func:`dilated_fwd`."""
+    ``head_base`` and ``softcap`` as in :func:`dilated_fwd`."""
     q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
     B, HQ, SQ, D = q.shape
     HKV, SK = k.shape[1], k.shape[2]
@@ -246,7 +248,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     cfg = kernel_config()
     bp, dense, fresh, fill, pos = _call_plans(
         plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, dkv_acc is not None),
-        head_base)
+        head_base, softcap)
     _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
     for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
         _check_target(name, t, k.shape, torch.float32)
@@ -269,7 +271,7 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32)) \
         if bp.sinks else none
     ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
-    scales = (scale, scale * LOG2E)
+    scales = _scales(scale, softcap)
     for p, sums, sg in ((bp, (dqacc, dkacc, dvacc), sinkg), (dense, (dq, dk, dv), none)):
         if p is not None:
             dqs, dks, dvs = (_strided(t) for t in sums)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _key_range, _key_tile,
-                      _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _n_range,
+                      _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _logits2, _n_range,
                       _participates, _program_tile, _query_rows, _row_keep, _row_ptrs, _dot,
                       _sink_geometry, _split_at, _union_keep, _union_prologue, _union_tab)
 
@@ -46,33 +46,36 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
 
     Keys past ``end`` load as zeros and add nothing to dq, so only the diagonal (and, sliding,
     the window's edges) needs a mask. ``rows``: ``(q, do, lse2, delta, qd, offs_m, pq, p0, p1,
-    sbase, R, h, b64, scale_log2, LB, LC, band_lo, sgk, sgv, scale)``; ``keys`` and ``uni`` as in
+    sbase, R, h, b64, scales, LB, LC, band_lo, sgk, sgv)``; ``keys`` and ``uni`` as in
     ``_fwd._fwd_tiles``. ``KVGRAD`` (the sink keys): this tile's dk/dv too, added atomically
     to the float32 rows ``sgk[pos]`` / ``sgv[pos]`` of its key/value head, which the dk/dv
     kernel's first launch adds in.
     """
-    q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, LC, band_lo, \
-        sgk, sgv, scale = rows
+    q, do, lse2, delta, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scales, LB, LC, band_lo, \
+        sgk, sgv = rows
     offs_d = tl.arange(0, D)
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
                                                    EDGE=EDGE, MAPPED=F.MAPPED)
         s = _dot(q, tl.trans(k), None, F.IEEE)
         dp = _dot(do, tl.trans(v), None, F.IEEE)
-        p = tl.math.exp2(s * scale_log2 - lse2[:, None])
+        x, dcap = _logits2(s, scales, F.SOFTCAP)
+        p = tl.math.exp2(x - lse2[:, None])
         if ((F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION
                 or KVGRAD):
             keep = _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB,
                              LC, keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
             p = tl.where(keep, p, 0.0)
         ds = p * (dp - delta[:, None])
+        if F.SOFTCAP:
+            ds = ds * dcap
         dq = _dot(ds.to(k.dtype), k, dq, F.IEEE)
         if KVGRAD:
             # rows of queries that do not exist have q = dO = 0 (no contribution)
             dkp = _dot(tl.trans(ds.to(q.dtype)), q, None, F.IEEE)
             dvp = _dot(tl.trans(p.to(do.dtype)), do, None, F.IEEE)
             sg_rows = pk[:, None].to(tl.int64) * D + offs_d[None, :]
-            tl.atomic_add(sgk + sg_rows, dkp * scale, mask=col_ok[:, None])
+            tl.atomic_add(sgk + sg_rows, dkp * scales[0], mask=col_ok[:, None])
             tl.atomic_add(sgv + sg_rows, dvp, mask=col_ok[:, None])
     return dq
 
@@ -84,10 +87,10 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
     """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
     (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing.
     ``cols``: the program's keys ``(k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64,
-    scale_log2, LB, LC)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
+    scales, LB, LC)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
     lrow, sqinv, sqdoc, sqs, sds, QOFF)`` (bases and ``lrow``, the offset of lse's and delta's
     rows, at the program's batch and query head); ``uni`` as in ``_fwd._fwd_tiles``."""
-    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scale_log2, LB, LC = cols
+    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scales, LB, LC = cols
     q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF = qside
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     offs_d = tl.arange(0, D)
@@ -109,7 +112,8 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
         delta = tl.load(DELTA + lrow + q64, mask=row_ok, other=0.0)
         st = _dot(k, tl.trans(q), None, F.IEEE)
         dpt = _dot(v, tl.trans(do), None, F.IEEE)
-        pt = tl.math.exp2(st * scale_log2 - lse2[None, :])
+        xt, dcap = _logits2(st, scales, F.SOFTCAP)
+        pt = tl.math.exp2(xt - lse2[None, :])
         if (F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
             if F.CAUSAL and EDGE:  # (moved by the LC class steps earlier configs own)
@@ -129,6 +133,8 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
             pt = tl.where(keep, pt, 0.0)
         dst = pt * (dpt - delta[None, :])
+        if F.SOFTCAP:
+            dst = dst * dcap
         dv = _dot(pt.to(do.dtype), do, dv, F.IEEE)
         dk = _dot(dst.to(q.dtype), q, dk, F.IEEE)
     return dk, dv
@@ -163,24 +169,18 @@ def _dq_span(dq, rows, keys, uni, lo, b1, mid, end, ma, mb, BN: tl.constexpr, D:
 def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PSZ,
               BN: tl.constexpr, D: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
     """dq over the key tiles of a config with earlier configs (as ``_fwd._fwd_union``)."""
-    q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, LC, \
-        band_lo, sgk, sgv, scale = rows
+    q, do, lse2, delta, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scales, LB, LC, \
+        band_lo, sgk, sgv = rows
     ca, cb, ma, mb, uni = _union_prologue(pq, row_ok, pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI,
                                           KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=False)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
-    if F.MIXED:
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D, UNION=True,
-                      UTAB=UTAB, F=F)
-        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D, UNION=True,
-                      UTAB=UTAB, F=F)
-    else:
-        dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D,
-                      UNION=False, UTAB=UTAB, F=F)
-        dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D,
-                      UNION=False, UTAB=UTAB, F=F)
+    dq = _dq_span(dq, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb, BN=BN, D=D,
+                  UNION=F.MIXED, UTAB=UTAB, F=F)
+    dq = _dq_span(dq, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb, BN=BN, D=D,
+                  UNION=F.MIXED, UTAB=UTAB, F=F)
     return dq
 
 
@@ -193,7 +193,6 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
     of earlier launches (a chunk of heads), ``sinkg``: the sink keys' float32 dk/dv sums
     ``[B, Hkv, 2 * SINKS, D]``."""
     CFG, LCFG, KEYS = tables
-    scale, scale_log2 = scales
     HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     b, hl, h, hc, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF,
                                                       HCH, HBASE, GROUP, SEG0, NCLS, NBLK, BLK0,
@@ -220,8 +219,8 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
         SLIDING=F.SLIDING)
     k_base, v_base, KDOC_T = _kv_bases(k, v, pos.KDOC, b64, hk, KOFF, MAPPED=F.MAPPED)
     dq_acc = tl.zeros([BM, D], tl.float32)
-    rows = (qt, dot, lse2, dlt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB, LC,
-            band_lo, sinkg.ptr, sinkg.ptr, scale)
+    rows = (qt, dot, lse2, dlt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scales, LB, LC,
+            band_lo, sinkg.ptr, sinkg.ptr)
     keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
     if F.EARLIER == 0:  # first config in priority order: no union test, nothing skipped
         a_b1, a_mid = _band_split(kn_lo, full_hi, kn_hi, band_lo, BN=BN)
@@ -239,12 +238,12 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
         sgv = sgk + SINKS * sinkg.ss
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
-        s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64,
-                  scale_log2, s_lb, 0, s_band, sgk, sgv, scale)
+        s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scales,
+                  s_lb, 0, s_band, sgk, sgv)
         dq_acc = _dq_tiles(dq_acc, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO,
                            s_hi, s_hi, BN=16, D=D, EDGE=True, UNION=True, UTAB=0, KVGRAD=True,
                            F=F)
-    dq_acc = dq_acc * scale
+    dq_acc = dq_acc * scales[0]
     NLAUNCHED, FIRST, LAST = _launch_order(L)
     acc_ptrs = _row_ptrs(dqacc, b64, hl, qidx, D=D)
     if FIRST == 0:
@@ -292,7 +291,7 @@ def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG
     with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
     past the window); with ``F.MIXED`` the union mask on the diagonal tiles and on the whole tiles
     in ``[ma, mb)`` (as ``_fwd._fwd_union``)."""
-    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scale_log2, LB, LC = cols
+    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scales, LB, LC = cols
     ca, cb, ma, mb, uni = _union_prologue(pk, col_ok, pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI,
                                           KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=True)
     a_hi = tl.minimum(ca, qn_hi)
@@ -325,7 +324,6 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
     # belongs to exactly one program, so the first launch writes every row of the buffers.
     CFG, LCFG, KEYS = tables
-    scale, scale_log2 = scales
     HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     tile = tl.program_id(0)
     bhk = tl.program_id(1)
@@ -389,8 +387,7 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
             q_base = q.ptr + b64 * q.sb + h64 * q.sh
             do_base = do.ptr + b64 * do.sb + h64 * do.sh
             lrow = b64 * lse.sb + h64 * lse.sh  # lse and delta: [B, Hq, Sq], one layout
-            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h + HBASE, b64, scale_log2, LB,
-                    LC)
+            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h + HBASE, b64, scales, LB, LC)
             qside = (q_base, do_base, pos.QINV, pos.QDOC, lse.ptr, delta.ptr, lrow, pos.sqinv,
                      pos.sqdoc, q.ss, do.ss, QOFF)
             if F.EARLIER == 0:
@@ -406,7 +403,7 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
                 dk_acc, dv_acc = _dkdv_union(dk_acc, dv_acc, cols, qside, col_ok, qn_lo, qn_hi,
                                              full_lo, band_hi, CFG, NPRI, KEYS, PSZ, BM=BM, D=D,
                                              UTAB=F.UTAB, F=F)
-    dk_acc = dk_acc * scale
+    dk_acc = dk_acc * scales[0]
     NLAUNCHED, FIRST, LAST = _launch_order(L)
     ka_ptrs = _row_ptrs(dkacc, b64, hkl, kidx, D=D)
     va_ptrs = _row_ptrs(dvacc, b64, hkl, kidx, D=D)

@@ -285,6 +285,7 @@ class Call(NamedTuple):
     merge: bool = False  # merge into a given float32 out / dq (dilated_fwd's / _bwd's acc)
     merge_kv: bool = False  # add dk/dv into given float32 sums (dilated_bwd's dkv_acc)
     hbase: int = 0  # query head h is head hbase + h of the pattern's rule (a head shard's)
+    softcap: float = 0.0  # scores soft-capped at this value (0: not)
 
 
 class FwdPlan(NamedTuple):
@@ -316,7 +317,8 @@ def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
                  MAPPED=c.plan.mapped_kind, HAS_DOC=c.plan.qdoc is not None,
                  IEEE=c.dtype == torch.float32, SLIDING=c.pattern.sliding, UTAB=utab,
                  EARLIER=ln.npri > 0,
-                 MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, c.pattern.sliding), SINK=sink)
+                 MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, c.pattern.sliding), SINK=sink,
+                 SOFTCAP=c.softcap > 0)
 
 
 def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:

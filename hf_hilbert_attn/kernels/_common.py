@@ -32,8 +32,10 @@ Strided = namedtuple("Strided", "ptr sb sh ss")
 Positions = namedtuple("Positions", "QINV sqinv KINV skinv QDOC sqdoc KDOC skdoc")
 # * the compile-time flags (one tl.constexpr ``F``); MAPPED: 1 permuted, 2 with gaps; UTAB: the
 #   earlier configs in the union key tables (0: runtime loop); MIXED: ``kernels._may_mix``;
-#   SINK: forward and dq attend the sink keys, dk/dv add their sums;
-Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EARLIER MIXED SINK")
+#   SINK: forward and dq attend the sink keys, dk/dv add their sums; SOFTCAP: soft-capped
+#   scores (``_logits2``);
+Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EARLIER MIXED SINK "
+                   "SOFTCAP")
 # * the integers the key loops read (``_SCALARS``) as unspecialised arguments: in the constant
 #   bank they take no register through the loops. The others (``LAUNCH_FIELDS``) are one int32
 #   row per launch of a table made with the call's plan: as arguments Triton would specialise
@@ -57,6 +59,43 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, acc, input_precision="ieee")
     return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _tanh(x):
+    """``tanh`` in float32 to a few units in the last place (Triton's interpreter runs no
+    libdevice ``tanh``): an odd series below 0.3, where ``(1 - e) / (1 + e)`` with ``e =
+    exp(-2|x|)`` would lose digits to the subtraction, that form above (rounding of ``e`` is
+    then at most 2.7e-7 of the result)."""
+    a = tl.abs(x)
+    e = tl.math.exp2(a * (-2.0 * LOG2E))
+    a2 = a * a
+    series = a * (1.0 + a2 * (-1.0 / 3 + a2 * (2.0 / 15 + a2 * (-17.0 / 315 + a2 * (
+        62.0 / 2835 + a2 * (-1382.0 / 155925))))))
+    t = tl.where(a < 0.3, series, (1.0 - e) / (1.0 + e))
+    return tl.where(x < 0, -t, t)
+
+
+def _scales(scale: float, softcap: float) -> tuple:
+    """A launch's ``scales`` (``_logits2``) on the host: ``(scale, scale * log2(e), scale / cap,
+    cap * log2(e))``; the last two unread without soft-capping (``softcap`` 0)."""
+    cap = softcap or 1.0
+    return (scale, scale * LOG2E.value, scale / cap, cap * LOG2E.value)
+
+
+@triton.jit
+def _logits2(s, scales, SOFTCAP: tl.constexpr):
+    """Base-2 logits of a tile's dot products ``s`` and the factor the backward's ``dS`` takes.
+    ``scales``: ``(scale, scale * log2(e), scale / cap, cap *
+    log2(e))``; soft-capped (Gemma 2), a logit is ``cap * tanh(scale * s / cap)``, whose
+    derivative by ``scale * s`` is ``1 - tanh**2`` (without a cap: unread)."""
+    if SOFTCAP:
+        t = _tanh(s * scales[2])
+        x, dx = t * scales[3], 1.0 - t * t
+    else:
+        x = s * scales[1]
+        dx = x  # (unread: one return type for both branches, as Triton's compiler needs)
+    return x, dx
 
 
 @triton.jit

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LN2, Strided, _dot
+from ._common import LN2, Strided, _dot, _logits2, _scales
 from ._launch import bind, relaunch
 
 __all__ = ["DecodeLauncher", "Rule", "DECODE_MAX_ROWS"]
@@ -77,10 +77,12 @@ def _store_rows(o_t, LSE, o, lse, b, h, i, rok, HQ, SQ, D: tl.constexpr,
 
 @triton.jit(do_not_specialize=["SK", "KPER", "NSPLIT"])
 def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS, SK, KPER,
-                   NSPLIT, scale_log2, BR: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+                   NSPLIT, scales, BR: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
                    NC: tl.constexpr, IEEE: tl.constexpr, SLIDING: tl.constexpr,
-                   PER_HEAD: tl.constexpr, HAS_DOC: tl.constexpr, WITH_LSE: tl.constexpr):
-    # q_t, k_t, v_t, o_t: ``Strided`` [B, H, S, D]; WS: float32 [B*Hkv*NSPLIT*BR, D + 1]
+                   PER_HEAD: tl.constexpr, HAS_DOC: tl.constexpr, WITH_LSE: tl.constexpr,
+                   SOFTCAP: tl.constexpr):
+    # q_t, k_t, v_t, o_t: ``Strided`` [B, H, S, D]; WS: float32 [B*Hkv*NSPLIT*BR, D + 1];
+    # scales: ``_common._logits2``'s
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
@@ -116,7 +118,8 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
         if tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0:  # some row attends a key of this tile
             k = tl.load(kb + n[:, None].to(tl.int64) * k_t.ss + d[None, :], mask=nok[:, None],
                         other=0.0)
-            x = tl.where(ok, _dot(q, tl.trans(k), None, IEEE) * scale_log2, float("-inf"))
+            x = tl.where(ok, _logits2(_dot(q, tl.trans(k), None, IEEE), scales, SOFTCAP)[0],
+                         float("-inf"))
             m_new = tl.maximum(m, tl.max(x, 1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
             pr = tl.math.exp2(x - m_ref[:, None])
@@ -178,15 +181,17 @@ class DecodeLauncher:
         self._key = self._state = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                 out: torch.Tensor, lse=None, interpret: bool = False) -> None:
+                 out: torch.Tensor, lse=None, interpret: bool = False,
+                 softcap: float = 0.0) -> None:
         """``out`` ``[B, Hq, Sq, D]`` (any strides; ``lse`` ``[B, Hq, Sq]`` float32 if given):
         attention of ``q`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` where the rule allows (a query
-        with no such key: 0 and -inf)."""
+        with no such key: 0 and -inf); scores soft-capped at ``softcap`` where it is > 0."""
         key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype,
-               lse is None, float(scale))
+               lse is None, float(scale), float(softcap))
         aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15
         if key != self._key or not aligned or interpret:
-            self._key, self._state = key, self._prepare(q, k, out, lse, scale, interpret)
+            self._key, self._state = key, self._prepare(q, k, out, lse, scale, softcap,
+                                                        interpret)
         fn, grid, ints, tail, bound = self._state
         args = (Strided(q, *q.stride()[:3]), Strided(k, *k.stride()[:3]),
                 Strided(v, *v.stride()[:3]), Strided(out, *out.stride()[:3]),
@@ -196,7 +201,7 @@ class DecodeLauncher:
         else:
             relaunch(bound, grid, args)
 
-    def _prepare(self, q, k, out, lse, scale, interpret):
+    def _prepare(self, q, k, out, lse, scale, softcap, interpret):
         (B, HQ, SQ, D), (HKV, SK) = q.shape, k.shape[1:3]
         group = HQ // HKV
         rows = group * SQ
@@ -210,8 +215,8 @@ class DecodeLauncher:
         ws = torch.empty(B * HKV * nsplit * br * (D + 1) if nsplit > 1 else 1, device=q.device,
                          dtype=torch.float32)
         cnt = torch.zeros(B * HKV, device=q.device, dtype=torch.int32)
-        ints = (ws, cnt, HKV, group, SQ, rows, SK, per, nsplit, float(scale) / LN2.value)
+        ints = (ws, cnt, HKV, group, SQ, rows, SK, per, nsplit, _scales(float(scale), softcap))
         tail = dict(zip(("SLIDING", "PER_HEAD", "HAS_DOC"), self.flags), BR=br, BN=bn, D=D,
                     NC=self.rule.CFG.shape[0], IEEE=q.dtype == torch.float32,
-                    WITH_LSE=lse is not None, num_warps=8, num_stages=2)
+                    WITH_LSE=lse is not None, SOFTCAP=softcap > 0, num_warps=8, num_stages=2)
         return _decode_kernel, (B * HKV, nsplit), ints, tail, None

@@ -13,8 +13,8 @@ import triton.language as tl
 
 from ._common import (LN2, LOG2E, _SCALARS, _band_split, _key_range, _key_tile, _kv_bases,
                       _launch_order, _launch_scalars, _launch_sinks, _participates, _program_tile,
-                      _query_rows, _row_keep, _row_ptrs, _sink_geometry, _split_at, _dot,
-                      _union_prologue)
+                      _logits2, _query_rows, _row_keep, _row_ptrs, _sink_geometry, _split_at,
+                      _dot, _union_prologue)
 
 
 @triton.jit
@@ -25,16 +25,16 @@ def _fwd_tiles(acc, l_i, m_i, rows, keys, uni, lo, hi, end,
 
     ``EDGE`` tiles need the causal / range-end / window-edge mask; ``UNION`` tiles the per-pair
     union mask. No branch inside the loop, so Triton can software-pipeline the loads. ``rows``:
-    the program's queries ``(q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, LC,
-    band_lo)``; ``keys``:
+    the program's queries ``(q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scales, LB, LC,
+    band_lo)`` (``scales``: ``_logits2``'s); ``keys``:
     where keys live ``(k_base, v_base, KINV, KDOC, skinv, skdoc, sks, svs)``; ``uni``: the union
     test ``(CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3)``.
     """
-    q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scale_log2, LB, LC, band_lo = rows
+    q, qd, offs_m, pq, p0, p1, sbase, R, h, b64, scales, LB, LC, band_lo = rows
     for start_n in range(lo, hi, BN):
         offs_n, pk, col_ok, kidx, k, v = _key_tile(start_n, end, sbase, R, b64, keys, BN=BN, D=D,
                                                    EDGE=EDGE, MAPPED=F.MAPPED)
-        s = _dot(q, tl.trans(k), None, F.IEEE) * scale_log2
+        s = _logits2(_dot(q, tl.trans(k), None, F.IEEE), scales, F.SOFTCAP)[0]
         if EDGE or F.MAPPED == 2 or F.HAS_DOC or UNION:
             keep = _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, LB,
                              LC, keys, EDGE=EDGE, UNION=UNION, UTAB=UTAB, F=F)
@@ -85,34 +85,29 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     the host: ``kernels._may_mix``): every program takes the spans with the union code, which
     test it on the masked tiles and on the whole tiles in ``[ma, mb)`` (empty for a program that
     needs none); else none does and the loops carry no union code."""
-    q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scale_log2, LB, LC, band_lo = rows
+    q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scales, LB, LC, band_lo = rows
     ca, cb, ma, mb, uni = _union_prologue(pq, row_ok, pq0, pq1, sbase, R, h, kn_hi, CFG, NPRI,
                                           KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=False)
     a_hi = tl.minimum(ca, kn_hi)
     b_lo = tl.maximum(cb, kn_lo)
     a_b1, a_mid = _band_split(kn_lo, full_hi, a_hi, band_lo, BN=BN)
     b_b1, b_mid = _band_split(b_lo, full_hi, kn_hi, band_lo, BN=BN)
-    if F.MIXED:
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
-                                  BN=BN, D=D, UNION=True, UTAB=UTAB, F=F)
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
-                                  BN=BN, D=D, UNION=True, UTAB=UTAB, F=F)
-    else:
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
-                                  BN=BN, D=D, UNION=False, UTAB=UTAB, F=F)
-        acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
-                                  BN=BN, D=D, UNION=False, UTAB=UTAB, F=F)
+    acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, kn_lo, a_b1, a_mid, a_hi, ma, mb,
+                              BN=BN, D=D, UNION=F.MIXED, UTAB=UTAB, F=F)
+    acc, l_i, m_i = _fwd_span(acc, l_i, m_i, rows, keys, uni, b_lo, b_b1, b_mid, kn_hi, ma, mb,
+                              BN=BN, D=D, UNION=F.MIXED, UTAB=UTAB, F=F)
     return acc, l_i, m_i
 
 
 @triton.jit(do_not_specialize=_SCALARS)
 def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROUP, QOFF,
-                scale_log2, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F: tl.constexpr):
+                scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F: tl.constexpr):
     """One config's launch. ``q k v o acc``: ``Strided`` ``[B, H, S, D]`` (``acc``: the float32
     partial results of earlier launches, a chunk of heads), ``lse`` ``[B, Hq, Sq]`` (natural
     log); ``pos``: ``Positions``; ``tables``: the configs in priority order, the launched ones
     and the union key tables; ``L``: this launch's row of integers (``_launch_scalars``), then
-    the integers the key loops read (``_SCALARS``); ``F``: its ``Flags``."""
+    the integers the key loops read (``_SCALARS``); ``scales``: the softmax scale as
+    ``_common._logits2`` takes it; ``F``: its ``Flags``."""
     CFG, LCFG, KEYS = tables
     HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     b, hl, h, hc, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF,
@@ -136,7 +131,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROU
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     o_acc = tl.zeros([BM, D], tl.float32)
-    rows = (qt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scale_log2, LB, LC, band_lo)
+    rows = (qt, qd, offs_m, pq, pq0, pq1, sbase, R, hc, b64, scales, LB, LC, band_lo)
     keys = (k_base, v_base, pos.KINV, KDOC_T, pos.skinv, pos.skdoc, k.ss, v.ss)
     if F.EARLIER == 0:
         # the first config in priority order (rate 1 in longnet_lm): no pair is an earlier
@@ -155,8 +150,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROU
         # config allows
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
-        s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scale_log2, s_lb, 0,
-                  s_band)
+        s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scales, s_lb, 0, s_band)
         # (16-key tiles: the per-pair union test against every config is the cost here, and
         # there are few sinks)
         o_acc, l_i, m_i = _fwd_tiles(o_acc, l_i, m_i, s_rows, keys,

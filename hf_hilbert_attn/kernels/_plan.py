@@ -171,9 +171,9 @@ def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
     of the pairs, and the dense pattern)."""
     if interpret:
         return 16, 16, 1, 1
-    if d > 128:  # head size 256 (Gemma): 32 x 32 tiles, 8 warps; no spills on sm_90 (64 x 32:
-        # 128-168 spill stores; kernel_resources.py --dim 256, docs/decisions.md D58)
-        return (16, 16, 4, 2) if dtype == torch.float32 else (32, 32, 8, 2)
+    if d > 128:  # head size 256 (Gemma): 64 x 32 tiles, 4 warps: 4.3x the 32 x 32 / 8 warps
+        # tiles of D58, which spilled nothing (H200, docs/decisions.md D66)
+        return (16, 16, 4, 2) if dtype == torch.float32 else (64, 32, 4, 2)
     if dtype == torch.float32:
         return 64, 32, 4, 2
     if first:
@@ -206,8 +206,8 @@ def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] 
     program (None: an A100's or H100's). ``pair``: a launch testing the union rule per pair."""
     if interpret:
         return 16, 16, 1, 1
-    if d > 128:  # head size 256, as the forward's
-        return (16, 16, 4, 2) if dtype == torch.float32 else (32, 32, 8, 2)
+    if d > 128:  # head size 256, as the forward's (2.7x D58's 32 x 32, 8 warps: D66)
+        return (16, 16, 4, 2) if dtype == torch.float32 else (64, 32, 4, 2)
     if dtype == torch.float32:
         return 32, 32, 4, 2
     if not pair and (smem is None or smem > SMALL_SMEM):
@@ -226,8 +226,9 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
     bm, bn, warps, stages = bwd_blocks(d, dtype, interpret, smem)
     if interpret:
         return bm, bn, warps, stages
-    if d > 128:  # head size 256: two [BN, 256] float32 sums per program, 16 queries a step
-        return (16, 16, 8, 2) if dtype == torch.float32 else (16, 32, 8, 2)
+    if d > 128:  # head size 256: two [BN, 256] float32 sums per program, 32 queries a step,
+        # 4 warps (3.1x D58's 16 queries and 8 warps: D66)
+        return (16, 16, 8, 2) if dtype == torch.float32 else (32, 32, 4, 2)
     if smem is not None and smem <= SMALL_SMEM and d > 64 and dtype != torch.float32:
         return DKDV_SMALL_SMEM
     if dtype == torch.float32:

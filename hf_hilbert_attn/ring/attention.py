@@ -46,6 +46,7 @@ class _Ctx:
     pieces: Pieces
     skip: tuple = ()  # key/value heads whose results the caller discards (dense_heads.py)
     head_base: int = 0  # the number of query head 0 in the pattern's rule (ulysses.py, hybrid)
+    softcap: float = 0.0  # scores soft-capped (AttnInputs.softcap)
 
 
 def _blocks(ctx: _Ctx, k, v):
@@ -83,7 +84,8 @@ def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
     kd = None if kdoc is None else kdoc[:, rk]
     a = check_inputs(q, k, v, ctx.pattern, scale=ctx.scale, q_positions=qp, k_positions=kp,
                      q_doc_ids=qd, k_doc_ids=kd)
-    a = dataclasses.replace(a, skip_kv_heads=ctx.skip, head_base=ctx.head_base)
+    a = dataclasses.replace(a, skip_kv_heads=ctx.skip, head_base=ctx.head_base,
+                            softcap=ctx.softcap)
     backend = select_backend(q, a, ctx.backend)
     return backend, a, with_documents(_kernel_plan(ctx, pc, backend, q, k, v, qp, kp), qd, kd)
 
@@ -199,7 +201,7 @@ class _RingAttention(torch.autograd.Function):
 
 
 def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
-                  k_doc_ids) -> AttnInputs:
+                  k_doc_ids, softcap=None) -> AttnInputs:
     """``check_inputs`` of a shard's call, plus the ring's rules: positions required and >= 0,
     positions and document ids expanded to the batch (one convention on every rank)."""
     for name, t in (("q_positions", q_positions), ("k_positions", k_positions)):
@@ -207,7 +209,8 @@ def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
             raise ValueError(f"ring_attention needs {name} (the true positions of this rank's "
                              "shard), got None")
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids)
+                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                     softcap=softcap)
     for name, t in (("q_positions", a.q_positions), ("k_positions", a.k_positions)):
         if t.numel() and int(t.min()) < 0:
             raise ValueError(f"{name} must be >= 0 (true positions), got min {int(t.min())}")
@@ -222,24 +225,26 @@ def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
 
 def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, scale=None,
                     q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto",
-                    _skip_kv_heads=()):
+                    softcap=None, _skip_kv_heads=()):
     """A shard's attention to its own keys only, as the ring computes its local step (per run
     of consecutive positions): :func:`~hf_hilbert_attn.dilated_attention` at the same positions,
     at a ring rank's cost without exchanges (``bench_ring.py``). Arguments and result as
     :func:`ring_attention` without ``group``."""
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
-              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend,
+              softcap=softcap)
     done = call_under_autocast(local_attention, q, k, v, pattern, **kw)
     if done is not None:
         return done
     if pattern.dense_kv_heads:  # as the ring: a sparse and a dense call
         return with_dense_heads(local_attention, q, k, v, pattern, **kw)
-    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
+    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
+                      softcap)
     plan = RingPlan(0, 1, a.hkv)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(None), plan, a.q_positions, a.k_positions,
                a.q_doc_ids, a.k_doc_ids, backend,
                plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions),
-               tuple(_skip_kv_heads))
+               tuple(_skip_kv_heads), softcap=a.softcap)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out
 
@@ -259,7 +264,7 @@ def cached_plan(group) -> Optional[RingPlan]:
 @disable_lazily  # not torch.compiler.disable: that imports dynamo at import
 def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True, scale=None,
                    q_doc_ids=None, k_doc_ids=None, return_lse=False, backend="auto",
-                   _skip_kv_heads=(), _head_base=0):
+                   softcap=None, _skip_kv_heads=(), _head_base=0):
     """Dilated attention over a sequence sharded across the ranks of ``group``.
 
     Every rank calls this with its shard; all ranks must agree on shapes, pattern and options.
@@ -272,7 +277,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
             :func:`~hf_hilbert_attn.dilated_attention`).
         q_positions, k_positions: true positions ``[S]`` or ``[B, S]`` (int, >= 0) of this
             rank's queries and keys in the full sequence. Required.
-        causal, scale, q_doc_ids, k_doc_ids, return_lse, backend: as in
+        causal, scale, q_doc_ids, k_doc_ids, return_lse, backend, softcap: as in
             :func:`~hf_hilbert_attn.dilated_attention`, for this rank's tokens.
 
     Returns:
@@ -282,7 +287,8 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         ValueError: bad shapes / positions, or (every rank) ranks disagreeing on the call.
     """
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
-              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend,
+              softcap=softcap)
     kw["_head_base"] = _head_base  # (private) heads numbered from it: a Ulysses group's
     if group is None or dist.get_world_size(group) == 1:
         return dilated_attention(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
@@ -292,7 +298,8 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         return done
     if pattern.dense_kv_heads:  # a sparse ring over every head and a dense one over those heads
         return with_dense_heads(ring_attention, q, k, v, pattern, group=group, **kw)
-    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
+    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
+                      softcap)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
     # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)
     key = (pattern, a.hq, a.hkv, bool(causal), q.device, tuple(_skip_kv_heads), _head_base)
@@ -307,6 +314,6 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                              plan_pieces(pattern, causal, plan, qp, kp))
     # the autograd graph holds the group weakly (comm.weak_group)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(group), entry.plan, qp, kp, a.q_doc_ids, kd,
-               backend, entry.pieces, tuple(_skip_kv_heads), _head_base)
+               backend, entry.pieces, tuple(_skip_kv_heads), _head_base, a.softcap)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out

@@ -128,7 +128,7 @@ def _local_pattern(pattern, kv0: int, nkv: int):
 @disable_lazily  # collectives and host-side checks: one opaque call under torch.compile
 def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=True,
                       scale=None, q_doc_ids=None, k_doc_ids=None, return_lse=False,
-                      backend="auto", _ring=None):
+                      backend="auto", softcap=None, _ring=None):
     """Dilated attention over a sequence sharded across ``group``, by heads (module docstring).
 
     Arguments and result as :func:`~hf_hilbert_attn.ring_attention`; queries and keys are the
@@ -136,14 +136,16 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
     group (:func:`check_heads`), or ranks that disagree on the call. ``_ring`` (private, mode
     ``"hybrid"``): the group across which the gathered sequences form a ring (None: one)."""
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
-              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend)
+              q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend,
+              softcap=softcap)
     world = 1 if group is None else dist.get_world_size(group)
     if world == 1:
         return dilated_attention(q, k, v, pattern, **kw)
     done = call_under_autocast(ulysses_attention, q, k, v, pattern, group=group, **kw)
     if done is not None:
         return done
-    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids)
+    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
+                      softcap)
     if a.sq != a.sk:
         raise ValueError(f"mode='ulysses' needs queries and keys of the same tokens, got "
                          f"{a.sq} queries and {a.sk} keys on this rank; use mode='ring'")
@@ -162,7 +164,7 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
     attend = dilated_attention if _ring is None else functools.partial(ring_attention, group=_ring)
     out = attend(q, k, v, _local_pattern(pattern, kv0, nkv), causal=causal, scale=a.scale,
                  q_positions=qp, k_positions=kp, q_doc_ids=qd, k_doc_ids=kd,
-                 return_lse=return_lse, backend=backend, _head_base=hbase)
+                 return_lse=return_lse, backend=backend, softcap=softcap, _head_base=hbase)
     if not return_lse:
         return _to_tokens(out, group, world, inverse)
     return (_to_tokens(out[0], group, world, inverse),

@@ -26,11 +26,13 @@ MAX_FUNCTION_LINES = 80
 # kernels and the PyTorch path: issue 36); 9710 with its hybrid (the ring's head numbering,
 # process subgroups: issue 36) and chunked attention layers (Llama 4: issue 35); 9722 with
 # DeepSpeed's Ulysses calling our attention on a head slice (issue 36), 35 lines net of 27
-# simplified elsewhere (the sliding band edge, D64, met the cap by simplifying alone); 9813
+# simplified elsewhere (the sliding band edge, D64, met the cap by simplifying alone); 9819
 # with soft-capped scores on every path (kernels with their tanh, the decode kernel, the
-# PyTorch engines, the ring, Ulysses, the cache's sinks: issue 35), 91 lines net of 19
-# simplified (the op's routing, the kernels' backend calls, the forward's and dq's union spans)
-MAX_LIBRARY_LINES = 9813
+# PyTorch engines, the ring, Ulysses, the cache's sinks: issue 35) and configure refusing a
+# model whose layers never call the attention interface (Falcon): 97 lines net of 21
+# simplified (the op's routing, the kernels' backend calls, the forward's and dq's union spans,
+# the shards' checked inputs)
+MAX_LIBRARY_LINES = 9819
 
 
 def _modules() -> dict:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     BertConfig,
     BertModel,
@@ -440,6 +441,20 @@ def test_configure_accepts_dict_and_yaml(tmp_path):
 
 
 # ------------------------------------------------------------------------------- sequence parallel
+def test_a_model_with_attention_classes_of_its_own_is_refused():
+    """Falcon's layers never call the attention interface: switching it would leave its own
+    attention running, so ``configure`` refuses it in one line (a Llama of the same sizes is
+    switched)."""
+    sizes = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    falcon = AutoModelForCausalLM.from_config(AutoConfig.for_model("falcon", **sizes),
+                                              attn_implementation="eager")
+    with pytest.raises(ValueError, match="FalconForCausalLM computes attention in classes of"):
+        hf_hilbert_attn.configure(falcon, SMALL)
+    assert falcon.config._attn_implementation == "eager"
+    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **sizes))
+    assert hf_hilbert_attn.configure(llama, SMALL).config._attn_implementation == "hilbert_dilated"
+
+
 def test_sequence_parallel_calls_ring_with_shard_positions(monkeypatch):
     # The ring and Ulysses are tested elsewhere; here: the wiring (positions of the local
     # shard, the pattern, causality, the context's mode) and that a KV cache is refused.

@@ -11,6 +11,7 @@ turns with ``position_ids`` into true positions (``inputs.model_positions``) for
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -113,8 +114,9 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     ``keep_dense_heads``: a calibration's per-layer dense heads (:func:`set_dense_kv_heads`)
     stay with the new pattern, as they describe the model (docs/decisions.md, "Shipped
     retrieval defaults"); False drops them. Returns ``model`` (changed in place). Raises
-    ``ValueError`` for an invalid pattern, ``TypeError`` without a ``config``; sliding-window
-    and chunked layers keep their window or chunks (:func:`get_pattern`).
+    ``ValueError`` for an invalid pattern or, switching, a model whose layers never call
+    Transformers' attention interface (Falcon); ``TypeError`` without a ``config``;
+    sliding-window and chunked layers keep their window or chunks (:func:`get_pattern`).
     """
     pattern = as_pattern(pattern)
     configs = _model_configs(model)
@@ -125,6 +127,12 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
         if layers is not None:
             cfg.hilbert_attn[LAYER_DENSE] = [list(h) for h in layers]
     if set_attn_implementation:
+        hf = [n for n in {type(m).__module__ for m in model.modules()}
+              if n.startswith("transformers.models.") and n in sys.modules]
+        if hf and not any("ALL_ATTENTION_FUNCTIONS" in vars(sys.modules[n]) for n in hf):
+            raise ValueError(f"{type(model).__name__} computes attention in classes of its own, "
+                             "not through Transformers' attention interface: hilbert_dilated "
+                             "cannot reach its layers; use sdpa or eager for this model")
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         base = getattr(model, getattr(model, "base_model_prefix", ""), model)

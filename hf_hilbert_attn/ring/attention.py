@@ -200,10 +200,11 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids,
-                  k_doc_ids, softcap=None) -> AttnInputs:
-    """``check_inputs`` of a shard's call, plus the ring's rules: positions required and >= 0,
-    positions and document ids expanded to the batch (one convention on every rank)."""
+def _shard_inputs(q, k, v, pattern, *, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
+                  softcap, **_) -> AttnInputs:
+    """``check_inputs`` of a shard's call (the caller's keywords; others ignored), plus the
+    ring's rules: positions required and >= 0, positions and document ids expanded to the batch
+    (one convention on every rank)."""
     for name, t in (("q_positions", q_positions), ("k_positions", k_positions)):
         if t is None:
             raise ValueError(f"ring_attention needs {name} (the true positions of this rank's "
@@ -238,8 +239,7 @@ def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, 
         return done
     if pattern.dense_kv_heads:  # as the ring: a sparse and a dense call
         return with_dense_heads(local_attention, q, k, v, pattern, **kw)
-    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
-                      softcap)
+    a = _shard_inputs(q, k, v, pattern, **kw)
     plan = RingPlan(0, 1, a.hkv)
     ctx = _Ctx(pattern, causal, a.scale, weak_group(None), plan, a.q_positions, a.k_positions,
                a.q_doc_ids, a.k_doc_ids, backend,
@@ -298,8 +298,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         return done
     if pattern.dense_kv_heads:  # a sparse ring over every head and a dense one over those heads
         return with_dense_heads(ring_attention, q, k, v, pattern, group=group, **kw)
-    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
-                      softcap)
+    a = _shard_inputs(q, k, v, pattern, **kw)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
     # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)
     key = (pattern, a.hq, a.hkv, bool(causal), q.device, tuple(_skip_kv_heads), _head_base)

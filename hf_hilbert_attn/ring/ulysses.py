@@ -144,8 +144,7 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
     done = call_under_autocast(ulysses_attention, q, k, v, pattern, group=group, **kw)
     if done is not None:
         return done
-    a = _shard_inputs(q, k, v, pattern, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
-                      softcap)
+    a = _shard_inputs(q, k, v, pattern, **kw)
     if a.sq != a.sk:
         raise ValueError(f"mode='ulysses' needs queries and keys of the same tokens, got "
                          f"{a.sq} queries and {a.sk} keys on this rank; use mode='ring'")

@@ -134,7 +134,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})"
                          + _layout_hint(q, k))
     scale = d ** -0.5 if scale is None else scale
-    if softcap is not None and not (isinstance(softcap, (int, float)) and 0 < softcap < math.inf):
+    if softcap is not None and not (type(softcap) in (int, float) and 0 < softcap < math.inf):
         raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
     natural = q_positions is None and k_positions is None
     dev = q.device

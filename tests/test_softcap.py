@@ -48,7 +48,7 @@ def test_the_pytorch_path_caps_scores_as_the_reference(pattern, causal):
     assert (plain - ref).abs().max() > 0.1  # the cap matters here
 
 
-@pytest.mark.parametrize("cap", [0, -1.0, float("inf"), float("nan"), "50"])
+@pytest.mark.parametrize("cap", [0, -1.0, float("inf"), float("nan"), "50", True])
 def test_a_bad_softcap_is_refused(cap):
     q = torch.randn(1, 2, 8, 16)
     with pytest.raises(ValueError, match="softcap must be a positive finite number"):

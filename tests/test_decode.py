@@ -208,9 +208,9 @@ def test_a_decode_step_is_one_launch_per_layer_and_one_check_per_forward(monkeyp
     import hf_hilbert_attn.kernels._decode as kd
 
     launches, checks = [], []
-    real_bind, real_relaunch, real_check = kd.bind, kd.relaunch, tf.check_call
-    monkeypatch.setattr(kd, "bind", lambda fn, *a: launches.append(fn) or real_bind(fn, *a))
-    monkeypatch.setattr(kd, "relaunch", lambda *a: launches.append(a[0]) or real_relaunch(*a))
+    real_launch, real_check = kd.launch_all, tf.check_call
+    monkeypatch.setattr(kd, "launch_all", lambda ls: launches.extend(x[0] for x in ls)
+                        or real_launch(ls))
     monkeypatch.setattr(tf, "check_call", lambda *a: checks.append(a[0]) or real_check(*a))
     sdpa = decode._SDPA_CPU
     if sdpa is not None:

@@ -200,7 +200,10 @@ def test_relaunch_guard_sees_what_triton_specializes_on():
     # unchanged: it must differ wherever Triton would pick another specialization (dtype,
     # 16-byte alignment, integer values, bool vs int) and agree for new data of the same layout
     from hf_hilbert_attn.kernels._common import Strided
-    from hf_hilbert_attn.kernels._launch import _guard
+    from hf_hilbert_attn.kernels._launch import _addresses
+
+    def _guard(args):
+        return _addresses(args)[0]
 
     def args(t, *ints, flag=True):
         return (Strided(t, *ints), flag, 0.25, ((t, ints[0]), t))
@@ -215,6 +218,12 @@ def test_relaunch_guard_sees_what_triton_specializes_on():
     assert _guard(args(a, 64, 16, 1, flag=1)) != same
     # nesting does not hide a value: a tuple inside a tuple is guarded like its items
     assert _guard(((a, (a, 3)),)) == _guard((a, a, 3)) != _guard(((a, (a, 4)),))
+    # what the launcher gets instead of the tensors: their addresses, in the same nesting
+    b = a.view(-1)[1:]
+    assert _addresses(args(b, 64, 16, 1)) == (
+        _guard(args(b, 64, 16, 1)), ((b.data_ptr(), 64, 16, 1), True, 0.25,
+                                     ((b.data_ptr(), 64), b.data_ptr())))
+    assert b.data_ptr() == a.data_ptr() + 4
 
 
 def test_dispatch_traces_into_one_graph():

@@ -166,7 +166,7 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true", help="print the top host functions")
     p.add_argument("--layers", action="store_true",
                    help="GPU: host time per layer of the call (op, kernels entry, launches, "
-                        "Triton's launch alone, guard, allocation)")
+                        "Triton's launch alone, guard, allocation; SDPA's forward beside)")
     args = p.parse_args(argv)
     if args.stub:
         os.environ.pop("TRITON_INTERPRET", None)  # the launchers plan the real GPU tiles
@@ -296,7 +296,6 @@ def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
     from hf_hilbert_attn.inputs import check_inputs
     from hf_hilbert_attn.kernels import _launch, dilated_bwd, dilated_fwd
     from hf_hilbert_attn.kernels._plan import plan_positions
-    from triton import knobs
     from triton.runtime.driver import driver
 
     if pattern.dense_kv_heads:  # the kernel layers below: the sparse call's (its heads all)
@@ -316,24 +315,27 @@ def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
         K._run = real_run
     (lf, _), (lb, _) = captured
 
-    def triton_only(ls):  # what launch() does after its cache hit, prepared: Triton's part
+    def triton_only(ls):  # what launch_all() does after its cache hit, prepared: Triton's part
         dev = driver.active.get_current_device()
         prepared = []
-        for fn, grid, head, rest, kw in ls:
-            guard = (_launch._guard(head), _launch._guard(rest))
-            kernel, names = _launch._FAST[(fn, dev, grid, tuple(kw.items()), guard)]
-            values = (*head, *rest, *(kw[n] for n in names))
+        for fn, grid, head, rest, kw, slot in ls:
+            guard, addressed = _launch._addresses(head)
+            kernel, tail, rest_ints = slot[(dev, guard, rest[-1] if rest else None)]
+            values = (*addressed, *rest_ints, *tail)
             g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
-            prepared.append((kernel, g0, g1, g2, values, grid))
+            prepared.append((kernel, g0, g1, g2, values))
 
         def go():
             stream = driver.active.get_current_stream(dev)
-            for kernel, g0, g1, g2, values, grid in prepared:
-                kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
-                           kernel.launch_metadata(grid, stream, *values),
-                           knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook,
-                           *values)
+            for kernel, g0, g1, g2, values in prepared:
+                kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None,
+                           None, None, *values)
         return go
+
+    def sdpa():  # what Transformers' sdpa layer calls (causal, key/value heads shared; its
+        # backward is not timed alone: with enable_gqa it takes the math path, GPU-bound)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=True)
 
     rows = [
         ("op forward (autograd)", lambda: fwd(), 1),
@@ -346,16 +348,17 @@ def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
         ("launches, backward", lambda: _launch.launch_all(lb), len(lb)),
         ("Triton's launch alone, forward", triton_only(lf), len(lf)),
         ("Triton's launch alone, backward", triton_only(lb), len(lb)),
-        ("guard of one launch's arguments", lambda: _launch._guard(lf[0][2] + lf[0][3]), 1),
+        ("guard and addresses of a forward's tensors", lambda: _launch._addresses(lf[0][2]), 1),
         ("torch.empty_like(q) on the GPU", lambda: torch.empty_like(qd), 1),
+        ("SDPA forward (autograd), same shape", sdpa, 1),
     ]
     print(f"\nhost time per layer (us per call; launches: per launch in brackets), "
           f"{torch.cuda.get_device_name()}")
     print("| layer | us per call | launches | us per launch |")
     print("|---|---|---|---|")
-    outs = [fwd() for _ in range(calls)]
     for name, fn, n in rows:
         if fn is None:  # the backward consumes one forward's graph per call
+            outs = [fwd() for _ in range(calls)]
             it = iter(outs)
             us = _per_call_us(lambda: bwd(next(it)), calls, 1)
         else:

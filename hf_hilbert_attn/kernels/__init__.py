@@ -65,7 +65,7 @@ def plan_fwd(c: Call) -> FwdPlan:
             items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
     tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
               keys)
-    items = [(grid, row, ints, kw)
+    items = [(grid, row, ints, kw, {})  # {}: the launch's compiled kernels (_launch.launch_all)
              for (grid, ints, kw), row in zip(items, _launch_table(rows, c.device))]
     return FwdPlan(tables, hch if len(launch) > 1 and not c.merge else 0, items)
 
@@ -133,8 +133,8 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     for p, buf in ((fp, acc), (dense, out)):
         if p is not None:
             head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
-            run += [(_fwd_kernel, grid, head, (row, *ints, scales), kw)
-                    for grid, row, ints, kw in p.items]
+            run += [(_fwd_kernel, grid, head, (row, *ints, scales), kw, slot)
+                    for grid, row, ints, kw, slot in p.items]
     _run(run, fresh, cfg)
     return (acc if merge else out), lse
 
@@ -205,10 +205,11 @@ def plan_bwd(c: Call) -> BwdPlan:
     tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
               keys)
     table = _launch_table(rows, c.device)  # the dq launches' rows, then the dk/dv launches'
-    dq_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(dq_items, table)]
-    kv_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
+    dq_items = [(g, r, ints, kw, {}) for (g, ints, kw), r in zip(dq_items, table)]
+    kv_items = [(g, r, ints, kw, {})
+                for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
     chunks = (0 if c.merge else hch, 0 if kv_merge else kch) if len(launch) > 1 else None
-    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge)
+    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge, ({}, {}))
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):
@@ -256,7 +257,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     dblk = 64 if not cfg.interpret else 16
     run = [(_delta_kernel, (-(-SQ // dblk), B * HQ),
             (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
-             _strided(delta), SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+             _strided(delta), SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None),
+            bp.delta[dlse is not None])]
     if not bp.kv_merge:
         _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
     dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
@@ -276,11 +278,11 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
         if p is not None:
             dqs, dks, dvs = (_strided(t) for t in sums)
             head = (*ins, _strided(dq), dqs, sg, pos, p.tables)
-            run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
-                    for grid, row, ints, kw in p.dq_items]
+            run += [(_dq_kernel, grid, head, (row, *ints, scales), kw, slot)
+                    for grid, row, ints, kw, slot in p.dq_items]
             head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
-            run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
-                    for grid, row, ints, kw in p.kv_items]
+            run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw, slot)
+                    for grid, row, ints, kw, slot in p.kv_items]
     _run(run, fresh, cfg)
     if dkv_acc is None:
         return (dq_acc if merge else dq), dk, dv

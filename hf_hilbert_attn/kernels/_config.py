@@ -189,10 +189,11 @@ def _async_active() -> bool:
 
 
 def _run(launches, fresh: bool, cfg: KernelConfig) -> None:
-    """Launch ``(jit_fn, grid, head, rest, kwargs)`` (arguments ``head + rest``) in order, or hand
-    the hook ``(jit_fn, grid, args, kwargs)``; ``fresh``: compile them side by side first."""
+    """Launch ``(jit_fn, grid, head, rest, kwargs, slot)`` (arguments ``head + rest``; ``slot``:
+    ``launch_all``'s) in order, or hand the hook ``(jit_fn, grid, args, kwargs)``; ``fresh``:
+    compile them side by side first."""
     if _LAUNCH_HOOK is not None or fresh:
-        flat = [(fn, grid, head + rest, kw) for fn, grid, head, rest, kw in launches]
+        flat = [(fn, grid, head + rest, kw) for fn, grid, head, rest, kw, _ in launches]
         if _LAUNCH_HOOK is not None:
             _LAUNCH_HOOK(flat)
             return

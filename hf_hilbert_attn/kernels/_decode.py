@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._common import LN2, Strided, _dot, _logits2, _scales
-from ._launch import bind, relaunch
+from ._launch import launch_all
 
 __all__ = ["DecodeLauncher", "Rule", "DECODE_MAX_ROWS"]
 
@@ -186,20 +186,13 @@ class DecodeLauncher:
         """``out`` ``[B, Hq, Sq, D]`` (any strides; ``lse`` ``[B, Hq, Sq]`` float32 if given):
         attention of ``q`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` where the rule allows (a query
         with no such key: 0 and -inf); scores soft-capped at ``softcap`` where it is > 0."""
-        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), q.dtype,
-               lse is None, float(scale), float(softcap))
-        aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15
-        if key != self._key or not aligned or interpret:
+        key = (q.shape, k.shape, q.dtype, lse is None, float(scale), float(softcap))
+        if key != self._key or interpret:
             self._key, self._state = key, self._prepare(q, k, out, lse, scale, softcap,
                                                         interpret)
-        fn, grid, ints, tail, bound = self._state
-        args = (Strided(q, *q.stride()[:3]), Strided(k, *k.stride()[:3]),
-                Strided(v, *v.stride()[:3]), Strided(out, *out.stride()[:3]),
-                out if lse is None else lse, self.rule) + ints
-        if bound is None:
-            self._state = self._state[:4] + (bind(fn, grid, args, tail),)
-        else:
-            relaunch(bound, grid, args)
+        fn, grid, ints, tail, slot = self._state
+        launch_all([(fn, grid, (*(Strided(t, *t.stride()[:3]) for t in (q, k, v, out)),
+                                out if lse is None else lse), (self.rule,) + ints, tail, slot)])
 
     def _prepare(self, q, k, out, lse, scale, softcap, interpret):
         (B, HQ, SQ, D), (HKV, SK) = q.shape, k.shape[1:3]
@@ -219,4 +212,4 @@ class DecodeLauncher:
         tail = dict(zip(("SLIDING", "PER_HEAD", "HAS_DOC"), self.flags), BR=br, BN=bn, D=D,
                     NC=self.rule.CFG.shape[0], IEEE=q.dtype == torch.float32,
                     WITH_LSE=lse is not None, SOFTCAP=softcap > 0, num_warps=8, num_stages=2)
-        return _decode_kernel, (B * HKV, nsplit), ints, tail, None
+        return _decode_kernel, (B * HKV, nsplit), ints, tail, {}  # {}: launch_all's slot

@@ -149,7 +149,7 @@ def _planned_heads(items, fields):
     """{config launch: sorted heads its launches cover} of a plan's items (launch rows)."""
     hoff, hch, nl = (fields.index(f) for f in ("HOFF", "HCH", "NLAUNCHED"))
     heads = {}
-    for _, row, _, _ in items:
+    for _, row, *_ in items:
         h0, n, li = (int(row[i]) for i in (hoff, hch, nl))
         heads.setdefault(li, []).extend(range(h0, h0 + n))
     return {li: sorted(h) for li, h in heads.items()}

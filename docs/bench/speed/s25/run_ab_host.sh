@@ -6,11 +6,4 @@ o=${OUT:-/tmp/out}; mkdir -p $o
 nvidia-smi -L | tee $o/gpu.txt
 PYTHONPATH=$PWD timeout 300 python -m pytest -q -m gpu -n 8 -p no:benchmark tests/test_kernels_gpu.py \
   tests/test_decode.py tests/test_host_path.py 2>&1 | tail -4 | tee $o/gpu_tests.log
-for r in 1 2; do
-  for tag in new base; do
-    pkg=$PWD; [ $tag = base ] && pkg=$PWD/.scratch/base
-    echo "=== $tag run $r" | tee -a $o/host_ab.log
-    PYTHONPATH=$pkg:$PWD timeout 120 python examples/benchmarks/host_overhead.py --seq 4096 2>&1 \
-      | grep "^| [fb]" | tee -a $o/host_ab.log
-  done
-done
+bash docs/bench/speed/s25/host_ab.sh $o/host_ab.log 2

@@ -165,7 +165,8 @@ def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePl
 
         plan._made = DecodeLauncher(plan.rule(b), p.sliding, p.query_dilation == "per_head",
                                     plan.q_doc_ids is not None)
-    out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    out = torch.empty_strided((b, hq, sq, d), (sq * hq * d, d, hq * d, 1), dtype=q.dtype,
+                              device=q.device)  # [B, Sq, Hq, D] storage
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device) if return_lse else None
     plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda, softcap=softcap or 0.0)
     return (out, lse) if return_lse else out

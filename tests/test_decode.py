@@ -95,6 +95,35 @@ def test_run_matches_reference(dtype):
         assert torch.all(out[~torch.isfinite(ref_lse)] == 0)
 
 
+def test_layers_of_a_step_relaunch_the_kernel_their_layout_compiled():
+    # Every layer after a step's first relaunches the kernel compiled for the first layer while
+    # the dtypes, strides and 16-byte alignments of its tensors are unchanged (on a GPU; the
+    # interpreter binds every call): fresh data, then the same layout 2 elements into a larger
+    # buffer (not 16-byte aligned: another specialization, bound again), then aligned again
+    # (the first kernel, found in the launch's slot), each against the float64 reference.
+    import hf_hilbert_attn.kernels._launch as kl
+
+    rng = random.Random(torch.randint(2**31, ()).item())
+    p = random_pattern(rng, 80, window=None, sinks=None)
+    b, hq, hkv, sq, sk, d = 1, 4, 2, 2, 80, 16
+    qp, kp = torch.arange(sk - sq, sk, device=DEV), torch.arange(sk, device=DEV)
+    plan = plan_decode(p, hq, hkv, sk, qp, kp)
+    before = kl.fast_launches
+    for offset in (0, 0, 2, 0):
+        buf = torch.randn(b * hq * sq * d + offset, device=DEV)
+        q = buf[offset:].view(b, hq, sq, d)
+        k, v = (torch.randn(b, hkv, sk, d, device=DEV) for _ in range(2))
+        out, lse = run_decode(q, k, v, plan, d ** -0.5, return_lse=True)
+        ref, ref_lse = reference_attention(*(t.double() for t in (q, k, v)), p, q_positions=qp,
+                                           k_positions=kp, return_lse=True,
+                                           dtype=torch.float64)
+        what = f"{p} q at element {offset}"
+        assert_close("out", out, ref, attention_tol(sk, d), what, elementwise=True)
+        assert_close("lse", lse, ref_lse.float(), attention_tol(sk, d), what, elementwise=True)
+    if DEV == "cuda" and kl.fast_launches_enabled():  # the second and the last call
+        assert kl.fast_launches - before == 2
+
+
 def test_a_query_with_no_allowed_key_outputs_zero():
     # its document has no key: out 0 and lse -inf (SDPA's own answer there would be lse 0)
     p = random_pattern(random.Random(0), 40, window=None, sinks=None)
@@ -208,9 +237,12 @@ def test_a_decode_step_is_one_launch_per_layer_and_one_check_per_forward(monkeyp
     import hf_hilbert_attn.kernels._decode as kd
 
     launches, checks = [], []
-    real_launch, real_check = kd.launch_all, tf.check_call
+    real_launch, real_relaunch, real_check = kd.launch_all, kd.relaunch, tf.check_call
     monkeypatch.setattr(kd, "launch_all", lambda ls: launches.extend(x[0] for x in ls)
                         or real_launch(ls))
+    # (a layer after the first relaunches the kernel its layout compiled)
+    monkeypatch.setattr(kd, "relaunch", lambda kernel, *a: launches.append(kernel)
+                        or real_relaunch(kernel, *a))
     monkeypatch.setattr(tf, "check_call", lambda *a: checks.append(a[0]) or real_check(*a))
     sdpa = decode._SDPA_CPU
     if sdpa is not None:

@@ -19,6 +19,12 @@ from hf_hilbert_attn.tools import aot
 
 PATTERN = DilatedPattern([16, 32, 64], [1, 2, 4], sink_tokens=1)
 
+# Tests that run the kernels on CPU tensors: through Triton's interpreter, which conftest.py
+# turns on only where there is no GPU (on a GPU machine the kernels refuse CPU tensors).
+INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="kernels on CPU tensors: Triton's interpreter, off on a "
+                                        "GPU machine")
+
 
 def _launches(pattern, s=80, d=16, device="cpu", dtype=torch.float32, hq=4, hkv=2):
     """The recorded launches of one forward + backward, as comparable values (tensors by shape,
@@ -112,6 +118,7 @@ def small_tiles():
     kernels.configure(old)
 
 
+@INTERPRETED
 def test_a_layout_is_checked_and_routed_once(small_tiles, monkeypatch):
     """Eager calls at the default positions: the first of a layout checks and routes, the next
     go straight to the kernels with the same result; explicit positions, another dtype,
@@ -138,6 +145,7 @@ def test_a_layout_is_checked_and_routed_once(small_tiles, monkeypatch):
         dilated_attention(q, k, v, PATTERN, backend="triton")
 
 
+@INTERPRETED
 @pytest.mark.parametrize("use_lse", [False, True])
 def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
     """The eager autograd Function and the custom ops (what torch.compile traces) give the same
@@ -226,6 +234,7 @@ def test_relaunch_guard_sees_what_triton_specializes_on():
     assert b.data_ptr() == a.data_ptr() + 4
 
 
+@INTERPRETED
 def test_dispatch_traces_into_one_graph():
     # torch.compile(fullgraph=True) traces the dispatch rule (backends.use_triton): a call dynamo
     # cannot trace there (e.g. __import__) breaks every compiled model's graph

@@ -330,7 +330,8 @@ def _layer_output(result, sinks, dv):
     with learned sinks, its ``(out, lse)``; the first ``dv`` features (``kernel_widths``). A
     decode run's ``out`` is already laid out so: no copy."""
     out = result if sinks is None else with_sink_logits(*result, sinks)
-    return out[..., :dv].transpose(1, 2).contiguous(), None
+    out = out if out.shape[-1] == dv else out[..., :dv]
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):

@@ -21,7 +21,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch_all", "fast_launches_enabled"]
+__all__ = ["launch_all", "kept", "relaunch", "fast_launches_enabled"]
 
 _OK: Optional[bool] = None
 fast_launches = 0  # launches that skipped the binding (read by tests and benchmarks)
@@ -79,7 +79,6 @@ def launch_all(launches) -> None:
     compiled kernel by the head's guard and that item (the grid is no part of what Triton
     compiles), and ``rest`` as addresses. None: every launch binds (so do the interpreter,
     recorded launches and stubs)."""
-    global fast_launches
     heads, stream = {}, None
     for fn, grid, head, rest, kwargs, slot in launches:
         if slot is None or not isinstance(fn, JITFunction) or not fast_launches_enabled():
@@ -104,9 +103,26 @@ def launch_all(launches) -> None:
                 slot[key] = (kernel, tuple(kwargs[n] for n in names), _addresses(rest)[1])
             continue
         kernel, tail, addressed = hit
-        fast_launches += 1
-        values = (*h[2], *addressed, *tail)
-        g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
-        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(grid, stream, *values), knobs.runtime.launch_enter_hook,
-                   knobs.runtime.launch_exit_hook, *values)
+        relaunch(kernel, (tuple(grid) + (1, 1))[:3], (*h[2], *addressed, *tail), stream)
+
+
+def kept(slot: Optional[dict], grid, head: tuple, rest: tuple):
+    """``(kernel, grid, arguments after the head's)`` that :func:`relaunch` repeats the launch of
+    ``head + rest`` with (``slot``: :func:`launch_all`'s), or None where none was kept. The decode
+    launcher, which guards its own head, relaunches it with the head's addresses alone."""
+    hit = slot.get((driver.active.get_current_device(), _addresses(head)[0],
+                    rest[-1] if rest else None)) if slot else None
+    return None if hit is None else (hit[0], (tuple(grid) + (1, 1))[:3], (*hit[2], *hit[1]))
+
+
+def relaunch(kernel, grid: tuple, values: tuple, stream=None) -> None:
+    """Launch compiled ``kernel`` on ``grid`` (three sizes) with ``values`` (tensors as addresses,
+    constexprs last) on the current stream (or ``stream``), as ``JITFunction.run`` ends."""
+    global fast_launches
+    fast_launches += 1
+    if stream is None:
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+    enter = knobs.runtime.launch_enter_hook  # (None: launch_metadata is None too)
+    kernel.run(*grid, stream, kernel.function, kernel.packed_metadata,
+               None if enter is None else kernel.launch_metadata(grid, stream, *values), enter,
+               knobs.runtime.launch_exit_hook, *values)

@@ -20,9 +20,11 @@ def build(method):
     p = hf_hilbert_attn.patterns.as_pattern("default")
     if "kv0" in method: p = p.replace(dense_kv_heads=(0,))
     return hf_hilbert_attn.configure(m, p)
-methods = ["sdpa", "sdpa-flash", "default", "default+kv0", "default/pattern"]
+methods = ["sdpa", "sdpa-flash", "default", "default+kv0", "default/pattern", "default+kv0/pattern"]
 models = {m: build(m) for m in methods if "/" not in m}
-models["default/pattern"] = models["default"]
+for m in methods:  # a PatternCache run: the model of its method
+    if "/" in m:
+        models[m] = models[m.split("/")[0]]
 for ctx in contexts:
     with torch.inference_mode():
         ids = torch.randint(3, 1000, (1, ctx), device=dev)

@@ -238,8 +238,8 @@ def test_a_decode_step_is_one_launch_per_layer_and_one_check_per_forward(monkeyp
 
     launches, checks = [], []
     real_launch, real_relaunch, real_check = kd.launch_all, kd.relaunch, tf.check_call
-    monkeypatch.setattr(kd, "launch_all", lambda ls: launches.extend(x[0] for x in ls)
-                        or real_launch(ls))
+    monkeypatch.setattr(kd, "launch_all", lambda ls, memo=None: launches.extend(x[0] for x in ls)
+                        or real_launch(ls, memo))
     # (a layer after the first relaunches the kernel its layout compiled)
     monkeypatch.setattr(kd, "relaunch", lambda kernel, *a: launches.append(kernel)
                         or real_relaunch(kernel, *a))

@@ -234,6 +234,81 @@ def test_relaunch_guard_sees_what_triton_specializes_on():
     assert b.data_ptr() == a.data_ptr() + 4
 
 
+def test_a_planned_call_binds_once_per_layout_then_relaunches(monkeypatch):
+    # kernels/_launch.py: a call's first launch of a layout binds each kernel through Triton
+    # and keeps it by the guard of the call's heads (one lookup per call); a call with new
+    # tensors of that layout hands the compiled kernels their addresses, each launch its own
+    # head and grid, in order; a head whose guard differs (alignment, a stride) binds again.
+    # Triton's side is stood in for (no GPU here): JITFunction.run returns a kernel that records.
+    from triton.runtime.jit import JITFunction
+
+    from hf_hilbert_attn.kernels import _launch
+    from hf_hilbert_attn.kernels._common import Strided
+
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, *args):
+            calls.append(("relaunch", self.name, args[:4], args[9:]))
+
+        def launch_metadata(self, *args):
+            return None
+
+    def first(x, y, n, BLOCK):
+        pass
+
+    def second(x, n, BLOCK):
+        pass
+
+    fns = [JITFunction(first), JITFunction(second)]
+    for fn in fns:
+        monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, name=fn.__name__, **kw:
+                            calls.append(("bind", name, grid)) or Compiled(name))
+
+    class Driver:  # the current device and stream
+        active = type("A", (), dict(get_current_device=lambda self: 0,
+                                    get_current_stream=lambda self, dev: "stream"))()
+
+    monkeypatch.setattr(_launch, "driver", Driver)
+    monkeypatch.setattr(_launch, "fast_launches_enabled", lambda: True)
+
+    def launches(t, u):
+        h1, h2 = (Strided(t, 16, 1, 1), Strided(u, 32, 1, 1)), (Strided(u, 32, 1, 1),)
+        return [(fns[0], (2,), h1, (7,), dict(BLOCK=16)),
+                (fns[1], (3, 5), h2, (8,), dict(BLOCK=32)),
+                (fns[0], (4,), h1, (9,), dict(BLOCK=16))]
+
+    memo, t, u = {}, torch.zeros(64), torch.zeros(64)
+    assert _launch.launch_all(launches(t, u), memo) is not None
+    assert [c[:3] for c in calls] == [("bind", "first", (2,)), ("bind", "second", (3, 5)),
+                                      ("bind", "first", (4,))] and len(memo) == 1
+    calls.clear()
+    t, u = torch.zeros(64), torch.zeros(64)  # new tensors, the same layout
+    _launch.launch_all(launches(t, u), memo)
+    ptr = lambda x, s: (x.data_ptr(), s, 1, 1)  # noqa: E731
+    assert calls == [("relaunch", "first", (2, 1, 1, "stream"), (ptr(t, 16), ptr(u, 32), 7, 16)),
+                     ("relaunch", "second", (3, 5, 1, "stream"), (ptr(u, 32), 8, 32)),
+                     ("relaunch", "first", (4, 1, 1, "stream"), (ptr(t, 16), ptr(u, 32), 9, 16))]
+    for other in (torch.zeros(65)[1:], torch.zeros(64)[4:]):  # 4 bytes in: binds; 16: does not
+        calls.clear()
+        _launch.launch_all(launches(t, other), memo)
+        assert [c[0] for c in calls] == ["bind" if other.data_ptr() % 16 else "relaunch"] * 3
+    assert len(memo) == 2
+    calls.clear()
+    launch = launches(t, u)
+    launch[1] = (fns[1], (3, 5), (Strided(u, 48, 1, 1),), (8,), dict(BLOCK=32))  # a stride
+    _launch.launch_all(launch, memo)
+    assert [c[0] for c in calls] == ["bind"] * 3 and len(memo) == 3
+    calls.clear()
+    assert _launch.launch_all(launches(t, u), None) is None  # no memo: every launch binds
+    assert [c[0] for c in calls] == ["bind"] * 3
+
+
 @INTERPRETED
 def test_dispatch_traces_into_one_graph():
     # torch.compile(fullgraph=True) traces the dispatch rule (backends.use_triton): a call dynamo

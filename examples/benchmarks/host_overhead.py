@@ -307,23 +307,21 @@ def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     out, lse = dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan)
     captured, real_run = [], K._run
-    K._run = lambda launches, fresh, cfg: captured.append((launches, cfg))  # the run step's input
+    K._run = lambda launches, fresh, cfg, memo=None: captured.append((launches, memo))  # the
+    # run step's input
     try:
         dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan)
         dilated_bwd(g, qd, kd, vd, out, lse, None, pattern, a.scale, True, plan)
     finally:
         K._run = real_run
-    (lf, _), (lb, _) = captured
+    (lf, mf), (lb, mb) = captured
 
-    def triton_only(ls):  # what launch_all() does after its cache hit, prepared: Triton's part
+    def triton_only(ls, memo):  # what launch_all() does after its memo's hit, prepared:
+        # Triton's part
         dev = driver.active.get_current_device()
-        prepared = []
-        for fn, grid, head, rest, kw, slot in ls:
-            guard, addressed = _launch._addresses(head)
-            kernel, tail, rest_ints = slot[(dev, guard, rest[-1] if rest else None)]
-            values = (*addressed, *rest_ints, *tail)
-            g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
-            prepared.append((kernel, g0, g1, g2, values))
+        kept = _launch.launch_all(ls, memo)
+        prepared = [(kernel, *grid, (*_launch._addresses(head)[1], *tail))
+                    for (kernel, grid, tail), (_, _, head, _, _) in zip(kept, ls)]
 
         def go():
             stream = driver.active.get_current_stream(dev)
@@ -344,10 +342,10 @@ def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
         ("kernels.dilated_fwd", lambda: dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan), 1),
         ("kernels.dilated_bwd", lambda: dilated_bwd(g, qd, kd, vd, out, lse, None, pattern,
                                                     a.scale, True, plan), 1),
-        ("launches, forward", lambda: _launch.launch_all(lf), len(lf)),
-        ("launches, backward", lambda: _launch.launch_all(lb), len(lb)),
-        ("Triton's launch alone, forward", triton_only(lf), len(lf)),
-        ("Triton's launch alone, backward", triton_only(lb), len(lb)),
+        ("launches, forward", lambda: _launch.launch_all(lf, mf), len(lf)),
+        ("launches, backward", lambda: _launch.launch_all(lb, mb), len(lb)),
+        ("Triton's launch alone, forward", triton_only(lf, mf), len(lf)),
+        ("Triton's launch alone, backward", triton_only(lb, mb), len(lb)),
         ("guard and addresses of a forward's tensors", lambda: _launch._addresses(lf[0][2]), 1),
         ("torch.empty_like(q) on the GPU", lambda: torch.empty_like(qd), 1),
         ("SDPA forward (autograd), same shape", sdpa, 1),

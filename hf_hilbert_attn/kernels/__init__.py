@@ -65,19 +65,19 @@ def plan_fwd(c: Call) -> FwdPlan:
             items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
     tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
               keys)
-    items = [(grid, row, ints, kw, {})  # {}: the launch's compiled kernels (_launch.launch_all)
-             for (grid, ints, kw), row in zip(items, _launch_table(rows, c.device))]
+    items = [(g, row, ints, kw) for (g, ints, kw), row in zip(items, _launch_table(rows, c.device))]
     return FwdPlan(tables, hch if len(launch) > 1 and not c.merge else 0, items)
 
 
 def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, skip: tuple,
                 flags: tuple, hbase: int, softcap: float):
     """``(sparse plan, dense plan or None, whether they were made just now, heads to fill,
-    positions)`` of a call, made once per call key: ``build`` (:func:`plan_fwd` /
-    :func:`plan_bwd`) of the sparse pattern leaving out ``skip`` (and, where that adds no
-    launch, the dense key/value heads: ``_head_split``) and of the plain causal config over the
-    dense heads, whose launches come last (they overwrite what the sparse ones computed for
-    them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``); ``hbase``, ``softcap``: its own."""
+    positions, the memo of their launches: ``_launch.launch_all``'s)`` of a call, made once per
+    call key: ``build`` (:func:`plan_fwd` / :func:`plan_bwd`) of the sparse pattern leaving out
+    ``skip`` (and, where that adds no launch, the dense key/value heads: ``_head_split``) and of
+    the plain causal config over the dense heads, whose launches come last (they overwrite what
+    the sparse ones computed for them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``);
+    ``hbase``, ``softcap``: its own."""
     (B, HQ, SQ, D), dev = q.shape, q.device
     shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
 
@@ -88,13 +88,13 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, sk
         dense = pattern.dense_kv_heads and build(Call(
             DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2]), softcap=softcap))
         return (build(Call(ranged, *same, left, *flags, hbase=hbase, softcap=softcap)),
-                dense or None, fill)
+                dense or None, fill, {})
 
     pos = _positions(plan, dev)
     key = _call_key(build.__name__, pattern, plan, q, k, causal, scale, cfg,
                     (skip, *flags, hbase, softcap))
-    (sparse, dense, fill), fresh = _planned(key, make, dev, pos)
-    return sparse, dense, fresh, fill, pos
+    (sparse, dense, fill, memo), fresh = _planned(key, make, dev, pos)
+    return sparse, dense, fresh, fill, pos, memo
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
@@ -122,7 +122,7 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     if SQ == 0:
         return (acc if merge else out), lse
     cfg = kernel_config()
-    fp, dense, fresh, fill, pos = _call_plans(
+    fp, dense, fresh, fill, pos, memo = _call_plans(
         plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
     if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
         _fill_skipped(fill, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
@@ -133,9 +133,9 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     for p, buf in ((fp, acc), (dense, out)):
         if p is not None:
             head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
-            run += [(_fwd_kernel, grid, head, (row, *ints, scales), kw, slot)
-                    for grid, row, ints, kw, slot in p.items]
-    _run(run, fresh, cfg)
+            run += [(_fwd_kernel, grid, head, (row, *ints, scales), kw)
+                    for grid, row, ints, kw in p.items]
+    _run(run, fresh, cfg, memo)
     return (acc if merge else out), lse
 
 
@@ -205,11 +205,10 @@ def plan_bwd(c: Call) -> BwdPlan:
     tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
               keys)
     table = _launch_table(rows, c.device)  # the dq launches' rows, then the dk/dv launches'
-    dq_items = [(g, r, ints, kw, {}) for (g, ints, kw), r in zip(dq_items, table)]
-    kv_items = [(g, r, ints, kw, {})
-                for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
+    dq_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(dq_items, table)]
+    kv_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
     chunks = (0 if c.merge else hch, 0 if kv_merge else kch) if len(launch) > 1 else None
-    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge, ({}, {}))
+    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge)
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):
@@ -247,18 +246,18 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     if SQ == 0 or SK == 0:
         return (dq_acc if merge else dq.zero_()), *(dkv_acc or (dk.zero_(), dv.zero_()))
     cfg = kernel_config()
-    bp, dense, fresh, fill, pos = _call_plans(
+    bp, dense, fresh, fill, pos, memo = _call_plans(
         plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, dkv_acc is not None),
         head_base, softcap)
     _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
     for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
         _check_target(name, t, k.shape, torch.float32)
     lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
+    ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
     dblk = 64 if not cfg.interpret else 16
     run = [(_delta_kernel, (-(-SQ // dblk), B * HQ),
-            (_strided(out), _strided(do), dlse.contiguous() if dlse is not None else delta,
-             _strided(delta), SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None),
-            bp.delta[dlse is not None])]
+            (_strided(out), ins[3], dlse.contiguous() if dlse is not None else delta, ins[5],
+             SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
     if not bp.kv_merge:
         _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
     dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
@@ -272,18 +271,17 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     none = Strided(_dummy(dev), 0, 0, 0)
     sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32)) \
         if bp.sinks else none
-    ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
     scales = _scales(scale, softcap)
     for p, sums, sg in ((bp, (dqacc, dkacc, dvacc), sinkg), (dense, (dq, dk, dv), none)):
         if p is not None:
             dqs, dks, dvs = (_strided(t) for t in sums)
             head = (*ins, _strided(dq), dqs, sg, pos, p.tables)
-            run += [(_dq_kernel, grid, head, (row, *ints, scales), kw, slot)
-                    for grid, row, ints, kw, slot in p.dq_items]
+            run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
+                    for grid, row, ints, kw in p.dq_items]
             head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
-            run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw, slot)
-                    for grid, row, ints, kw, slot in p.kv_items]
-    _run(run, fresh, cfg)
+            run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
+                    for grid, row, ints, kw in p.kv_items]
+    _run(run, fresh, cfg, memo)
     if dkv_acc is None:
         return (dq_acc if merge else dq), dk, dv
     if not bp.kv_merge:  # sink keys here: the sums on the host

@@ -290,8 +290,7 @@ class Call(NamedTuple):
 
 class FwdPlan(NamedTuple):
     """The forward's launches: the config tables, the heads per chunk of the float32 merge
-    buffer (0: none) and per launch ``(grid, launch row, integer arguments, keywords, slot)``
-    (``_launch.launch_all``'s)."""
+    buffer (0: none) and per launch ``(grid, launch row, integer arguments, keywords)``."""
 
     tables: tuple
     hch: int
@@ -301,8 +300,7 @@ class FwdPlan(NamedTuple):
 class BwdPlan(NamedTuple):
     """The backward's launches: config tables, sink keys, heads per chunk of the float32 sums
     (``(hch, kch)``, None: none), dq and dk/dv launches, whether the dk/dv launches add into
-    the caller's sums (``merge_kv`` without sink keys: their share comes in a first launch), and
-    the delta launch's two slots (``_launch.launch_all``; without and with an lse gradient)."""
+    the caller's sums (``merge_kv`` without sink keys: their share comes in a first launch)."""
 
     tables: tuple
     sinks: int
@@ -310,7 +308,6 @@ class BwdPlan(NamedTuple):
     dq_items: list
     kv_items: list
     kv_merge: bool = False
-    delta: tuple = ()
 
 
 def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._common import LN2, Strided, _dot, _logits2, _scales
-from ._launch import kept, launch_all, relaunch
+from ._launch import launch_all, relaunch
 
 __all__ = ["DecodeLauncher", "Rule", "DECODE_MAX_ROWS"]
 
@@ -199,11 +199,10 @@ class DecodeLauncher:
             relaunch(kernel, grid, (*((p, *st[:3]) for p, st in zip(ptrs, strides)), ptrs[4],
                                     *after))
             return
-        fn, grid, ints, tail, slot = self._state
+        fn, grid, ints, tail, memo = self._state
         head = (*(Strided(t, *st[:3]) for t, st in zip(ts, strides)), ts[4])
-        launch_all([(fn, grid, head, (self.rule,) + ints, tail, slot)])
-        found = kept(slot, grid, head, (self.rule,) + ints)
-        self._kept = None if found is None else (guard, found)
+        found = launch_all([(fn, grid, head, (self.rule,) + ints, tail)], memo)
+        self._kept = None if found is None else (guard, found[0])
 
     def _prepare(self, q, k, out, lse, scale, softcap, interpret):
         (B, HQ, SQ, D), (HKV, SK) = q.shape, k.shape[1:3]
@@ -223,4 +222,4 @@ class DecodeLauncher:
         tail = dict(zip(("SLIDING", "PER_HEAD", "HAS_DOC"), self.flags), BR=br, BN=bn, D=D,
                     NC=self.rule.CFG.shape[0], IEEE=q.dtype == torch.float32,
                     WITH_LSE=lse is not None, SOFTCAP=softcap > 0, num_warps=8, num_stages=2)
-        return _decode_kernel, (B * HKV, nsplit), ints, tail, {}  # {}: launch_all's slot
+        return _decode_kernel, (B * HKV, nsplit), ints, tail, {}  # {}: launch_all's memo

@@ -1,14 +1,13 @@
-"""Launching a planned kernel again without Triton's per-call binding.
+"""Launching a planned call's kernels again without Triton's per-call binding.
 
 ``jit_fn[grid](*args)`` binds and specializes the arguments and builds a cache key: about
 40 µs of host time per launch on an H200's host. A planned call repeats its launches with new
-tensors of the same layout, so the compiled kernel is kept with a *guard* (each tensor's dtype
-and 16-byte alignment, each integer's value); while it matches, the launch goes straight to
-``CompiledKernel.run``, as ``JITFunction.run`` ends (checked once; the interpreter, recorded
-launches and stubs take the plain path). The guard of a call's shared tensors is made once, and
-their addresses read once: the launcher then gets integers, not tensors to ask for them. A
-planned launch keeps its compiled kernel in a dict of its own (``launch_all``'s ``slot``): no
-key over every argument per launch.
+tensors of the same layout, so its compiled kernels are kept with a *guard* (each tensor's
+dtype and 16-byte alignment, each integer's value); while it matches, the launches go straight
+to ``CompiledKernel.run``, as ``JITFunction.run`` ends (checked once; the interpreter, recorded
+launches and stubs take the plain path). The guard of a call's tensors is made once per call,
+and their addresses read once: the launcher then gets integers, not tensors to ask for them,
+and the call one dict lookup, not one per launch.
 """
 
 from __future__ import annotations
@@ -21,7 +20,9 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["launch_all", "kept", "relaunch", "fast_launches_enabled"]
+from ._common import Strided
+
+__all__ = ["launch_all", "relaunch", "fast_launches_enabled"]
 
 _OK: Optional[bool] = None
 fast_launches = 0  # launches that skipped the binding (read by tests and benchmarks)
@@ -56,6 +57,10 @@ def _walk(args, guard: list, out: list) -> None:
         tx = type(x)
         if tx is int:
             guard.append(x)
+        elif tx is Strided:  # (most of a call's arguments: a tensor and three ints)
+            ptr = x[0].data_ptr()
+            guard += ((x[0].dtype, ptr & 15 == 0), x[1], x[2], x[3])
+            x = (ptr, x[1], x[2], x[3])
         elif isinstance(x, torch.Tensor):
             ptr = x.data_ptr()
             guard.append((x.dtype, ptr & 15 == 0))
@@ -71,48 +76,47 @@ def _walk(args, guard: list, out: list) -> None:
         out.append(x)
 
 
-def launch_all(launches) -> None:
-    """``fn[grid](*head, *rest, **kwargs)`` for each ``(fn, grid, head, rest, kwargs, slot)``;
-    after the first launch of a layout, without the binding. A head (the call's tensors, shared
-    by its launches) is guarded and read as addresses once. ``slot``: a dict the launch owns,
-    whose ``kwargs`` and ``rest`` but its last item are the same at every call; it keeps the
-    compiled kernel by the head's guard and that item (the grid is no part of what Triton
-    compiles), and ``rest`` as addresses. None: every launch binds (so do the interpreter,
-    recorded launches and stubs)."""
-    heads, stream = {}, None
-    for fn, grid, head, rest, kwargs, slot in launches:
-        if slot is None or not isinstance(fn, JITFunction) or not fast_launches_enabled():
+def launch_all(launches, memo: Optional[dict] = None):
+    """``fn[grid](*head, *rest, **kwargs)`` for each ``(fn, grid, head, rest, kwargs)`` in order.
+    ``memo``: a dict the planned call owns (its launches and their ``rest`` and ``kwargs`` are
+    the same at every call). Its first call of a layout binds each launch and keeps, by the guard
+    of the call's heads (each distinct head, the call's tensors, guarded and read as addresses
+    once), the compiled kernels with the arguments after their head; later calls of that layout
+    hand Triton's launcher the heads' addresses and those. Returns what it kept for this layout
+    (``[(kernel, grid, arguments after the head)]``), or None: every launch bound (no memo, the
+    interpreter, recorded launches and stubs)."""
+    if memo is None or not fast_launches_enabled() or \
+            not all(isinstance(launch[0], JITFunction) for launch in launches):
+        for fn, grid, head, rest, kwargs in launches:
             fn[grid](*head, *rest, **kwargs)
-            continue
-        h = heads.get(id(head))
-        if h is None:
-            if stream is None:
-                device = driver.active.get_current_device()
-                stream = driver.active.get_current_stream(device)
-            h = heads[id(head)] = (device, *_addresses(head))
-        key = (h[0], h[1], rest[-1] if rest else None)
-        hit = slot.get(key)
-        if hit is None:  # bind, then keep what a launch of this layout passes besides its args
+        return None
+    heads = {}
+    for launch in launches:
+        if id(launch[2]) not in heads:
+            heads[id(launch[2])] = _addresses(launch[2])
+    key = (driver.active.get_current_device(), *(guard for guard, _ in heads.values()))
+    kept = memo.get(key)
+    if kept is None:  # bind each launch (compiling where needed) and keep what a launch of this
+        # layout passes besides its head; nothing where one cannot be repeated so (a recorded
+        # launch, a stub, a parameter left to its default)
+        kept = []
+        for fn, grid, head, rest, kwargs in launches:
             kernel = fn[grid](*head, *rest, **kwargs)
             names = fn.arg_names[len(head) + len(rest):]
-            if kernel is not None and not hasattr(kernel, "result") and \
-                    all(n in kwargs for n in names):  # (not: a recorded launch, a stub, a
-                # parameter left to its default)
-                if len(slot) >= 16:
-                    slot.clear()
-                slot[key] = (kernel, tuple(kwargs[n] for n in names), _addresses(rest)[1])
-            continue
-        kernel, tail, addressed = hit
-        relaunch(kernel, (tuple(grid) + (1, 1))[:3], (*h[2], *addressed, *tail), stream)
-
-
-def kept(slot: Optional[dict], grid, head: tuple, rest: tuple):
-    """``(kernel, grid, arguments after the head's)`` that :func:`relaunch` repeats the launch of
-    ``head + rest`` with (``slot``: :func:`launch_all`'s), or None where none was kept. The decode
-    launcher, which guards its own head, relaunches it with the head's addresses alone."""
-    hit = slot.get((driver.active.get_current_device(), _addresses(head)[0],
-                    rest[-1] if rest else None)) if slot else None
-    return None if hit is None else (hit[0], (tuple(grid) + (1, 1))[:3], (*hit[2], *hit[1]))
+            if kernel is None or hasattr(kernel, "result") or not all(n in kwargs for n in names):
+                kept = None
+            elif kept is not None:
+                kept.append((kernel, (tuple(grid) + (1, 1))[:3],
+                             (*_addresses(rest)[1], *(kwargs[n] for n in names))))
+        if kept is not None:
+            if len(memo) >= 16:
+                memo.clear()
+            memo[key] = kept
+        return kept
+    stream = driver.active.get_current_stream(key[0])
+    for (kernel, grid, tail), launch in zip(kept, launches):
+        relaunch(kernel, grid, (*heads[id(launch[2])][1], *tail), stream)
+    return kept
 
 
 def relaunch(kernel, grid: tuple, values: tuple, stream=None) -> None:

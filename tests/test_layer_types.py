@@ -205,6 +205,9 @@ def test_mask_functions_name_their_window():
     sliding = sliding_window_causal_mask_function(6)
     assert mask_window(None) is None and mask_window(causal_mask_function) is None
     assert mask_window(sliding) == DilatedPattern([6], [1], window="sliding")
+    # a window of 0 allows no key: Transformers 5.17 builds one for Qwen2-MoE's sliding layer
+    # type, which no layer of a model with its window off has (such a model runs: model zoo)
+    assert mask_window(sliding_window_causal_mask_function(0)) is None
     remap = getattr(masking_utils, "remap_positions_for_packed_sequence", None)  # (5.2x)
     packed = sliding if remap is None else remap(sliding, torch.zeros(1, 4, dtype=torch.long))
     assert mask_window(and_masks(packed, packed_sequence_mask_function(

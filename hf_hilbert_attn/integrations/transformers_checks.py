@@ -56,10 +56,12 @@ def mask_window(mask_function):
     """What a mask function adds to causal attention as a pattern (:func:`.model_config.
     local_pattern`: a ``sliding_attention`` layer's window, a ``chunked_attention`` layer's
     chunks), or None. ``ValueError`` for mask functions other than causal / bidirectional /
-    packed / padding / one causal sliding window or chunking."""
+    packed / padding / one causal sliding window or chunking. A window or chunk size below 1
+    counts as none: it would allow no key, and Transformers 5.17 makes such a mask for a layer
+    type no layer has (Qwen2-MoE's sliding one, whose ``sliding_window`` is 0 when off)."""
     parts = [] if mask_function is None else _mask_parts(mask_function)
-    local = [local_pattern(c[_LOCAL_LEAVES[n][0]].cell_contents, _LOCAL_LEAVES[n][1])
-             for n, c in parts if n in _LOCAL_LEAVES]
+    local = [local_pattern(c[f].cell_contents, kind) for n, c in parts if n in _LOCAL_LEAVES
+             for f, kind in [_LOCAL_LEAVES[n]] if c[f].cell_contents >= 1]
     bad = [n for n, _ in parts if n not in _KNOWN_MASK_LEAVES and n not in _LOCAL_LEAVES]
     if bad or len(local) > 1:
         raise ValueError(f"hilbert_dilated cannot apply the mask function(s) {bad or local} "

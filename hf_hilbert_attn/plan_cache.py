@@ -129,7 +129,7 @@ class PlanCache:
                     if n:
                         bucket.insert(0, bucket.pop(n))
                     return plan
-        plan = kept(make)
+        plan = kept(make, next((t.device for t in tensors if t is not None), None))
         if bucket is None:
             bucket = self._entries[full] = []
             while len(self._entries) > self.size:

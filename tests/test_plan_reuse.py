@@ -165,6 +165,20 @@ def test_cache_is_bounded_and_keys_the_mode():
     assert a.is_inference() and not b.is_inference()
 
 
+def test_plans_of_cpu_tensors_are_made_on_the_callers_thread(monkeypatch):
+    # On a machine whose CUDA is initialized, plans of CUDA tensors are made on the cache's own
+    # thread (plan_cache.kept); a plan of CPU tensors is made in place, in the caller's modes
+    # (it went to that thread, where inference mode is off, on GPU machines)
+    import hf_hilbert_attn.plan_cache as pc
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(pc, "_on_maker", lambda fn: pytest.fail("made on the cache's thread"))
+    cache, pos = PlanCache(3), torch.randperm(100)
+    with torch.inference_mode():
+        assert cache.get_or_make(("m",), (pos,), lambda: torch.ones(1)).is_inference()
+    assert not cache.get_or_make(("m",), (pos,), lambda: torch.ones(1)).is_inference()
+
+
 def test_plan_made_in_inference_mode_then_used_with_autograd():
     """Decode under inference_mode, then a training step with the same positions."""
     pattern = PATTERNS[0]

@@ -309,6 +309,22 @@ def test_a_planned_call_binds_once_per_layout_then_relaunches(monkeypatch):
     assert [c[0] for c in calls] == ["bind"] * 3
 
 
+def test_a_backward_keeps_its_launches_apart_with_and_without_an_lse_gradient(monkeypatch):
+    # The delta pass compiles with and without an lse gradient while the heads' guards are the
+    # same (a float32 tensor either way): launch_all's memo must be another one for each, or a
+    # call with an lse gradient after one without would relaunch the kernel that ignores it.
+    memos = []
+    monkeypatch.setattr(kernels, "_run", lambda run, fresh, cfg, memo=None: memos.append(memo))
+    q, k = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16)
+    a = check_inputs(q, k, k, PATTERN)
+    plan, _ = kernels.plan_positions(a, PATTERN)
+    out, lse, g = torch.randn_like(q), torch.randn(1, 4, 40), torch.randn_like(q)
+    for dlse in (None, torch.randn(1, 4, 40), None, torch.randn(1, 4, 40)):
+        kernels.dilated_bwd(g, q, k, k, out, lse, dlse, PATTERN, a.scale, True, plan)
+    assert memos[0] is memos[2] and memos[1] is memos[3] and memos[0] is not memos[1]
+    assert all(isinstance(m, dict) for m in memos)
+
+
 @INTERPRETED
 def test_dispatch_traces_into_one_graph():
     # torch.compile(fullgraph=True) traces the dispatch rule (backends.use_triton): a call dynamo

@@ -272,6 +272,32 @@ def test_launchers_write_into_views():
 
 
 @NATURAL
+def test_an_lse_gradient_after_a_call_without_one_on_the_same_layout():
+    # A planned backward keeps its compiled launches per layout (kernels/_launch.py, D69); its
+    # delta pass compiles with and without an lse gradient on the same heads' guards, so a call
+    # with one after a call without must run its own: dq, dk, dv against float64, within twice
+    # PyTorch's error in bfloat16 (the lse term weighted up: ignoring it fails by far).
+    s = 1025
+    q = torch.randn(1, 4, s, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    g, gl = torch.randn_like(q).double(), 10 * torch.randn(1, 4, s, device="cuda").double()
+
+    def grads(fn, dtype, lse_too):
+        ins = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        o, lse = fn(*ins, LONGNET_SMALL, return_lse=True)
+        loss = (o.double() * g).sum() + ((lse.double() * gl).sum() if lse_too else 0)
+        return torch.autograd.grad(loss, ins)
+
+    grads(dilated_attention, torch.bfloat16, False)  # this layout's launches, no lse gradient
+    ours = grads(dilated_attention, torch.bfloat16, True)
+    truth = grads(reference_attention, torch.float64, True)
+    base = grads(reference_attention, torch.bfloat16, True)
+    for name, o, t, b in zip(("dq", "dk", "dv"), ours, truth, base):
+        err, err_b = (o.double() - t).abs().max().item(), (b.double() - t).abs().max().item()
+        assert err <= 2 * err_b + 1e-5, f"{name}: ours {err:.3e} vs PyTorch {err_b:.3e}"
+
+
+@NATURAL
 def test_relaunch_without_binding_follows_alignment():
     # A planned call launched again goes straight to the compiled kernels (kernels/_launch.py)
     # while every tensor keeps its dtype and 16-byte alignment: fresh data of the same layout

@@ -281,9 +281,8 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
             head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
             run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
                     for grid, row, ints, kw in p.kv_items]
-    _run(run, fresh, cfg, memo)
-    if dkv_acc is None:
-        return (dq_acc if merge else dq), dk, dv
-    if not bp.kv_merge:  # sink keys here: the sums on the host
+    _run(run, fresh, cfg, memo.setdefault(dlse is not None, {}))  # (the delta pass compiles
+    # with and without an lse gradient: the same heads' guards, another kernel)
+    if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
         dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
-    return (dq_acc if merge else dq), *dkv_acc
+    return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))

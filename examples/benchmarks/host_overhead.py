@@ -277,15 +277,17 @@ def main(argv=None):
 
 def _per_call_us(fn, calls: int, repeats: int) -> float:
     """Best over ``repeats`` of the mean host time of ``calls`` calls of ``fn`` (no sync
-    inside: the GPU queue absorbs the work)."""
+    inside: the GPU queue absorbs the work; without a GPU, plain host time). The bench scripts
+    under ``docs/bench/speed/`` time with it too."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     best = float("inf")
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    torch.cuda.synchronize()
+    sync()
     return best
 
 

@@ -7,6 +7,7 @@ python decode_layers.py SHAPE CTX CALLS [kv0|pattern]
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -17,6 +18,9 @@ import hf_hilbert_attn
 from hf_hilbert_attn import PatternCache, prefill
 from hf_hilbert_attn.integrations import transformers as hi
 from hf_hilbert_attn.tools.models import MODEL_SHAPES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[5] / "examples" / "benchmarks"))
+from host_overhead import _per_call_us  # noqa: E402  (best over repeats of the mean per call)
 
 shape, ctx, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 variant = sys.argv[4] if len(sys.argv) > 4 else ""
@@ -114,15 +118,7 @@ with torch.inference_mode():
             print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=12))
 
     def per_call(fn, repeats=15):
-        best = float("inf")
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-        sync()
-        return best
+        return _per_call_us(fn, calls, repeats)
 
     scaling = kw.get("scaling")
     rows = []

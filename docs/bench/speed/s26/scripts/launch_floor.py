@@ -6,7 +6,7 @@ python launch_floor.py [CTX]
 """
 import inspect
 import sys
-import time
+from pathlib import Path
 
 import torch
 from triton.runtime.driver import driver
@@ -14,6 +14,9 @@ from triton.runtime.driver import driver
 from hf_hilbert_attn.decode import plan_decode, run_decode
 from hf_hilbert_attn.kernels import _launch
 from hf_hilbert_attn.patterns import as_pattern
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[5] / "examples" / "benchmarks"))
+from host_overhead import _per_call_us  # noqa: E402  (best over repeats of the mean per call)
 
 ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 dev = torch.device("cuda")
@@ -48,15 +51,7 @@ print("arguments:", len(values), "values, of them tuples:", sum(isinstance(x, tu
 
 
 def per(fn_, n=200, rep=15):
-    best = 1e9
-    for _ in range(rep):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn_()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    torch.cuda.synchronize()
-    return best
+    return _per_call_us(fn_, n, rep)
 
 
 g0, g1, g2 = (tuple(grid) + (1, 1))[:3]

@@ -5,6 +5,7 @@ python host_parts.py [SEQ] [CALLS]     (SmolLM2-135M heads: 9 / 3 x 64, bf16, de
 """
 import sys
 import time
+from pathlib import Path
 
 import torch
 from triton.runtime.driver import driver
@@ -14,6 +15,9 @@ from hf_hilbert_attn import dilated_attention
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.kernels._plan import plan_positions
 from hf_hilbert_attn.patterns import as_pattern
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[5] / "examples" / "benchmarks"))
+from host_overhead import _per_call_us  # noqa: E402  (best over repeats of the mean per call)
 
 S = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 CALLS = int(sys.argv[2]) if len(sys.argv) > 2 else 100
@@ -28,15 +32,7 @@ sync = torch.cuda.synchronize
 
 
 def host_us(fn, calls=CALLS, reps=5):
-    best = float("inf")
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    sync()
-    return best
+    return _per_call_us(fn, calls, reps)
 
 
 def bwd_us(make, reps=5):

@@ -68,8 +68,7 @@ def _count_sparse(w_all: tuple, r_all: tuple, per_head: bool, sink: int, sliding
         if sink:  # the sink keys [0, min(k, ..)); the configs count keys >= k below
             n_sink = int((torch.clamp(p + 1, max=sink) if causal else
                           torch.full_like(p, min(sink, seq_len))).sum())
-            for h in range(num_heads):
-                totals[h] += n_sink
+            totals = [t + n_sink for t in totals]
         for size in range(1, len(w_all) + 1):
             sign = 1 if size % 2 else -1
             for subset in itertools.combinations(range(len(w_all)), size):
@@ -78,8 +77,7 @@ def _count_sparse(w_all: tuple, r_all: tuple, per_head: bool, sink: int, sliding
                 cnt = _keys_per_query(p, ws, math.lcm(*rs), sink, sliding, seq_len, causal)
                 per = _per_head(p, cnt, ws, rs, sliding, num_heads) if per_head else \
                     [int(cnt.sum())] * num_heads
-                for h in range(num_heads):
-                    totals[h] += sign * per[h]
+                totals = [t + sign * n for t, n in zip(totals, per)]
     return tuple(totals)
 
 
@@ -89,13 +87,9 @@ def _keys_per_query(p, ws, m, sink, sliding, seq_len, causal) -> torch.Tensor:
     lo = torch.zeros_like(p)
     hi = torch.full_like(p, seq_len - 1)
     for w in ws:
-        if sliding:
-            s0, s1 = p - (w - 1), p + (w - 1)
-        else:
-            s0 = (p // w) * w
-            s1 = s0 + w - 1
-        lo = torch.maximum(lo, s0)
-        hi = torch.minimum(hi, s1)
+        s0 = p - (w - 1) if sliding else (p // w) * w  # p's window, or p's segment
+        s1 = p + (w - 1) if sliding else s0 + w - 1
+        lo, hi = torch.maximum(lo, s0), torch.minimum(hi, s1)
     if causal:
         hi = torch.minimum(hi, p)
     # keys s in [lo, hi] with s ≡ p (mod m); p itself lies in [lo, hi] (hi >= p).

@@ -59,13 +59,10 @@ def _corner_to_corner(major: int, minor: int) -> torch.Tensor:
     through a quadrant; unit steps only when (``major`` even or ``minor`` odd) and (``major >=
     2`` or ``minor == 1``), which every part inherits. ``_free_end`` takes the other shapes.
     """
-    if minor == 1:
-        u = torch.arange(major, dtype=torch.int64)
-        return torch.stack((u, torch.zeros_like(u)), dim=1)
-    if major == 1:
-        # A single column cannot come back to its start; it ends at (0, minor - 1).
-        v = torch.arange(minor, dtype=torch.int64)
-        return torch.stack((torch.zeros_like(v), v), dim=1)
+    if minor == 1 or major == 1:
+        # One row, or a single column (which cannot come back to its start; it ends at
+        # (0, minor - 1)): its cells in order.
+        return torch.cartesian_prod(torch.arange(major), torch.arange(minor))
     m2 = _even_half(major)
     if 2 * major > 3 * minor:
         # Long: two halves side by side along the major axis, both in the parent's orientation.
@@ -115,14 +112,9 @@ def _check_int(name: str, n, minimum: int) -> int:
 
 @lru_cache(maxsize=256)
 def _hilbert_curve_cached(rows: int, cols: int) -> torch.Tensor:
-    # The curve's long axis runs along the grid's longer side.
-    if rows >= cols:
-        uv = _free_end(rows, cols)
-        r, c = uv[:, 0], uv[:, 1]
-    else:
-        uv = _free_end(cols, rows)
-        c, r = uv[:, 0], uv[:, 1]
-    return (r * cols + c).contiguous()
+    # The curve's long axis runs along the grid's longer side: (u, v) is (row, col) or (col, row).
+    rc = _free_end(rows, cols) if rows >= cols else _free_end(cols, rows).flip(1)
+    return (rc[:, 0] * cols + rc[:, 1]).contiguous()
 
 
 def hilbert_curve(rows: int, cols: int) -> torch.Tensor:
@@ -163,16 +155,10 @@ def _segment_order(segment: int, rate: int) -> torch.Tensor:
 def _permutation_cached(seq_len: int, segment: int, rate: int,
                         device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     order = _segment_order(segment, rate)  # [segment]
-    n_full, rest = divmod(seq_len, segment)
-    starts = torch.arange(n_full, dtype=torch.int64) * segment
-    parts = [(starts[:, None] + order[None, :]).reshape(-1)]  # [n_full * segment]
-    if rest:
-        # The last, partial segment: the same curve, skipping positions >= seq_len.
-        parts.append(order[order < rest] + n_full * segment)
-    perm = torch.cat(parts)
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(seq_len, dtype=torch.int64)
-    return perm.to(device), inv.to(device)
+    # Every segment the same curve; in the last, partial one positions >= seq_len are skipped.
+    perm = (torch.arange(-(-seq_len // segment))[:, None] * segment + order[None, :]).flatten()
+    perm = perm[perm < seq_len]
+    return perm.to(device), torch.argsort(perm).to(device)  # (the inverse permutation)
 
 
 def hilbert_permutation(seq_len: int, pattern: DilatedPattern,

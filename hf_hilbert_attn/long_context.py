@@ -173,7 +173,8 @@ def tile_mlp(model, chunk_tokens: int = 8192):
 @dataclass
 class OffloadStats:
     """Counters of one model's offload hooks: tensors and bytes packed in forwards (a CPU
-    tensor counts but stays), tensors given back in backwards, and those prefetched."""
+    tensor counts but stays, an empty one stays uncounted), tensors given back in backwards,
+    and those prefetched."""
     packed: int = 0
     packed_bytes: int = 0
     unpacked: int = 0
@@ -209,6 +210,8 @@ class _Offloader:
         return self.streams[device]
 
     def pack(self, t: torch.Tensor):
+        if t.numel() == 0:  # torch 2.11's checkpoint saves an empty `dummy` beside the inputs
+            return t
         self.stats.packed += 1
         self.stats.packed_bytes += t.numel() * t.element_size()
         if t.device.type == "cpu" and not self.copy_cpu:
@@ -234,25 +237,22 @@ class _Offloader:
         return packed.host.to(packed.device, copy=True)
 
     def unpack(self, packed):
-        self.stats.unpacked += 1
+        self.stats.unpacked += isinstance(packed, _Packed) or packed.numel() > 0  # as pack counted
         if isinstance(packed, torch.Tensor):
             return packed
         t, packed.ready = packed.ready, None
-        if t is None:
-            t = self._fetch(packed)
-        else:
-            self.stats.prefetched += 1
+        self.stats.prefetched += t is not None
+        t = self._fetch(packed) if t is None else t
         if packed.device.type == "cuda":  # fetched on the side stream, used on this one
             current = torch.cuda.current_stream(packed.device)
             current.wait_stream(self._stream(packed.device))
             t.record_stream(current)
         where = next((i for i, r in enumerate(self.order) if r() is packed), None)
+        previous = self.order[where - 1]() if self.prefetch and where else None
         if where is not None:
             self.order.pop(where)
-            if self.prefetch and where > 0:
-                previous = self.order[where - 1]()
-                if previous is not None and previous.ready is None:
-                    previous.ready = self._fetch(previous)
+        if previous is not None and previous.ready is None:
+            previous.ready = self._fetch(previous)
         return t
 
 

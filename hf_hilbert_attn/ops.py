@@ -72,8 +72,8 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
         return cast
     key = _prepared_key(q, k, v, pattern, (q_positions, k_positions, q_doc_ids, k_doc_ids),
                         ordering, _skip_kv_heads, *kw.values())
-    if (a := _PREPARED.get(key)) is not None:  # checked and routed by a call like this one
-        out, lse = _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
+    if (prep := _PREPARED.get(key)) is not None:  # checked and routed by a call like this one
+        out, lse = _EagerKernels.apply(q, k, v, prep)
         return (out, lse) if return_lse else out
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
@@ -95,17 +95,14 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
     if _skip_kv_heads or _head_base:  # (private) heads whose results the caller discards
         # (dense_heads.py); the number of head 0 in the rule (a head shard's: ring/ulysses.py)
         a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads), head_base=_head_base)
-    if triton:
-        _prepared(key, a)
-    out, lse = _kernel_attention(q, k, v, pattern, a, causal) if triton else \
+    out, lse = _kernel_attention(q, k, v, pattern, a, causal, key) if triton else \
         chunked_attention(q, k, v, pattern, a, causal=causal)
     return (out, lse.float()) if return_lse else out  # (lse: float32 for every input dtype)
 
 
-# One prepared call: the checked inputs of eager kernel calls at positions 0..S-1, by what the
-# checks and the route depend on. Every layer of a model's forward calls alike, so its first
-# call checks and routes, and the others go straight to the kernels (their plans are memoised
-# there: one host plan per forward, kernels/__init__.py).
+# Prepared calls of eager kernel calls at positions 0..S-1, by what the checks and the route
+# depend on. Every layer of a model's forward calls alike, so its first call checks, routes and
+# plans, and the others go straight to the kernels' runners.
 _PREPARED: dict = {}
 
 
@@ -121,21 +118,79 @@ def _prepared_key(q, k, v, pattern, given: tuple, *args) -> Optional[tuple]:
             pattern, *args, q.is_cuda or os.environ.get("TRITON_INTERPRET"))
 
 
-def _prepared(key: Optional[tuple], a) -> None:
-    """Keep the checked inputs ``a`` of a kernels' call under ``key`` (None: not kept)."""
-    if key is not None:
-        if len(_PREPARED) >= 256:
-            _PREPARED.clear()
-        _PREPARED[key] = a
+def prepared(q, k, v, pattern, *, causal: bool = True, scale: Optional[float] = None,
+             softcap: Optional[float] = None):
+    """The prepared call of ``dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
+    softcap=softcap)`` once one like it ran (eager, on the kernels, at positions ``0..S-1``), or
+    None. A caller that repeats that call (a model's layers) runs ``prepared(q, k, v)`` (the
+    output) on inputs that ``fits`` it: no checks or routing per call."""
+    return _PREPARED.get(_prepared_key(  # (the key of dilated_attention's call, as it makes it)
+        q, k, v, pattern, (None,) * 4, None, (), causal, scale, None, None, False, "auto",
+        softcap, 0))
 
 
-def _kernel_attention(q, k, v, pattern, a, causal):
-    """``(out, lse)`` of the Triton backend, differentiable: the eager Function, or the custom
-    ops where ``torch.compile`` or a ``torch.func`` transform needs them. Positions given
-    explicitly travel to the op; it builds the position -> storage map (or falls back to the
-    PyTorch path when the kernels cannot take them)."""
+class _Prepared:
+    """One eager kernels' call, checked and routed (``a``: ``check_inputs``'s result), its
+    positions planned once: its forward and backward run the kernels' runners
+    (``kernels.fwd_runner``, made at its first forward; ``bwd_runner`` at its first backward),
+    or the backend's routes where the kernels cannot take the positions (packed documents, the
+    PyTorch fallback)."""
+
+    __slots__ = ("call", "plan", "fwd", "bwd", "inputs")
+
+    def __init__(self, pattern, a, causal, q, k, v):
+        self.call = (pattern, a, bool(causal))
+        self.plan = TRITON.position_plan(a, pattern) if a.sq and a.sk else False
+        self.fwd = self.bwd = None
+        self.inputs = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device)
+
+    def fits(self, q, k, v, scale=None, softcap=None) -> bool:
+        """Whether ``q``, ``k``, ``v`` are inputs like this call's (shapes, dtypes, device) and
+        ``scale``, ``softcap`` its own, the call eager and not under autocast (the op would
+        cast)."""
+        a = self.call[1]
+        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device) == self.inputs \
+            and (q.shape[-1] ** -0.5 if scale is None else scale) == a.scale \
+            and (softcap or 0.0) == a.softcap and _eager() \
+            and not torch.is_autocast_enabled(q.device.type)
+
+    def __call__(self, q, k, v):
+        return _EagerKernels.apply(q, k, v, self)[0]
+
+    def _runner(self, which, q, k):
+        from . import kernels
+
+        pattern, a, causal = self.call
+        return getattr(kernels, which)(q, k, pattern, self.plan, causal, a.scale,
+                                       a.skip_kv_heads, head_base=a.head_base,
+                                       softcap=a.softcap)
+
+    def forward(self, q, k, v):
+        if not self.plan:
+            return TRITON.forward(q, k, v, *self.call)
+        self.fwd = self.fwd or self._runner("fwd_runner", q, k)
+        return self.fwd(q, k, v)
+
+    def backward(self, dout, dlse, q, k, v, out, lse):
+        if not self.plan:
+            return TRITON.backward(dout, dlse, q, k, v, out, lse, *self.call)
+        self.bwd = self.bwd or self._runner("bwd_runner", q, k)
+        return self.bwd(dout, q, k, v, out, lse, dlse)
+
+
+def _kernel_attention(q, k, v, pattern, a, causal, key=None):
+    """``(out, lse)`` of the Triton backend, differentiable: the eager Function (a prepared call,
+    kept under ``key`` unless None), or the custom ops where ``torch.compile`` or a
+    ``torch.func`` transform needs them. Positions given explicitly travel to the op; it builds
+    the position -> storage map (or falls back to the PyTorch path when the kernels cannot take
+    them)."""
     if _eager():
-        return _EagerKernels.apply(q, k, v, pattern, a, bool(causal))
+        prep = _Prepared(pattern, a, causal, q, k, v)
+        if key is not None:
+            if len(_PREPARED) >= 256:
+                _PREPARED.clear()
+            _PREPARED[key] = prep
+        return _EagerKernels.apply(q, k, v, prep)
     if a.head_base:
         raise NotImplementedError("head-sharded attention runs eagerly (outside torch.compile "
                                   "and torch.func transforms)")
@@ -272,15 +327,15 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerKernels(torch.autograd.Function):
-    """The custom ops' work for eager calls, without the dispatcher, on the inputs
-    ``dilated_attention`` checked once (the ops' re-check and autograd wrapper cost a third of
-    the host time of a short call: ``examples/benchmarks/host_overhead.py``)."""
+    """The custom ops' work for eager calls, without the dispatcher, on a prepared call
+    (:class:`_Prepared`: the op's re-check, autograd wrapper and per-call planning lookups cost
+    most of the host time of a short call: ``examples/benchmarks/host_overhead.py``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pattern, a, causal):
-        out, lse = TRITON.forward(q, k, v, pattern, a, causal)
+    def forward(ctx, q, k, v, prep):
+        out, lse = prep.forward(q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.call = (pattern, a, causal)
+        ctx.prep = prep
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -289,6 +344,6 @@ class _EagerKernels(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         # (no autocast context: the kernels' host code casts nothing)
-        dq, dk, dv = TRITON.backward(torch.zeros_like(out) if dout is None else dout, dlse,
-                                     q, k, v, out, lse, *ctx.call)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = ctx.prep.backward(torch.zeros_like(out) if dout is None else dout, dlse,
+                                       q, k, v, out, lse)
+        return dq, dk, dv, None

@@ -31,7 +31,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, reduce
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -65,9 +65,9 @@ def _as_int(v, error: str) -> int:
 
 
 def _as_int_tuple(name: str, values) -> tuple:
-    if isinstance(values, (int, str)) or values is None:
-        raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}")
     try:
+        if isinstance(values, (int, str)) or values is None:
+            raise TypeError
         values = tuple(values)
     except TypeError:
         raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}") from None
@@ -189,9 +189,7 @@ class DilatedPattern:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"pattern file not found: {path}")
-        with open(path) as f:
-            data = yaml.safe_load(f)
-        return cls.from_dict(data)
+        return cls.from_dict(yaml.safe_load(path.read_text()))
 
     def to_yaml(self, path: Union[str, Path, None] = None) -> str:
         text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
@@ -355,10 +353,8 @@ class DilatedPattern:
         """Allowed-pair rule on broadcastable integer tensors (no causality, no documents):
         the union of the configs, the sink rule and the dense heads (those need ``num_heads``
         and ``num_kv_heads`` to map a query head to its key/value head)."""
-        out = None
-        for i in range(self.num_configs):
-            ok = self.config_allowed(i, head, q_pos, k_pos)
-            out = ok if out is None else (out | ok)
+        out = reduce(torch.logical_or, (self.config_allowed(i, head, q_pos, k_pos)
+                                        for i in range(self.num_configs)))
         if self.sink_tokens:
             out = out | self.sink_allowed(k_pos)
         if self.dense_kv_heads:
@@ -377,11 +373,9 @@ class DilatedPattern:
         tests and small masks. Positions and document ids ``[S]`` or ``[B, S]``; a negative key
         document id is padding. ``num_kv_heads``: needed when the pattern has dense heads.
         """
-        qp = _as_2d(q_positions)
-        kp = _as_2d(k_positions)
+        qp, kp = _as_2d(q_positions), _as_2d(k_positions)
         h = torch.arange(num_heads, device=qp.device).view(1, num_heads, 1, 1)
-        qp4 = qp[:, None, :, None]
-        kp4 = kp[:, None, None, :]
+        qp4, kp4 = qp[:, None, :, None], kp[:, None, None, :]
         mask = self.allowed(h, qp4, kp4, num_heads=num_heads, num_kv_heads=num_kv_heads)
         if causal:
             mask = mask & (kp4 <= qp4)
@@ -405,10 +399,8 @@ class DilatedPattern:
         """
         if self.dense_kv_heads:
             self.dense_query_heads(num_heads, num_kv_heads)  # (checks the head counts now)
-        qp = None if q_positions is None else _as_2d(q_positions)
-        kp = None if k_positions is None else _as_2d(k_positions)
-        qd = None if q_doc_ids is None else _as_2d(q_doc_ids)
-        kd = None if k_doc_ids is None else _as_2d(k_doc_ids)
+        qp, kp, qd, kd = (None if t is None else _as_2d(t)
+                          for t in (q_positions, k_positions, q_doc_ids, k_doc_ids))
         configs, sliding, sink = self.configs, self.sliding, self.sink_tokens
 
         def _pick(t, b, idx):

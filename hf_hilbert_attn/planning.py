@@ -33,13 +33,11 @@ __all__ = ["priority", "priority_configs", "period", "sink_keys", "config_meets"
 def priority(pattern) -> Tuple[int, ...]:
     """Indices of ``pattern.configs`` in union priority: by rate, then segment length, then
     index; a config equal to an earlier one is left out."""
-    seen, out = set(), []
+    first = {}  # config -> the index it first comes with, in priority order
     for i in sorted(range(pattern.num_configs),
                     key=lambda i: (pattern.dilation_rates[i], pattern.segment_lengths[i], i)):
-        if pattern.configs[i] not in seen:
-            seen.add(pattern.configs[i])
-            out.append(i)
-    return tuple(out)
+        first.setdefault(pattern.configs[i], i)
+    return tuple(first.values())
 
 
 def priority_configs(pattern) -> list:
@@ -134,12 +132,9 @@ def needed_configs(configs: tuple, sliding: bool, reach: int, hi: int) -> tuple:
         (wi, ri), (wj, rj) = configs[i], configs[j]
         return rj % ri == 0 and (wi >= min(wj, reach + 1) if sliding else hi < wi and hi < wj)
 
-    keep = []
-    for j in range(len(configs)):
-        if not any(covers(i, j) and not (covers(j, i) and i > j)
-                   for i in range(len(configs)) if i != j):
-            keep.append(j)
-    return tuple(keep)
+    n = len(configs)
+    return tuple(j for j in range(n) if not any(covers(i, j) and not (covers(j, i) and i > j)
+                                                for i in range(n) if i != j))
 
 
 @lru_cache(maxsize=256)

@@ -23,8 +23,15 @@ import torch.multiprocessing as mp
 __all__ = ["run_distributed"]
 
 
-def _worker(fn, rank, world, init_file, out_q, args, timeout):
+def _worker(fn, rank, world, init_file, out_q, args, timeout, visible):
     try:
+        # the caller's CUDA_VISIBLE_DEVICES (conftest hides CUDA from a multiprocess test's
+        # processes): a rank has the fork server's environment, which is that of the test that
+        # started the server, and CUDA reads the variable when a rank first uses it
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
         import torch
         import torch.distributed as dist
 
@@ -71,8 +78,9 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120.0):
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         out_q = ctx.Queue()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         procs = [ctx.Process(target=_worker, daemon=True,
-                             args=(fn, r, world_size, init_file, out_q, args, timeout))
+                             args=(fn, r, world_size, init_file, out_q, args, timeout, visible))
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -263,6 +263,32 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # The processes a `multiprocess` test starts (setup with its module fixtures, call, teardown)
+    # run gloo on the CPU, as on CI: on a machine with CUDA, the tools they run (torchrun jobs,
+    # Trainer, accelerate) would pick CUDA and NCCL per rank, and ranks on one GPU fail
+    # ("invalid device ordinal", NCCL "invalid usage"). They inherit CUDA_VISIBLE_DEVICES="".
+    # This process keeps its GPU: pytest_configure's torch.cuda.is_available() initialised the
+    # CUDA runtime, which read the variable then; torch.cuda.init() here also fixes torch's
+    # device count, which (through NVML) reads the variable until torch initialises CUDA.
+    if not (HAS_CUDA and "multiprocess" in item.keywords):
+        yield
+        return
+    import torch
+
+    torch.cuda.init()
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
     import torch

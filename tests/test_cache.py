@@ -209,7 +209,7 @@ def test_bench_generate_smoke(tmp_path, monkeypatch, capsys):
 
     argv = ["bench", "generate", "--preset", "tiny", "--contexts", "40", "70", "--new-tokens",
             "2", "--prefill-chunk", "16", "--pattern", "8,16:1,2:sliding:sinks=1", "--no-warmup",
-            "--quiet", "--out-dir", str(tmp_path)]
+            "--device", "cpu", "--quiet", "--out-dir", str(tmp_path)]
     assert main(argv) == 0
     with open(tmp_path / "bench_generate_tiny_cpu.csv") as f:
         rows = list(csv.DictReader(f))

@@ -206,7 +206,8 @@ def test_cli_progress_lines_on_a_log(saved, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setenv("HF_HILBERT_PROGRESS_SECONDS", "0")  # every step
     out = tmp_path / "calibrated"
-    argv = ["calibrate", str(saved), "--budget", "0.34", "--lengths", str(LEN), "--out", str(out)]
+    argv = ["calibrate", str(saved), "--budget", "0.34", "--lengths", str(LEN), "--out", str(out),
+            "--device", "cpu"]
     assert main(argv) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"calibrate: loading {saved} (cpu, float32)"

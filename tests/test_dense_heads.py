@@ -200,14 +200,14 @@ def test_triton_interpreter_skips_dense_heads_exactly(dense, skip_rows):
 
 @pytest.mark.parametrize("layout", ["natural", "permuted", "decode", "documents"])
 def test_triton_interpreter_runs_dense_heads_in_one_call(monkeypatch, layout):
-    # on the kernels' path the dense heads are launches of the same call (one dilated_fwd and
-    # one dilated_bwd with the whole pattern), not a second call of the op; packed documents
+    # on the kernels' path the dense heads are launches of the same call (one forward and one
+    # backward runner with the whole pattern), not a second call of the op; packed documents
     # (one kernel call per document) still split the call in two
     from hf_hilbert_attn import kernels, ops
 
-    seen, real = [], (kernels.dilated_fwd, kernels.dilated_bwd)
-    monkeypatch.setattr(kernels, "dilated_fwd", lambda *a, **k: seen.append(a[3]) or real[0](*a, **k))
-    monkeypatch.setattr(kernels, "dilated_bwd", lambda *a, **k: seen.append(a[7]) or real[1](*a, **k))
+    seen, real = [], (kernels.fwd_runner, kernels.bwd_runner)
+    monkeypatch.setattr(kernels, "fwd_runner", lambda *a, **k: seen.append(a[2]) or real[0](*a, **k))
+    monkeypatch.setattr(kernels, "bwd_runner", lambda *a, **k: seen.append(a[2]) or real[1](*a, **k))
     split = []
     monkeypatch.setattr(ops, "with_dense_heads",
                         lambda *a, **k: split.append(1) or dense_heads.with_dense_heads(*a, **k))

@@ -214,7 +214,7 @@ def _run_here(args, out_dir):
 
 def _args(tmp_path, out, steps, *extra):
     return ["examples/finetune.py", "--seq-len", "97", "--max-steps", str(steps), "--save-every",
-            "2", "--output-dir", str(out), "--pattern", str(tmp_path / "p.yaml"), *extra]
+            "2", "--output-dir", str(out), "--pattern", str(tmp_path / "p.yaml"), "--cpu", *extra]
 
 
 def _torchrun(n):
@@ -269,7 +269,7 @@ def test_finetune_sp2_matches_one_process_and_resumes_exactly(tmp_path, one_proc
     assert tok("héllo\n")["input_ids"] == list("héllo\n".encode()) and tok.eos_token_id == 256
     rows = run_eval(EvalConfig(model=str(part / "final"), patterns=("dense",), lengths=(64,),
                                tasks=("perplexity",), ppl_tokens=64, out_dir=str(tmp_path / "ev"),
-                               plots=False, progress=False))["rows"]
+                               plots=False, progress=False, device="cpu"))["rows"]
     # sdpa = dense pattern: 63 tokens' NLL through rows of <= 64 keys; exp: times |log ppl|
     rel = model_tol(63, 64, HIDDEN) * max(1.0, math.log(rows[0]["value"]))
     assert rows[0]["value"] == pytest.approx(rows[1]["value"], rel=rel)
@@ -350,7 +350,7 @@ def test_finetune_txt_directory_tokenizer_and_stats(tmp_path):
                                   "--data", str(tmp_path / "data"), "--seq-len", "64",
                                   "--max-steps", "3", "--save-every", "0", "--lr", "1e-4",
                                   "--attn-implementation", impl, "--output-dir", str(out),
-                                  *extra], out)
+                                  "--cpu", *extra], out)
         final = out / "final"
         loaded = AutoTokenizer.from_pretrained(final)
         assert loaded("Hello 12345.")["input_ids"] == tok("Hello 12345.")["input_ids"]

@@ -146,6 +146,49 @@ def test_a_layout_is_checked_and_routed_once(small_tiles, monkeypatch):
 
 
 @INTERPRETED
+def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch):
+    """In a model, once a layer's call was checked and routed (``ops._PREPARED``), the layers of
+    a forward that call alike run the prepared call straight from the attention function; the
+    loss and every gradient are bit for bit those of the checked calls; inputs or arguments
+    that differ (dtype, shape, scale, soft cap) do not fit it."""
+    import hf_hilbert_attn.integrations.transformers as hf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_hilbert_attn import configure
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    torch.manual_seed(0)
+    model = configure(LlamaForCausalLM(cfg), PATTERN)
+    # the kernels on CPU tensors for backend="auto" (through the interpreter), as on a GPU
+    monkeypatch.setattr(ops, "use_triton", lambda q, a, backend: backend != "torch")
+    runs, real = [], ops._Prepared.__call__
+    monkeypatch.setattr(ops._Prepared, "__call__", lambda *a: runs.append(1) or real(*a))
+    ids = torch.randint(0, 100, (2, 40))
+
+    def step():
+        model.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    ops._PREPARED.clear()
+    first, again = step(), step()
+    assert len(runs) == 2 + 3  # layers 2-3, then 1-3: layer 0 prepares the forward's call
+    monkeypatch.setattr(hf, "prepared", lambda *a, **kw: None)  # every layer checked
+    plain = step()
+    assert len(runs) == 5
+    for x, y, z in zip(first, again, plain):
+        assert torch.equal(x, y) and torch.equal(x, z)
+    prep = next(iter(ops._PREPARED.values()))
+    q = torch.empty(2, 4, 40, 16)
+    assert prep.fits(q, q[:, :2], q[:, :2]) and prep.fits(q, q[:, :2], q[:, :2], 0.25)
+    for other in ((q.double(), q[:, :2], q[:, :2]), (q, q[:, :2], q[:, :2], 0.3),
+                  (q, q[:, :2], q[:, :2], None, 30.0), (q[:, :2], q[:, :2], q[:, :2])):
+        assert not prep.fits(*other)  # another dtype, scale, soft cap or shape
+
+
+@INTERPRETED
 @pytest.mark.parametrize("use_lse", [False, True])
 def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
     """The eager autograd Function and the custom ops (what torch.compile traces) give the same
@@ -156,13 +199,18 @@ def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
     v = torch.randn(1, 2, s, d, requires_grad=True)
     do, dl = torch.randn(1, 4, s, d), torch.randn(1, 4, s)
     seen = []
-    real = ops.TRITON.backward
+    ops._PREPARED.clear()  # (a prepared call keeps the runner it made)
+    real = kernels.bwd_runner  # (both paths run the kernels' backward through a runner)
 
-    def spy(dout, dlse, *args):
-        seen.append(dlse is None)
-        return real(dout, dlse, *args)
+    def spy(*args, **kwargs):
+        run = real(*args, **kwargs)
 
-    monkeypatch.setattr(ops.TRITON, "backward", spy)
+        def spied(do, q, k, v, out, lse, dlse=None, *rest):
+            seen.append(dlse is None)
+            return run(do, q, k, v, out, lse, dlse, *rest)
+        return spied
+
+    monkeypatch.setattr(kernels, "bwd_runner", spy)
     results = []
     for eager in (True, False):
         monkeypatch.setattr(ops, "_eager", lambda e=eager: e)

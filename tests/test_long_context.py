@@ -294,11 +294,36 @@ def test_offload_copy_path_and_prefetch(prefetch):
 
     off.pack = spy
     assert_same(loss_and_grads(model, ids), want, "offloaded copies")
-    assert all(p.host.data_ptr() not in hidden_ptrs for p in packed)  # copies, not aliases
+    # the layer inputs are copied (an empty tensor, torch 2.11's checkpoint `dummy`, stays)
+    copies = [p for p in packed if not isinstance(p, torch.Tensor)]
+    assert len(copies) == LAYERS
+    assert all(p.host.data_ptr() not in hidden_ptrs for p in copies)  # copies, not aliases
     stats = offload_stats(model)
     assert (stats.packed, stats.unpacked) == (LAYERS, LAYERS)
     assert stats.prefetched == (LAYERS - 1 if prefetch else 0)  # all but the last layer's
-    assert off.order == [] and all(p.ready is None for p in packed)  # nothing left behind
+    assert off.order == [] and all(p.ready is None for p in copies)  # nothing left behind
+
+
+@pytest.mark.parametrize("copy_cpu", [False, True])
+def test_offload_passes_empty_tensors_through_uncounted(copy_cpu):
+    # torch 2.11's non-reentrant checkpoint saves an empty `dummy` beside each layer's inputs:
+    # pack and unpack hand it back as it is, uncounted, and it is no input to prefetch (giving
+    # back the input packed after it fetches the one packed before it ahead, on the copy path)
+    from hf_hilbert_attn.long_context import OffloadStats, _Offloader
+
+    stats = OffloadStats()
+    off = _Offloader(stats, pin_memory=False)
+    off.copy_cpu = copy_cpu
+    first, second = torch.randn(2, HIDDEN), torch.randn(3, HIDDEN)
+    empty = torch.empty(0, requires_grad=True)
+    saved = [off.pack(first), off.pack(empty), off.pack(second)]
+    assert saved[1] is empty
+    got = [off.unpack(s) for s in reversed(saved)]  # the backward's order
+    assert got[1] is empty and torch.equal(got[0], second) and torch.equal(got[2], first)
+    nbytes = (first.numel() + second.numel()) * first.element_size()
+    assert stats == OffloadStats(packed=2, packed_bytes=nbytes, unpacked=2,
+                                 prefetched=int(copy_cpu))
+    assert off.order == []
 
 
 def test_undo_restores_the_plain_modules():

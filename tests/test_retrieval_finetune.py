@@ -175,7 +175,7 @@ def _ft_args(assets, out, seed, *extra):
             str(assets / "corpus" / "train"), "--pattern", str(assets / "p.yaml"), "--seq-len",
             "256", "--max-steps", "3", "--save-every", "0", "--lr", "1e-3", "--seed", str(seed),
             "--retrieval-mix", "0.5", "--retrieval-tasks", "passkey", "niah_single",
-            "--output-dir", str(out), *extra]
+            "--output-dir", str(out), "--cpu", *extra]
 
 
 @pytest.mark.multiprocess
@@ -221,7 +221,7 @@ def test_finetune_retrieval_mix_loss_on_the_answer_and_sequence_parallel(assets,
 
 # ----------------------------------------------------------------------------- Trainer
 def test_retrieval_examples_train_with_the_plain_trainer(assets, tok, tmp_path):
-    import datasets
+    datasets = pytest.importorskip("datasets")  # optional (the tools extra)
     from transformers import (AutoModelForCausalLM, Trainer, TrainingArguments,
                               default_data_collator)
 

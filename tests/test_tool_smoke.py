@@ -153,7 +153,8 @@ def cli_eval(capsys, patterns, tmp_path, **_):
 def cli_bench_model(capsys, patterns, tmp_path, **_):
     assert cli(["bench", "model", "--preset", "tiny", "--impls", "hilbert_dilated",
                 "--pattern", str(patterns[0]), "--lengths", "64", "--iters", "1", "--warmup",
-                "0", "--out-dir", str(tmp_path), "--no-plots", "--no-progress"]) == 0
+                "0", "--device", "cpu", "--out-dir", str(tmp_path), "--no-plots",
+                "--no-progress"]) == 0
     (row,) = _csv(tmp_path / "bench_model_tiny_cpu.csv")
     assert row["method"] == "hilbert_dilated:hybrid" and row["status"] == "ok", row
     _finite(row, "step_s", "tokens_per_s", "loss")
@@ -220,7 +221,7 @@ def cli_bench_cpu(capsys, patterns, tmp_path, **_):
 def cli_bench_generate(capsys, patterns, tmp_path, **_):
     assert cli(["bench", "generate", "--preset", "tiny", "--pattern", str(patterns[0]),
                 "--contexts", "96", "--new-tokens", "2", "--prefill-chunk", "40",
-                "--no-warmup", "--quiet", "--out-dir", str(tmp_path)]) == 0
+                "--no-warmup", "--device", "cpu", "--quiet", "--out-dir", str(tmp_path)]) == 0
     rows = _csv(tmp_path / "bench_generate_tiny_cpu.csv")
     assert sorted(r["cache"] for r in rows) == ["dynamic", "pattern"]
     for r in rows:

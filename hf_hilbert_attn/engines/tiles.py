@@ -346,18 +346,14 @@ def _fast_forward(plan, q, k, v, scale):
             _write(t, out, lse, o.to(acc), l.to(acc), b)
         out, lse = out[:, :, :s], lse[:, :, :s]
     if plan.sink_mask is not None:
-        _merge_sinks(plan, q, k, v, out, lse, scale, acc)
+        # the sink keys' part (every query against keys 0..k-1, the union rule's mask), merged
+        # into (out, lse) in place
+        lo = plan.sink_lo
+        sc, _, vs = _sink_scores(plan, q, k, v, scale, acc)
+        ls = torch.logsumexp(sc, -1)
+        p = torch.exp(sc - finite_or_zero(ls)[..., None])
+        _merge_into(out[:, :, lo:], lse[:, :, lo:], torch.matmul(p, vs), ls)
     return out, lse
-
-
-def _merge_sinks(plan, q, k, v, out, lse, scale, acc):
-    """Merge the sink keys' part (every query against keys 0..k-1, the union rule's mask) into
-    ``(out, lse)`` in place."""
-    lo = plan.sink_lo
-    sc, _, vs = _sink_scores(plan, q, k, v, scale, acc)
-    ls = torch.logsumexp(sc, -1)
-    p = torch.exp(sc - finite_or_zero(ls)[..., None])
-    _merge_into(out[:, :, lo:], lse[:, :, lo:], torch.matmul(p, vs), ls)
 
 
 def _add(t, acc, g, b, rows, length, rng):
@@ -450,11 +446,10 @@ class _FastAttention(torch.autograd.Function):
 def _document_runs(pattern, a, causal, q):
     """Packed or padded self-attention as ``[(row, lo, hi)]``: storage ranges each holding one
     whole document at positions 0..hi-lo-1 (``documents.document_runs``), each a call of the
-    dense-tile path; None for any other layout."""
+    dense-tile path; None for any other layout (or no document)."""
     if a.q_doc_ids is None or not _fast_applies(pattern, a, causal, q):
         return None
-    ranges = document_runs(a, restart=True)
-    return None if ranges is None else [(b, lo, hi) for b, lo, hi, _ in ranges]
+    return [(b, lo, hi) for b, lo, hi, _ in document_runs(a, restart=True) or ()] or None
 
 
 def _fast_documents(q, k, v, pattern, a, runs):
@@ -478,12 +473,8 @@ def _fast_documents(q, k, v, pattern, a, runs):
 
 
 # Two engines of ``chunked.ENGINES``: the whole sequence, and one call per document.
-plan_whole, attend_documents = _fast_plan, _fast_documents
+plan_whole, plan_documents, attend_documents = _fast_plan, _document_runs, _fast_documents
 
 
 def attend_whole(q, k, v, pattern, a, plan):
     return _FastAttention.apply(q, k, v, plan, a.scale)
-
-
-def plan_documents(pattern, a, causal, q):
-    return _document_runs(pattern, a, causal, q) or None

@@ -26,7 +26,7 @@ from ..compiler import disable_lazily
 from ..decode import decodes, plan_decode, run_decode
 from ..inputs import ModelPositions, kernel_widths, model_positions
 from ..numerics import call_under_autocast, with_sink_logits
-from ..ops import dilated_attention
+from ..ops import dilated_attention, prepared
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from ..ring.ulysses import _local_pattern
 from .accelerate import deepspeed_head_slice
@@ -270,7 +270,11 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     step = attention_mask  # the forward's mask: its memo holds the plans every layer shares
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
-    pattern = _checked_pattern(module, dropout, causal, b, sq, sk, step, attention_mask, kwargs)
+    pattern, run = _checked_pattern(module, dropout, causal, b, sq, sk, step, attention_mask,
+                                    kwargs)
+    if run and run[0].fits(query, key, value, scaling, kwargs.get("softcap")):  # prepared by
+        # an earlier layer of this forward
+        return _layer_output(run[0](query, key, value), None, query.shape[-1])
     query, key, value, scaling, dv = kernel_widths(query, key, value, scaling)
     group, sinks = _ring.get_sequence_parallel_group(), kwargs.get("s_aux")  # learned sink
     sinks = None if sinks is None else sinks.view(1, -1, 1)  # logits, one per head (gpt-oss)
@@ -318,6 +322,12 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     # generate() with a static cache compiles the forward with CUDA graphs; the op plans explicit
     # positions on the host (a device sync), which graph capture forbids: run it eagerly.
     eager = at.cached and torch.compiler.is_compiling()
+    if not (torch.compiler.is_compiling() or run or at.q_positions is not None or ds
+            or at.q_doc_ids is not None or sinks is not None or dv != query.shape[-1]):
+        # the layers of this forward that call alike run the op's prepared call, once one ran
+        # (ops.prepared: checked and routed once)
+        run += [p for p in [prepared(query, key, value, pattern, causal=causal, scale=scaling,
+                                     softcap=softcap)] if p is not None]
     return _layer_output((_eager_dilated_attention if eager else dilated_attention)(
         query, key, value, pattern, causal=causal, scale=scaling, q_positions=at.q_positions,
         k_positions=at.k_positions, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids,
@@ -335,9 +345,10 @@ def _layer_output(result, sinks, dv):
 
 
 def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
-    """``check_call``, then the layer's pattern; once per forward for the layers that call alike
-    (module class, config, arguments, the kwargs given; each layer where layers differ: dense
-    heads, sliding windows or chunks by layer), kept in the forward's mask memo (``step``)."""
+    """``check_call``, then ``(the layer's pattern, a list for the prepared call of the op it
+    runs)``; once per forward for the layers that call alike (module class, config, arguments,
+    the kwargs given; each layer where layers differ: dense heads, sliding windows or chunks by
+    layer), kept in the forward's mask memo (``step``)."""
     traced = torch.compiler.is_compiling()
     memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
     config = module.config
@@ -348,12 +359,12 @@ def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
            dropout, causal, b, sq, sk, getattr(info, "kv_length", info), vars(module).get(
                "is_cross_attention"), kwargs.get("sliding_window"), tuple(
                k for k, v in kwargs.items() if v is not None and v is not False))
-    pattern = memo.get(key)
-    if pattern is None:
+    hit = memo.get(key)
+    if hit is None:
         check_call(module, dropout, causal, b, sq, sk, info, DilatedMaskInfo, kwargs)
         check_layer_window(module, layer_window(config, key[2]), info, kwargs)
-        pattern = memo[key] = get_pattern(config, key[2])
-    return pattern
+        hit = memo[key] = (get_pattern(config, key[2]), [])
+    return hit
 
 
 def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: bool):

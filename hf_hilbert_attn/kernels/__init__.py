@@ -17,14 +17,16 @@ from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by
     _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _cfg_tensor, _check_target,
     _dense_skip, _dummy, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
     _key_tiles, _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
-    _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided, _trimmed, _union_args)
+    _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided, _trimmed, _union_args,
+    kept_if_captured)
 from ._common import LOG2E as _LOG2E
 from ._common import Strided, _scales
 from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._fwd import _fwd_kernel
 from ._plan import PositionPlan, fwd_max_registers, plan_positions
 
-__all__ = ["dilated_fwd", "dilated_bwd", "plan_positions", "PositionPlan", "SUPPORTED_HEAD_DIMS",
+__all__ = ["dilated_fwd", "dilated_bwd", "fwd_runner", "bwd_runner", "plan_positions",
+           "PositionPlan", "SUPPORTED_HEAD_DIMS",
            "KernelConfig", "kernel_config", "configure", "configured", "set_launch_hook"]
 
 LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
@@ -107,36 +109,50 @@ def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan
     ring's pieces; ``out`` not written). ``head_base``: query head ``h`` follows the pattern's
     rule as head ``head_base + h`` (a head-sharded rank's heads; dense heads: local indices).
     ``softcap`` > 0: every score ``s`` (scaled) is taken as ``softcap * tanh(s / softcap)``."""
-    q, k, v = _prep(q), _prep(k), _prep(v)
-    B, HQ, SQ, D = q.shape
-    dev = q.device
-    merge = acc is not None
-    if merge:  # out: not written (q stands in: the kernels' output type stays q's)
-        _check_target("acc", acc, q.shape, torch.float32)
-        out = q
-    elif out is None:
-        out = torch.empty_like(q)
-    _check_target("out", out, q.shape, q.dtype)
-    lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32) if lse is None else lse
-    _check_target("lse", lse, q.shape[:3], torch.float32)
+    B, HQ, SQ, _ = q.shape
+    for name, t, shape, dtype in (("acc", acc, q.shape, torch.float32), ("out", out, q.shape,
+                                  q.dtype), ("lse", lse, q.shape[:3], torch.float32)):
+        if t is not None:
+            _check_target(name, t, shape, dtype)
     if SQ == 0:
-        return (acc if merge else out), lse
+        lse = torch.empty((B, HQ, 0), device=q.device, dtype=torch.float32) if lse is None else lse
+        return (acc if acc is not None else torch.empty_like(q) if out is None else out), lse
+    return fwd_runner(q, k, pattern, plan, causal, scale, skip, acc is not None, head_base,
+                      softcap)(q, k, v, out, lse, acc)
+
+
+def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, skip: tuple = (),
+               merge: bool = False, head_base: int = 0, softcap: float = 0.0):
+    """The forward of calls like this one (q's and k's shapes, dtype and device, and these
+    arguments; ``Sq`` > 0), planned once per call key: ``run(q, k, v, out=None, lse=None,
+    acc=None) -> (out, lse)`` launches it as :func:`dilated_fwd` says (``acc``, given exactly
+    when ``merge``, in place of ``out``). A caller that repeats a call keeps its runner (ops'
+    prepared calls): one lookup of its plans, not one per call."""
     cfg = kernel_config()
     fp, dense, fresh, fill, pos, memo = _call_plans(
         plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
-    if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
-        _fill_skipped(fill, HQ // k.shape[1], (out, 0.0), (lse, float("-inf")))
-        acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) if fp.hch else out
-    qkv = (_strided(q), _strided(k), _strided(v))
-    scales = _scales(scale, softcap)
-    run = []
-    for p, buf in ((fp, acc), (dense, out)):
-        if p is not None:
-            head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
-            run += [(_fwd_kernel, grid, head, (row, *ints, scales), kw)
-                    for grid, row, ints, kw in p.items]
-    _run(run, fresh, cfg, memo)
-    return (acc if merge else out), lse
+    (B, HQ, SQ, D), dev, group = q.shape, q.device, q.shape[1] // k.shape[1]
+    scales, fresh = _scales(scale, softcap), [fresh]  # (compiled side by side at the first run)
+
+    def run(q, k, v, out=None, lse=None, acc=None):
+        kept_if_captured(dev, (fp, dense, pos))  # (a CUDA graph replays read them)
+        q, k, v = _prep(q), _prep(k), _prep(v)
+        out = q if merge else torch.empty_like(q) if out is None else out  # (merge: q stands
+        # in for the unwritten out, so the kernels' output type stays q's)
+        lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32) if lse is None else lse
+        if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
+            _fill_skipped(fill, group, (out, 0.0), (lse, float("-inf")))
+            acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) \
+                if fp.hch else out
+        qkv, launches = (_strided(q), _strided(k), _strided(v)), []
+        for p, buf in ((fp, acc), (dense, out)):
+            if p is not None:
+                head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
+                launches += [(_fwd_kernel, grid, head, (row, *ints, scales), kw)
+                             for grid, row, ints, kw in p.items]
+        _run(launches, fresh.pop() if fresh else False, cfg, memo)
+        return (acc if merge else out), lse
+    return run
 
 
 def _sum_buffers(B, hch, kch, SQ, SK, D, device):
@@ -230,59 +246,75 @@ def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool
     heads not computed (zero gradients). ``dq_acc`` / ``dkv_acc``: float32 sums this call's dq /
     (dk, dv) add into (the ring's pieces; dk/dv in the kernels where no key is a sink);
     ``head_base`` and ``softcap`` as in :func:`dilated_fwd`."""
-    q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
-    B, HQ, SQ, D = q.shape
-    HKV, SK = k.shape[1], k.shape[2]
-    dev = q.device
-    merge = dq_acc is not None
-    if merge:  # dq: not written (q stands in: the kernels' output type stays q's)
-        _check_target("dq_acc", dq_acc, q.shape, torch.float32)
-        dq = q
-    dq = torch.empty_like(q) if dq is None else dq
-    dk = torch.empty_like(k) if dk is None else dk
-    dv = torch.empty_like(v) if dv is None else dv
-    for name, g, t in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-        _check_target(name, g, t.shape, t.dtype)
-    if SQ == 0 or SK == 0:
-        return (dq_acc if merge else dq.zero_()), *(dkv_acc or (dk.zero_(), dv.zero_()))
+    for name, g, t, dtype in (("dq", dq, q, q.dtype), ("dk", dk, k, k.dtype),
+                              ("dv", dv, v, v.dtype), ("dq_acc", dq_acc, q, torch.float32),
+                              *zip(("dk_acc", "dv_acc"), dkv_acc or (), (k, v),
+                                   (torch.float32,) * 2)):
+        if g is not None:
+            _check_target(name, g, t.shape, dtype)
+    if q.shape[2] == 0 or k.shape[2] == 0:  # zero gradients (or the given sums)
+        dq, dk, dv = (torch.zeros_like(t) if g is None else g.zero_()
+                      for g, t in ((dq, q), (dk, k), (dv, v)))
+        return (dq if dq_acc is None else dq_acc), *(dkv_acc or (dk, dv))
+    return bwd_runner(q, k, pattern, plan, causal, scale, skip, dq_acc is not None,
+                      dkv_acc is not None, head_base, softcap)(
+        do, q, k, v, out, lse, dlse, dq, dk, dv, dq_acc, dkv_acc)
+
+
+def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, skip: tuple = (),
+               merge: bool = False, merge_kv: bool = False, head_base: int = 0,
+               softcap: float = 0.0):
+    """The backward of calls like this one (as :func:`fwd_runner`; ``Sq``, ``Sk`` > 0):
+    ``run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
+    dkv_acc=None) -> (dq, dk, dv)`` as :func:`dilated_bwd` says (``dq_acc`` given exactly when
+    ``merge``, ``dkv_acc`` when ``merge_kv``)."""
     cfg = kernel_config()
     bp, dense, fresh, fill, pos, memo = _call_plans(
-        plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, dkv_acc is not None),
-        head_base, softcap)
-    _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
-    for name, t in zip(("dk_acc", "dv_acc"), dkv_acc or ()):
-        _check_target(name, t, k.shape, torch.float32)
-    lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
-    ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
-    dblk = 64 if not cfg.interpret else 16
-    run = [(_delta_kernel, (-(-SQ // dblk), B * HQ),
-            (_strided(out), ins[3], dlse.contiguous() if dlse is not None else delta, ins[5],
-             SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
-    if not bp.kv_merge:
-        _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
-    dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
-        _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)  # (None: one launch per kernel, no sums)
-    dqacc = dq_acc if merge else dqacc
-    if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
-        (dkacc, dvacc), dk, dv = dkv_acc, k, v
-    # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its query
-    # tiles); the first dk/dv launch adds them in. The dense heads' launches (one per kernel)
-    # write the results in the input dtype and have no sink key.
-    none = Strided(_dummy(dev), 0, 0, 0)
-    sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32)) \
-        if bp.sinks else none
-    scales = _scales(scale, softcap)
-    for p, sums, sg in ((bp, (dqacc, dkacc, dvacc), sinkg), (dense, (dq, dk, dv), none)):
-        if p is not None:
-            dqs, dks, dvs = (_strided(t) for t in sums)
-            head = (*ins, _strided(dq), dqs, sg, pos, p.tables)
-            run += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
-                    for grid, row, ints, kw in p.dq_items]
-            head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
-            run += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
-                    for grid, row, ints, kw in p.kv_items]
-    _run(run, fresh, cfg, memo.setdefault(dlse is not None, {}))  # (the delta pass compiles
-    # with and without an lse gradient: the same heads' guards, another kernel)
-    if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
-        dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
-    return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))
+        plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, merge_kv), head_base,
+        softcap)
+    (B, HQ, SQ, D), (HKV, SK), dev = q.shape, k.shape[1:3], q.device
+    scales, fresh, dblk = _scales(scale, softcap), [fresh], 64 if not cfg.interpret else 16
+
+    def run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
+            dkv_acc=None):
+        kept_if_captured(dev, (bp, dense, pos))
+        q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
+        dq = q if merge else torch.empty_like(q) if dq is None else dq  # (merge: q stands in
+        # for the unwritten dq, so the kernels' output type stays q's)
+        dk = torch.empty_like(k) if dk is None else dk
+        dv = torch.empty_like(v) if dv is None else dv
+        _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
+        lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
+        ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
+        launches = [(_delta_kernel, (-(-SQ // dblk), B * HQ),
+                     (_strided(out), ins[3], dlse.contiguous() if dlse is not None else delta,
+                      ins[5], SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+        if not bp.kv_merge:
+            _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
+        dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
+            _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)  # (None: one launch per kernel, no sums)
+        dqacc = dq_acc if merge else dqacc
+        if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
+            (dkacc, dvacc), dk, dv = dkv_acc, k, v
+        # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its
+        # query tiles); the first dk/dv launch adds them in. The dense heads' launches (one per
+        # kernel) write the results in the input dtype and have no sink key.
+        none = Strided(_dummy(dev), 0, 0, 0)
+        sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev,
+                                     dtype=torch.float32)) if bp.sinks else none
+        for p, sums, sg in ((bp, (dqacc, dkacc, dvacc), sinkg), (dense, (dq, dk, dv), none)):
+            if p is not None:
+                dqs, dks, dvs = (_strided(t) for t in sums)
+                head = (*ins, _strided(dq), dqs, sg, pos, p.tables)
+                launches += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
+                             for grid, row, ints, kw in p.dq_items]
+                head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
+                launches += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
+                             for grid, row, ints, kw in p.kv_items]
+        _run(launches, fresh.pop() if fresh else False, cfg,
+             memo.setdefault(dlse is not None, {}))  # (the delta pass compiles with and
+        # without an lse gradient: the same heads' guards, another kernel)
+        if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
+            dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
+        return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))
+    return run

@@ -266,9 +266,14 @@ def _planned(key, build, device, keep):
         if len(_CALLS) >= 256:
             _CALLS.clear()
         hit = _CALLS[key] = kept(build, device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        _CAPTURED.append((hit, keep))
+    kept_if_captured(device, (hit, keep))
     return hit, fresh
+
+
+def kept_if_captured(device, keep) -> None:
+    """Keep ``keep`` (a call's plans and tables) for good while a CUDA graph captures."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _CAPTURED.append(keep)
 
 
 class Call(NamedTuple):

@@ -65,14 +65,10 @@ def _kernel_plan(ctx: _Ctx, pc: Piece, backend, q, k, v, qp, kp):
     """The ``plan=`` argument of the piece's backend call: its kept kernel position plan
     (``False``: the kernels cannot take these positions), made on the first call that goes to
     the kernels; None while no call has (the backend is picked per call)."""
-    if not pc.kernel_planned:
+    if pc.kernel_plan is None:  # (None again where this call does not go to the kernels)
         a = check_inputs(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp)
-        made = backend.position_plan(a, ctx.pattern)
-        if made is None:  # this call does not go to the kernels: nothing to keep
-            return None
-        pc.kernel_planned = True
-        pc.kernel_plan = None if made is False else made
-    return False if pc.kernel_plan is None else pc.kernel_plan
+        pc.kernel_plan = backend.position_plan(a, ctx.pattern)
+    return pc.kernel_plan
 
 
 def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
@@ -143,8 +139,7 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     # nothing comes back from other ranks; else accumulators in acc
     direct_kv = not remote_grads and (local_cover.numel() == 0 or int(local_cover.max()) <= 1)
     kv_dtype = k.dtype if direct_kv else acc
-    dk = torch.zeros(k.shape, dtype=kv_dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=kv_dtype, device=v.device)
+    dk, dv = (torch.zeros(t.shape, dtype=kv_dtype, device=t.device) for t in (k, v))
     grads = GradExchange(dk, dv, ctx.plan, ctx.group(), acc)
     for j, blk in _blocks(ctx, k, v):
         gk_blk = gv_blk = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 import torch
 
@@ -251,15 +251,15 @@ def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -
 class Piece:
     """One call of a ring step: query rows ``[qs, qe)`` (of run ``run``, those that can reach the
     keys) against key rows ``[ks, ke)`` of the step's block; the kernels' position plan is kept
-    here from the first kernel call (``kernel_planned``; ``kernel_plan`` None: the PyTorch path)."""
+    here from the first kernel call (``kernel_plan``: None before it, False where the kernels
+    cannot take these positions: the PyTorch path)."""
 
     qs: int
     qe: int
     ks: int
     ke: int
     run: int  # index of the query run (accumulator slot)
-    kernel_plan: Optional["PositionPlan"] = field(default=None, repr=False)
-    kernel_planned: bool = False
+    kernel_plan: Union["PositionPlan", bool, None] = field(default=None, repr=False)
 
 
 @dataclass

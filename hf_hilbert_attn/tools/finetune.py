@@ -116,6 +116,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed-precision", choices=("auto", "no", "bf16", "fp16"), default="auto",
                    help="autocast dtype; auto: the launcher's choice under `accelerate launch`, "
                    "else bf16 on CUDA and none on CPU")
+    p.add_argument("--cpu", action="store_true",
+                   help="train on the CPU where a GPU is present too (processes talk over gloo), "
+                   "as `accelerate launch --cpu`")
     p.add_argument("--weights-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="float32 (default): float32 weights, gradients and AdamW states under "
                    "autocast, the quality setting; bfloat16: all three in bf16, half the memory "
@@ -368,8 +371,9 @@ def _accelerator(args):
     """The ``Accelerator`` and the sequence-parallel topology of this run."""
     from accelerate import Accelerator
 
-    # torchrun on a machine without CUDA: Accelerate needs cpu=True to pick MULTI_CPU (gloo)
-    cuda_here = torch.cuda.is_available()
+    # torchrun on a machine without CUDA (or --cpu): Accelerate needs cpu=True to pick MULTI_CPU
+    # (gloo)
+    cuda_here = torch.cuda.is_available() and not args.cpu
     accelerator = Accelerator(cpu=not cuda_here,
                               mixed_precision=resolve_mixed_precision(args.mixed_precision,
                                                                       cuda_here))

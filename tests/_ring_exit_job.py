@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    torch.cuda.is_available()  # (where CUDA is installed, its driver starts threads here, not
+    # with the group: init_process_group asks for CUDA too)
     threads_before = _native_threads()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

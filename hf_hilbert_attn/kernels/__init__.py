@@ -132,7 +132,8 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     fp, dense, fresh, fill, pos, memo = _call_plans(
         plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
     (B, HQ, SQ, D), dev, group = q.shape, q.device, q.shape[1] // k.shape[1]
-    scales, fresh = _scales(scale, softcap), [fresh]  # (compiled side by side at the first run)
+    scales, fresh = _scales(scale, softcap), {0: fresh}  # (the first run compiles side by
+    # side; dict.pop with a default: atomic, as threads may share a runner)
 
     def run(q, k, v, out=None, lse=None, acc=None):
         kept_if_captured(dev, (fp, dense, pos))  # (a CUDA graph replays read them)
@@ -150,7 +151,7 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
                 head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
                 launches += [(_fwd_kernel, grid, head, (row, *ints, scales), kw)
                              for grid, row, ints, kw in p.items]
-        _run(launches, fresh.pop() if fresh else False, cfg, memo)
+        _run(launches, fresh.pop(0, False), cfg, memo)
         return (acc if merge else out), lse
     return run
 
@@ -273,7 +274,7 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, merge_kv), head_base,
         softcap)
     (B, HQ, SQ, D), (HKV, SK), dev = q.shape, k.shape[1:3], q.device
-    scales, fresh, dblk = _scales(scale, softcap), [fresh], 64 if not cfg.interpret else 16
+    scales, fresh, dblk = _scales(scale, softcap), {0: fresh}, 64 if not cfg.interpret else 16
 
     def run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
             dkv_acc=None):
@@ -311,9 +312,8 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
                 head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
                 launches += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
                              for grid, row, ints, kw in p.kv_items]
-        _run(launches, fresh.pop() if fresh else False, cfg,
-             memo.setdefault(dlse is not None, {}))  # (the delta pass compiles with and
-        # without an lse gradient: the same heads' guards, another kernel)
+        _run(launches, fresh.pop(0, False), cfg, memo.setdefault(dlse is not None, {}))  # (a
+        # delta pass with an lse gradient and one without: two kernels, the same heads' guards)
         if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
             dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
         return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))

@@ -1,7 +1,7 @@
 """Triton kernels for dilated attention: forward (out + lse) and backward (dq, dk, dv).
 
-The launchers :func:`dilated_fwd` / :func:`dilated_bwd` are what ``ops.py`` wraps in
-``torch.library`` custom ops (differentiable there). Design and measurements:
+The launchers :func:`dilated_fwd` / :func:`dilated_bwd` (``ops.py``'s custom ops) run the
+runners :func:`fwd_runner` / :func:`bwd_runner` that ``ops.py``'s prepared calls keep. Design:
 ``docs/kernels.md``. This package imports neither transformers nor torch.distributed.
 """
 

@@ -52,12 +52,11 @@ class DecodePlan:
         """The kernel's ``Rule`` of this plan for ``batch`` rows (made anew each call)."""
         from .kernels._decode import Rule  # imports Triton: on the first decode call
 
-        p = self.pattern
-        rows = [None if t is None else _rows(t, batch) for t in
-                (self.q_positions, self.k_positions, self.q_doc_ids, self.k_doc_ids)]
-        cfg, dense = _tables(p, self.num_kv_heads, rows[0].device)
-        return Rule(rows[0], rows[1], rows[2] if rows[2] is not None else rows[0],
-                    rows[3] if rows[3] is not None else rows[1], cfg, dense, p.sink_tokens)
+        qp, kp, qd, kd = (None if t is None else _rows(t, batch) for t in
+                          (self.q_positions, self.k_positions, self.q_doc_ids, self.k_doc_ids))
+        cfg, dense = _tables(self.pattern, self.num_kv_heads, qp.device)
+        return Rule(qp, kp, qp if qd is None else qd, kp if kd is None else kd, cfg, dense,
+                    self.pattern.sink_tokens)
 
     def bias(self) -> torch.Tensor:
         """The CPU run's float32 bias (``build_mask`` over the positions, dense heads included)."""

@@ -32,18 +32,14 @@ def _even_half(n: int) -> int:
     """About half of ``n``, rounded to an even number when ``n > 2``: an even first part can
     always be traversed corner to corner along its long side with unit steps."""
     half = n // 2
-    if half % 2 == 1 and n > 2:
-        half += 1
-    return half
+    return half + 1 if half % 2 == 1 and n > 2 else half
 
 
 def _frame(uv: torch.Tensor, origin=(0, 0), swap: bool = False, flip_u: int = 0,
            flip_v: int = 0) -> torch.Tensor:
     """Place a sub-curve ``uv`` ``[n, 2]`` into its parent's frame: ``swap`` exchanges the
     axes; ``flip_u`` / ``flip_v`` > 0 reflect that axis inside an extent of that many cells."""
-    if swap:
-        uv = uv.flip(1)
-    u, v = uv[:, 0], uv[:, 1]
+    u, v = (uv.flip(1) if swap else uv).unbind(1)
     if flip_u:
         u = flip_u - 1 - u
     if flip_v:

@@ -46,8 +46,7 @@ class AttnInputs:
 def _positions(name, t, batch, length, device, default):
     if t is None:
         return default
-    if not isinstance(t, torch.Tensor):
-        t = torch.as_tensor(t)
+    t = torch.as_tensor(t)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
     if t.dim() == 1:

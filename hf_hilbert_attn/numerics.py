@@ -28,9 +28,8 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     """
     lse = torch.logaddexp(lse_a, lse_b)
     ref = finite_or_zero(lse)
-    out = (out_a * torch.exp(lse_a - ref).unsqueeze(-1)
-           + out_b * torch.exp(lse_b - ref).unsqueeze(-1))
-    return out, lse
+    return (out_a * torch.exp(lse_a - ref).unsqueeze(-1)
+            + out_b * torch.exp(lse_b - ref).unsqueeze(-1)), lse
 
 
 def with_sink_logits(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

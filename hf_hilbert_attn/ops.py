@@ -157,9 +157,13 @@ class _Prepared:
     def __call__(self, q, k, v):
         return _EagerKernels.apply(q, k, v, self)[0]
 
-    def _runner(self, which, q, k):
+    def _runner(self, run, which, q, k):
+        """``run`` while the kernels' configuration it was made under is in force, else a new
+        runner (``kernels.configure`` changes tiles and buffers for calls made after it)."""
         from . import kernels
 
+        if run is not None and run.config is kernels.kernel_config():
+            return run
         pattern, a, causal = self.call
         return getattr(kernels, which)(q, k, pattern, self.plan, causal, a.scale,
                                        a.skip_kv_heads, head_base=a.head_base,
@@ -168,13 +172,13 @@ class _Prepared:
     def forward(self, q, k, v):
         if not self.plan:
             return TRITON.forward(q, k, v, *self.call)
-        self.fwd = self.fwd or self._runner("fwd_runner", q, k)
+        self.fwd = self._runner(self.fwd, "fwd_runner", q, k)
         return self.fwd(q, k, v)
 
     def backward(self, dout, dlse, q, k, v, out, lse):
         if not self.plan:
             return TRITON.backward(dout, dlse, q, k, v, out, lse, *self.call)
-        self.bwd = self.bwd or self._runner("bwd_runner", q, k)
+        self.bwd = self._runner(self.bwd, "bwd_runner", q, k)
         return self.bwd(dout, q, k, v, out, lse, dlse)
 
 

@@ -172,9 +172,8 @@ class DilatedPattern:
         for req in ("segment_lengths", "dilation_rates"):
             if req not in d:
                 raise ValueError(f"pattern is missing the field {req!r}: {d!r}")
-        fields = dict(LEGACY_FIELDS)  # an older dict keeps meaning what it meant
-        fields.update({k: v for k, v in d.items() if k in known})
-        return cls(**fields)
+        # an older dict keeps meaning what it meant
+        return cls(**{**LEGACY_FIELDS, **{k: v for k, v in d.items() if k in known}})
 
     def to_dict(self) -> dict:
         d = {"segment_lengths": list(self.segment_lengths),
@@ -272,8 +271,7 @@ class DilatedPattern:
         ``position`` when no older key is needed. Exact: some later query of some head ``<
         num_heads`` (None: every class has a head) attends the returned key.
         """
-        p = int(position)
-        first = p
+        first = p = int(position)
         for w, r in self.configs:
             heads = r if num_heads is None or self.query_dilation == "all" else min(r, num_heads)
             if self.sliding:  # the nearest later query of class c reaches back (w-1)//r steps
@@ -336,9 +334,7 @@ class DilatedPattern:
         where it does not depend on the head); :meth:`allowed` is the OR over the configs."""
         q_key, k_key = self.config_keys(i, head, q_pos, k_pos)
         ok = q_key == k_key
-        if self.sliding:
-            ok = ok & self.in_window(i, q_pos, k_pos)
-        return ok
+        return ok & self.in_window(i, q_pos, k_pos) if self.sliding else ok
 
     def in_window(self, i: int, q_pos, k_pos) -> torch.Tensor:
         """Sliding windows: ``|p - s| < w_i`` (causality, ``s <= p``, is applied apart)."""
@@ -413,9 +409,8 @@ class DilatedPattern:
             if causal:
                 ok = ok & (s <= p)
             if qd is not None:
-                dq = _pick(qd, b, q_idx)
                 dk = _pick(kd, b, kv_idx)
-                ok = ok & (dq == dk) & (dk >= 0)
+                ok = ok & (_pick(qd, b, q_idx) == dk) & (dk >= 0)
             return ok
 
         cfg = "_".join(f"w{w}r{r}" for w, r in configs)

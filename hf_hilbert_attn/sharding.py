@@ -180,10 +180,8 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     for key, val in batch.items():
         if key in out or key in ("labels", "position_ids", "attention_mask"):
             continue
-        if isinstance(val, torch.Tensor) and val.dim() > seq_dim and val.shape[seq_dim] == s:
-            out[key] = pad(val, 0, seq_dim).index_select(seq_dim, idx.to(val.device))
-        else:
-            out[key] = val
+        seq = isinstance(val, torch.Tensor) and val.dim() > seq_dim and val.shape[seq_dim] == s
+        out[key] = pad(val, 0, seq_dim).index_select(seq_dim, idx.to(val.device)) if seq else val
     return out
 
 
@@ -207,8 +205,7 @@ def _positions_and_docs(pos, ids: torch.Tensor, sp: int, idx: torch.Tensor,
         full_pos = torch.arange(sp, device=ids.device).expand(bsz, sp)
     else:
         pos = pos.expand(bsz, s) if pos.dim() == 1 else pos
-        last = pos[:, -1:] + 1
-        full_pos = torch.cat([pos, last + torch.arange(sp - s, device=pos.device)], dim=1)
+        full_pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(sp - s, device=pos.device)], 1)
     out = {"position_ids": full_pos.index_select(1, idx)}
     docs = None if pos is None else restart_documents(pos)
     if docs is not None or out_of_order:

@@ -146,6 +146,34 @@ def test_a_layout_is_checked_and_routed_once(small_tiles, monkeypatch):
 
 
 @INTERPRETED
+def test_a_prepared_call_follows_the_kernels_configuration(small_tiles, monkeypatch):
+    """``kernels.configure`` after a call was prepared: the next calls launch the new tiles,
+    forward and backward, with the same result; the old configuration back, the old tiles."""
+    ops._PREPARED.clear()
+    tiles, real = [], kernels._run
+    monkeypatch.setattr(kernels, "_run", lambda launches, *a: tiles.append(
+        {(ln[0].__name__, ln[4].get("BM"), ln[4].get("BN")) for ln in launches
+         if "BN" in ln[4]}) or real(launches, *a))
+    q, k, v = (torch.randn(1, h, 45, 16, requires_grad=True) for h in (4, 2, 2))
+
+    def call():
+        out = dilated_attention(q, k, v, PATTERN, backend="triton")
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        return [out.detach(), *grads], tiles[-2] | tiles[-1]
+
+    first, small = call()
+    with kernels.configured(blocks=(32, 16)):
+        other, larger = call()
+    again, back = call()
+    assert len(ops._PREPARED) == 1 and {t[1:] for t in small} == {(16, 16)}
+    assert {t[1] for t in larger} == {32} and {t[0] for t in larger} == {t[0] for t in small}
+    assert back == small
+    for x, y, z in zip(first, other, again):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)  # (float32 sums of other tiles)
+        assert torch.equal(x, z)
+
+
+@INTERPRETED
 def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch):
     """In a model, once a layer's call was checked and routed (``ops._PREPARED``), the layers of
     a forward that call alike run the prepared call straight from the attention function; the
@@ -355,6 +383,40 @@ def test_a_planned_call_binds_once_per_layout_then_relaunches(monkeypatch):
     calls.clear()
     assert _launch.launch_all(launches(t, u), None) is None  # no memo: every launch binds
     assert [c[0] for c in calls] == ["bind"] * 3
+
+
+def test_a_relaunch_hands_triton_its_launch_hooks_only_where_one_is_set(monkeypatch):
+    # Triton keeps its launch hooks as a chain (never None): an empty one goes to the launcher
+    # as None, with no launch metadata built for it; a hook set (a profiler's) is passed on
+    from triton import knobs
+
+    from hf_hilbert_attn.kernels import _launch
+
+    got = []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *args):
+            got.append(args[6:9])  # launch metadata, enter hook, exit hook
+
+        def launch_metadata(self, grid, stream, *values):
+            return ("metadata", values)
+
+    def hook(metadata):
+        pass
+
+    chain = type(knobs.runtime.launch_enter_hook)
+    empty = chain() if hasattr(chain(), "calls") else None
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", empty)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", empty)
+    _launch.relaunch(Compiled(), (1, 1, 1), (5, 6), stream=0)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    _launch.relaunch(Compiled(), (1, 1, 1), (5, 6), stream=0)
+    assert got == [(None, None, None), (("metadata", (5, 6)), hook, None)]
+    if empty is not None:  # a chain with a hook in it is passed as it is
+        empty.add(hook)
+        assert _launch._hook(empty) is empty
 
 
 def test_a_backward_keeps_its_launches_apart_with_and_without_an_lse_gradient(monkeypatch):

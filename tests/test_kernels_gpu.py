@@ -276,7 +276,10 @@ def test_an_lse_gradient_after_a_call_without_one_on_the_same_layout():
     # A planned backward keeps its compiled launches per layout (kernels/_launch.py, D69); its
     # delta pass compiles with and without an lse gradient on the same heads' guards, so a call
     # with one after a call without must run its own: dq, dk, dv against float64, within twice
-    # PyTorch's error in bfloat16 (the lse term weighted up: ignoring it fails by far).
+    # PyTorch's error in bfloat16 (the lse term weighted up: ignoring it fails by far). Errors as
+    # relative Frobenius norms: over 12 seeds ours is 1.36-1.49x PyTorch's, the lse term left
+    # out 423-467x (dq, dk); the largest error alone moved 1.00-2.04x, failing one seed in six
+    # (H200, docs/bench/speed/s29/call5_lse_grad_errors_H200.txt).
     s = 1025
     q = torch.randn(1, 4, s, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, 2, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -293,8 +296,8 @@ def test_an_lse_gradient_after_a_call_without_one_on_the_same_layout():
     truth = grads(reference_attention, torch.float64, True)
     base = grads(reference_attention, torch.bfloat16, True)
     for name, o, t, b in zip(("dq", "dk", "dv"), ours, truth, base):
-        err, err_b = (o.double() - t).abs().max().item(), (b.double() - t).abs().max().item()
-        assert err <= 2 * err_b + 1e-5, f"{name}: ours {err:.3e} vs PyTorch {err_b:.3e}"
+        err, err_b = ((x.double() - t).norm().item() / t.norm().item() for x in (o, b))
+        assert err <= 2 * err_b, f"{name}: ours {err:.3e} vs PyTorch {err_b:.3e} (relative)"
 
 
 @NATURAL

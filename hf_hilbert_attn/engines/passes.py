@@ -394,11 +394,9 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
             if kd is not None and kd.shape[0] == 1:
                 ks = ks[kd[0].index_select(0, ks) >= 0]  # padding is never a sink
             work.append((None, order, slice(None), q_all, ks))
-        for i, earlier, heads, qs, ks in work:
-            ps = _make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, take(qs, qp, qd),
-                            take(ks, kp, kd), causal, n_rows)
-            if ps is not None:
-                passes.append(ps)
+        made = (_make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, take(qs, qp, qd),
+                           take(ks, kp, kd), causal, n_rows) for i, earlier, heads, qs, ks in work)
+        passes += [ps for ps in made if ps is not None]
     return passes
 
 

@@ -65,10 +65,9 @@ class PatternCacheLayer(DynamicLayer):
         a later query can attend."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys = torch.cat([self.keys, key_states], dim=-2)
-        values = torch.cat([self.values, value_states], dim=-2)
+        self.keys = keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = values = torch.cat([self.values, value_states], dim=-2)
         self.cumulative_length += key_states.shape[-2]
-        self.keys, self.values = keys, values
         if self.pattern.dense_kv_heads:  # a dense head attends every key: drop none
             return keys, values
         sinks = self.pattern.sink_tokens
@@ -189,14 +188,13 @@ def attend_with_dropped_keys(query: torch.Tensor, key: torch.Tensor, value: torc
         raise ValueError(f"PatternCache layout mismatch: {sk} keys (tail from {first}) for "
                          f"queries at {q_start}..{q_start + sq - 1}")
     body = replaced(pattern, pattern.ordering, sink_tokens=0)
-    tail_k, tail_v = key[:, :, sinks:], value[:, :, sinks:]
     positions = {}
     if first % pattern.shift_period:  # not a shift of the natural order: say where they are
-        dev = query.device
-        positions = dict(q_positions=torch.arange(q_start, q_start + sq, device=dev),
-                         k_positions=torch.arange(first, q_start + sq, device=dev))
-    out, lse = dilated_attention(query, tail_k, tail_v, body, causal=True, scale=scale,
-                                 return_lse=True, backend=backend, softcap=softcap, **positions)
+        positions = dict(q_positions=torch.arange(q_start, q_start + sq, device=query.device),
+                         k_positions=torch.arange(first, q_start + sq, device=query.device))
+    out, lse = dilated_attention(query, key[:, :, sinks:], value[:, :, sinks:], body, causal=True,
+                                 scale=scale, return_lse=True, backend=backend, softcap=softcap,
+                                 **positions)
     if not sinks:
         return (out, lse) if return_lse else out
     scale = d ** -0.5 if scale is None else scale

@@ -95,11 +95,10 @@ class SequenceParallelCollator:
                 raise ValueError("shift_labels[..., -1] must be -100 (the last token of a row "
                                  f"predicts nothing), got {pre[..., -1].tolist()}")
             batch["labels"] = torch.nn.functional.pad(pre[..., :-1], (1, 0), value=IGNORE_INDEX)
-        fp = _fingerprint(batch)
         shard = shard_batch(batch, (self.sp_rank, self.sp_size), self.layout, self.pattern,
                             pad_token_id=self.pad_token_id)
         shard.pop("num_items", None)
-        shard[FINGERPRINT_KEY] = fp
+        shard[FINGERPRINT_KEY] = _fingerprint(batch)
         return shard
 
 

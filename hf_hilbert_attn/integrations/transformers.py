@@ -66,8 +66,7 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
     layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", None)
     heads = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", None) \
         or getattr(cfg, "n_head", None)
-    raw = getattr(cfg, "hilbert_attn", None)
-    base = get_pattern(cfg) if raw is not None else as_pattern(None)
+    base = get_pattern(cfg) if getattr(cfg, "hilbert_attn", None) is not None else as_pattern(None)
     d = base.to_dict()
     if per_layer is not None:
         if isinstance(per_layer, dict):
@@ -82,7 +81,7 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
         if len(per_layer) != layers:
             raise ValueError(f"per_layer must list the dense key/value heads of all {layers} "
                              f"layers, got {len(per_layer)} entries")
-        rows = []
+        rows = d[LAYER_DENSE] = []
         for i, hs in enumerate(per_layer):
             try:  # the pattern checks each index (an integer >= 0, once) and sorts them
                 if isinstance(hs, (str, bytes)) or not hasattr(hs, "__iter__"):
@@ -96,7 +95,6 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
             except ValueError as e:
                 raise ValueError(f"layer {i}: {e}") from None
             rows.append(list(layer.dense_kv_heads))
-        d[LAYER_DENSE] = rows
     for c in configs:
         c.hilbert_attn = dict(d)
     return model
@@ -298,8 +296,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
         sinks = None if sinks is None else sinks[:, ds[0]:ds[0] + query.shape[1]]
     at = kwargs.get("hilbert_positions") if group is None and sq == sk and ds is None else None
     if at is None:
-        doc_ids = kwargs.get("hilbert_doc_ids")
-        cu_seqlens = kwargs.get("cu_seq_lens_q")
+        doc_ids, cu_seqlens = kwargs.get("hilbert_doc_ids"), kwargs.get("cu_seq_lens_q")
         if doc_ids is None and cu_seqlens is not None:
             # Flash-style varlen kwargs (DataCollatorWithFlattening(return_flash_attn_kwargs=
             # True)): one row of concatenated documents (paged caches are refused above).

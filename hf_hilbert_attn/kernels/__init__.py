@@ -17,8 +17,8 @@ from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by
     _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _cfg_tensor, _check_target,
     _dense_skip, _dummy, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
     _key_tiles, _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
-    _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided, _trimmed, _union_args,
-    kept_if_captured)
+    _position_args, _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided,
+    _trimmed, _union_args, kept_if_captured)
 from ._common import LOG2E as _LOG2E
 from ._common import Strided, _scales
 from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
@@ -127,13 +127,15 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     arguments; ``Sq`` > 0), planned once per call key: ``run(q, k, v, out=None, lse=None,
     acc=None) -> (out, lse)`` launches it as :func:`dilated_fwd` says (``acc``, given exactly
     when ``merge``, in place of ``out``). A caller that repeats a call keeps its runner (ops'
-    prepared calls): one lookup of its plans, not one per call."""
+    prepared calls): one lookup of its plans, not one per call, while ``run.config`` (the
+    configuration it was planned under) is :func:`kernel_config`'s."""
     cfg = kernel_config()
     fp, dense, fresh, fill, pos, memo = _call_plans(
         plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
     (B, HQ, SQ, D), dev, group = q.shape, q.device, q.shape[1] // k.shape[1]
     scales, fresh = _scales(scale, softcap), {0: fresh}  # (the first run compiles side by
     # side; dict.pop with a default: atomic, as threads may share a runner)
+    lead, tail = _position_args(plan, pos)
 
     def run(q, k, v, out=None, lse=None, acc=None):
         kept_if_captured(dev, (fp, dense, pos))  # (a CUDA graph replays read them)
@@ -148,11 +150,12 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         qkv, launches = (_strided(q), _strided(k), _strided(v)), []
         for p, buf in ((fp, acc), (dense, out)):
             if p is not None:
-                head = (*qkv, _strided(out), _strided(lse), _strided(buf), pos, p.tables)
-                launches += [(_fwd_kernel, grid, head, (row, *ints, scales), kw)
+                head = (*qkv, _strided(out), _strided(lse), _strided(buf), *lead)
+                launches += [(_fwd_kernel, grid, head, (*tail, p.tables, row, *ints, scales), kw)
                              for grid, row, ints, kw in p.items]
         _run(launches, fresh.pop(0, False), cfg, memo)
         return (acc if merge else out), lse
+    run.config = cfg
     return run
 
 
@@ -275,6 +278,7 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         softcap)
     (B, HQ, SQ, D), (HKV, SK), dev = q.shape, k.shape[1:3], q.device
     scales, fresh, dblk = _scales(scale, softcap), {0: fresh}, 64 if not cfg.interpret else 16
+    lead, tail = _position_args(plan, pos)
 
     def run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
             dkv_acc=None):
@@ -287,9 +291,17 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
         lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
         ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
+        # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its
+        # query tiles; the delta pass zeroes them first); the first dk/dv launch adds them in.
+        # The dense heads' launches (one per kernel) write the results in the input dtype and
+        # have no sink key.
+        none = Strided(_dummy(dev), 0, 0, 0)
+        sinkg = _strided(torch.empty((B, HKV, 2 * bp.sinks, D), device=dev,
+                                     dtype=torch.float32)) if bp.sinks else none
         launches = [(_delta_kernel, (-(-SQ // dblk), B * HQ),
                      (_strided(out), ins[3], dlse.contiguous() if dlse is not None else delta,
-                      ins[5], SQ, HQ), (), dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+                      ins[5], sinkg, SQ, HQ, HQ // HKV, 2 * bp.sinks), (),
+                     dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
         if not bp.kv_merge:
             _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
         dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
@@ -297,24 +309,19 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         dqacc = dq_acc if merge else dqacc
         if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
             (dkacc, dvacc), dk, dv = dkv_acc, k, v
-        # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its
-        # query tiles); the first dk/dv launch adds them in. The dense heads' launches (one per
-        # kernel) write the results in the input dtype and have no sink key.
-        none = Strided(_dummy(dev), 0, 0, 0)
-        sinkg = _strided(torch.zeros((B, HKV, 2 * bp.sinks, D), device=dev,
-                                     dtype=torch.float32)) if bp.sinks else none
         for p, sums, sg in ((bp, (dqacc, dkacc, dvacc), sinkg), (dense, (dq, dk, dv), none)):
             if p is not None:
                 dqs, dks, dvs = (_strided(t) for t in sums)
-                head = (*ins, _strided(dq), dqs, sg, pos, p.tables)
-                launches += [(_dq_kernel, grid, head, (row, *ints, scales), kw)
+                head = (*ins, _strided(dq), dqs, sg, *lead)
+                launches += [(_dq_kernel, grid, head, (*tail, p.tables, row, *ints, scales), kw)
                              for grid, row, ints, kw in p.dq_items]
-                head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, pos, p.tables)
-                launches += [(_dkdv_kernel, grid, head, (row, *ints, scales), kw)
-                             for grid, row, ints, kw in p.kv_items]
+                head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, *lead)
+                launches += [(_dkdv_kernel, grid, head, (*tail, p.tables, row, *ints, scales),
+                              kw) for grid, row, ints, kw in p.kv_items]
         _run(launches, fresh.pop(0, False), cfg, memo.setdefault(dlse is not None, {}))  # (a
         # delta pass with an lse gradient and one without: two kernels, the same heads' guards)
         if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
             dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
         return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))
+    run.config = cfg
     return run

@@ -20,14 +20,20 @@ from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _key_range, _key
 
 
 @triton.jit
-def _delta_kernel(o, do, DLSE, delta, S, HQ, BM: tl.constexpr, D: tl.constexpr,
-                  HAS_DLSE: tl.constexpr):
+def _delta_kernel(o, do, DLSE, delta, sinkg, S, HQ, GROUP, SINKS2, BM: tl.constexpr,
+                  D: tl.constexpr, HAS_DLSE: tl.constexpr):
     # delta[b, h, i] = sum_d dO * O  (- dlse): float32 [B, Hq, Sq] (``Strided``); dlse
-    # contiguous
+    # contiguous. ``sinkg``: the sink keys' float32 dk/dv sums ``[B, Hkv, SINKS2, D]``, zeroed
+    # here (the last dq launch adds into them); SINKS2 = 0: none
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
     h = bh % HQ
+    if (SINKS2 > 0) & (pid == 0) & (h % GROUP == 0):
+        for r0 in range(0, SINKS2, BM):
+            r = r0 + tl.arange(0, BM)
+            tl.store(_row_ptrs(sinkg, b, h // GROUP, r, D=D), tl.zeros([BM, D], tl.float32),
+                     mask=(r < SINKS2)[:, None])
     rows = pid * BM + tl.arange(0, BM)
     ok = rows < S
     ot = tl.load(_row_ptrs(o, b, h, rows, D=D), mask=ok[:, None], other=0.0).to(tl.float32)

@@ -169,6 +169,15 @@ def _positions(plan: PositionPlan, device) -> Positions:
     return Positions(*out)
 
 
+def _position_args(plan: PositionPlan, pos: Positions) -> tuple:
+    """``(lead, tail)``: a launch's position tables ``pos`` in its head, guarded and read at
+    every call (``((pos,), ())``: another call of the same key may have other tables), or, at
+    natural positions without documents (dummies the kernels never read), after it
+    (``((), (pos,))``), read once when the launch is bound (``_launch.launch_all``)."""
+    fixed = not plan.mapped and plan.qdoc is None and plan.kdoc is None
+    return ((), (pos,)) if fixed else ((pos,), ())
+
+
 def _strided(t: torch.Tensor) -> Strided:
     """A ``[B, H, S, D]`` or ``[B, H, S]`` tensor as the kernels take it (unit last stride)."""
     sb, sh, ss = t.stride()[:3]

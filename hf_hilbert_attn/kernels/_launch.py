@@ -126,7 +126,14 @@ def relaunch(kernel, grid: tuple, values: tuple, stream=None) -> None:
     fast_launches += 1
     if stream is None:
         stream = driver.active.get_current_stream(driver.active.get_current_device())
-    enter = knobs.runtime.launch_enter_hook  # (None: launch_metadata is None too)
+    enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
     kernel.run(*grid, stream, kernel.function, kernel.packed_metadata,
                None if enter is None else kernel.launch_metadata(grid, stream, *values), enter,
-               knobs.runtime.launch_exit_hook, *values)
+               leave, *values)
+
+
+def _hook(hook):
+    """Triton's launch hook ``hook``, or None where it is an empty chain of hooks (Triton 3.6
+    keeps a chain, never None: handed to the launcher, it is called twice a launch, and the
+    launch metadata built for it, for nothing)."""
+    return None if hook is None or getattr(hook, "calls", None) == [] else hook

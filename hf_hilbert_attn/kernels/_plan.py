@@ -210,6 +210,9 @@ def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] 
         return (16, 16, 4, 2) if dtype == torch.float32 else (64, 32, 4, 2)
     if dtype == torch.float32:
         return 32, 32, 4, 2
+    if d == 64:  # 64 x 64, 4 warps, 3 stages (64 KiB): dq 10-19 % faster than 128 x 64 at
+        # 4K-64K, with and without the per-pair mask (H200, docs/decisions.md D71)
+        return 64, 64, 4, 3
     if not pair and (smem is None or smem > SMALL_SMEM):
         # a third stage: faster without the pair mask, slower with it (docs/decisions.md "dq
         # stages"); 128 KiB of shared memory, more than an RTX 3090/4090 has
@@ -233,6 +236,9 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
         return DKDV_SMALL_SMEM
     if dtype == torch.float32:
         return bn, bm, warps, stages  # the dq tile, roles swapped
+    if d == 64:  # 16 queries a step against 64 keys, 4 warps, 3 stages: 4-20 % faster than
+        # 32 x 128 / 8 warps at 4K-64K (more programs where key/value heads are few; D71)
+        return 16, 64, 4, 3
     # 32 queries per step (64 spilled in the union variant on sm_90); a third stage only without
     # union code (115 KiB of shared memory; docs/decisions.md "Launches without mixed programs")
     stages = 3 if skips and (smem is None or smem > SMALL_SMEM) else 2

@@ -61,29 +61,26 @@ def _blocks(ctx: _Ctx, k, v):
         yield j, None if blk is None else (blk[0], blk[1], st.recv_kpos, st.recv_kdoc)
 
 
-def _kernel_plan(ctx: _Ctx, pc: Piece, backend, q, k, v, qp, kp):
-    """The ``plan=`` argument of the piece's backend call: its kept kernel position plan
-    (``False``: the kernels cannot take these positions), made on the first call that goes to
-    the kernels; None while no call has (the backend is picked per call)."""
-    if pc.kernel_plan is None:  # (None again where this call does not go to the kernels)
-        a = check_inputs(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp)
-        pc.kernel_plan = backend.position_plan(a, ctx.pattern)
-    return pc.kernel_plan
-
-
-def _piece_call(ctx: _Ctx, pc: Piece, kpos, kdoc, q, k, v):
-    """``(backend, checked inputs, plan)`` of a piece's call on the backend seam
-    (``backends.py``): the piece's rows ``q`` and keys ``k``, ``v`` at their true positions."""
+def _piece_call(ctx: _Ctx, pc: Piece, q, blk):
+    """``(backend, checked inputs, plan, (q, k, v))`` of a piece's call on the backend seam
+    (``backends.py``): the piece's rows of ``q`` and keys of the step's block ``blk``
+    (:func:`_blocks`), at their true positions."""
+    k, v, kpos, kdoc = blk
     rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+    q, k, v = q[:, :, rq], k[:, :, rk], v[:, :, rk]
     qp, kp = ctx.q_pos[:, rq], kpos[:, rk]
-    qd = None if kdoc is None else ctx.q_doc[:, rq]
-    kd = None if kdoc is None else kdoc[:, rk]
+    qd, kd = (None, None) if kdoc is None else (ctx.q_doc[:, rq], kdoc[:, rk])
     a = check_inputs(q, k, v, ctx.pattern, scale=ctx.scale, q_positions=qp, k_positions=kp,
-                     q_doc_ids=qd, k_doc_ids=kd)
-    a = dataclasses.replace(a, skip_kv_heads=ctx.skip, head_base=ctx.head_base,
-                            softcap=ctx.softcap)
+                     q_doc_ids=qd, k_doc_ids=kd, softcap=ctx.softcap or None)
+    a = dataclasses.replace(a, skip_kv_heads=ctx.skip, head_base=ctx.head_base)
     backend = select_backend(q, a, ctx.backend)
-    return backend, a, with_documents(_kernel_plan(ctx, pc, backend, q, k, v, qp, kp), qd, kd)
+    # The ``plan=`` argument of the piece's backend call: its kept kernel position plan
+    # (``False``: the kernels cannot take these positions), made on the first call that goes to
+    # the kernels; None while no call has (the backend is picked per call).
+    if pc.kernel_plan is None:  # (None again where this call does not go to the kernels)
+        pc.kernel_plan = backend.position_plan(
+            check_inputs(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp), ctx.pattern)
+    return backend, a, with_documents(pc.kernel_plan, qd, kd), (q, k, v)
 
 
 def _run_part(bufs: dict, pieces: Pieces, pc: Piece, like, dtype):
@@ -104,17 +101,15 @@ def _ring_forward(ctx: _Ctx, q, k, v):
     for j, blk in _blocks(ctx, k, v):
         if blk is None:
             continue
-        kb, vb, kpos, kdoc = blk
         for pc in ctx.pieces.steps[j]:
-            rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
-            qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
-            backend, a, plan = _piece_call(ctx, pc, kpos, kdoc, qb, kb_, vb_)
+            rq = slice(pc.qs, pc.qe)
+            backend, a, plan, (qb, kb, vb) = _piece_call(ctx, pc, q, blk)
             if ctx.pieces.writes[pc.run] == 1:  # the run's only piece: straight into the result
-                backend.forward(qb, kb_, vb_, ctx.pattern, a, ctx.causal, out=out[:, :, rq],
+                backend.forward(qb, kb, vb, ctx.pattern, a, ctx.causal, out=out[:, :, rq],
                                 lse=lse[:, :, rq], plan=plan)
                 continue
             # several pieces: each merges into the run's result (in the kernels on their path)
-            backend.accumulate(qb, kb_, vb_, ctx.pattern, a, ctx.causal,
+            backend.accumulate(qb, kb, vb, ctx.pattern, a, ctx.causal,
                                _run_part(merged, ctx.pieces, pc, out, acc), lse[:, :, rq],
                                plan=plan)
     for run, o in merged.items():
@@ -132,36 +127,31 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     dq = torch.zeros_like(q)
     dq_acc = {}  # run -> dq of its rows in acc (runs with several pieces)
     remote_grads = any(st.n_send for st in ctx.plan.steps)
-    local_cover = torch.zeros(k.shape[2], dtype=torch.int32)
-    for pc in pieces.steps[0]:
-        local_cover[pc.ks:pc.ke] += 1
+    local = sorted((pc.ks, pc.ke) for pc in pieces.steps[0])  # (key ranges are never empty)
     # dK/dV straight in the input dtype when every key row gets at most one local piece and
     # nothing comes back from other ranks; else accumulators in acc
-    direct_kv = not remote_grads and (local_cover.numel() == 0 or int(local_cover.max()) <= 1)
+    direct_kv = not remote_grads and all(e <= s for (_, e), (s, _) in zip(local, local[1:]))
     kv_dtype = k.dtype if direct_kv else acc
     dk, dv = (torch.zeros(t.shape, dtype=kv_dtype, device=t.device) for t in (k, v))
     grads = GradExchange(dk, dv, ctx.plan, ctx.group(), acc)
     for j, blk in _blocks(ctx, k, v):
         gk_blk = gv_blk = None
         if blk is not None:
-            kb, vb, kpos, kdoc = blk
             if j > 0:  # the received block's gradient (0 for keys no piece reaches)
-                gk_blk = torch.zeros(kb.shape, dtype=acc, device=kb.device)
-                gv_blk = torch.zeros(vb.shape, dtype=acc, device=vb.device)
+                gk_blk, gv_blk = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in blk[:2])
             for pc in pieces.steps[j]:
                 rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
                 # a run's only piece writes its dq rows in place; local keys whose only
                 # gradient is this piece's likewise
                 direct_q = pieces.writes[pc.run] == 1
                 direct_k = j == 0 and direct_kv
-                qb, kb_, vb_ = q[:, :, rq], kb[:, :, rk], vb[:, :, rk]
-                backend, a, plan = _piece_call(ctx, pc, kpos, kdoc, qb, kb_, vb_)
+                backend, a, plan, (qb, kb, vb) = _piece_call(ctx, pc, q, blk)
                 # several pieces: each adds into the run's dq (in the kernels)
                 into = None if direct_q else _run_part(dq_acc, pieces, pc, q, acc)
                 # dK/dV: a received block's sums, local sums, or (direct) the result itself
                 sums = (gk_blk, gv_blk) if j > 0 else None if direct_kv else (dk, dv)
                 backend.backward(
-                    dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb_, vb_,
+                    dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb, vb,
                     out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,
                     grads=(dq[:, :, rq] if direct_q else None,
                            dk[:, :, rk] if direct_k else None,

@@ -79,11 +79,9 @@ def split_group(group, size: int) -> tuple:
     if not mine or None in mine:
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, key[0])
-        made = {}
-        for ranks in sorted(set(everyone)):
-            for part in ([ranks[i:i + size] for i in range(0, len(ranks), size)]
-                         + [ranks[j::size] for j in range(size)]):
-                made[part] = dist.new_group(list(part))
+        made = {part: dist.new_group(list(part)) for ranks in sorted(set(everyone))
+                for part in ([ranks[i:i + size] for i in range(0, len(ranks), size)]
+                             + [ranks[j::size] for j in range(size)])}
         me = key[0].index(dist.get_rank())
         mine = [made[key[0][me // size * size:][:size]], made[key[0][me % size::size]]]
         _SPLITS[key] = [weakref.ref(g) for g in mine]
@@ -110,10 +108,9 @@ def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = Fal
     table = torch.stack(all_gather(t, group)).cpu()  # the last column: the cached flags
     bad = [i for i in range(len(meta)) if not bool((table[:, i] == table[0, i]).all())]
     if bad:
-        lines = []
-        for i in bad:
-            vals = ", ".join(f"rank {r}: {int(table[r, i])}" for r in range(table.shape[0]))
-            lines.append(f"{_META_FIELDS[i]} ({vals})")
+        lines = [f"{_META_FIELDS[i]} ("
+                 + ", ".join(f"rank {r}: {int(x)}" for r, x in enumerate(table[:, i])) + ")"
+                 for i in bad]
         raise ValueError(
             "ring_attention: the ranks of the sequence-parallel group disagree on "
             + "; ".join(lines) + f". Every rank must call it with equal shard shapes, pattern, "
@@ -189,14 +186,12 @@ class KVExchange:
         if j >= self.plan.world or j in self.pending:
             return
         st = self.plan.steps[j - 1]
-        b, _, _, d = self.k.shape
         sends, recvs, kr, vr = [], [], None, None
         if st.n_send:
             sends = [(_gather_entries(self.k, st), st.dst, 4 * j),
                      (_gather_entries(self.v, st), st.dst, 4 * j + 1)]
         if st.n_recv:
-            kr = self.k.new_empty(b, st.n_recv, d)
-            vr = self.v.new_empty(b, st.n_recv, self.v.shape[-1])
+            kr, vr = (t.new_empty(t.shape[0], st.n_recv, t.shape[-1]) for t in (self.k, self.v))
             recvs = [(kr, st.src, 4 * j), (vr, st.src, 4 * j + 1)]
         self.pending[j] = (_post(sends, recvs, self.group), kr, vr, sends)  # sends: kept alive
 
@@ -207,8 +202,7 @@ class KVExchange:
             w.wait()
         if kr is None:
             return None
-        st = self.plan.steps[j - 1]
-        return _scatter_block(kr, st, self.plan.hkv), _scatter_block(vr, st, self.plan.hkv)
+        return tuple(_scatter_block(t, self.plan.steps[j - 1], self.plan.hkv) for t in (kr, vr))
 
 
 class GradExchange:
@@ -231,9 +225,8 @@ class GradExchange:
                      (_entries_of_block(gv_blk, st), st.src, 4 * j + 3)]
         recvs, gk_in, gv_in = [], None, None
         if st.n_send:
-            b = self.dk.shape[0]
-            gk_in = self.dk.new_empty(b, st.n_send, self.dk.shape[-1], dtype=self.dtype)
-            gv_in = self.dv.new_empty(b, st.n_send, self.dv.shape[-1], dtype=self.dtype)
+            gk_in, gv_in = (t.new_empty(t.shape[0], st.n_send, t.shape[-1], dtype=self.dtype)
+                            for t in (self.dk, self.dv))
             recvs = [(gk_in, st.dst, 4 * j + 2), (gv_in, st.dst, 4 * j + 3)]
         self.pending.append((_post(sends, recvs, self.group), gk_in, gv_in, st, sends))
         if len(self.pending) > 1:  # keep at most two steps of gradient buffers alive

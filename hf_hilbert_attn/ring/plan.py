@@ -315,8 +315,7 @@ class CachedPlan:
     def matches(self, key: tuple, inputs) -> bool:
         """Same key and the same inputs, compared by value."""
         return self.key == key and all(
-            (a is None and b is None) or (a is not None and b is not None
-                                          and a.shape == b.shape and bool(torch.equal(a, b)))
+            a is b is None or (a is not None and b is not None and bool(torch.equal(a, b)))
             for a, b in zip(inputs, self.inputs))
 
 

@@ -68,9 +68,7 @@ def _to_heads(x: torch.Tensor, group, world: int, order) -> torch.Tensor:
     b, h, length, d = x.shape
     send = x.transpose(1, 2).reshape(b, length, world, h // world, d).permute(2, 0, 1, 3, 4)
     recv = _AllToAll.apply(send.contiguous(), group)  # [W, B, L, n, D]: rank j's tokens
-    if b > 1:
-        recv = recv.transpose(0, 1)
-    recv = recv.reshape(b, world * length, h // world, d)
+    recv = recv.transpose(0, 1).reshape(b, world * length, h // world, d)  # (B = 1: a view)
     return (recv if order is None else recv.index_select(1, order)).transpose(1, 2)
 
 

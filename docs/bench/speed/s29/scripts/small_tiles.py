@@ -27,6 +27,11 @@ VARIANTS = {
     "dq 64x32 w4 s3": {"dq": (64, 32, 4, 3)},
     "both 32x64 / 64x64": {"dkdv": (32, 64, 4, 2), "dq": (64, 64, 4, 3)},
     "both 16x64 / 64x64": {"dkdv": (16, 64, 4, 3), "dq": (64, 64, 4, 3)},
+    # head size 128: 8 warps (with 4 they spill more on sm_90: tile_screen_d128_sm90_cpu.txt)
+    "d128 dq 64x64 w8 s3": {"dq": (64, 64, 8, 3)},
+    "d128 dkdv 16x64 w8 s3": {"dkdv": (16, 64, 8, 3)},
+    "d128 dkdv 32x64 w8 s2": {"dkdv": (32, 64, 8, 2)},
+    "d128 both": {"dkdv": (16, 64, 8, 3), "dq": (64, 64, 8, 3)},
 }
 if os.environ.get("VARIANTS"):
     VARIANTS = {k: v for k, v in VARIANTS.items()

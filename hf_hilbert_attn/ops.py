@@ -160,10 +160,10 @@ class _Prepared:
     def _runner(self, run, which, q, k):
         """``run`` while the kernels' configuration it was made under is in force, else a new
         runner (``kernels.configure`` changes tiles and buffers for calls made after it)."""
+        if run is not None and not run.stale():
+            return run
         from . import kernels
 
-        if run is not None and run.config is kernels.kernel_config():
-            return run
         pattern, a, causal = self.call
         return getattr(kernels, which)(q, k, pattern, self.plan, causal, a.scale,
                                        a.skip_kv_heads, head_base=a.head_base,

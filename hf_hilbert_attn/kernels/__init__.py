@@ -127,8 +127,8 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     arguments; ``Sq`` > 0), planned once per call key: ``run(q, k, v, out=None, lse=None,
     acc=None) -> (out, lse)`` launches it as :func:`dilated_fwd` says (``acc``, given exactly
     when ``merge``, in place of ``out``). A caller that repeats a call keeps its runner (ops'
-    prepared calls): one lookup of its plans, not one per call, while ``run.config`` (the
-    configuration it was planned under) is :func:`kernel_config`'s."""
+    prepared calls): one lookup of its plans, not one per call, until ``run.stale()`` (the
+    configuration it was planned under is no longer :func:`kernel_config`'s)."""
     cfg = kernel_config()
     fp, dense, fresh, fill, pos, memo = _call_plans(
         plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
@@ -155,7 +155,7 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
                              for grid, row, ints, kw in p.items]
         _run(launches, fresh.pop(0, False), cfg, memo)
         return (acc if merge else out), lse
-    run.config = cfg
+    run.stale = lambda: kernel_config() is not cfg  # (configure() replaced it since)
     return run
 
 
@@ -323,5 +323,5 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
             dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
         return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))
-    run.config = cfg
+    run.stale = lambda: kernel_config() is not cfg  # (configure() replaced it since)
     return run

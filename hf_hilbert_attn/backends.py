@@ -128,19 +128,17 @@ class TorchBackend:
 
     def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
         with torch.no_grad():
-            o, l = chunked_attention(q, k, v, pattern, a, causal=causal)
-        return _into((o, l), (out, lse))
+            return _into(chunked_attention(q, k, v, pattern, a, causal=causal), (out, lse))
 
     def backward(self, dout, dlse, q, k, v, out, lse, pattern, a, causal, grads=None,
                  plan=None, dq_acc=None, dkv_acc=None):
         dtypes = (q.dtype, k.dtype, v.dtype)
         sums = (dq_acc,) + tuple(dkv_acc or (None, None))
-        wide = [t.dtype for t in sums if t is not None]
-        if wide:  # the piece's gradients in the sums' dtype; one in ``grads`` rounds once
-            q, k, v = self._widened(max(wide, key=lambda d: torch.finfo(d).bits), q, k, v)
+        for acc in (s for s in sums if s is not None):  # the piece's gradients in the sums' dtype
+            q, k, v = self._widened(acc.dtype, q, k, v)  # (widest); one in ``grads`` rounds once
         g = _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
         given = (None,) * 3 if grads is None else grads
-        g = _add_grads(g if grads is None else _into(g, grads), dq_acc, dkv_acc)
+        g = _add_grads(_into(g, given), dq_acc, dkv_acc)
         # a gradient returned in no given tensor: in its input's dtype, as without sums
         return tuple(x if t is not None or s is not None else x.to(dt)
                      for x, t, s, dt in zip(g, given, sums, dtypes))
@@ -153,8 +151,7 @@ class TritonBackend:
     name = "triton"
 
     def position_plan(self, a, pattern):
-        plan, _ = self._plan(a, pattern, None)
-        return False if plan is None else plan
+        return self._plan(a, pattern, None)[0] or False
 
     def _plan(self, a, pattern, plan):
         return (plan, None) if plan else _kernels().plan_positions(a, pattern)
@@ -192,13 +189,11 @@ class TritonBackend:
         grads = (None, None, None) if grads is None else grads
         plan, _ = self._plan(a, pattern, plan)
         if plan is not None:  # float32 sums in the kernels, others added here
-            q_in = dq_acc is not None and dq_acc.dtype == torch.float32
-            kv_in = dkv_acc is not None and dkv_acc[0].dtype == torch.float32
-            return _add_grads(dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale,
-                                          causal, plan, *grads, **_kernel_kw(a),
-                                          dq_acc=dq_acc if q_in else None,
-                                          dkv_acc=dkv_acc if kv_in else None),
-                              None if q_in else dq_acc, None if kv_in else dkv_acc)
+            q32 = dq_acc if dq_acc is not None and dq_acc.dtype == torch.float32 else None
+            kv32 = dkv_acc if dkv_acc is not None and dkv_acc[0].dtype == torch.float32 else None
+            return _add_grads(dilated_bwd(dout, q, k, v, out, lse, dlse, pattern, a.scale, causal,
+                                          plan, *grads, **_kernel_kw(a), dq_acc=q32, dkv_acc=kv32),
+                              dq_acc if q32 is None else None, dkv_acc if kv32 is None else None)
         runs = document_runs(q, k, v, pattern, a)
         if runs is not None:  # packed documents, as in the forward
             dq, dk, dv = (torch.zeros_like(t) if g is None else g.zero_()
@@ -229,21 +224,17 @@ def document_runs(q, k, v, pattern, a):
     .document_runs`` and the kernels' plan of each — or None when the layout is anything else
     or the kernels cannot plan a document (then the PyTorch path runs).
     """
-    ranges = _document_ranges(a)
-    if ranges is None:
-        return None
-    runs = []
-    for b, lo, hi, p0 in ranges:
+    ranges, runs = _document_ranges(a), []
+    for b, lo, hi, p0 in ranges or ():
         positions = None if p0 == 0 else \
             a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
-        sub = check_inputs(q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
-                           pattern, scale=a.scale, q_positions=positions, k_positions=positions,
-                           softcap=a.softcap or None)
+        sub = check_inputs(*(t[b:b + 1, :, lo:hi] for t in (q, k, v)), pattern, scale=a.scale,
+                           q_positions=positions, k_positions=positions, softcap=a.softcap or None)
         plan, _ = _kernels().plan_positions(sub, pattern)
         if plan is None:
             return None
         runs.append((b, lo, hi, plan))
-    return runs
+    return None if ranges is None else runs
 
 
 _WARNED = set()
@@ -257,12 +248,11 @@ def reset_fallback_warnings() -> None:
 def _warn_fallback(why: str) -> None:
     """Say once per reason that a call meant for the kernels runs on the PyTorch path (correct,
     but much slower on a GPU) instead of staying silent."""
-    if why in _WARNED:
-        return
-    _WARNED.add(why)
-    warnings.warn(f"hf_hilbert_attn: the Triton kernels cannot take these positions ({why}); "
-                  "this call runs on the PyTorch path (correct, much slower on a GPU). See "
-                  "docs/kernels.md, 'Fallbacks'.", RuntimeWarning, stacklevel=4)
+    if why not in _WARNED:
+        _WARNED.add(why)
+        warnings.warn(f"hf_hilbert_attn: the Triton kernels cannot take these positions ({why}); "
+                      "this call runs on the PyTorch path (correct, much slower on a GPU). See "
+                      "docs/kernels.md, 'Fallbacks'.", RuntimeWarning, stacklevel=4)
 
 
 def _recompute_backward(dout, dlse, q, k, v, out, lse, pattern, a, causal):

@@ -71,9 +71,7 @@ def _numbered_heads(q, k, v, pattern, a, causal):
     if pattern.dense_kv_heads:
         pattern = pattern.replace(dense_kv_heads=[j + p // g for j in pattern.dense_kv_heads])
 
-    def pad(t, n):
-        return torch.cat([t.new_zeros(t.shape[:1] + (n,) + t.shape[2:]), t], 1)
-
-    out, lse = chunked_attention(pad(q, p), pad(k, p // g), pad(v, p // g), pattern, a,
-                                 causal=causal)
+    q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, 0, n, 0))  # n zero heads in front
+               for t, n in ((q, p), (k, p // g), (v, p // g)))
+    out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
     return out[:, p:], lse[:, p:]

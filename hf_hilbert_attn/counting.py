@@ -1,4 +1,4 @@
-"""Exact counts of the pairs a :class:`~hf_hilbert_attn.DilatedPattern` allows, and their FLOPs,
+"""Exact counts of the pairs a :class:`~hf_hilbert_attn.DilatedPattern` allows, and so its FLOPs,
 without materialising ``S²`` (``DilatedPattern.count_pairs`` and friends call these).
 
 Inclusion–exclusion over subsets of configs: a subset's intersection is "same segment (sliding:
@@ -20,7 +20,7 @@ import torch
 if TYPE_CHECKING:
     from .pattern import DilatedPattern
 
-__all__ = ["count_pairs", "attention_flops"]
+__all__ = ["count_pairs"]
 
 
 def count_pairs(pattern: "DilatedPattern", seq_len: int, num_heads: int, *, causal: bool = True,
@@ -44,24 +44,11 @@ def count_pairs(pattern: "DilatedPattern", seq_len: int, num_heads: int, *, caus
     return [full if d else n for d, n in zip(dense, sparse)]
 
 
-def attention_flops(pattern: "DilatedPattern", seq_len: int, num_heads: int, head_dim: int, *,
-                    causal: bool = True, backward: bool = False, batch: int = 1,
-                    num_kv_heads: Optional[int] = None) -> float:
-    """Useful FLOPs (allowed pairs only): 4·D per pair forward (QKᵀ and PV), 2.5× that for the
-    backward (the FlashAttention-2 convention)."""
-    pairs = sum(count_pairs(pattern, seq_len, num_heads, causal=causal,
-                            num_kv_heads=num_kv_heads))
-    f = 4.0 * head_dim * pairs * batch
-    return f * 2.5 if backward else f
-
-
 @lru_cache(maxsize=256)
 def _count_sparse(w_all: tuple, r_all: tuple, per_head: bool, sink: int, sliding: bool,
                   seq_len: int, num_heads: int, causal: bool, q_len: int) -> tuple:
     """Per query head, the pairs the configs and the sinks allow (no dense heads)."""
     totals = [0] * num_heads
-    if seq_len == 0 or q_len == 0:
-        return tuple(totals)
     chunk = 1 << 20
     for start in range(seq_len - q_len, seq_len, chunk):
         p = torch.arange(start, min(seq_len, start + chunk), dtype=torch.int64)
@@ -72,8 +59,7 @@ def _count_sparse(w_all: tuple, r_all: tuple, per_head: bool, sink: int, sliding
         for size in range(1, len(w_all) + 1):
             sign = 1 if size % 2 else -1
             for subset in itertools.combinations(range(len(w_all)), size):
-                ws = [w_all[j] for j in subset]
-                rs = [r_all[j] for j in subset]
+                ws, rs = [w_all[j] for j in subset], [r_all[j] for j in subset]
                 cnt = _keys_per_query(p, ws, math.lcm(*rs), sink, sliding, seq_len, causal)
                 per = _per_head(p, cnt, ws, rs, sliding, num_heads) if per_head else \
                     [int(cnt.sum())] * num_heads
@@ -115,9 +101,7 @@ def _per_head(p, cnt, ws, rs, sliding, num_heads) -> list:
     radix = math.prod(rs)
     if radix <= 1 << 16:
         place = list(itertools.accumulate((1,) + tuple(rs[:-1]), operator.mul))
-        code = torch.zeros_like(p)
-        for w, r, rad in zip(ws, rs, place):
-            code += ((p % w) % r) * rad
+        code = sum(((p % w) % r) * rad for w, r, rad in zip(ws, rs, place))
         sums = torch.bincount(code, weights=cnt.to(torch.float64), minlength=radix)
         sums = sums.round().to(torch.int64).tolist()
         return [sums[sum((h % r) * rad for r, rad in zip(rs, place))] for h in range(num_heads)]

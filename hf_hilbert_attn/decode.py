@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -33,34 +33,54 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 class DecodePlan:
     """What every layer of a decode step with one pattern reads: the pattern, the head counts,
     the positions ``[Sq]`` / ``[B, Sq]`` of the queries and ``[Sk]`` / ``[B, Sk]`` of the cached
-    keys (true positions, slot order) and their document ids (a negative key id: padding). Its
-    first run makes what a run needs from them: on CUDA the kernel's ``Rule`` (int32 rows
-    per batch row, the configs and dense key/value heads as small tables) and launch, on a CPU
-    the float32 bias (0 allowed, -inf not, ``[Bm, Hkv, (Hq // Hkv) * Sq, Sk]``)."""
+    keys (true positions, slot order) and their document ids (a negative key id: padding), or,
+    in a cache's own layout, the first query's position ``q_positions`` (an int: the queries
+    follow it) and the keys ``dropped`` after the sink tokens (``k_positions`` None: slot ``j``
+    at ``j``, past the sinks ``j + dropped``). Its first run makes what a run needs from them:
+    on CUDA the kernel's ``Rule`` (int32 rows per batch row, or no rows in a cache's layout,
+    the configs and dense key/value heads as small tables) and launch, on a CPU the float32
+    bias (0 allowed, -inf not, ``[Bm, Hkv, (Hq // Hkv) * Sq, Sk]``)."""
 
     pattern: DilatedPattern
     num_heads: int
     num_kv_heads: int
     sk: int
-    q_positions: torch.Tensor
-    k_positions: torch.Tensor
+    q_positions: Union[torch.Tensor, int]
+    k_positions: Optional[torch.Tensor]
     q_doc_ids: Optional[torch.Tensor] = None
     k_doc_ids: Optional[torch.Tensor] = None
+    dropped: int = 0
     _made: Optional[object] = None  # the launcher or the bias, made by the first run
 
-    def rule(self, batch: int):
-        """The kernel's ``Rule`` of this plan for ``batch`` rows (made anew each call)."""
+    @property
+    def in_cache_layout(self) -> bool:
+        """Whether the positions follow the cache's slots (no position tensors)."""
+        return self.k_positions is None
+
+    def positions(self, sq: int, device) -> tuple:
+        """``(q_positions, k_positions)`` as tensors for ``sq`` queries."""
+        if not self.in_cache_layout:
+            return self.q_positions, self.k_positions
+        slots = torch.arange(self.sk, device=device)
+        sinks = self.pattern.sink_tokens
+        return (torch.arange(sq, device=device) + self.q_positions,
+                torch.where(slots < sinks, slots, slots + self.dropped))
+
+    def rule(self, batch: int, sq: int, device):
+        """The kernel's ``Rule`` of this plan for ``batch`` rows of ``sq`` queries, with position
+        rows (made anew each call)."""
         from .kernels._decode import Rule  # imports Triton: on the first decode call
 
+        cfg, dense = _tables(self.pattern, self.num_kv_heads, device)
+        qp, kp = self.positions(sq, device)
         qp, kp, qd, kd = (None if t is None else _rows(t, batch) for t in
-                          (self.q_positions, self.k_positions, self.q_doc_ids, self.k_doc_ids))
-        cfg, dense = _tables(self.pattern, self.num_kv_heads, qp.device)
+                          (qp, kp, self.q_doc_ids, self.k_doc_ids))
         return Rule(qp, kp, qp if qd is None else qd, kp if kd is None else kd, cfg, dense,
                     self.pattern.sink_tokens)
 
-    def bias(self) -> torch.Tensor:
+    def bias(self, sq: int, device) -> torch.Tensor:
         """The CPU run's float32 bias (``build_mask`` over the positions, dense heads included)."""
-        allowed = self.pattern.build_mask(self.num_heads, self.q_positions, self.k_positions,
+        allowed = self.pattern.build_mask(self.num_heads, *self.positions(sq, device),
                                           q_doc_ids=self.q_doc_ids, k_doc_ids=self.k_doc_ids,
                                           num_kv_heads=self.num_kv_heads)  # [Bm, Hq, Sq, Sk]
         bm, _, sq, sk = allowed.shape
@@ -123,15 +143,22 @@ def _kernel(q: torch.Tensor) -> bool:
 
 
 def plan_decode(pattern: DilatedPattern, num_heads: int, num_kv_heads: int, sk: int,
-                q_positions: torch.Tensor, k_positions: torch.Tensor, *,
+                q_positions: Union[torch.Tensor, int], k_positions: Optional[torch.Tensor], *,
                 q_doc_ids: Optional[torch.Tensor] = None,
-                k_doc_ids: Optional[torch.Tensor] = None) -> DecodePlan:
+                k_doc_ids: Optional[torch.Tensor] = None, dropped: int = 0) -> DecodePlan:
     """The plan of a causal decode step (:class:`DecodePlan`); no device work until its first
-    run, which is O(B · (Sq + Sk)) on CUDA (the rule is evaluated in the kernel)."""
+    run, which is O(B · (Sq + Sk)) on CUDA (the rule is evaluated in the kernel). In a cache's
+    own layout (``q_positions`` the first query's position, ``k_positions`` None, ``dropped``
+    keys after the sink tokens) none at all: on CUDA every step of a generation then relaunches
+    one kernel."""
     if (q_doc_ids is None) != (k_doc_ids is None):
         raise ValueError("q_doc_ids and k_doc_ids must be given together")
+    if (k_positions is None) != isinstance(q_positions, int) or \
+            k_positions is None and q_doc_ids is not None:
+        raise ValueError("an int q_positions (the cache's own layout) goes with k_positions=None "
+                         "and no document ids; tensors with tensors")
     return DecodePlan(pattern, num_heads, num_kv_heads, sk, q_positions, k_positions, q_doc_ids,
-                      k_doc_ids)
+                      k_doc_ids, dropped)
 
 
 def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePlan,
@@ -150,25 +177,48 @@ def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePl
             raise ValueError("soft-capped decoding runs on the decode kernel (CUDA) only "
                              "(decodes() says which calls run_decode takes)")
         if plan._made is None:
-            plan._made = plan.bias()
+            plan._made = plan.bias(sq, q.device)
         out, lse = _torch_decode(q, k, v, plan._made, scale)
         return (out, lse) if return_lse else out
     if torch.compiler.is_compiling() and not return_lse:
-        r = plan.rule(b)
+        r = plan.rule(b, sq, q.device)
         return torch.ops.hf_hilbert_attn.decode(
             q, k, v, r.QP, r.KP, r.QD if plan.q_doc_ids is not None else None, r.KD, r.CFG,
             r.DENSE, r.SINKS, p.sliding, p.query_dilation == "per_head", float(scale),
             float(softcap or 0.0))
     if plan._made is None:
-        from .kernels._decode import DecodeLauncher
-
-        plan._made = DecodeLauncher(plan.rule(b), p.sliding, p.query_dilation == "per_head",
-                                    plan.q_doc_ids is not None)
+        plan._made = _launcher(plan, q)
     out = torch.empty_strided((b, hq, sq, d), (sq * hq * d, d, hq * d, 1), dtype=q.dtype,
                               device=q.device)  # [B, Sq, Hq, D] storage
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device) if return_lse else None
-    plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda, softcap=softcap or 0.0)
+    plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda, softcap=softcap or 0.0,
+               qbase=0 if not plan.in_cache_layout else plan.q_positions, kdrop=plan.dropped)
     return (out, lse) if return_lse else out
+
+
+_LAUNCHERS: dict = {}  # launchers of plans in a cache's layout, by pattern, heads and stream
+
+
+def _launcher(plan: DecodePlan, q: torch.Tensor):
+    """The kernel's launcher of ``plan``: its own where it has position rows, else the one that
+    every plan of this pattern and head counts on this stream shares (its kernel, workspace and
+    counters made once for a generation)."""
+    from .kernels._decode import DecodeLauncher, Rule
+
+    p, b, sq = plan.pattern, q.shape[0], q.shape[2]
+    flags = (p.sliding, p.query_dilation == "per_head", plan.q_doc_ids is not None)
+    if not plan.in_cache_layout:
+        return DecodeLauncher(plan.rule(b, sq, q.device), *flags)
+    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
+    key = (p, plan.num_heads, plan.num_kv_heads, q.device, stream)
+    hit = _LAUNCHERS.get(key)
+    if hit is None:
+        if len(_LAUNCHERS) >= 64:
+            _LAUNCHERS.clear()
+        cfg, dense = _tables(p, plan.num_kv_heads, q.device)
+        hit = _LAUNCHERS[key] = DecodeLauncher(Rule(cfg, cfg, cfg, cfg, cfg, dense,
+                                                    p.sink_tokens), *flags, positions=False)
+    return hit
 
 
 def _torch_decode(q, k, v, bias: torch.Tensor, scale: float):

@@ -242,8 +242,7 @@ def in_storage_order(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (``out``, and ``lse`` if returned) restored to natural order. Differentiable."""
     perm, inv = hilbert_permutation(q.shape[2], pattern, q.device)  # perm[i]: position at i
     docs = [None if d is None else d.index_select(-1, perm) for d in (q_doc_ids, k_doc_ids)]
-    out = attend(q.index_select(2, perm), k.index_select(2, perm), v.index_select(2, perm),
-                 pattern, q_positions=perm, k_positions=perm, q_doc_ids=docs[0],
-                 k_doc_ids=docs[1], **kwargs)
+    out = attend(*(t.index_select(2, perm) for t in (q, k, v)), pattern, q_positions=perm,
+                 k_positions=perm, q_doc_ids=docs[0], k_doc_ids=docs[1], **kwargs)
     return tuple(t.index_select(2, inv) for t in out) if isinstance(out, tuple) \
         else out.index_select(2, inv)

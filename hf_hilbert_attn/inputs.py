@@ -43,9 +43,9 @@ class AttnInputs:
     softcap: float = 0.0
 
 
-def _positions(name, t, batch, length, device, default):
+def _positions(name, t, batch, length, device):
     if t is None:
-        return default
+        return None
     t = torch.as_tensor(t)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
@@ -138,30 +138,28 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
     natural = q_positions is None and k_positions is None
     dev = q.device
     try:
-        kp = _positions("k_positions", k_positions, b, sk, dev, None)
-        qp = _positions("q_positions", q_positions, b, sq, dev, None)
+        kp = _positions("k_positions", k_positions, b, sk, dev)
+        qp = _positions("q_positions", q_positions, b, sq, dev)
     except ValueError as e:  # positions of S tokens where dim 1 holds S: [B, S, H, D] tensors
         swapped = any(isinstance(p, torch.Tensor) and p.shape[-1:] == t.shape[1:2] != t.shape[2:3]
                       for p, t in ((k_positions, k), (q_positions, q)))
         raise ValueError(str(e) + (_layout_hint(q, k) if swapped else "")) from None
     kp = _arange_row(0, sk, dev) if kp is None else kp
-    if qp is None:
-        if q_positions is None and k_positions is not None and sq == sk:
-            qp = kp  # self-attention over the given positions
-        elif sq > sk and k_positions is None:
+    if qp is None and k_positions is not None:
+        if sq != sk:
+            raise ValueError("q_positions is required when k_positions is given and Sq != Sk")
+        qp = kp  # self-attention over the given positions
+    elif qp is None:
+        if sq > sk:
             raise ValueError(f"without positions, Sq ({sq}) must be <= Sk ({sk})"
                              + _layout_hint(q, k))
-        elif k_positions is None:
-            qp = _arange_row(sk - sq, sk, dev)
-        else:
-            raise ValueError("q_positions is required when k_positions is given and Sq != Sk")
+        qp = _arange_row(sk - sq, sk, dev)
     if (q_doc_ids is None) != (k_doc_ids is None):
-        if sq == sk and k_doc_ids is not None:
-            q_doc_ids = k_doc_ids
-        else:
+        if sq != sk or k_doc_ids is None:
             raise ValueError("q_doc_ids and k_doc_ids must be given together")
-    qd = _positions("q_doc_ids", q_doc_ids, b, sq, dev, None)
-    kd = _positions("k_doc_ids", k_doc_ids, b, sk, dev, None)
+        q_doc_ids = k_doc_ids
+    qd = _positions("q_doc_ids", q_doc_ids, b, sq, dev)
+    kd = _positions("k_doc_ids", k_doc_ids, b, sk, dev)
     pattern.check_kv_heads(hkv)
     return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural,
                       softcap=float(softcap or 0.0))
@@ -184,15 +182,11 @@ def document_ranges(a) -> Optional[list]:
     ranges = []
     for b in range(a.batch):
         cuts = [0] + (torch.nonzero(brk[b]).flatten() + 1).tolist() + [a.sq]
-        seen = set()
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            d = int(doc[b, lo])
-            if d < 0:
-                continue
-            if d in seen:  # a document split into several ranges: pairs would cross them
-                return None
-            seen.add(d)
-            ranges.append((b, lo, hi, int(pos[b, lo])))
+        runs = [(lo, hi, int(doc[b, lo])) for lo, hi in zip(cuts[:-1], cuts[1:])]
+        ids = [d for *_, d in runs if d >= 0]
+        if len(set(ids)) < len(ids):  # a document split into several ranges: pairs would cross them
+            return None
+        ranges += [(b, lo, hi, int(pos[b, lo])) for lo, hi, d in runs if d >= 0]
     return ranges
 
 
@@ -258,7 +252,7 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
                 f"position_ids must have shape [B, S] = [{batch}, {sq}] (or [1, {sq}]), got "
                 f"{tuple(position_ids.shape)} (multi-axis rotary positions are not supported)")
         pos = pos.to(device=device, dtype=torch.int64)
-    if pos is not None and doc_ids is None and _is_natural(pos, sq):
+    if pos is not None and doc_ids is None and _is_arange(pos):
         pos = None  # the model's default position_ids (0..S-1, pads included)
     if padding_mask is not None and doc_ids is None and not sharded:
         pos = padded_positions(pos, padding_mask)
@@ -275,7 +269,7 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
                 "hilbert_doc_ids=[B, S_local] to the model's forward")
     elif pos is not None:
         docs = restart_documents(pos)
-    if docs is None and pos is not None and _is_natural(pos, sq):
+    if docs is None and pos is not None and _is_arange(pos):
         pos = None  # natural order (e.g. right padding)
     q_doc = k_doc = docs
     if padding_mask is not None:
@@ -284,8 +278,8 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
     return ModelPositions(*_same_batch(pos, pos, q_doc, k_doc), False)
 
 
-def _is_natural(pos: torch.Tensor, sq: int) -> bool:
-    return bool((pos == torch.arange(sq, device=pos.device)).all())
+def _is_arange(p: torch.Tensor, start: int = 0) -> bool:
+    return bool((p == torch.arange(start, start + p.shape[-1], device=p.device)).all())
 
 
 def padded_positions(pos: Optional[torch.Tensor], padding_mask: torch.Tensor) -> torch.Tensor:

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 __all__ = ["tile_mlp", "offload_checkpoints", "OffloadStats", "offload_stats"]
 
 
 def _decoder_layers(model, what: str):
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers:
         raise ValueError(f"{what}: {type(model).__name__} has no decoder layers derived from "
@@ -40,9 +39,8 @@ def _patch_forward(module, attr: str, new_forward) -> None:
     """Put ``new_forward`` in front of ``module.forward`` (an instance attribute, so the
     state dict, the class and other instances are untouched); the previous ``forward`` — the
     class's, or an instance one such as accelerate's hooks — is kept for :func:`_unpatch`."""
-    if getattr(module, attr, None) is None:
-        setattr(module, attr, (module.forward, "forward" in module.__dict__))
-    inner = getattr(module, attr)[0]
+    inner = module.forward
+    setattr(module, attr, (inner, "forward" in module.__dict__))
     module.forward = lambda *args, **kwargs: new_forward(inner, *args, **kwargs)
 
 
@@ -92,8 +90,6 @@ class _TiledMLPFunction(torch.autograd.Function):
         g_rows = grad_out.reshape(rows.shape[0], -1)
         want_x = ctx.needs_input_grad[3]
         want_p = [j for j, p in enumerate(params) if ctx.needs_input_grad[4 + j]]
-        if not (want_x or want_p):
-            return (None,) * (4 + len(params))
         dx = torch.empty_like(rows) if want_x else None
         # Parameter gradients summed over chunks in float32 at least: one GEMM over all rows
         # would accumulate in float32 too, then round once.

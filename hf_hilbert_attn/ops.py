@@ -198,10 +198,9 @@ def _kernel_attention(q, k, v, pattern, a, causal, key=None):
     if a.head_base:
         raise NotImplementedError("head-sharded attention runs eagerly (outside torch.compile "
                                   "and torch.func transforms)")
-    qp = None if a.natural_positions else a.q_positions
-    kp = None if a.natural_positions else a.k_positions
+    pos = (None, None) if a.natural_positions else (a.q_positions, a.k_positions)
     return torch.ops.hf_hilbert_attn.dilated_attention_fwd(  # the pattern as the schema's types
-        q, k, v, qp, kp, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),
+        q, k, v, *pos, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),
         list(pattern.dilation_rates), pattern.query_dilation, int(pattern.sink_tokens),
         pattern.window, list(pattern.dense_kv_heads), bool(causal), float(a.scale),
         a.softcap)
@@ -247,15 +246,12 @@ def _op_pattern(segment_lengths: tuple, dilation_rates: tuple, query_dilation: s
                           sink_tokens=sink_tokens, window=window, dense_kv_heads=dense_kv_heads)
 
 
-def _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths,
-               dilation_rates, query_dilation, sink_tokens, window, dense_kv_heads, scale,
-               softcap):
+def _op_inputs(q, k, v, qp, kp, qd, kd, segment_lengths, dilation_rates, query_dilation,
+               sink_tokens, window, dense_kv_heads, scale, softcap):
     pattern = _op_pattern(tuple(segment_lengths), tuple(dilation_rates), query_dilation,
                           int(sink_tokens), window, tuple(dense_kv_heads))
-    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
-                     softcap=softcap or None)
-    return pattern, a
+    return pattern, check_inputs(q, k, v, pattern, scale=scale, q_positions=qp, k_positions=kp,
+                                 q_doc_ids=qd, k_doc_ids=kd, softcap=softcap or None)
 
 
 @torch.library.custom_op("hf_hilbert_attn::dilated_attention_fwd", mutates_args=())
@@ -267,17 +263,14 @@ def _fwd_op(
     sink_tokens: int, window: str, dense_kv_heads: List[int], causal: bool, scale: float,
     softcap: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
-                            segment_lengths, dilation_rates, query_dilation, sink_tokens,
-                            window, dense_kv_heads, scale, softcap)
-    return TRITON.forward(q, k, v, pattern, a, causal)
+    return TRITON.forward(q, k, v, *_op_inputs(  # (pattern, checked inputs)
+        q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths, dilation_rates,
+        query_dilation, sink_tokens, window, dense_kv_heads, scale, softcap), causal)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths, dilation_rates,
-      query_dilation, sink_tokens, window, dense_kv_heads, causal, scale, softcap):
-    b, h, s, _ = q.shape
-    return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
+def _(q, k, v, *args):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("hf_hilbert_attn::dilated_attention_bwd", mutates_args=())
@@ -290,10 +283,9 @@ def _bwd_op(
     sink_tokens: int, window: str, dense_kv_heads: List[int], causal: bool, scale: float,
     softcap: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    pattern, a = _op_inputs(q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids,
-                            segment_lengths, dilation_rates, query_dilation, sink_tokens,
-                            window, dense_kv_heads, scale, softcap)
-    return TRITON.backward(dout, dlse, q, k, v, out, lse, pattern, a, causal)
+    return TRITON.backward(dout, dlse, q, k, v, out, lse, *_op_inputs(  # (pattern, checked inputs)
+        q, k, v, q_positions, k_positions, q_doc_ids, k_doc_ids, segment_lengths, dilation_rates,
+        query_dilation, sink_tokens, window, dense_kv_heads, scale, softcap), causal)
 
 
 @_bwd_op.register_fake
@@ -310,20 +302,17 @@ def with_documents(plan, q_doc_ids, k_doc_ids):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v = inputs[:3]
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *inputs[3:7])
+    ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7])  # q, k, v, out, lse, positions, docs
     ctx.static = inputs[7:]
     # an unused lse (the usual case) arrives as None, not as a zero tensor to fill and read
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, qp, kp, qd, kd = ctx.saved_tensors  # optionals come back as None
+    q, k, v, out, *rest = ctx.saved_tensors  # lse, then the optionals (they come back as None)
     with torch.autocast(q.device.type, enabled=False):
         dq, dk, dv = torch.ops.hf_hilbert_attn.dilated_attention_bwd(
-            torch.zeros_like(out) if dout is None else dout, dlse, q, k, v, out, lse, qp, kp,
-            qd, kd, *ctx.static)
+            torch.zeros_like(out) if dout is None else dout, dlse, q, k, v, out, *rest, *ctx.static)
     return (dq, dk, dv) + (None,) * 13
 
 

@@ -53,8 +53,6 @@ __all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS", "WINDOWS"]
 
 def _as_int(v, error: str) -> int:
     # integral floats / numpy ints from YAML or configs are accepted, anything else raises
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
     try:
         as_int = int(v)
     except (TypeError, ValueError):
@@ -116,10 +114,9 @@ class DilatedPattern:
                 f"segment_lengths and dilation_rates must have equal length, got {len(w)} "
                 f"segment_lengths {list(w)} and {len(r)} dilation_rates {list(r)}")
         for i, (wi, ri) in enumerate(zip(w, r)):
-            if wi < 1:
-                raise ValueError(f"segment_lengths[{i}] must be >= 1, got {wi}")
-            if ri < 1:
-                raise ValueError(f"dilation_rates[{i}] must be >= 1, got {ri}")
+            for name, x in (("segment_lengths", wi), ("dilation_rates", ri)):
+                if x < 1:
+                    raise ValueError(f"{name}[{i}] must be >= 1, got {x}")
             if ri > wi:
                 raise ValueError(
                     f"dilation_rates[{i}] must be <= segment_lengths[{i}] = {wi}, got {ri}")
@@ -397,7 +394,6 @@ class DilatedPattern:
             self.dense_query_heads(num_heads, num_kv_heads)  # (checks the head counts now)
         qp, kp, qd, kd = (None if t is None else _as_2d(t)
                           for t in (q_positions, k_positions, q_doc_ids, k_doc_ids))
-        configs, sliding, sink = self.configs, self.sliding, self.sink_tokens
 
         def _pick(t, b, idx):
             return t[b % t.shape[0] if t.shape[0] > 1 else 0, idx]
@@ -413,11 +409,10 @@ class DilatedPattern:
                 ok = ok & (_pick(qd, b, q_idx) == dk) & (dk >= 0)
             return ok
 
-        cfg = "_".join(f"w{w}r{r}" for w, r in configs)
-        extra = ("_sliding" if sliding else "") + (f"_sink{sink}" if sink else "")
-        extra += "".join(f"_dense{j}" for j in self.dense_kv_heads)
-        mask_mod.__name__ = (f"dilated_{cfg}_{self.query_dilation}{extra}"
-                             f"{'_causal' if causal else ''}")
+        cfg, sink = "_".join(f"w{w}r{r}" for w, r in self.configs), self.sink_tokens
+        extra = ("_sliding" if self.sliding else "") + (f"_sink{sink}" if sink else "")
+        extra += "".join(f"_dense{j}" for j in self.dense_kv_heads) + ("_causal" if causal else "")
+        mask_mod.__name__ = f"dilated_{cfg}_{self.query_dilation}{extra}"
         return mask_mod
 
     # ------------------------------------------------------------------ counting
@@ -441,8 +436,9 @@ class DilatedPattern:
                         num_kv_heads: Optional[int] = None) -> float:
         """Useful FLOPs (allowed pairs only): 4·D per pair forward (QKᵀ and PV), 2.5× that for
         the backward (the FlashAttention-2 convention)."""
-        return counting.attention_flops(self, seq_len, num_heads, head_dim, causal=causal,
-                                        backward=backward, batch=batch, num_kv_heads=num_kv_heads)
+        pairs = self.count_pairs_total(seq_len, num_heads, causal=causal, num_kv_heads=num_kv_heads)
+        f = 4.0 * head_dim * pairs * batch
+        return f * 2.5 if backward else f
 
 
 @lru_cache(maxsize=256)

@@ -94,11 +94,6 @@ class _Guard:
         return True
 
 
-def _guards(tensors: Sequence[Optional[torch.Tensor]], prints) -> tuple:
-    return tuple(None if t is None or p[3] is not None else _Guard(t)
-                 for t, p in zip(tensors, prints))
-
-
 class PlanCache:
     """At most ``size`` keys, least recently used dropped first; per key at most ``per_key``
     plans (tensors of one shape with different content)."""
@@ -122,13 +117,12 @@ class PlanCache:
         prints = tuple(_fingerprint(t) for t in tensors)
         full = (key, torch.is_inference_mode_enabled(), prints)
         bucket = self._entries.get(full)
-        if bucket is not None:
-            for n, (guards, plan) in enumerate(bucket):
-                if all(g is None or g.matches(t) for g, t in zip(guards, tensors)):
-                    self._entries.move_to_end(full)
-                    if n:
-                        bucket.insert(0, bucket.pop(n))
-                    return plan
+        for n, (guards, plan) in enumerate(bucket or ()):
+            if all(g is None or g.matches(t) for g, t in zip(guards, tensors)):
+                self._entries.move_to_end(full)
+                if n:
+                    bucket.insert(0, bucket.pop(n))
+                return plan
         plan = kept(make, next((t.device for t in tensors if t is not None), None))
         if bucket is None:
             bucket = self._entries[full] = []
@@ -136,6 +130,8 @@ class PlanCache:
                 self._entries.popitem(last=False)
         else:
             self._entries.move_to_end(full)
-        bucket.insert(0, (_guards(tensors, prints), plan))
+        guards = tuple(None if t is None or p[3] is not None else _Guard(t)
+                       for t, p in zip(tensors, prints))
+        bucket.insert(0, (guards, plan))
         del bucket[self.per_key:]
         return plan

@@ -50,9 +50,7 @@ def period(pattern, limit: int = 0) -> int:
     (``DilatedPattern.shift_period``; the sinks are not periodic). With ``limit``: 0 when the
     period reaches it (no usable period, e.g. a dense config at the kernels' position cap).
     ``pattern`` None: 0."""
-    if pattern is None:
-        return 0
-    per = pattern.shift_period
+    per = 0 if pattern is None else pattern.shift_period
     return 0 if limit and per >= limit else per
 
 
@@ -81,10 +79,8 @@ def meets(pattern, causal: bool, q_rng, k_rng) -> bool:
     """Whether the pattern may allow a pair between these query and key position ranges: the key
     range holds a sink, or some config meets them (:func:`config_meets`); causal, some key is
     not after some query."""
-    if causal and k_rng[0] > q_rng[1]:
-        return False
-    if sink_keys(pattern, k_rng[0]):
-        return True
+    if sink_keys(pattern, k_rng[0]):  # (config_meets tests the causal order itself)
+        return not (causal and k_rng[0] > q_rng[1])
     return any(config_meets(w, pattern.sliding, causal, q_rng, k_rng)
                for w in pattern.segment_lengths)
 

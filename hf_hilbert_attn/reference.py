@@ -34,11 +34,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, patte
     mask = pattern.build_mask(a.hq, a.q_positions, a.k_positions, causal=causal,
                               q_doc_ids=a.q_doc_ids, k_doc_ids=a.k_doc_ids,
                               num_kv_heads=a.hkv)  # [B', Hq, Sq, Sk]
-    group = a.hq // a.hkv
-    qf = q.to(dtype)
-    kf = k.to(dtype).repeat_interleave(group, dim=1)
-    vf = v.to(dtype).repeat_interleave(group, dim=1)
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * a.scale
+    kf, vf = (t.to(dtype).repeat_interleave(a.hq // a.hkv, dim=1) for t in (k, v))
+    scores = torch.matmul(q.to(dtype), kf.transpose(-1, -2)) * a.scale
     if a.softcap:
         scores = torch.tanh(scores / a.softcap) * a.softcap
     scores = scores.masked_fill(~mask, float("-inf"))

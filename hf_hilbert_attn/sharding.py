@@ -24,6 +24,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from .hilbert import hilbert_permutation
 from .inputs import restart_documents
 from .pattern import DilatedPattern
 
@@ -117,8 +118,6 @@ def shard_positions(seq_len: int, world_size: int, layout: str = DEFAULT_LAYOUT,
         c = torch.arange(s).view(2 * world_size, -1)
         order = torch.cat([torch.cat([c[r], c[2 * world_size - 1 - r]]) for r in range(world_size)])
     else:
-        from .hilbert import hilbert_permutation
-
         order = hilbert_permutation(s, pattern)[0]
     return order.view(world_size, -1).to(device)
 
@@ -269,13 +268,11 @@ def pairs_per_rank(pattern: DilatedPattern, seq_len: int, world_size: int,
     out = []
     for r in range(world_size):
         p = torch.sort(table[r][table[r] < seq_len]).values
-        if p.numel() == 0:
-            out.append(0)
-            continue
         breaks = (torch.nonzero(p[1:] != p[:-1] + 1).flatten() + 1).tolist()
+        runs = zip([0] + breaks, breaks + [p.numel()]) if p.numel() else ()  # (no query: 0)
         # the sparse heads only: dense heads cost what causal attention costs, which the
         # balanced layouts already even out
         out.append(sum(pattern.sparse_part.count_pairs_total(
             int(p[b - 1]) + 1, num_heads, q_len=int(p[b - 1]) + 1 - int(p[a]))
-            for a, b in zip([0] + breaks, breaks + [p.numel()])))
+            for a, b in runs))
     return out

@@ -7,6 +7,7 @@ import importlib.util
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["enable_checkpointing", "chunked_lm_loss", "lm_loss", "liger_available",
            "LOSS_BACKENDS"]
@@ -34,8 +35,6 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     non-ignored labels here (a sequence-parallel shard: by the whole sequence's count).
     Returns the scalar mean loss over non-ignored labels (float32), or ``sum / num_items``.
     """
-    from torch.utils.checkpoint import checkpoint
-
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     n = (y != -100).sum().clamp(min=1) if num_items is None else num_items
@@ -45,9 +44,8 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     def piece(hc, yc):
         return F.cross_entropy((hc @ weight.t()).to(acc), yc, ignore_index=-100, reduction="sum")
 
-    total = hidden.new_zeros((), dtype=acc)
-    for i in range(0, h.shape[0], chunk):
-        total = total + checkpoint(piece, h[i:i + chunk], y[i:i + chunk], use_reentrant=False)
+    total = sum((checkpoint(piece, h[i:i + chunk], y[i:i + chunk], use_reentrant=False)
+                 for i in range(0, h.shape[0], chunk)), hidden.new_zeros((), dtype=acc))
     return total / n
 
 

@@ -43,21 +43,23 @@ def test_cpu_decodes_while_the_pattern_reads_half_the_keys(monkeypatch):
 
 
 def _layout(rng, b, sq, sk, sinks):
-    """(q_positions, k_positions, q_doc_ids, k_doc_ids) of a decode step, one of: the default
-    (queries the last slots), left padding (rows with pads first), a PatternCache's slots
-    (positions jump after the sinks)."""
+    """(q_positions, k_positions, q_doc_ids, k_doc_ids, the cache's own layout or None) of a
+    decode step, one of: the default (queries the last slots), left padding (rows with pads
+    first), a PatternCache's slots (positions jump after the sinks). The cache's layout
+    (``plan_decode``'s first query position and dropped keys, no tensors) where there is one."""
     kind = rng.choice(["default", "padded", "dropped"])
     if kind == "default":
-        return torch.arange(sk - sq, sk), torch.arange(sk), None, None
+        return torch.arange(sk - sq, sk), torch.arange(sk), None, None, (sk - sq, 0)
     if kind == "dropped":
         gap = rng.randint(1, 40)
         slots = torch.arange(sk)
         kp = torch.where(slots < sinks, slots, slots + gap)
-        return kp[-sq:], kp, None, None
+        return kp[-sq:], kp, None, None, (int(kp[-sq]), gap)
     pads = torch.tensor([rng.randint(0, sk - sq) for _ in range(b)])
     real = torch.arange(sk)[None] >= pads[:, None]  # [B, Sk]
     kp = (real.long().cumsum(-1) - 1).clamp_min(0)
-    return kp[:, -sq:], kp, torch.zeros(b, sq, dtype=torch.long), torch.where(real, 0, -1)
+    return (kp[:, -sq:], kp, torch.zeros(b, sq, dtype=torch.long), torch.where(real, 0, -1),
+            None)
 
 
 # bfloat16: on a GPU only (the interpreter's bfloat16 tl.dot is wrong)
@@ -74,13 +76,15 @@ def test_run_matches_reference(dtype):
         p = random_pattern(rng, sk, window=None, sinks=None)
         if rng.random() < 0.5:
             p = p.replace(dense_kv_heads=tuple(sorted(rng.sample(range(hkv), 1))))
-        qp, kp, qd, kd = _layout(rng, b, sq, sk, p.sink_tokens)
+        qp, kp, qd, kd, cache = _layout(rng, b, sq, sk, p.sink_tokens)
         q = torch.randn(b, hq, sq, d, dtype=dtype, device=DEV)
         k, v = (torch.randn(b, hkv, sk, d, dtype=dtype, device=DEV) for _ in range(2))
         qp, kp, qd, kd = (None if t is None else t.to(DEV) for t in (qp, kp, qd, kd))
         # soft-capped scores (Gemma 2) in every other case, where the kernel runs
         cap = 1.5 if case % 2 and decode._kernel(q) else None
-        plan = plan_decode(p, hq, hkv, sk, qp, kp, q_doc_ids=qd, k_doc_ids=kd)
+        plan = plan_decode(p, hq, hkv, sk, qp, kp, q_doc_ids=qd, k_doc_ids=kd) \
+            if cache is None or rng.random() < 0.5 else \
+            plan_decode(p, hq, hkv, sk, cache[0], None, dropped=cache[1])
         out, lse = run_decode(q, k, v, plan, d ** -0.5, return_lse=True, softcap=cap)
         ref, ref_lse = reference_attention(
             *(t.double() for t in (q, k, v)), p, q_positions=qp, k_positions=kp, q_doc_ids=qd,
@@ -88,7 +92,8 @@ def test_run_matches_reference(dtype):
         # float32: the sums' bound; half: float32 sums, the result and the probabilities fed
         # to P·V rounded to the input dtype (as tests/test_kernels.py: 20 of its eps)
         tol = attention_tol(sk, d) if dtype == torch.float32 else 20 * eps(dtype)
-        what = f"{p} b={b} heads={hq}/{hkv} sq={sq} sk={sk} d={d} softcap={cap}"
+        what = (f"{p} b={b} heads={hq}/{hkv} sq={sq} sk={sk} d={d} softcap={cap} "
+                f"cache layout {plan.in_cache_layout}")
         assert_close("out", out, ref, tol, what, elementwise=True)
         assert out.dtype == dtype and lse.dtype == torch.float32
         assert_close("lse", lse, ref_lse.float(), tol, what, elementwise=True)
@@ -122,6 +127,38 @@ def test_layers_of_a_step_relaunch_the_kernel_their_layout_compiled():
         assert_close("lse", lse, ref_lse.float(), attention_tol(sk, d), what, elementwise=True)
     if DEV == "cuda" and kl.fast_launches_enabled():  # the second and the last call
         assert kl.fast_launches - before == 2
+
+
+def test_the_steps_of_a_generation_share_one_launch():
+    # In a cache's own layout (no position tensors) every step's plan takes the launcher of its
+    # pattern and heads: on a GPU each step after the first relaunches the first step's kernel,
+    # its key count and positions new (a PatternCache's dropped keys too), each against the
+    # float64 reference
+    import hf_hilbert_attn.kernels._launch as kl
+
+    rng = random.Random(torch.randint(2**31, ()).item())
+    p = random_pattern(rng, 90, window=None, sinks=None)
+    b, hq, hkv, d, dropped = 1, 4, 2, 16, rng.choice([0, 7])
+    made, before = [], kl.fast_launches
+    for sk in (70, 71, 72, 90):
+        q = torch.randn(b, hq, 1, d, device=DEV)
+        k, v = (torch.randn(b, hkv, sk, d, device=DEV) for _ in range(2))
+        plan = plan_decode(p, hq, hkv, sk, sk - 1 + dropped, None, dropped=dropped)
+        out, lse = run_decode(q, k, v, plan, d ** -0.5, return_lse=True)
+        made.append(plan._made)
+        qp, kp = plan.positions(1, DEV)
+        ref, ref_lse = reference_attention(*(t.double() for t in (q, k, v)), p, q_positions=qp,
+                                           k_positions=kp, return_lse=True,
+                                           dtype=torch.float64)
+        what = f"{p} sk={sk} dropped={dropped}"
+        assert_close("out", out, ref, attention_tol(sk, d), what, elementwise=True)
+        assert_close("lse", lse, ref_lse.float(), attention_tol(sk, d), what, elementwise=True)
+    if decode._kernel(q):
+        assert all(m is made[0] for m in made)
+    if DEV == "cuda" and kl.fast_launches_enabled():
+        assert kl.fast_launches - before == 3
+    with pytest.raises(ValueError, match="cache's own layout"):
+        plan_decode(p, hq, hkv, 70, torch.tensor([69]), None)
 
 
 def test_a_query_with_no_allowed_key_outputs_zero():

@@ -451,3 +451,95 @@ def test_dispatch_traces_into_one_graph():
     torch._dynamo.reset()
     out = torch.compile(f, fullgraph=True, backend="eager")(q)
     assert torch.equal(out, q * 2)
+
+
+def test_a_runner_relaunches_a_call_like_its_last_with_what_the_guard_gives(monkeypatch):
+    # kernels.fwd_runner / bwd_runner: a call whose tensors have the last call's strides (and
+    # are 16-byte aligned) relaunches the kernels that call kept, building the heads' values
+    # itself. They must equal what launch_all's guarded path hands the same kernels for the
+    # same tensors (another runner of the call: the plan's memo, no binding), launch by launch,
+    # for every head (delta pass, dq and dk/dv, sink keys, dense heads); a call with another
+    # stride or an unaligned tensor takes the guarded path. Triton is stood in for (no GPU).
+    from triton.runtime.jit import JITFunction
+
+    from hf_hilbert_attn.kernels import _launch
+
+    calls, fast = [], []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, *args):
+            calls.append((self.name, args[:3], args[9:]))
+
+        def launch_metadata(self, *args):
+            return None
+
+    for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"):
+        fn = JITFunction(getattr(getattr(kernels, name), "fn", None) or getattr(kernels, name))
+        monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, n=name, **kw: Compiled(n))
+        monkeypatch.setattr(kernels, name, fn)  # (Triton's interpreter has none to keep)
+
+    class Driver:  # the current device and stream
+        active = type("A", (), dict(get_current_device=lambda self: 0,
+                                    get_current_stream=lambda self, dev: "stream"))()
+
+    monkeypatch.setattr(_launch, "driver", Driver)
+    monkeypatch.setattr(_launch, "fast_launches_enabled", lambda: True)
+    real = kernels.relaunch_kept
+    monkeypatch.setattr(kernels, "relaunch_kept", lambda *a: fast.append(1) or real(*a))
+    pattern = DilatedPattern([16, 32, 64], [1, 2, 4], sink_tokens=2, dense_kv_heads=(1,))
+    q, k = torch.randn(1, 4, 80, 16), torch.randn(1, 2, 80, 16)
+    a = check_inputs(q, k, k, pattern)
+    plan, _ = kernels.plan_positions(a, pattern)
+    made = lambda: [torch.randn(1, 4, 80, 16), torch.randn(1, 2, 80, 16),  # noqa: E731
+                    torch.randn(1, 2, 80, 16), torch.empty(1, 4, 80, 16), torch.empty(1, 4, 80)]
+
+    def named(records, ts):  # addresses: the given tensors' by index, the others (the call's
+        # buffers) numbered in the order they first appear
+        names = {t.data_ptr(): i for i, t in enumerate(ts)}
+
+        def name(x):
+            if isinstance(x, tuple):
+                return tuple(map(name, x))
+            if isinstance(x, int) and x > 1 << 24:
+                return names.setdefault(x, f"buffer {len(names)}")
+            return x
+        return [(n, g, name(vals)) for n, g, vals in records]
+
+    for kind in ("fwd", "bwd"):
+        runner = getattr(kernels, f"{kind}_runner")
+        first = runner(q, k, pattern, plan, True, a.scale)
+
+        def call(run, ts):
+            if kind == "fwd":
+                return run(*ts[:3], ts[3], ts[4])
+            g, lse = torch.randn(1, 4, 80, 16), torch.randn(1, 4, 80)
+            return run(g, *ts[:3], ts[3], lse, None, *made()[:3])
+
+        call(first, made())  # binds and keeps
+        ts = made()
+        calls.clear(), fast.clear()
+        call(first, ts)
+        assert fast == [1], kind
+        got = named(calls, ts)
+        calls.clear()
+        call(runner(q, k, pattern, plan, True, a.scale), ts)  # the guarded path
+        assert len(fast) == 1 and got == named(calls, ts) and len(got) >= 3, kind
+        odd = made()
+        odd[0] = torch.randn(1 * 4 * 80 * 16 + 2)[2:].view(1, 4, 80, 16)  # 8 bytes in
+        call(first, odd)
+        odd[1] = torch.randn(1, 80, 2, 16).transpose(1, 2)  # another stride
+        call(first, odd)
+        assert len(fast) == 1, kind
+        call(first, ts), call(first, ts)  # the layout kept again, then relaunched; with a
+        # launch hook set, the hook gets the launches
+        hooked, old = [], kernels.set_launch_hook(lambda launches: hooked.append(launches))
+        try:
+            call(first, ts)
+        finally:
+            kernels.set_launch_hook(old)
+        assert len(fast) == 2 and len(hooked) == 1, kind

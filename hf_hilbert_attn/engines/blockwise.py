@@ -41,28 +41,18 @@ def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
     return mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
-def _grouped_mask(mask, hk, g):
-    """``[Bm, Hm, cq, ck]`` -> broadcastable to scores viewed as ``[B, hk, g, cq, ck]``."""
-    return mask[:, :, None] if mask.shape[1] == 1 else \
-        mask.reshape(mask.shape[0], hk, g, mask.shape[2], mask.shape[3])
-
-
 def _pass_views(ps, hkv):
     """Per-pass head layout ``(hk, g)``: scores are ``[B, hk, g * cq, ck]``. All heads: the
     grouped view (hk = Hkv, g = Hq // Hkv); a subset of heads: one row block per head."""
     return (hkv, ps.head_ids.numel() // hkv) if ps.kv_ids is None else (ps.head_ids.numel(), 1)
 
 
-def _gather_kv(t, rows, idx, kv_ids):
-    """``t[rows][:, kv heads][:, :, idx]`` as ``[B', hk, n, D]``: only the block is copied."""
-    blk = t[rows].index_select(2, idx)
-    return blk if kv_ids is None else blk.index_select(1, kv_ids)
-
-
 def _key_chunk(ps, kf, vf, chunk):
-    """Storage rows ``ki`` of a key chunk and its K and V blocks ``[B', hk, ck, D]``."""
+    """Storage rows ``ki`` of a key chunk and its K and V blocks ``[B', hk, ck, D]``
+    (``t[rows][:, kv heads][:, :, ki]``: only the block is copied)."""
     ki = ps.k_order[chunk[0]:chunk[1]]
-    return ki, _gather_kv(kf, ps.rows, ki, ps.kv_ids), _gather_kv(vf, ps.rows, ki, ps.kv_ids)
+    blocks = (t[ps.rows].index_select(2, ki) for t in (kf, vf))
+    return (ki, *(b if ps.kv_ids is None else b.index_select(1, ps.kv_ids) for b in blocks))
 
 
 def _query_tile(ps, lo, hi, hk, g, *srcs):
@@ -82,8 +72,10 @@ def _mask_scores(s, pattern, ps, chunk, qp, qd, hk, g):
     mask = _block_mask(pattern, ps, qp, ps.k_pos[k_lo:k_hi], qd, kd, chunk)
     if mask is None:
         return s
+    # the mask [Bm, Hm, cq, ck], broadcastable to the scores viewed as [B, hk, g, cq, ck]
+    mask = mask[:, :, None] if mask.shape[1] == 1 else mask.unflatten(1, (hk, g))
     s5 = s.view(s.shape[0], hk, g, -1, s.shape[-1])
-    return torch.where(_grouped_mask(mask, hk, g), s5, float("-inf")).view_as(s)
+    return torch.where(mask, s5, float("-inf")).view_as(s)
 
 
 def _scores(qb, kb, softcap):
@@ -99,10 +91,9 @@ def _scores(qb, kb, softcap):
 def _chunked_forward(pattern, passes, qf, kf, vf, softcap):
     """Forward over the plan: ``out [B, Hq, Sq, Dv]`` and ``lse [B, Hq, Sq]`` in qf's dtype.
     ``qf`` is already multiplied by the softmax scale."""
-    b, hq, sq, _ = qf.shape
     dv = vf.shape[-1]
-    out = qf.new_zeros(b, hq, sq, dv)
-    lse = qf.new_full((b, hq, sq), float("-inf"))
+    out = qf.new_zeros(*qf.shape[:3], dv)
+    lse = qf.new_full(qf.shape[:3], float("-inf"))
     for ps in passes:
         hk, g = _pass_views(ps, kf.shape[1])
         q_src = qf[ps.rows, ps.heads]

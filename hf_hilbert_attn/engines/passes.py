@@ -52,8 +52,6 @@ class _Pass:
 
 def _lex_order(group: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Indices sorting by ``group`` then ``pos`` (ties in both may come in any order)."""
-    if pos.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64, device=pos.device)
     p_min, p_max = int(pos.min()), int(pos.max())
     g_min, g_max = int(group.min()), int(group.max())
     if g_min == g_max and bool((pos[1:] >= pos[:-1]).all()):  # sorted already (one class of
@@ -70,8 +68,7 @@ def _lex_search(kg: torch.Tensor, kpos: torch.Tensor, g: torch.Tensor, p: torch.
     """Insertion points of the pairs ``(g, p)`` into keys sorted by (``kg``, ``kpos``)."""
     k_min, k_max = int(kpos.min()), int(kpos.max())
     base, span = k_min - 1, k_max - k_min + 3  # clamped queries land in [0, span)
-    g_min = min(int(kg.min()), int(g.min()))
-    g_max = max(int(kg.max()), int(g.max()))
+    g_min, g_max = min(int(kg.min()), int(g.min())), max(int(kg.max()), int(g.max()))
     if (g_max - g_min + 1) * span < 2**62:
         keys = (kg - g_min) * span + (kpos - base)
         at = (g - g_min) * span + (p.clamp(base, k_max + 1) - base)
@@ -81,8 +78,7 @@ def _lex_search(kg: torch.Tensor, kpos: torch.Tensor, g: torch.Tensor, p: torch.
     for gv in torch.unique(g).tolist():
         sel = g == gv
         one = kg.new_tensor([gv])
-        a = int(torch.searchsorted(kg, one))
-        b = int(torch.searchsorted(kg, one, right=True))
+        a, b = (int(torch.searchsorted(kg, one, right=side)) for side in (False, True))
         out[sel] = a + torch.searchsorted(kpos[a:b], p[sel], right=right)
     return out
 
@@ -113,16 +109,14 @@ def _merge_ranges(ranges, ck: int) -> list:
     small bands do not become many tiny blocks."""
     chunks, cs, ce = [], None, None
     for a, b in ranges:
-        if ce is not None:
-            a = max(a, ce)  # disjoint: a key in two chunks would count twice
-            if a >= b:
-                continue
-            if b - cs <= ck:
-                ce = b
-                continue
-            chunks.append((cs, ce))
-        elif a >= b:
+        a = a if ce is None else max(a, ce)  # disjoint: a key in two chunks would count twice
+        if a >= b:
             continue
+        if ce is not None and b - cs <= ck:
+            ce = b
+            continue
+        if ce is not None:
+            chunks.append((cs, ce))
         if b - a > ck:  # near-equal pieces: no small remainder block
             pieces = -(-(b - a) // ck)
             cuts = [a + (b - a) * n // pieces for n in range(pieces + 1)]
@@ -184,9 +178,7 @@ def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, tile_start, m
     cov = torch.where(multi, covs[0], covs[1])
     # keys s with p - s < cov for every query p are an earlier config's: causal leaves
     # [qmin - w + 1, qmax - cov]; non-causal also [qmin + cov, qmax + w - 1] (one band at cov 0)
-    pieces = [(qmin - (w - 1), qmax - cov)]
-    if not causal:
-        pieces.append((qmin + cov, qmax + (w - 1)))
+    pieces = [(qmin - (w - 1), qmax - cov)] + ([] if causal else [(qmin + cov, qmax + (w - 1))])
     cols = [list(zip(_lex_search(kg, k_pos, g, lo, right=False).tolist(),
                      _lex_search(kg, k_pos, g, hi, right=True).tolist())) for lo, hi in pieces]
     per_tile = [[] for _ in range(tile_start.numel())]
@@ -231,7 +223,7 @@ def _sorted_pass(i, causal, rows, heads, hq, group_size, q, k, qg, kg):
 
 
 def _chunks(pattern, i, causal, ps, qg, kg, cq, covs):
-    """The pass's query tiles (``bounds``, first and last query rows, first and last groups)
+    """The pass's query tiles (``bounds``, start and end of their query rows, first and last groups)
     and their key chunks (``c_tile``, ``c_lo``, ``c_hi``: tile and key rows of each)."""
     sliding = i is not None and pattern.sliding
     if sliding:
@@ -244,9 +236,8 @@ def _chunks(pattern, i, causal, ps, qg, kg, cq, covs):
     counts = torch.unique_consecutive(qg, return_counts=True)[1].tolist()
     bounds = _tile_bounds(counts, cq)
     dev = qg.device
-    starts = torch.tensor([b[0] for b in bounds], device=dev)
-    ends = torch.tensor([b[1] - 1 for b in bounds], device=dev)
-    g_lo, g_hi = qg[starts], qg[ends]
+    starts, ends = (torch.tensor(x, device=dev) for x in zip(*bounds))
+    g_lo, g_hi = qg[starts], qg[ends - 1]
     if sliding:
         band = _band_chunks(pattern, i, causal, ps.q_pos, qg, ps.k_pos, kg, counts, starts,
                             (g_lo != g_hi).tolist(), ck, covs)
@@ -324,7 +315,7 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q, k, causal, b
     if c_tile.numel() == 0:
         return None
     # Summaries per chunk (the tile's queries, the chunk's keys), all chunks of the pass at once.
-    qmin, qmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_pos, starts, ends + 1))
+    qmin, qmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_pos, starts, ends))
     kmn, kmx = _range_min_max(ps.k_pos, c_lo, c_hi)
     single = (g_lo == g_hi).index_select(0, c_tile)
     need_causal = kmx > qmin if causal else torch.zeros_like(single)
@@ -332,7 +323,7 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q, k, causal, b
                                          single, covs)
     need_docs = torch.zeros_like(keep)
     if ps.q_doc is not None:
-        dmin, dmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_doc, starts, ends + 1))
+        dmin, dmax = (x.index_select(0, c_tile) for x in _range_min_max(ps.q_doc, starts, ends))
         kdmn, kdmx = _range_min_max(ps.k_doc, c_lo, c_hi)
         keep &= (kdmx >= 0) & (kdmx >= dmin) & (kdmn <= dmax)
         need_docs = ~((kdmn == kdmx) & (kdmn >= 0) & (dmin == dmax) & (kdmn == dmin))
@@ -366,8 +357,7 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
     for b in ([None] if shared else range(a.batch)):
         rows = slice(None) if b is None else slice(b, b + 1)
         # ([1, S] positions serve every row: q and k may differ in their leading size)
-        qp = qpos[0 if b is None or qpos.shape[0] == 1 else b]
-        kp = kpos[0 if b is None or kpos.shape[0] == 1 else b]
+        qp, kp = (p[0 if b is None or p.shape[0] == 1 else b] for p in (qpos, kpos))
         qd = kd = None
         if a.q_doc_ids is not None:
             pick = slice(None) if (b is None or a.q_doc_ids.shape[0] == 1) else rows

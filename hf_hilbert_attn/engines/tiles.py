@@ -28,6 +28,8 @@ blockwise engine. Measured against SDPA: docs/decisions.md D26.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..numerics import accum_dtype, finite_or_zero
@@ -38,8 +40,6 @@ _FLASH_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward",
                      None)
 FAST_QUERY_BLOCK = 512  # masked tiles: queries per tile
-_PLAN_CACHE: dict = {}
-_PLAN_CACHE_SIZE = 64
 
 
 class _Tiles:
@@ -78,24 +78,20 @@ def _tiles(s, hq, hkv, qh, qt, kt, causal, touched, mask=None):
     t = _Tiles()
     t.n, t.lq, t.lk, t.causal, t.mask = qt.shape[0], qt.shape[1], kt.shape[1], causal, mask
     t.grouped = qh is None
-    qc, kc = qt.clamp_max(s - 1), kt.clamp_max(s - 1)
     t.q_range = t.k_range = None
     if t.grouped:  # rows ordered (problem, head, token): a gather is the kernel's layout
         t.q_range, t.k_range = _as_range(qt.flatten(), s), _as_range(kt.flatten(), s)
-        hs, ks = torch.arange(hq).view(1, -1, 1), torch.arange(hkv).view(1, -1, 1)
-        t.qr = (hs * s + qc[:, None]).flatten()
-        t.kr = (ks * s + kc[:, None]).flatten()
-        t.qw = (hs * (s + 1) + qt[:, None]).flatten()
-        seen = touched[:, qt[qt < s]]
-        touched[:, qt.flatten()] = True
+        qh, kh = torch.arange(hq).view(1, -1, 1), torch.arange(hkv).view(1, -1, 1)
+        qt, kt = qt[:, None], kt[:, None]  # [N, 1, L], against every head [1, H, 1]
     else:
+        qh = qh[:, None]
         kh = torch.div(qh, hq // hkv, rounding_mode="floor")
-        t.qr = (qh[:, None] * s + qc).flatten()
-        t.kr = (kh[:, None] * s + kc).flatten()
-        t.qw = (qh[:, None] * (s + 1) + qt).flatten()
-        flat = touched.view(-1)
-        seen = flat[t.qw[qt.flatten() < s]]
-        flat[t.qw] = True
+    t.qr = (qh * s + qt.clamp_max(s - 1)).flatten()
+    t.kr = (kh * s + kt.clamp_max(s - 1)).flatten()
+    qw = qh * (s + 1) + qt
+    t.qw, flat = qw.flatten(), touched.view(-1)
+    seen = flat[qw[(qt < s).expand_as(qw)]]
+    flat[t.qw] = True
     # first: no row written before (the kernel's result is copied in); otherwise the rows are
     # merged, and where only some were written the plan initialises the accumulators
     t.first = not bool(seen.any())
@@ -222,9 +218,8 @@ def _fast_applies(pattern, a, causal, q) -> bool:
 
 def _fast_plan(pattern, a, causal, q):
     """The dense-tile plan for this call, or None when the fast path does not apply."""
-    if not _fast_applies(pattern, a, causal, q) or a.q_doc_ids is not None:
-        return None
-    if not (a.natural_positions or all(torch.equal(p.cpu(), torch.arange(a.sq).expand_as(p))
+    if not _fast_applies(pattern, a, causal, q) or a.q_doc_ids is not None or not (
+            a.natural_positions or all(torch.equal(p.cpu(), torch.arange(a.sq).expand_as(p))
                                        for p in (a.q_positions, a.k_positions))):
         return None
     return _natural_plan(pattern, a.sq, a.hq, a.hkv)
@@ -232,10 +227,11 @@ def _fast_plan(pattern, a, causal, q):
 
 def _natural_plan(pattern, s, hq, hkv):
     """The dense-tile plan of causal self-attention at positions 0..s-1 (cached)."""
-    key = (pattern, s, hq, hkv, FAST_QUERY_BLOCK)
-    plan = _PLAN_CACHE.get(key)
-    if plan is not None:
-        return plan
+    return _natural_plan_for(pattern, s, hq, hkv, FAST_QUERY_BLOCK)
+
+
+@functools.lru_cache(maxsize=64)  # block: the FAST_QUERY_BLOCK that _segment_tiles reads
+def _natural_plan_for(pattern, s, hq, hkv, block):
     touched = torch.zeros(hq, s + 1, dtype=torch.bool)
     make = _sliding_tiles if pattern.sliding else _segment_tiles
     plan = _FastPlan()
@@ -245,18 +241,14 @@ def _natural_plan(pattern, s, hq, hkv):
     plan.init = any(t.mixed for t in plan.tiles)
     plan.sink_mask, plan.sink_lo = None, s
     if pattern.sink_tokens:
-        h = torch.arange(hq).view(-1, 1, 1)
-        qp, kp = torch.arange(s).view(1, -1, 1), torch.arange(min(pattern.sink_tokens, s))
-        kp = kp.view(1, 1, -1)
+        h, qp = torch.arange(hq).view(-1, 1, 1), torch.arange(s).view(1, -1, 1)
+        kp = torch.arange(min(pattern.sink_tokens, s)).view(1, 1, -1)
         mask = (kp <= qp).expand(hq, -1, -1).clone()
         for j in range(pattern.num_configs):
             mask &= ~pattern.config_allowed(j, h, qp, kp)
         rows = mask.any(2).any(0).nonzero()
         plan.sink_lo = int(rows[0]) if rows.numel() else s
         plan.sink_mask = mask[:, plan.sink_lo:].contiguous() if rows.numel() else None
-    if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
-        _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
-    _PLAN_CACHE[key] = plan
     return plan
 
 
@@ -377,8 +369,7 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
     if whole and plan.sink_mask is None:  # one causal call over the whole sequence, as SDPA
         return _FLASH_BWD(dout, q, k, v, out, lse_acc, 0.0, True, scale=scale)
     dq = q.new_zeros(b, hq, s + 1, d, dtype=acc)
-    dk = k.new_zeros(b, hkv, s, d, dtype=acc)
-    dv = v.new_zeros(b, hkv, s, dv_, dtype=acc)
+    dk, dv = (x.new_zeros(x.shape, dtype=acc) for x in (k, v))
     if plan.sink_mask is not None:  # FlashAttention's formulas on the few sink keys
         lo = plan.sink_lo  # the queries from lo on
         sc, ks, vs = _sink_scores(plan, q, k, v, scale, acc)
@@ -413,9 +404,8 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
             _gather(t, v, vf, b, *ks), _gather(t, out, of, b, *qr),
             _gather(t, lr, lrf, b, *qs).squeeze(-1), 0.0, t.causal,
             attn_mask=_float_mask(t, b, q.dtype), scale=scale)
-        _add(t, dq, gq[..., :d].to(acc), b, *qs)
-        _add(t, dk, gk[..., :d].to(acc), b, *ks)
-        _add(t, dv, gv[..., :dv_].to(acc), b, *ks)
+        for into, g, n, rows in ((dq, gq, d, qs), (dk, gk, d, ks), (dv, gv, dv_, ks)):
+            _add(t, into, g[..., :n].to(acc), b, *rows)
     return dq[:, :, :s], dk, dv
 
 

@@ -68,8 +68,7 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
                              "(launch with accelerate launch or torchrun)")
         return SPTopology(None, 0, 1, 0, 1, "single")
     world, rank = dist.get_world_size(), dist.get_rank()
-    pc = getattr(accelerator, "parallelism_config", None)
-    if pc is not None and getattr(pc, "cp_enabled", False):
+    if getattr(getattr(accelerator, "parallelism_config", None), "cp_enabled", False):
         mesh = accelerator.torch_device_mesh
         if mesh is not None and "cp" in (mesh.mesh_dim_names or ()):
             cp = mesh["cp"]

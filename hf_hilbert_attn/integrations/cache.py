@@ -54,8 +54,7 @@ class PatternCacheLayer(DynamicLayer):
         super().__init__()
         self.pattern, self.num_heads = pattern, num_heads
         period = pattern.shift_period
-        self.align = align if align is not None else (period if period <= pattern.max_segment
-                                                      else 1)
+        self.align = (period if period <= pattern.max_segment else 1) if align is None else align
         self.cumulative_length = 0  # tokens seen: the next query's position
         self.dropped = 0  # positions dropped after the sinks
 
@@ -63,10 +62,7 @@ class PatternCacheLayer(DynamicLayer):
                **kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys/values and return all (this step attends them); keep only those
         a later query can attend."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys = keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = values = torch.cat([self.values, value_states], dim=-2)
+        keys, values = super().update(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
         if self.pattern.dense_kv_heads:  # a dense head attends every key: drop none
             return keys, values
@@ -90,9 +86,6 @@ class PatternCacheLayer(DynamicLayer):
 
     def get_seq_length(self, *args) -> int:
         return self.cumulative_length
-
-    def get_max_length(self) -> int:
-        return -1  # the sequence may grow without end; what is stored stays bounded
 
     def crop(self, tokens_to_remove: int) -> None:
         if self.dropped:

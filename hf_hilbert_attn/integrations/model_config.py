@@ -48,19 +48,15 @@ _INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep
                   for m in (torch, transformers, sys.modules[__name__.split(".")[0]]))
 
 
-def _user_stacklevel() -> int:
-    level, frame = 2, sys._getframe(2)  # 1: note_once, 2: its caller
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        level, frame = level + 1, frame.f_back
-    return level
-
-
 def note_once(key: str, **fields) -> None:
     # Once per process, and not while torch.compile traces (the eager first call says it).
     if key in _NOTED or torch.compiler.is_compiling():
         return
     _NOTED.add(key)
-    warnings.warn(_NOTES[key].format(**fields), UserWarning, stacklevel=_user_stacklevel())
+    level, frame = 2, sys._getframe(1)  # 1: note_once, 2: its caller
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(_NOTES[key].format(**fields), UserWarning, stacklevel=level)
 
 
 def reset_notes() -> None:

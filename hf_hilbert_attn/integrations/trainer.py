@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from accelerate.data_loader import prepare_data_loader
 from transformers import Trainer, default_data_collator
 
 from .. import DilatedPattern, sequence_parallel, shard_batch
@@ -74,8 +75,7 @@ class SequenceParallelCollator:
             raise ValueError(f"sp_layout must be one of {LAYOUT_CHOICES}, got {layout!r}")
         if not 0 <= sp_rank < sp_size:
             raise ValueError(f"need 0 <= sp_rank < sp_size, got sp_rank={sp_rank}, sp_size={sp_size}")
-        self.collator = collator
-        self.sp_rank, self.sp_size = int(sp_rank), int(sp_size)
+        self.collator, self.sp_rank, self.sp_size = collator, int(sp_rank), int(sp_size)
         self.layout, self.pattern, self.pad_token_id = layout, pattern, int(pad_token_id)
 
     def __call__(self, features):
@@ -182,8 +182,11 @@ class SequenceParallelMixin:
     def sp_active(self) -> bool:
         return getattr(self, "sp_topology", None) is not None and self.sp_topology.sp_size > 1
 
-    def _check_same_batch(self, inputs: dict) -> None:
-        """Every rank of a group must hold a shard of the same batch; raise on all of them if not."""
+    def _sp_step(self, inputs: dict):
+        """Every rank of a group must hold a shard of the same batch; raise on all of them if not.
+        Returns the step's context: ``sequence_parallel`` over the group (none while inactive)."""
+        if not self.sp_active:
+            return contextlib.nullcontext()
         fp = inputs.pop(FINGERPRINT_KEY, None)
         if fp is None:
             raise ValueError("the batch was not sharded by SequenceParallelCollator (was "
@@ -194,12 +197,11 @@ class SequenceParallelMixin:
                 "the ranks of a sequence-parallel group got different batches (shape, checksum "
                 f"per rank: {[p.tolist() for p in parts]}); keep the DataLoader deterministic "
                 "(accelerator_config use_seedable_sampler=True, the default)")
+        return sequence_parallel(self.sp_topology.group, self.sp_mode)
 
     # ------------------------------------------------------------------ data
     def _prepare_dataloader_per_group(self, dataloader, device_placement=None):
         """``Accelerator.prepare_data_loader`` over the ``dp`` groups instead of every rank."""
-        from accelerate.data_loader import prepare_data_loader
-
         acc, topo = self.accelerator, self.sp_topology
         if getattr(dataloader, "_is_accelerate_prepared", False):
             return dataloader
@@ -245,21 +247,15 @@ class SequenceParallelMixin:
 
     # ------------------------------------------------------------------ steps
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if not self.sp_active:
-            return super().training_step(model, inputs, num_items_in_batch)
-        self._check_same_batch(inputs)
-        with sequence_parallel(self.sp_topology.group, self.sp_mode):
+        with self._sp_step(inputs):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        if not self.sp_active:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
-        if not prediction_loss_only:
+        if self.sp_active and not prediction_loss_only:
             raise ValueError("under sequence parallelism evaluation gives the loss only (each rank "
                              "holds a shard of the logits): drop compute_metrics or set "
                              "prediction_loss_only=True")
-        self._check_same_batch(inputs)
-        with sequence_parallel(self.sp_topology.group, self.sp_mode):
+        with self._sp_step(inputs):
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
 

@@ -24,7 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from .. import ring as _ring
 from ..compiler import disable_lazily
 from ..decode import decodes, plan_decode, run_decode
-from ..inputs import ModelPositions, kernel_widths, model_positions
+from ..inputs import kernel_widths, model_positions
 from ..numerics import call_under_autocast, with_sink_logits
 from ..ops import dilated_attention, prepared
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
@@ -385,20 +385,21 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: b
     if hit is None or hit[0] is not position_ids or hit[1] is not doc_ids:  # (by identity)
         if not decodes(query, key, value, pattern, kwargs.get("softcap")):
             return None
-        if traced:
-            at = model_positions(None, None, info.padding_mask, info.q_offset, b, sq, sk, dev)
-        elif dropped:  # a PatternCache: slots [sinks | tail], the tail from sinks + dropped on
-            sinks, start = pattern.sink_tokens, int(info.q_offset)
-            slots = torch.arange(sk, device=dev)
-            at = ModelPositions(torch.arange(start, start + sq, device=dev)[None],
-                                torch.where(slots < sinks, slots, slots + dropped)[None],
-                                None, None, True)
+        if dropped:  # a PatternCache: slots [sinks | tail], the tail from sinks + dropped on
+            qp, kp, qd, kd = int(info.q_offset), None, None, None
         else:
-            at = _positions(info, position_ids, doc_ids, b, sq, sk, dev, False)
-        qp = torch.arange(sk - sq, sk, device=dev) if at.q_positions is None else at.q_positions
-        kp = torch.arange(sk, device=dev) if at.k_positions is None else at.k_positions
+            at = model_positions(None, None, info.padding_mask, info.q_offset, b, sq, sk, dev) \
+                if traced else _positions(info, position_ids, doc_ids, b, sq, sk, dev, False)
+            qp, kp, qd, kd = at.q_positions, at.k_positions, at.q_doc_ids, at.k_doc_ids
+        if kp is None:  # keys at their slots, queries the last ones or from q_offset on: the
+            # cache's own layout (no tensors; eager, one launch kept across the steps)
+            start = getattr(info, "q_offset", None)
+            qp = sk - sq if qp is None else start if isinstance(start, int) else qp
+            if traced or not isinstance(qp, int):  # (traced: tensors inside the graph)
+                qp = torch.arange(sq, device=dev) + qp if isinstance(qp, int) else qp
+                kp = torch.arange(sk, device=dev)
         hit = memo[key_] = (position_ids, doc_ids, plan_decode(
-            pattern, hq, hkv, sk, qp, kp, q_doc_ids=at.q_doc_ids, k_doc_ids=at.k_doc_ids))
+            pattern, hq, hkv, sk, qp, kp, q_doc_ids=qd, k_doc_ids=kd, dropped=dropped))
     elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
                                       or value.requires_grad):
         return None  # (what decodes() checks that a step's layers may not share)

@@ -96,10 +96,8 @@ def check_layer_window(module, declared, info, kwargs: dict) -> None:
 
 @torch.compiler.assume_constant_result  # a context variable: read when a layer is traced,
 def _collecting_attentions() -> bool:     # not a graph break in every compiled layer
-    if _OUTPUT_COLLECTOR is None:
-        return False
     try:
-        collected = _OUTPUT_COLLECTOR.get()
+        collected = None if _OUTPUT_COLLECTOR is None else _OUTPUT_COLLECTOR.get()
     except LookupError:
         return False
     return isinstance(collected, dict) and "attentions" in collected
@@ -113,9 +111,8 @@ def check_call(module, dropout: float, causal: bool, batch: int, sq: int, sk: in
             f"hilbert_dilated does not support attention dropout (got dropout={dropout} in training); "
             "set the config's attention dropout to 0 (attention_dropout, attn_pdrop for GPT-2) or "
             "call model.eval()")
-    config = getattr(module, "config", None)
-    if kwargs.get("output_attentions") or getattr(config, "output_attentions", False) \
-            or _collecting_attentions():
+    if kwargs.get("output_attentions") or _collecting_attentions() \
+            or getattr(getattr(module, "config", None), "output_attentions", False):
         raise ValueError(
             "hilbert_dilated does not compute attention weights, so output_attentions=True is not "
             "supported; use attn_implementation='eager' to inspect attention weights")

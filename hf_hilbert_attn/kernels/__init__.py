@@ -23,6 +23,8 @@ from ._common import LOG2E as _LOG2E
 from ._common import Strided, _scales
 from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._fwd import _fwd_kernel
+from . import _config
+from ._launch import relaunch_kept
 from ._plan import PositionPlan, fwd_max_registers, plan_positions
 
 __all__ = ["dilated_fwd", "dilated_bwd", "fwd_runner", "bwd_runner", "plan_positions",
@@ -136,6 +138,8 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     scales, fresh = _scales(scale, softcap), {0: fresh}  # (the first run compiles side by
     # side; dict.pop with a default: atomic, as threads may share a runner)
     lead, tail = _position_args(plan, pos)
+    hot = {}  # {0: (strides, launches)}: the last layout launched (layers of a step repeat it;
+    # a dict: get and pop are atomic, as threads may share a runner)
 
     def run(q, k, v, out=None, lse=None, acc=None):
         kept_if_captured(dev, (fp, dense, pos))  # (a CUDA graph replays read them)
@@ -147,16 +151,43 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
             _fill_skipped(fill, group, (out, 0.0), (lse, float("-inf")))
             acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) \
                 if fp.hch else out
-        qkv, launches = (_strided(q), _strided(k), _strided(v)), []
-        for p, buf in ((fp, acc), (dense, out)):
-            if p is not None:
-                head = (*qkv, _strided(out), _strided(lse), _strided(buf), *lead)
-                launches += [(_fwd_kernel, grid, head, (*tail, p.tables, row, *ints, scales), kw)
+        ts = (q, k, v, out, lse, acc)
+        st, x = _quads(ts)
+        # as the last call: its kernels
+        if (last := hot.get(0)) is not None and last[0] == st and x is not None:
+            relaunch_kept(last[1], (x[:6], (*x[:5], x[3])))
+            return (acc if merge else out), lse
+        sv, launches, which = tuple(_strided(t) for t in ts), [], []
+        for i, (p, head) in enumerate(((fp, sv), (dense, (*sv[:5], sv[3])))):  # (the sparse
+            if p is not None:  # launches merge in acc, the dense heads' write out)
+                launches += [(_fwd_kernel, grid, (*head, *lead), (*tail, p.tables, row, *ints,
+                                                                  scales), kw)
                              for grid, row, ints, kw in p.items]
-        _run(launches, fresh.pop(0, False), cfg, memo)
+                which += [i] * len(p.items)
+        _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg, memo), which)
         return (acc if merge else out), lse
     run.stale = lambda: kernel_config() is not cfg  # (configure() replaced it since)
     return run
+
+
+def _quads(ts: tuple) -> tuple:
+    """``(strides, quads)`` of a call's tensors ``ts``: their strides, and each as the values
+    a ``Strided`` argument hands Triton's launcher (address, batch, head and row strides), or
+    None where one is not 16-byte aligned (the kernels kept for the last call assumed so) or a
+    launch hook takes the launches (``set_launch_hook``)."""
+    st = tuple(t.stride() for t in ts)
+    x = tuple((t.data_ptr(), *s[:3]) for t, s in zip(ts, st))
+    return st, None if any(a[0] & 15 for a in x) or _config._LAUNCH_HOOK is not None else x
+
+
+def _keep(hot: dict, st, x, lead, kept, which) -> None:
+    """Keep in ``hot`` what ``launch_all`` kept for the launches of a call with strides ``st``
+    (``which``: the head each launch takes), for the next call of that layout; nothing where
+    the call passed position tables (read per call), was unaligned or bound every launch."""
+    if kept is not None and x is not None and not lead:
+        hot[0] = (st, [(*k, w) for k, w in zip(kept, which)])
+    else:
+        hot.pop(0, None)
 
 
 def _sum_buffers(B, hch, kch, SQ, SK, D, device):
@@ -231,6 +262,18 @@ def plan_bwd(c: Call) -> BwdPlan:
     return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge)
 
 
+def _bwd_heads(v, sg, none, dl, sizes, lead=()) -> tuple:
+    """The heads of the backward's launches — delta pass, dq, dk/dv, then the dense heads' dq
+    and dk/dv — from ``v``: the ``Strided`` arguments of ``q k v do lse delta out dq`` and the
+    float32 sums ``dq dk dv``, then ``dk dv`` (or their launcher values: ``_quads``), ``sg``
+    the sink keys' sums, ``none`` an unused one, ``dl`` the lse gradient (or delta), ``sizes``
+    the delta pass's integers, ``lead`` the position tables."""
+    ins = v[:6]
+    return ((v[6], v[3], dl, v[5], sg, *sizes), (*ins, v[7], v[8], sg, *lead),
+            (*ins, v[11], v[12], v[9], v[10], sg, *lead), (*ins, v[7], v[7], none, *lead),
+            (*ins, v[11], v[12], v[11], v[12], none, *lead))
+
+
 def _bwd_stats(lse, B, HQ, SQ, dev):
     """``(lse, delta)`` rows ``[B, Hq, Sq]``, padded to a multiple of 16 (a small copy of lse):
     Triton specialises on strides dividing by 16; one compile serves every length."""
@@ -279,6 +322,7 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     (B, HQ, SQ, D), (HKV, SK), dev = q.shape, k.shape[1:3], q.device
     scales, fresh, dblk = _scales(scale, softcap), {0: fresh}, 64 if not cfg.interpret else 16
     lead, tail = _position_args(plan, pos)
+    hot = {}  # as the forward's
 
     def run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
             dkv_acc=None):
@@ -290,18 +334,13 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         dv = torch.empty_like(v) if dv is None else dv
         _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
         lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
-        ins = tuple(_strided(t) for t in (q, k, v, do, lse, delta))
+        dl = dlse.contiguous() if dlse is not None else delta
         # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its
         # query tiles; the delta pass zeroes them first); the first dk/dv launch adds them in.
         # The dense heads' launches (one per kernel) write the results in the input dtype and
         # have no sink key.
-        none = Strided(_dummy(dev), 0, 0, 0)
-        sinkg = _strided(torch.empty((B, HKV, 2 * bp.sinks, D), device=dev,
-                                     dtype=torch.float32)) if bp.sinks else none
-        launches = [(_delta_kernel, (-(-SQ // dblk), B * HQ),
-                     (_strided(out), ins[3], dlse.contiguous() if dlse is not None else delta,
-                      ins[5], sinkg, SQ, HQ, HQ // HKV, 2 * bp.sinks), (),
-                     dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+        sinkg = torch.empty((B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32) \
+            if bp.sinks else _dummy(dev)
         if not bp.kv_merge:
             _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
         dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
@@ -309,17 +348,32 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         dqacc = dq_acc if merge else dqacc
         if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
             (dkacc, dvacc), dk, dv = dkv_acc, k, v
-        for p, sums, sg in ((bp, (dqacc, dkacc, dvacc), sinkg), (dense, (dq, dk, dv), none)):
-            if p is not None:
-                dqs, dks, dvs = (_strided(t) for t in sums)
-                head = (*ins, _strided(dq), dqs, sg, *lead)
-                launches += [(_dq_kernel, grid, head, (*tail, p.tables, row, *ints, scales), kw)
-                             for grid, row, ints, kw in p.dq_items]
-                head = (*ins, _strided(dk), _strided(dv), dks, dvs, sg, *lead)
-                launches += [(_dkdv_kernel, grid, head, (*tail, p.tables, row, *ints, scales),
-                              kw) for grid, row, ints, kw in p.kv_items]
-        _run(launches, fresh.pop(0, False), cfg, memo.setdefault(dlse is not None, {}))  # (a
-        # delta pass with an lse gradient and one without: two kernels, the same heads' guards)
+        ts = (q, k, v, do, lse, delta, out, dq, dqacc, dkacc, dvacc, dk, dv, sinkg, dl)
+        st, x = _quads(ts)
+        st = (st, dlse is None, do.dtype)
+        # as the last call: its kernels
+        sizes = (SQ, HQ, HQ // HKV, 2 * bp.sinks)
+        if (last := hot.get(0)) is not None and last[0] == st and x is not None:
+            none = (_dummy(dev).data_ptr(), 0, 0, 0)
+            relaunch_kept(last[1], _bwd_heads(x, x[13] if bp.sinks else none, none, x[14][0],
+                                              sizes))
+        else:
+            none = Strided(_dummy(dev), 0, 0, 0)
+            heads = _bwd_heads(tuple(_strided(t) for t in ts[:13]),
+                               _strided(sinkg) if bp.sinks else none, none, dl, sizes, lead)
+            launches = [(_delta_kernel, (-(-SQ // dblk), B * HQ), heads[0], (),
+                         dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
+            which = [0]
+            for i, p in enumerate((bp, dense)):
+                for kernel, items, j in ((_dq_kernel, p.dq_items, 1 + 2 * i),
+                                         (_dkdv_kernel, p.kv_items, 2 + 2 * i)) if p else ():
+                    launches += [(kernel, grid, heads[j], (*tail, p.tables, row, *ints, scales),
+                                  kw) for grid, row, ints, kw in items]
+                    which += [j] * len(items)
+            # (a delta pass with an lse gradient and one without: two kernels, the same
+            # heads' guards)
+            _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg,
+                                         memo.setdefault(dlse is not None, {})), which)
         if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
             dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
         return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))

@@ -117,21 +117,23 @@ def _cfg_tensor(cfgs, device):
     return _small_tensor(tuple(x for wr in cfgs for x in wr) or (1, 1), device)
 
 
-def _seg_range(lo: int, hi: int, w: int):
-    s0 = lo // w
-    return s0, hi // w - s0 + 1
+def _tiles(lo: int, hi: int, w: int, r: int, blk: int, narrow: bool):
+    """(first segment, segments, first block, blocks per segment and class) of the tiles of
+    ``blk`` class indices over positions ``[lo, hi]``: inside one segment (``narrow``) only the
+    blocks that can hold them."""
+    seg0, nseg = lo // w, hi // w - lo // w + 1
+    nblk = triton.cdiv(triton.cdiv(w, r), blk)
+    if nseg == 1 and narrow:
+        first = max(0, lo - seg0 * w - (r - 1)) // r // blk
+        last = (hi - seg0 * w) // r // blk
+        return seg0, 1, first, min(nblk - first, last - first + 1)
+    return seg0, nseg, 0, nblk
 
 
 def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
-    """(first segment, segments, first block, blocks per segment and class) of the query tiles:
-    a short query range inside one segment (decoding) gets only the blocks that can hold it."""
-    seg0, nseg = _seg_range(plan.qlo, plan.qhi, w)
-    nblk = triton.cdiv(triton.cdiv(w, r), bm)
-    if nseg == 1:
-        lo = max(0, plan.qlo - seg0 * w - (r - 1)) // r // bm
-        hi = (plan.qhi - seg0 * w) // r // bm
-        return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
-    return seg0, nseg, 0, nblk
+    """:func:`_tiles` of the query tiles: a short query range inside one segment (decoding) gets
+    only the blocks that can hold it."""
+    return _tiles(plan.qlo, plan.qhi, w, r, bm, True)
 
 
 def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
@@ -148,15 +150,9 @@ def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
 
 
 def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
-    """(first segment, segments, first block, blocks per segment and class) of the key tiles of
-    the dk/dv kernel: one segment of the keys' range (sliding) gets only its blocks."""
-    seg0, nseg = _seg_range(plan.klo, plan.khi, w)
-    nblk = triton.cdiv(triton.cdiv(w, r), bn)
-    if nseg == 1 and w == W_CAP:
-        lo = max(0, plan.klo - (r - 1)) // r // bn
-        hi = plan.khi // r // bn
-        return seg0, 1, lo, min(nblk - lo, hi - lo + 1)
-    return seg0, nseg, 0, nblk
+    """:func:`_tiles` of the key tiles of the dk/dv kernel: one segment of the keys' range
+    (sliding) gets only its blocks."""
+    return _tiles(plan.klo, plan.khi, w, r, bn, w == W_CAP)
 
 
 def _positions(plan: PositionPlan, device) -> Positions:
@@ -180,8 +176,7 @@ def _position_args(plan: PositionPlan, pos: Positions) -> tuple:
 
 def _strided(t: torch.Tensor) -> Strided:
     """A ``[B, H, S, D]`` or ``[B, H, S]`` tensor as the kernels take it (unit last stride)."""
-    sb, sh, ss = t.stride()[:3]
-    return Strided(t, sb, sh, ss)
+    return Strided(t, *t.stride()[:3])
 
 
 def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
@@ -192,13 +187,12 @@ def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
     ``merge``: every launch merges into the given float32 result (``_participates``), none writes
     the output. ``hbase``: the number of head 0 in the pattern's rule (``Call.hbase``)."""
     seg0, ncls, nblk, blk0 = tiles
-    first, last = li == 0 and not merge, li == nlaunch - 1 and not merge
     return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
                 QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls, NBLK=nblk,
                 BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1), SKLO=plan.klo,
                 SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, LC=ln.lc,
-                NLAUNCHED=li + merge,
-                FIRST=int(first), LAST=int(last), PSZ=psz, HBASE=hbase)
+                NLAUNCHED=li + merge, FIRST=int(li == 0 and not merge),
+                LAST=int(li == nlaunch - 1 and not merge), PSZ=psz, HBASE=hbase)
 
 
 def _scalars(row: dict) -> tuple:
@@ -344,16 +338,14 @@ def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:
 def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
     """``(first head, heads)`` chunks of at most ``chunk`` of ``heads`` heads, ``group`` per
     key/value head (1: key/value heads), the key/value heads ``skip`` left out."""
-    out, h = [], 0
-    while h < heads:
+    out = []
+    for h in range(heads):
         if h // group in skip:
-            h += group
             continue
-        end = h
-        while end < heads and end // group not in skip and end - h < chunk:
-            end += 1
-        out.append((h, end - h))
-        h = end
+        if out and sum(out[-1]) == h and out[-1][1] < chunk:  # the run before goes on
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((h, 1))
     return out
 
 

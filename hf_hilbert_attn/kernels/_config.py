@@ -188,14 +188,14 @@ def _async_active() -> bool:
     return active_mode.get() is not None
 
 
-def _run(launches, fresh: bool, cfg: KernelConfig, memo: Optional[dict] = None) -> None:
+def _run(launches, fresh: bool, cfg: KernelConfig, memo: Optional[dict] = None):
     """Launch ``(jit_fn, grid, head, rest, kwargs)`` (arguments ``head + rest``) in order
-    (``memo``: ``launch_all``'s), or hand the hook ``(jit_fn, grid, args, kwargs)``; ``fresh``:
-    compile them side by side first."""
+    (``memo``: ``launch_all``'s, whose result it returns), or hand the hook ``(jit_fn, grid,
+    args, kwargs)``; ``fresh``: compile them side by side first."""
     if _LAUNCH_HOOK is not None or fresh:
         flat = [(fn, grid, head + rest, kw) for fn, grid, head, rest, kw in launches]
         if _LAUNCH_HOOK is not None:
             _LAUNCH_HOOK(flat)
-            return
+            return None
         _compile_together(flat, cfg)
-    launch_all(launches, memo)
+    return launch_all(launches, memo)

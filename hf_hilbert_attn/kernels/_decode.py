@@ -31,7 +31,14 @@ _MIN_TILES, _MAX_SPLITS = 8, 16  # key tiles per split at least, splits at most 
 # / ``KD`` (the same shapes; a negative key id is padding; the positions again without
 # documents), int32 ``CFG [NC, 2]`` (window, rate; ``NC`` a power of two, the first config
 # repeated to fill it), int8 ``DENSE [Hkv]`` (1: a dense key/value head), ``SINKS`` sink tokens.
+# Without tables (``POSITIONS`` False: a cache's own layout, the four position tensors unread),
+# query ``i`` sits at ``QBASE + i`` and key slot ``n`` at ``n``, or ``n + KDROP`` from ``SINKS`` on.
 Rule = namedtuple("Rule", "QP KP QD KD CFG DENSE SINKS")
+# The compile-time flags (one ``tl.constexpr``): float32 inputs multiplied in full precision,
+# sliding windows, per_head classes, documents, position rows (``POSITIONS``; else ``QBASE`` /
+# ``KDROP``), the lse written, soft-capped scores.
+DecodeFlags = namedtuple("DecodeFlags",
+                         "IEEE SLIDING PER_HEAD HAS_DOC POSITIONS WITH_LSE SOFTCAP")
 
 
 @triton.jit
@@ -75,12 +82,10 @@ def _store_rows(o_t, LSE, o, lse, b, h, i, rok, HQ, SQ, D: tl.constexpr,
         tl.store(LSE + (b * HQ + h) * SQ + i, lse, mask=rok)
 
 
-@triton.jit(do_not_specialize=["SK", "KPER", "NSPLIT"])
+@triton.jit(do_not_specialize=["SK", "KPER", "NSPLIT", "QBASE", "KDROP"])
 def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS, SK, KPER,
-                   NSPLIT, scales, BR: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-                   NC: tl.constexpr, IEEE: tl.constexpr, SLIDING: tl.constexpr,
-                   PER_HEAD: tl.constexpr, HAS_DOC: tl.constexpr, WITH_LSE: tl.constexpr,
-                   SOFTCAP: tl.constexpr):
+                   NSPLIT, QBASE, KDROP, scales, BR: tl.constexpr, BN: tl.constexpr,
+                   D: tl.constexpr, NC: tl.constexpr, F: tl.constexpr):
     # q_t, k_t, v_t, o_t: ``Strided`` [B, H, S, D]; WS: float32 [B*Hkv*NSPLIT*BR, D + 1];
     # scales: ``_common._logits2``'s
     bh = tl.program_id(0)
@@ -94,11 +99,14 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
     d = tl.arange(0, D)
     q = tl.load(q_t.ptr + b * q_t.sb + h[:, None].to(tl.int64) * q_t.sh + i[:, None] * q_t.ss
                 + d[None, :], mask=rok[:, None], other=0.0)
-    p = tl.load(rule.QP + b * SQ + i, mask=rok, other=0)[:, None]
-    if HAS_DOC:
+    if F.POSITIONS:
+        p = tl.load(rule.QP + b * SQ + i, mask=rok, other=0)[:, None]
+    else:
+        p = (QBASE + i)[:, None]
+    if F.HAS_DOC:
         qd = tl.load(rule.QD + b * SQ + i, mask=rok, other=-2)[:, None]
     dense = tl.load(rule.DENSE + j) != 0  # every key (causal, documents) for this head
-    cw, cr, cq, seg, mine = _query_side(p, h[:, None], rule, NC, SLIDING, PER_HEAD)
+    cw, cr, cq, seg, mine = _query_side(p, h[:, None], rule, NC, F.SLIDING, F.PER_HEAD)
     kb = k_t.ptr + b * k_t.sb + j.to(tl.int64) * k_t.sh
     vb = v_t.ptr + b * v_t.sb + j.to(tl.int64) * v_t.sh
     m = tl.full([BR], float("-inf"), tl.float32)
@@ -109,17 +117,20 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
     for n0 in range(lo, hi, BN):
         n = n0 + tl.arange(0, BN)
         nok = n < hi
-        s = tl.load(rule.KP + b * SK + n, mask=nok, other=0)[None, :]
+        if F.POSITIONS:
+            s = tl.load(rule.KP + b * SK + n, mask=nok, other=0)[None, :]
+        else:
+            s = (n + tl.where(n >= rule.SINKS, KDROP, 0))[None, :]
         ok = (s <= p) & nok[None, :] & rok[:, None]
-        if HAS_DOC:
+        if F.HAS_DOC:
             kd = tl.load(rule.KD + b * SK + n, mask=nok, other=-1)[None, :]
             ok = ok & (kd == qd) & (kd >= 0)
-        ok = ok & (_allowed(s, cw, cr, cq, seg, mine, rule.SINKS, SLIDING) | dense)
+        ok = ok & (_allowed(s, cw, cr, cq, seg, mine, rule.SINKS, F.SLIDING) | dense)
         if tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0:  # some row attends a key of this tile
             k = tl.load(kb + n[:, None].to(tl.int64) * k_t.ss + d[None, :], mask=nok[:, None],
                         other=0.0)
-            x = tl.where(ok, _logits2(_dot(q, tl.trans(k), None, IEEE), scales, SOFTCAP)[0],
-                         float("-inf"))
+            x = tl.where(ok, _logits2(_dot(q, tl.trans(k), None, F.IEEE), scales,
+                                      F.SOFTCAP)[0], float("-inf"))
             m_new = tl.maximum(m, tl.max(x, 1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
             pr = tl.math.exp2(x - m_ref[:, None])
@@ -127,13 +138,13 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
             l = l * alpha + tl.sum(pr, 1)
             v = tl.load(vb + n[:, None].to(tl.int64) * v_t.ss + d[None, :], mask=nok[:, None],
                         other=0.0)
-            acc = acc * alpha[:, None] + _dot(pr.to(v.dtype), v, None, IEEE)
+            acc = acc * alpha[:, None] + _dot(pr.to(v.dtype), v, None, F.IEEE)
             m = m_new
     some = l > 0
     lse2 = tl.where(some, m + tl.math.log2(tl.where(some, l, 1.0)), float("-inf"))
     o = acc / tl.where(some, l, 1.0)[:, None]
     if NSPLIT == 1:
-        _store_rows(o_t, LSE, o, lse2 * LN2, b, h, i, rok, HKV * GROUP, SQ, D, WITH_LSE)
+        _store_rows(o_t, LSE, o, lse2 * LN2, b, h, i, rok, HKV * GROUP, SQ, D, F.WITH_LSE)
     else:
         # the partial result: rows (bh * NSPLIT + sp) * BR + r of WS, D values then the lse
         part = WS + ((bh.to(tl.int64) * NSPLIT + sp) * BR + r)[:, None] * (D + 1)
@@ -159,7 +170,7 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
             lse = tl.where(some, (m + tl.math.log2(tl.where(some, tot, 1.0))) * LN2,
                            float("-inf"))
             _store_rows(o_t, LSE, acc / tl.where(some, tot, 1.0)[:, None], lse, b, h, i, rok,
-                        HKV * GROUP, SQ, D, WITH_LSE)
+                        HKV * GROUP, SQ, D, F.WITH_LSE)
             tl.atomic_xchg(CNT + bh, 0)  # ready for the next launch
 
 
@@ -171,55 +182,86 @@ def _sms(device: torch.device) -> int:
 
 
 class DecodeLauncher:
-    """The decode launch of one plan, which every layer of a step calls: what follows from the
-    shapes (tiles, splits, workspace, the compiled kernel) is made by the first call of a
-    layout, later calls add only their tensors. Layers run one after another on a stream, so
-    they share the workspace and the counters (zero again after every launch)."""
+    """The decode launch of one rule, which every layer of a step calls (and, without position
+    tables, every step of a generation): what follows from the layout but the key count (tiles,
+    the workspace for the most splits, counters, the compiled kernel) is made by the first call
+    of a layout; later calls add their tensors, key count and positions. Launches run one
+    after another on a stream (the caller keeps a launcher per stream), so they share the
+    workspace and the counters (zero again after every launch)."""
 
-    def __init__(self, rule: Rule, sliding: bool, per_head: bool, has_doc: bool):
-        self.rule, self.flags = rule, (sliding, per_head, has_doc)
-        self._key = self._state = self._kept = None
+    def __init__(self, rule: Rule, sliding: bool, per_head: bool, has_doc: bool,
+                 positions: bool = True):
+        self.rule, self.flags = rule, (sliding, per_head, has_doc, positions)
+        self._key = self._state = self._kept = self._last = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                 out: torch.Tensor, lse=None, interpret: bool = False,
-                 softcap: float = 0.0) -> None:
+                 out: torch.Tensor, lse=None, interpret: bool = False, softcap: float = 0.0,
+                 qbase: int = 0, kdrop: int = 0) -> None:
         """``out`` ``[B, Hq, Sq, D]`` (any strides; ``lse`` ``[B, Hq, Sq]`` float32 if given):
-        attention of ``q`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` where the rule allows (a query
-        with no such key: 0 and -inf); scores soft-capped at ``softcap`` where it is > 0."""
-        key = (q.shape, k.shape, q.dtype, lse is None, float(scale), float(softcap))
-        if key != self._key or interpret:
-            self._key, self._state, self._kept = key, self._prepare(q, k, out, lse, scale,
-                                                                    softcap, interpret), None
-        ts = (q, k, v, out, out if lse is None else lse)
-        strides, ptrs = [t.stride() for t in ts[:4]], [t.data_ptr() for t in ts]
-        # what Triton specializes these on besides the key: dtypes, strides, 16-byte alignment
-        guard = (*(t.dtype for t in ts[1:]), *strides, *(p & 15 for p in ptrs))
-        if self._kept is not None and self._kept[0] == guard:  # a layer after the first
-            kernel, grid, after = self._kept[1]
-            relaunch(kernel, grid, (*((p, *st[:3]) for p, st in zip(ptrs, strides)), ptrs[4],
+        attention of ``q`` over ``k``/``v`` ``[B, Hkv, Sk, D]`` (``q``'s dtype) where the rule
+        allows (a query with no such key: 0 and -inf); scores soft-capped at ``softcap`` where
+        it is > 0; ``qbase``, ``kdrop``: the rule's ``QBASE`` / ``KDROP`` (without position
+        tables)."""
+        last = out if lse is None else lse
+        st = (q.stride(), k.stride(), v.stride(), out.stride())
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), last.data_ptr())
+        call = (q.shape, k.shape, q.dtype, lse is None, scale, softcap, qbase, kdrop, st)
+        if self._last is not None and self._last[0] == call and not interpret and \
+                not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:  # as the call
+            # before (the layers of a step), 16-byte aligned: its kernel, grid, new addresses
+            kernel, grid, after = self._last[1]
+            relaunch(kernel, grid, ((ptrs[0], *st[0][:3]), (ptrs[1], *st[1][:3]),
+                                    (ptrs[2], *st[2][:3]), (ptrs[3], *st[3][:3]), ptrs[4],
                                     *after))
             return
-        fn, grid, ints, tail, memo = self._state
-        head = (*(Strided(t, *st[:3]) for t, st in zip(ts, strides)), ts[4])
-        found = launch_all([(fn, grid, head, (self.rule,) + ints, tail)], memo)
-        self._kept = None if found is None else (guard, found[0])
+        key = (q.shape, k.shape[:2], k.shape[3], q.dtype, lse is None, float(scale),
+               float(softcap))
+        if key != self._key or interpret:
+            self._key, self._state, self._kept = key, self._prepare(q, k, lse, scale, softcap,
+                                                                    interpret), None
+        fn, ints, scales, tail, memo, bn, most, min_tiles = self._state
+        sk = k.shape[2]
+        tiles = -(-max(sk, 1) // bn)
+        per = -(-tiles // max(1, min(-(-tiles // min_tiles), most))) * bn
+        now = (sk, per, -(-max(sk, 1) // per), qbase, kdrop)  # (unspecialised)
+        grid = (ints[2] * q.shape[0], now[2], 1)
+        # what Triton specializes the tensors on besides the key: 16-byte alignments, and each
+        # stride's class (1; else a multiple of 16 or not, 32-bit or not): the key count
+        # changes a cache's strides every step, not their class
+        guard = (*(p & 15 for p in ptrs), *(-1 if x == 1 else (x % 16 == 0) + 2 * (x >> 31)
+                                           for s in st for x in s[:3]))
+        fresh = self._kept is None or self._kept[0] != guard
+        if not fresh:  # a step after the first: the kernel it compiled, this step's integers
+            kernel, after = self._kept[1]
+            after = (*after[:7], *now, *after[12:])
+        else:
+            head = (*(Strided(t, *s[:3]) for t, s in zip((q, k, v, out), st)), last)
+            found = launch_all([(fn, grid, head, (self.rule, *ints, *now, scales), tail)],
+                               memo)
+            if found is None:  # (every launch bound: the interpreter)
+                return
+            kernel, after = found[0][0], found[0][2]
+            self._kept = (guard, (kernel, after))
+        # (the call before's kernel serves aligned tensors; one that took unaligned ones, none)
+        self._last = (call, (kernel, grid, after)) if not any(p & 15 for p in ptrs) else None
+        if not fresh:  # (a fresh launch ran in launch_all)
+            relaunch(kernel, grid, ((ptrs[0], *st[0][:3]), (ptrs[1], *st[1][:3]),
+                                    (ptrs[2], *st[2][:3]), (ptrs[3], *st[3][:3]), ptrs[4],
+                                    *after))
 
-    def _prepare(self, q, k, out, lse, scale, softcap, interpret):
-        (B, HQ, SQ, D), (HKV, SK) = q.shape, k.shape[1:3]
+    def _prepare(self, q, k, lse, scale, softcap, interpret):
+        (B, HQ, SQ, D), HKV = q.shape, k.shape[1]
         group = HQ // HKV
         rows = group * SQ
         br = max(16, 1 << (rows - 1).bit_length())
         bn = 16 if interpret else 64 if D <= 128 else 32  # (head size 256: half the keys)
-        tiles = triton.cdiv(max(SK, 1), bn)
-        want = max(1, min(triton.cdiv(tiles, 1 if interpret else _MIN_TILES), _MAX_SPLITS,
-                          triton.cdiv(_sms(q.device), B * HKV)))
-        per = triton.cdiv(tiles, want) * bn
-        nsplit = triton.cdiv(max(SK, 1), per)
-        ws = torch.empty(B * HKV * nsplit * br * (D + 1) if nsplit > 1 else 1, device=q.device,
+        most = max(1, min(_MAX_SPLITS, -(-_sms(q.device) // (B * HKV))))
+        ws = torch.empty(B * HKV * most * br * (D + 1) if most > 1 else 1, device=q.device,
                          dtype=torch.float32)
         cnt = torch.zeros(B * HKV, device=q.device, dtype=torch.int32)
-        ints = (ws, cnt, HKV, group, SQ, rows, SK, per, nsplit, _scales(float(scale), softcap))
-        tail = dict(zip(("SLIDING", "PER_HEAD", "HAS_DOC"), self.flags), BR=br, BN=bn, D=D,
-                    NC=self.rule.CFG.shape[0], IEEE=q.dtype == torch.float32,
-                    WITH_LSE=lse is not None, SOFTCAP=softcap > 0, num_warps=8, num_stages=2)
-        return _decode_kernel, (B * HKV, nsplit), ints, tail, {}  # {}: launch_all's memo
+        ints = (ws, cnt, HKV, group, SQ, rows)
+        tail = dict(BR=br, BN=bn, D=D, NC=self.rule.CFG.shape[0], num_warps=8, num_stages=2,
+                    F=DecodeFlags(q.dtype == torch.float32, *self.flags, lse is not None,
+                                  softcap > 0))
+        return (_decode_kernel, ints, _scales(float(scale), softcap), tail, {}, bn, most,
+                1 if interpret else _MIN_TILES)  # ({}: launch_all's memo)

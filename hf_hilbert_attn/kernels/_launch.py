@@ -22,7 +22,7 @@ from triton.runtime.jit import JITFunction
 
 from ._common import Strided
 
-__all__ = ["launch_all", "relaunch", "fast_launches_enabled"]
+__all__ = ["launch_all", "relaunch", "relaunch_kept", "fast_launches_enabled"]
 
 _OK: Optional[bool] = None
 fast_launches = 0  # launches that skipped the binding (read by tests and benchmarks)
@@ -117,6 +117,16 @@ def launch_all(launches, memo: Optional[dict] = None):
     for (kernel, grid, tail), launch in zip(kept, launches):
         relaunch(kernel, grid, (*heads[id(launch[2])][1], *tail), stream)
     return kept
+
+
+def relaunch_kept(kept, heads: tuple) -> None:
+    """Launch again what :func:`launch_all` kept for a layout (``[(kernel, grid, arguments
+    after the head)]``, in order), launch ``i`` with the head values ``heads[which[i]]``
+    (``kept`` as ``[(kernel, grid, tail, which)]``: a caller that knows its heads' layout is the
+    one they were kept for builds their values itself, with no guard)."""
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    for kernel, grid, tail, which in kept:
+        relaunch(kernel, grid, (*heads[which], *tail), stream)
 
 
 def relaunch(kernel, grid: tuple, values: tuple, stream=None) -> None:

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ..inputs import _is_arange
 from ..plan_cache import PlanCache
 from ..planning import period, priority_configs
 
@@ -52,12 +53,6 @@ class PositionPlan:
     def mapped_kind(self) -> int:
         """Kernel constant: 0 natural, 1 full map (a permutation), 2 partial map (gaps)."""
         return 0 if not self.mapped else (1 if self.full else 2)
-
-
-def _is_arange(p: torch.Tensor, start: int) -> bool:
-    n = p.shape[-1]
-    ar = torch.arange(start, start + n, device=p.device, dtype=p.dtype)
-    return bool((p == ar).all())
 
 
 def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
@@ -116,8 +111,8 @@ def _plan_positions(a, pattern) -> tuple:
     per = period(pattern, W_CAP)
     base = min(qlo, klo) // per * per if per else 0
     qlo, qhi, klo, khi = qlo - base, qhi - base, klo - base, khi - base
-    if qhi - qlo + 1 == sq and khi - klo + 1 == sk and _is_arange(qp, qlo + base) \
-            and _is_arange(kp, klo + base):
+    full = qhi - qlo + 1 == sq and khi - klo + 1 == sk  # unique positions: they fill the ranges
+    if full and _is_arange(qp, qlo + base) and _is_arange(kp, klo + base):
         return PositionPlan(False, qlo, qlo, qhi, klo, khi, None, None, qdoc, kdoc,
                             koff=klo, base=base), None
     size = max(qhi, khi) + 1
@@ -127,7 +122,6 @@ def _plan_positions(a, pattern) -> tuple:
     qinv = kinv if qp is kp else _inverse(qp - base, size)
     if kinv is None or qinv is None:
         return None, "a position repeats within a row (e.g. packed documents)"
-    full = qhi - qlo + 1 == sq and khi - klo + 1 == sk  # unique positions fill the ranges
     return PositionPlan(True, 0, qlo, qhi, klo, khi, qinv, kinv, qdoc, kdoc, full,
                         base=base), None
 
@@ -146,10 +140,9 @@ def union_keys(prio, size: int, device) -> torch.Tensor:
     if t is None:
         pos = torch.arange(size, device=device, dtype=torch.int64)
         rows = [(pos // w) * r + (pos % w) % r for w, r in prio[:-1]] or [pos * 0]
-        t = torch.stack(rows).to(torch.int32).contiguous()
         if len(_KEY_CACHE) > 8:
             _KEY_CACHE.clear()
-        _KEY_CACHE[key] = t
+        t = _KEY_CACHE[key] = torch.stack(rows).to(torch.int32).contiguous()
     return t
 
 
@@ -159,8 +152,7 @@ def config_order(pattern):
     query) moved last so it writes the final output in place."""
     # capped segments past every position behave alike: one of them is enough
     prio = list(dict.fromkeys((min(w, W_CAP), r) for w, r in priority_configs(pattern)))
-    launch = prio[1:] + prio[:1]
-    return prio, launch
+    return prio, prio[1:] + prio[:1]
 
 
 def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
@@ -204,10 +196,8 @@ def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] 
     """(BM, BN, num_warps, num_stages) of the dq kernel: BM queries per program, BN keys per
     step (:func:`dkdv_blocks` starts from them, roles swapped). ``smem``: shared memory per
     program (None: an A100's or H100's). ``pair``: a launch testing the union rule per pair."""
-    if interpret:
-        return 16, 16, 1, 1
-    if d > 128:  # head size 256, as the forward's (2.7x D58's 32 x 32, 8 warps: D66)
-        return (16, 16, 4, 2) if dtype == torch.float32 else (64, 32, 4, 2)
+    if interpret or d > 128:  # head size 256, as the forward's (2.7x D58's 32 x 32, 8 warps: D66)
+        return fwd_blocks(d, dtype, interpret)
     if dtype == torch.float32:
         return 32, 32, 4, 2
     if d == 64:  # 64 x 64, 4 warps, 3 stages (64 KiB): dq 10-19 % faster than 128 x 64 at

@@ -35,18 +35,13 @@ __all__ = ["ring_attention", "local_attention", "cached_plan"]
 class _Ctx:
     pattern: DilatedPattern
     causal: bool
-    scale: float
+    # the shard's inputs (_shard_inputs): scale, positions [B, S] int64, document ids, the key/value
+    # heads whose results the caller discards (dense_heads.py), head_base (ulysses.py), softcap
+    a: AttnInputs
     group: Callable[[], object]  # weak_group(...): called for the group, None once destroyed
     plan: RingPlan
-    q_pos: torch.Tensor  # [B, Sq] int64
-    k_pos: torch.Tensor  # [B, Sk] int64
-    q_doc: Optional[torch.Tensor]
-    k_doc: Optional[torch.Tensor]
     backend: str
     pieces: Pieces
-    skip: tuple = ()  # key/value heads whose results the caller discards (dense_heads.py)
-    head_base: int = 0  # the number of query head 0 in the pattern's rule (ulysses.py, hybrid)
-    softcap: float = 0.0  # scores soft-capped (AttnInputs.softcap)
 
 
 def _blocks(ctx: _Ctx, k, v):
@@ -54,7 +49,7 @@ def _blocks(ctx: _Ctx, k, v):
     when the step is empty. Step ``j + 1``'s exchange is posted before step ``j`` is given."""
     xchg = KVExchange(k, v, ctx.plan, ctx.group())
     xchg.post(1)
-    yield 0, (k, v, ctx.k_pos, ctx.k_doc)
+    yield 0, (k, v, ctx.a.k_positions, ctx.a.k_doc_ids)
     for j, st in enumerate(ctx.plan.steps, 1):
         xchg.post(j + 1)  # next step's transfer runs while this step computes
         blk = xchg.block(j)
@@ -68,11 +63,11 @@ def _piece_call(ctx: _Ctx, pc: Piece, q, blk):
     k, v, kpos, kdoc = blk
     rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
     q, k, v = q[:, :, rq], k[:, :, rk], v[:, :, rk]
-    qp, kp = ctx.q_pos[:, rq], kpos[:, rk]
-    qd, kd = (None, None) if kdoc is None else (ctx.q_doc[:, rq], kdoc[:, rk])
-    a = check_inputs(q, k, v, ctx.pattern, scale=ctx.scale, q_positions=qp, k_positions=kp,
-                     q_doc_ids=qd, k_doc_ids=kd, softcap=ctx.softcap or None)
-    a = dataclasses.replace(a, skip_kv_heads=ctx.skip, head_base=ctx.head_base)
+    qp, kp = ctx.a.q_positions[:, rq], kpos[:, rk]
+    qd, kd = (None, None) if kdoc is None else (ctx.a.q_doc_ids[:, rq], kdoc[:, rk])
+    a = check_inputs(q, k, v, ctx.pattern, scale=ctx.a.scale, q_positions=qp, k_positions=kp,
+                     q_doc_ids=qd, k_doc_ids=kd, softcap=ctx.a.softcap or None)
+    a = dataclasses.replace(a, skip_kv_heads=ctx.a.skip_kv_heads, head_base=ctx.a.head_base)
     backend = select_backend(q, a, ctx.backend)
     # The ``plan=`` argument of the piece's backend call: its kept kernel position plan
     # (``False``: the kernels cannot take these positions), made on the first call that goes to
@@ -99,9 +94,7 @@ def _ring_forward(ctx: _Ctx, q, k, v):
     lse = torch.full(q.shape[:3], float("-inf"), dtype=acc, device=q.device)
     merged = {}  # query run -> its rows' out in acc (runs with several pieces; lse in place)
     for j, blk in _blocks(ctx, k, v):
-        if blk is None:
-            continue
-        for pc in ctx.pieces.steps[j]:
+        for pc in ctx.pieces.steps[j]:  # (an empty step, blk None, has no pieces)
             rq = slice(pc.qs, pc.qe)
             backend, a, plan, (qb, kb, vb) = _piece_call(ctx, pc, q, blk)
             if ctx.pieces.writes[pc.run] == 1:  # the run's only piece: straight into the result
@@ -136,27 +129,24 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     grads = GradExchange(dk, dv, ctx.plan, ctx.group(), acc)
     for j, blk in _blocks(ctx, k, v):
         gk_blk = gv_blk = None
-        if blk is not None:
-            if j > 0:  # the received block's gradient (0 for keys no piece reaches)
-                gk_blk, gv_blk = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in blk[:2])
-            for pc in pieces.steps[j]:
-                rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
-                # a run's only piece writes its dq rows in place; local keys whose only
-                # gradient is this piece's likewise
-                direct_q = pieces.writes[pc.run] == 1
-                direct_k = j == 0 and direct_kv
-                backend, a, plan, (qb, kb, vb) = _piece_call(ctx, pc, q, blk)
-                # several pieces: each adds into the run's dq (in the kernels)
-                into = None if direct_q else _run_part(dq_acc, pieces, pc, q, acc)
-                # dK/dV: a received block's sums, local sums, or (direct) the result itself
-                sums = (gk_blk, gv_blk) if j > 0 else None if direct_kv else (dk, dv)
-                backend.backward(
-                    dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb, vb,
-                    out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,
-                    grads=(dq[:, :, rq] if direct_q else None,
-                           dk[:, :, rk] if direct_k else None,
-                           dv[:, :, rk] if direct_k else None), plan=plan, dq_acc=into,
-                    dkv_acc=None if sums is None else tuple(t[:, :, rk] for t in sums))
+        if j > 0 and blk is not None:  # the received block's gradient (0 for keys no piece reaches)
+            gk_blk, gv_blk = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in blk[:2])
+        for pc in pieces.steps[j]:  # (an empty step, blk None, has no pieces)
+            rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
+            # a run's only piece writes its dq rows in place; local keys whose only
+            # gradient is this piece's likewise (sums None)
+            direct_q = pieces.writes[pc.run] == 1
+            backend, a, plan, (qb, kb, vb) = _piece_call(ctx, pc, q, blk)
+            # several pieces: each adds into the run's dq (in the kernels)
+            into = None if direct_q else _run_part(dq_acc, pieces, pc, q, acc)
+            # dK/dV: a received block's sums, local sums, or (direct) the result itself
+            sums = (gk_blk, gv_blk) if j > 0 else None if direct_kv else (dk, dv)
+            backend.backward(
+                dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb, vb,
+                out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,
+                grads=(dq[:, :, rq] if direct_q else None, dk[:, :, rk] if sums is None else None,
+                       dv[:, :, rk] if sums is None else None), plan=plan, dq_acc=into,
+                dkv_acc=None if sums is None else tuple(t[:, :, rk] for t in sums))
         if j > 0:
             # every rank posts step j's gradient exchange in the same step (order matters)
             grads.step(j, gk_blk, gv_blk)
@@ -186,10 +176,10 @@ class _RingAttention(torch.autograd.Function):
 
 
 def _shard_inputs(q, k, v, pattern, *, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
-                  softcap, **_) -> AttnInputs:
+                  softcap, _skip_kv_heads=(), _head_base=0, **_) -> AttnInputs:
     """``check_inputs`` of a shard's call (the caller's keywords; others ignored), plus the
     ring's rules: positions required and >= 0, positions and document ids expanded to the batch
-    (one convention on every rank)."""
+    (one convention on every rank); ``skip_kv_heads`` and ``head_base`` from the private ones."""
     for name, t in (("q_positions", q_positions), ("k_positions", k_positions)):
         if t is None:
             raise ValueError(f"ring_attention needs {name} (the true positions of this rank's "
@@ -201,12 +191,9 @@ def _shard_inputs(q, k, v, pattern, *, q_positions, k_positions, scale, q_doc_id
         if t.numel() and int(t.min()) < 0:
             raise ValueError(f"{name} must be >= 0 (true positions), got min {int(t.min())}")
 
-    def batch(t):
-        return None if t is None else t.expand(a.batch, -1).contiguous()
-
-    return dataclasses.replace(a, q_positions=batch(a.q_positions),
-                               k_positions=batch(a.k_positions), q_doc_ids=batch(a.q_doc_ids),
-                               k_doc_ids=batch(a.k_doc_ids))
+    given = {n: getattr(a, n) for n in ("q_positions", "k_positions", "q_doc_ids", "k_doc_ids")}
+    return dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads), head_base=_head_base, **{
+        n: None if t is None else t.expand(a.batch, -1).contiguous() for n, t in given.items()})
 
 
 def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, scale=None,
@@ -224,12 +211,10 @@ def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, 
         return done
     if pattern.dense_kv_heads:  # as the ring: a sparse and a dense call
         return with_dense_heads(local_attention, q, k, v, pattern, **kw)
-    a = _shard_inputs(q, k, v, pattern, **kw)
+    a = _shard_inputs(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
     plan = RingPlan(0, 1, a.hkv)
-    ctx = _Ctx(pattern, causal, a.scale, weak_group(None), plan, a.q_positions, a.k_positions,
-               a.q_doc_ids, a.k_doc_ids, backend,
-               plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions),
-               tuple(_skip_kv_heads), softcap=a.softcap)
+    pieces = plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions)
+    ctx = _Ctx(pattern, causal, a, weak_group(None), plan, backend, pieces)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out
 
@@ -283,21 +268,20 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
         return done
     if pattern.dense_kv_heads:  # a sparse ring over every head and a dense one over those heads
         return with_dense_heads(ring_attention, q, k, v, pattern, group=group, **kw)
-    a = _shard_inputs(q, k, v, pattern, **kw)
+    a = _shard_inputs(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
     qp, kp, kd = a.q_positions, a.k_positions, a.k_doc_ids
     # the plan is reused while every rank still has its inputs (PlanCache; one flag in agree)
-    key = (pattern, a.hq, a.hkv, bool(causal), q.device, tuple(_skip_kv_heads), _head_base)
+    key = (pattern, a.hq, a.hkv, bool(causal), q.device, a.skip_kv_heads, _head_base)
     entry = _PLANS.lookup(group, key, (qp, kp, kd))
     if not agree(q, k, v, pattern, causal, a.scale, qp, kp, kd, group,
                  cached=entry is not None):
         all_qp, all_kp = all_gather(qp, group), all_gather(kp, group)
         all_kd = None if kd is None else all_gather(kd, group)
         plan = plan_ring(pattern, a.hq, a.hkv, causal, dist.get_rank(group), all_qp, all_kp,
-                         all_kd, tuple(_skip_kv_heads), _head_base)
+                         all_kd, a.skip_kv_heads, _head_base)
         entry = _PLANS.store(group, key, (qp, kp, kd), plan,
                              plan_pieces(pattern, causal, plan, qp, kp))
     # the autograd graph holds the group weakly (comm.weak_group)
-    ctx = _Ctx(pattern, causal, a.scale, weak_group(group), entry.plan, qp, kp, a.q_doc_ids, kd,
-               backend, entry.pieces, tuple(_skip_kv_heads), _head_base, a.softcap)
+    ctx = _Ctx(pattern, causal, a, weak_group(group), entry.plan, backend, entry.pieces)
     out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out

@@ -186,13 +186,11 @@ class KVExchange:
         if j >= self.plan.world or j in self.pending:
             return
         st = self.plan.steps[j - 1]
-        sends, recvs, kr, vr = [], [], None, None
-        if st.n_send:
-            sends = [(_gather_entries(self.k, st), st.dst, 4 * j),
-                     (_gather_entries(self.v, st), st.dst, 4 * j + 1)]
-        if st.n_recv:
-            kr, vr = (t.new_empty(t.shape[0], st.n_recv, t.shape[-1]) for t in (self.k, self.v))
-            recvs = [(kr, st.src, 4 * j), (vr, st.src, 4 * j + 1)]
+        sends = [(_gather_entries(t, st), st.dst, 4 * j + n)
+                 for n, t in enumerate((self.k, self.v)) if st.n_send]
+        kr, vr = (t.new_empty(t.shape[0], st.n_recv, t.shape[-1]) if st.n_recv else None
+                  for t in (self.k, self.v))
+        recvs = [(t, st.src, 4 * j + n) for n, t in enumerate((kr, vr)) if st.n_recv]
         self.pending[j] = (_post(sends, recvs, self.group), kr, vr, sends)  # sends: kept alive
 
     def block(self, j: int):
@@ -219,15 +217,11 @@ class GradExchange:
         """Post step ``j``: send ``(gk_blk, gv_blk)`` (the received block's gradient, or None
         when nothing was received) and receive ours; adds the oldest step that completed."""
         st = self.plan.steps[j - 1]
-        sends = []
-        if gk_blk is not None:
-            sends = [(_entries_of_block(gk_blk, st), st.src, 4 * j + 2),
-                     (_entries_of_block(gv_blk, st), st.src, 4 * j + 3)]
-        recvs, gk_in, gv_in = [], None, None
-        if st.n_send:
-            gk_in, gv_in = (t.new_empty(t.shape[0], st.n_send, t.shape[-1], dtype=self.dtype)
-                            for t in (self.dk, self.dv))
-            recvs = [(gk_in, st.dst, 4 * j + 2), (gv_in, st.dst, 4 * j + 3)]
+        sends = [(_entries_of_block(g, st), st.src, 4 * j + 2 + n)
+                 for n, g in enumerate((gk_blk, gv_blk)) if gk_blk is not None]
+        gk_in, gv_in = (t.new_empty(t.shape[0], st.n_send, t.shape[-1], dtype=self.dtype)
+                        if st.n_send else None for t in (self.dk, self.dv))
+        recvs = [(g, st.dst, 4 * j + 2 + n) for n, g in enumerate((gk_in, gv_in)) if st.n_send]
         self.pending.append((_post(sends, recvs, self.group), gk_in, gv_in, st, sends))
         if len(self.pending) > 1:  # keep at most two steps of gradient buffers alive
             self._add(self.pending.pop(0))

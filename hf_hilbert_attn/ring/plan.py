@@ -42,24 +42,22 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
     dev = k_pos.device
     b = max(q_pos.shape[0], k_pos.shape[0])
     qp, kp = q_pos.expand(b, -1), k_pos.expand(b, -1)
-    sk = kp.shape[1]
-    need = torch.zeros(hkv, sk, dtype=torch.bool, device=dev)
-    if qp.numel() == 0 or sk == 0:
+    need = torch.zeros(hkv, kp.shape[1], dtype=torch.bool, device=dev)
+    if qp.numel() == 0 or kp.numel() == 0:
         return need
     hi = int(torch.maximum(qp.max(), kp.max())) + 1
     per_head = pattern.query_dilation == "per_head"
     heads_of_kv = torch.arange(head_base, head_base + hq, device=dev).view(hkv, hq // hkv)
-    for w, r in pattern.configs:
+    for i, (w, r) in enumerate(pattern.configs):
+        kseg, kcls = pattern.segment_and_class(i, kp)
         if pattern.sliding:
-            kcls = torch.remainder(kp, r)
             ok = _window_reach(qp, kp, w, r, causal, hi)  # [B, Sk]
         else:
             nb = (hi // w + 1) * r  # (segment, class) buckets per batch entry
             off = (torch.arange(b, device=dev) * nb).unsqueeze(1)
-            qcls = torch.remainder(qp, w) % r
-            kcls = torch.remainder(kp, w) % r
-            qb = (qp // w * r + qcls + off).flatten()
-            kb = kp // w * r + kcls + off  # [B, Sk]
+            qseg, qcls = pattern.segment_and_class(i, qp)
+            qb = (qseg * r + qcls + off).flatten()
+            kb = kseg * r + kcls + off  # [B, Sk]
             if causal:
                 # latest query position per bucket; a key is reachable iff it is not after it
                 latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
@@ -89,8 +87,7 @@ def _window_reach(qp: torch.Tensor, kp: torch.Tensor, w: int, r: int, causal: bo
     """bool ``[B, Sk]``: some query of the key's batch entry and class ``p ≡ s (mod r)`` lies
     in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``. One
     search per key among the queries sorted by (batch entry, class, position)."""
-    b = qp.shape[0]
-    dev = qp.device
+    b, dev = qp.shape[0], qp.device
     lo_off = 0 if causal else w - 1
     span = hi + 2 * w  # s - lo_off + w >= 1 and s + (w - 1) + w < span: buckets never touch
     if b * r * span >= 2**62:  # positions too large for one key: one search per bucket
@@ -160,8 +157,7 @@ def _entries(need: torch.Tensor):
     """(heads, rows, distinct rows, dense?) of a need mask ``[Hkv, S]``."""
     rows = need.any(0).nonzero().flatten()
     head, row = need.nonzero(as_tuple=True)
-    dense = head.numel() == need.shape[0] * rows.numel()
-    return head, row, rows, dense
+    return head, row, rows, head.numel() == need.shape[0] * rows.numel()
 
 
 def plan_ring(pattern: DilatedPattern, hq: int, hkv: int, causal: bool, rank: int,
@@ -236,9 +232,8 @@ def _query_span(pattern: DilatedPattern, causal: bool, k_rng: Tuple[int, int]) -
     in a segment holding a key (segments), anywhere after a sink; causal: not before the
     first key."""
     ka, kb = k_rng
-    big = 1 << 62
     if ka < pattern.sink_tokens:
-        lo, hi = -big, big
+        lo, hi = -(1 << 62), 1 << 62
     elif pattern.sliding:
         lo, hi = ka - pattern.max_segment + 1, kb + pattern.max_segment - 1
     else:
@@ -345,8 +340,7 @@ class PlanCache:
         plans.pop(key, None)
         while len(plans) >= self.PER_GROUP:
             plans.pop(next(iter(plans)))  # the oldest key
-        entry = plans[key] = CachedPlan(key, kept, plan, pieces)
-        return entry
+        return plans.setdefault(key, CachedPlan(key, kept, plan, pieces))  # (popped above)
 
     def get(self, group) -> Optional[CachedPlan]:
         """The group's last plan, whatever it was made for (None if none)."""

@@ -177,9 +177,8 @@ def resolve_mode(mode: str, world: int, hq: int, hkv: int, pattern) -> str:
         return mode
     if not heads_split(hq, hkv, world):
         return "ring"
-    per_rank = max(1, hkv // world)  # key/value heads per rank (fewer than ranks: one)
-    dense = [sum(j // per_rank == r for j in pattern.dense_kv_heads) if hkv >= world
-             else int(r * hkv // world in pattern.dense_kv_heads) for r in range(world)]
+    dense = [sum(kv0 <= j < kv0 + nkv for j in pattern.dense_kv_heads)  # (head_slice's heads)
+             for _, kv0, nkv in (head_slice(r, world, hq, hkv) for r in range(world))]
     return "ulysses" if min(dense) == max(dense) else "ring"
 
 

@@ -54,6 +54,23 @@ def install():
     ops.use_triton = lambda q, a, backend: backend == "triton" or real(q, a, backend)
 
 
+def best_per_call(fwd, bwd, warmup=10, repeats=15, calls=50):
+    """Seconds per call of ``fwd()`` and of ``bwd(out)`` (the best repeat of ``calls`` forwards,
+    then their backwards), after ``warmup`` forward + backward pairs."""
+    for _ in range(warmup):
+        bwd(fwd())
+    best_f = best_b = 1e9
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs = [fwd() for _ in range(calls)]
+        t1 = time.perf_counter()
+        for o in outs:
+            bwd(o)
+        t2 = time.perf_counter()
+        best_f, best_b = min(best_f, (t1 - t0) / calls), min(best_b, (t2 - t1) / calls)
+    return best_f, best_b
+
+
 def main():
     argv = [a for a in sys.argv[1:] if not a.startswith("--")]
     seq = int(argv[0]) if argv else 4096
@@ -67,17 +84,7 @@ def main():
     g = torch.ones(1, 9, seq, 64, dtype=torch.bfloat16)
     fwd = lambda: dilated_attention(q, k, v, pattern, backend="triton")
     bwd = lambda o: torch.autograd.grad(o, (q, k, v), g)
-    for _ in range(5):
-        bwd(fwd())
-    best_f = best_b = 1e9
-    for _ in range(15):
-        t0 = time.perf_counter()
-        outs = [fwd() for _ in range(50)]
-        t1 = time.perf_counter()
-        for o in outs:
-            bwd(o)
-        t2 = time.perf_counter()
-        best_f, best_b = min(best_f, (t1 - t0) / 50), min(best_b, (t2 - t1) / 50)
+    best_f, best_b = best_per_call(fwd, bwd)
     print(f"S={seq} {pattern}: forward {best_f * 1e6:.1f} µs, backward {best_b * 1e6:.1f} µs "
           f"per call (relaunch path, launches stubbed, CPU)")
     if "--profile" in sys.argv:

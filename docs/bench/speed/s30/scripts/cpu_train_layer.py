@@ -9,7 +9,6 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,18 +47,7 @@ module, q, k, v, mask, kw = recorded[1]
 fwd = lambda: hi.hilbert_dilated_attention_forward(module, q, k, v, mask, **kw)[0]
 g = torch.ones(1, seq, 9, 64, dtype=torch.bfloat16)
 bwd = lambda o: torch.autograd.grad(o, (q, k, v), g)
-for _ in range(10):
-    bwd(fwd())
-bf = bb = 1e9
-for _ in range(15):
-    t0 = time.perf_counter()
-    outs = [fwd() for _ in range(50)]
-    t1 = time.perf_counter()
-    for o in outs:
-        bwd(o)
-    t2 = time.perf_counter()
-    bf, bb = min(bf, (t1 - t0) / 50), min(bb, (t2 - t1) / 50)
-del outs, o
+bf, bb = C.best_per_call(fwd, bwd)
 res = {}
 for name, fn in (("forward", fwd), ("backward", lambda: bwd(fwd()))):
     pr = cProfile.Profile()

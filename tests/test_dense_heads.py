@@ -146,15 +146,12 @@ def test_triton_interpreter_matches_reference():
 
 
 def _planned_heads(items, fields):
-    """{config launch: sorted heads its launches cover} of a plan's items (launch rows: one
-    a backward launch, a run of them a forward launch), configs told apart by their rows'
-    integers (``W``, the launch order and the band)."""
-    cols = [fields.index(f) for f in ("HOFF", "HCH", "W", "NLAUNCHED", "LB", "KLO")]
+    """{config launch: sorted heads its launches cover} of a plan's items (launch rows)."""
+    hoff, hch, nl = (fields.index(f) for f in ("HOFF", "HCH", "NLAUNCHED"))
     heads = {}
-    for _, rows, *_ in items:
-        for row in rows.reshape(-1, rows.shape[-1]).tolist():
-            h0, n, *config = (row[i] for i in cols)
-            heads.setdefault(tuple(config), []).extend(range(h0, h0 + n))
+    for _, row, *_ in items:
+        h0, n, li = (int(row[i]) for i in (hoff, hch, nl))
+        heads.setdefault(li, []).extend(range(h0, h0 + n))
     return {li: sorted(h) for li, h in heads.items()}
 
 

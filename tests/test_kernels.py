@@ -17,9 +17,8 @@ from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attenti
 from hf_hilbert_attn import kernels
 from hf_hilbert_attn.inputs import check_inputs
 from hf_hilbert_attn.kernels import plan_positions
-from hf_hilbert_attn.kernels._common import (_FWD_SCALARS, _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW,
-                                             _covered, _launch_meet, _launch_order,
-                                             _launch_rule, _launch_scalars, _launch_sinks,
+from hf_hilbert_attn.kernels._common import (_SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, _covered,
+                                             _launch_order, _launch_scalars, _launch_sinks,
                                              _tanh)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -438,18 +437,16 @@ def test_kernel_parameters_stay_few():
 
 @triton.jit
 def _launch_probe(L, OUT):
-    vals = (_launch_scalars(L) + _launch_sinks(L) + _launch_order(L) + _launch_rule(L)
-            + _launch_meet(L))
+    vals = _launch_scalars(L) + _launch_sinks(L) + _launch_order(L)
     for i in tl.static_range(len(vals)):
         tl.store(OUT + i, vals[i])
 
 
 def test_launch_rows_match_what_the_kernels_read():
     # The host writes each launch's integers by name (LAUNCH_FIELDS); the kernels read them by
-    # position (_launch_scalars, _launch_sinks, _launch_order; the forward's rows also
-    # _launch_rule and _launch_meet) and name them where they unpack them. Both
-    # must agree, field for field, in every kernel; the integers passed as arguments
-    # (_SCALARS, the forward's _FWD_SCALARS) are named alike in every kernel's signature.
+    # position (_launch_scalars, _launch_sinks, _launch_order) and name them where they unpack
+    # them. Both must agree, field for field, in every kernel; the integers passed as
+    # arguments (_SCALARS) are named alike in every kernel's signature.
     import inspect
     import re
 
@@ -460,20 +457,17 @@ def test_launch_rows_match_what_the_kernels_read():
     _launch_probe[(1,)](row, out)
     read = out.tolist()[:len(LAUNCH_FIELDS)]
     assert read == [7 * i for i in range(len(LAUNCH_FIELDS))]  # every field once, in order
-    readers = ("_launch_scalars", "_launch_sinks", "_launch_order")
-    for fn, more, scalars in ((_fwd._fwd_kernel, ("_launch_rule", "_launch_meet"), _FWD_SCALARS),
-                              (_bwd._dq_kernel, (), _SCALARS), (_bwd._dkdv_kernel, (), _SCALARS)):
+    for fn in (_fwd._fwd_kernel, _bwd._dq_kernel, _bwd._dkdv_kernel):
         src = inspect.getsource(getattr(fn, "fn", fn))
         names = []
-        for group in readers + more:
-            m = re.search(r"^\s*([A-Z0-9_, ]+) = %s\(L\)$" % group, src, re.M)
+        for group in (r"_launch_scalars\(L\)", r"_launch_sinks\(L\)", r"_launch_order\(L\)"):
+            m = re.search(r"^\s*([A-Z0-9_, ]+) = %s$" % group, src, re.M)
             assert m, (fn, group)
             names += [n.strip() for n in m.group(1).split(",")]
-        assert tuple(names) == LAUNCH_FIELDS[:len(names)], (fn, names)
-        assert len(names) == len(LAUNCH_FIELDS) or not more, (fn, names)
+        assert tuple(names) == LAUNCH_FIELDS, (fn, names)
         params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
         i = params.index("L")
-        assert params[i + 1:i + 1 + len(scalars)] == scalars, (fn, params)
+        assert params[i + 1:i + 1 + len(_SCALARS)] == _SCALARS, (fn, params)
 
 
 def test_union_launches_with_and_without_mixed_programs():

@@ -9,7 +9,6 @@ a shard that needs nothing remote is *exactly* the local op's result. The send p
 (``hf_hilbert_attn.ring.plan``) and tested without processes.
 """
 
-import math
 import random
 
 import pytest
@@ -696,9 +695,7 @@ def test_local_attention_with_sinks_and_sliding_equals_the_op(window):
 def test_merging_launches_cover_only_what_their_window_reaches():
     # a piece whose queries lie past its keys (a received block): where its launches merge into
     # given sums, the short window's launches tile only the query rows (dq) and keys (dk/dv)
-    # within its reach; a call of its own tiles them all (its launches write every row). The
-    # forward's covering rows span what any of its configs reaches (they merge the others'
-    # partial results): no more programs than a call of its own
+    # within its reach; a call of its own tiles them all (its launches write every row)
     from hf_hilbert_attn import kernels
 
     pat = DilatedPattern([64, 1024], [1, 8], window="sliding")
@@ -711,11 +708,11 @@ def test_merging_launches_cover_only_what_their_window_reaches():
         c = kernels.Call(pat, plan, (1, 2, 1, 1024, 1024, 16), torch.float32, q.device, True,
                          kernels.kernel_config(), (), merge, merge)
         fwd, bwd = kernels.plan_fwd(c), kernels.plan_bwd(c)
-        return [sum(math.prod(g) for g, *_ in items)
+        return [sum(g[0] * g[1] for g, *_ in items)
                 for items in (fwd.items, bwd.dq_items, bwd.kv_items)]
 
     own, merged = programs(False), programs(True)
-    assert merged[0] <= own[0] and all(m < o for m, o in zip(merged[1:], own[1:])), (merged, own)
+    assert all(m < o for m, o in zip(merged, own)), (merged, own)
 
 
 @pytest.mark.parametrize("backend,causal,skip", [("torch", True, ()), ("triton", True, ()),

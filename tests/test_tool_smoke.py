@@ -302,10 +302,8 @@ def host_overhead(capsys, patterns, monkeypatch, **_):
     for phase in ("forward", "backward"):
         m = re.search(rf"^\| {phase} \| (\d+) \| - \| - \| (\d+) \(", out, re.M)
         assert m, out
-        # stubbed: the forward's one launch (3 configs and the dense heads' rows), the
-        # backward's per config and for the dense heads' slice
-        assert int(m.group(1)) > 0 and int(m.group(2)) >= (1 if phase == "forward" else 2), \
-            m.group(0)
+        # the sparse part's launches (3 configs) and the dense heads' slice, stubbed
+        assert int(m.group(1)) > 0 and int(m.group(2)) >= 2, m.group(0)
 
 
 def decode_cpu(patterns, tmp_path, **_):

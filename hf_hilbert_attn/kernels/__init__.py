@@ -15,19 +15,17 @@ from ..planning import for_ranges
 from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
 from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by tests and tools)
     _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _cfg_tensor, _check_target,
-    _chunk_runs, _dense_skip, _dummy, _fill_skipped, _flags, _fwd_spans, _head_chunk,
-    _head_runs, _head_split, _key_tiles, _launch_row, _launch_table, _launches, _may_mix,
-    _needs_pair_mask, _planned, _position_args, _positions, _prep, _query_tiles, _scalars,
-    _skipped, _slot_offsets, _smem, _strided, _trimmed, _ucfg_tensor,
-    _union_args, kept_if_captured)
+    _dense_skip, _dummy, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
+    _key_tiles, _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
+    _position_args, _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided,
+    _trimmed, _union_args, kept_if_captured)
 from ._common import LOG2E as _LOG2E
 from ._common import Strided, _scales
-from ._meet import ALONE, COVER, UNION
 from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._fwd import _fwd_kernel
 from . import _config
 from ._launch import relaunch_kept
-from ._plan import W_CAP, PositionPlan, fwd_max_registers, plan_positions
+from ._plan import PositionPlan, fwd_max_registers, plan_positions
 
 __all__ = ["dilated_fwd", "dilated_bwd", "fwd_runner", "bwd_runner", "plan_positions",
            "PositionPlan", "SUPPORTED_HEAD_DIMS",
@@ -37,13 +35,11 @@ LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base
 
 
 def plan_fwd(c: Call) -> FwdPlan:
-    """The forward's launches of call ``c``: a pure function of it. Its rows (each config over
-    each run of heads) go into two launches (one more per compiled kind of union config
-    beyond the first): the union configs', which write their partial results into slots, then
-    the covering config's, with the dense heads' rows (docs/kernels.md, "Two launches, partial
-    results meeting in slots"); heads go in chunks where the slots would pass ``acc_bytes``."""
+    """The forward's launches of call ``c``: a pure function of it."""
     B, HQ, HKV, SQ, _, D = c.shape
     prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
+    # merge: the caller's float32 result holds every head (one chunk; skipped heads stay as given)
+    hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
     # the union test: the key tables (as in the backward) for launches that need the per-pair
     # mask, else the runtime loop
     keys, psz, utab = (_union_args(prio, c.plan, c.device) if any(ln.pair for ln in launch)
@@ -51,59 +47,30 @@ def plan_fwd(c: Call) -> FwdPlan:
     smem = _smem(c.device, c.cfg)
     tiles = {(t, f): _blocks("fwd", D, c.dtype, smem, t, f, cfg=c.cfg)
              for t, f in ((False, False), (True, False), (False, True))}
-    per_head = c.pattern.query_dilation == "per_head"
-    spans = _fwd_spans(c, launch, sinks)
-    if spans[-1] is None:  # (a ring piece whose keys no query reaches)
-        return FwdPlan((), 0, HQ, [])
-    unions = [(ln, lp) for ln, lp in zip(launch[:-1], spans[:-1]) if lp is not None]
-    slots = _slot_offsets(unions, c.plan.size, per_head)  # (each union config's first row)
-    hch = HQ if not unions else _head_chunk(HQ, B * slots[-1] * (D + 16), 2, c.cfg)
-    kinds = []  # (launch, positions, tiling, tiles a head, keywords, role, heads left out)
-    for ln, lp in [*unions, (launch[-1], spans[-1])]:
-        tab = utab if ln.pair else 0
-        BM, BN, warps, stages = tiles[tab > 0, ln.npri == 0]
-        seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
-        ncls = 1 if per_head else ln.r
-        kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, False, tab), num_warps=warps,
-                  num_stages=stages)
-        cap = fwd_max_registers((BM, BN, warps), ln.npri == 0)
-        if cap and c.dtype != torch.float32 and not c.cfg.interpret:
-            kw["maxnreg"] = cap
-        kinds.append([ln, lp, (seg0, ncls, nblk, blk0), nseg * ncls * nblk, kw, UNION, c.skip])
-    kinds[-1][5:] = [COVER if unions or c.merge else ALONE, c.skip]
-    if sinks:  # (the sink keys' code: the covering rows')
-        kinds[-1][4] = dict(kinds[-1][4], F=kinds[-1][4]["F"]._replace(SINK=True))
-    if c.dense:  # the dense heads: plain causal attention as rows of the covering launch (a
-        # window or segment of 2**30 positions), no sink key, nothing to merge
-        ln, kw = kinds[-1][0], kinds[-1][4]
-        seg0, nseg, blk0, nblk = _query_tiles(c.plan, W_CAP, 1, kw["BM"])
-        kinds.append([ln._replace(w=W_CAP, r=1, lb=W_CAP - 1 if c.pattern.sliding else 0, lc=0),
-                      c.plan, (seg0, 1, nblk, blk0), nseg * nblk, kw, ALONE,
-                      _dense_skip(c.dense, (), HKV)])
-    rows, items = [], []
-    for c0 in range(0, HQ, hch):
-        launches = {}  # the union rows by compiled kind (the flags, tiles, warps), then the rest
-        for li, (ln, lp, tiling, ntile, kw, role, skip) in enumerate(kinds):
-            key = (role is UNION, *(kw.items() if role is UNION else ()))
-            for h0, nh in _chunk_runs(HQ, HQ // HKV, skip, c0, hch):
-                row = _launch_row(lp, ln, int(role is not UNION), 2, h0, nh, HQ // HKV, tiling,
-                                  sinks if li == len(unions) else 0, len(prio), psz, c.merge,
-                                  c.hbase)
-                row.update(NTILE=ntile, CH0=c0, SLOT=slots[li] if role is UNION else 0,
-                           ROLE=role.value)
-                launches.setdefault(key, (kw, []))[1].append((row, ntile * B * nh))
-        for key in sorted(launches, key=lambda k: not k[0]):  # (the union launches first)
-            kw, members = launches[key]
-            start = 0
-            for row, n in members:
-                row["PSTART"], start = start, start + n
-            items.append(((start,), (len(rows), len(members)),
-                          (len(members), psz, HQ // HKV, c.plan.qoff, len(unions)), kw))
-            rows += [row for row, _ in members]
-    table = _launch_table(rows, c.device)
-    tables = (_cfg_tensor(prio, c.device), _ucfg_tensor(unions, slots, c.device), keys)
-    items = [(grid, table[a:a + n], ints, kw) for grid, (a, n), ints, kw in items]
-    return FwdPlan(tables, slots[-1], hch, items)
+    items, rows = [], []
+    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
+        for li, ln in enumerate(launch):
+            last = li == len(launch) - 1
+            lp = _trimmed(c, ln, c.merge, bool(sinks) and last)
+            if lp is None:
+                continue
+            tab = utab if ln.pair else 0
+            BM, BN, warps, stages = tiles[tab > 0, ln.npri == 0]
+            seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
+            ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
+            rows.append(_launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV,
+                                    (seg0, ncls, nblk, blk0), sinks, len(prio), psz, c.merge,
+                                    c.hbase))
+            kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
+                      num_warps=warps, num_stages=stages)
+            cap = fwd_max_registers((BM, BN, warps), ln.npri == 0)
+            if cap and c.dtype != torch.float32 and not c.cfg.interpret:
+                kw["maxnreg"] = cap
+            items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
+    tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
+              keys)
+    items = [(g, row, ints, kw) for (g, ints, kw), row in zip(items, _launch_table(rows, c.device))]
+    return FwdPlan(tables, hch if len(launch) > 1 and not c.merge else 0, items)
 
 
 def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, skip: tuple,
@@ -111,8 +78,7 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, sk
     """``(sparse plan, dense plan or None, whether they were made just now, heads to fill,
     positions, the memo of their launches: ``_launch.launch_all``'s)`` of a call, made once per
     call key: ``build`` (:func:`plan_fwd` / :func:`plan_bwd`) of the sparse pattern leaving out
-    ``skip`` (and the dense key/value heads: in the forward always, in the backward where that
-    adds no launch: ``_head_split``) and of
+    ``skip`` (and, where that adds no launch, the dense key/value heads: ``_head_split``) and of
     the plain causal config over the dense heads, whose launches come last (they overwrite what
     the sparse ones computed for them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``);
     ``hbase``, ``softcap``: its own."""
@@ -120,17 +86,13 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, sk
     shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
 
     def make():
-        # (a forward launch holds any runs of heads: it leaves out every dense one and attends
-        # them in rows of its own)
-        fwd = build is plan_fwd
-        sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags), fwd)
+        sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags))
         same = (plan, shape, q.dtype, dev, bool(causal), cfg)
         ranged = for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-        rows = tuple(j for j in pattern.dense_kv_heads if j not in skip) if fwd else ()
-        dense = pattern.dense_kv_heads and not fwd and build(Call(
+        dense = pattern.dense_kv_heads and build(Call(
             DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2]), softcap=softcap))
-        return (build(Call(ranged, *same, left, *flags, hbase=hbase, softcap=softcap,
-                           dense=rows)), dense or None, fill, {})
+        return (build(Call(ranged, *same, left, *flags, hbase=hbase, softcap=softcap)),
+                dense or None, fill, {})
 
     pos = _positions(plan, dev)
     key = _call_key(build.__name__, pattern, plan, q, k, causal, scale, cfg,
@@ -142,8 +104,8 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, sk
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
                 lse=None, skip: tuple = (), acc=None, head_base: int = 0, softcap: float = 0.0):
     """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log),
-    planned once per call key (:func:`plan_fwd`); the pattern's dense key/value heads: rows of
-    plain causal attention in its covering launch. ``out`` / ``lse``: tensors to write
+    planned once per call key (:func:`plan_fwd`); the pattern's dense key/value heads: one more
+    launch of the plain causal config over their heads. ``out`` / ``lse``: tensors to write
     into (unit last stride). ``skip``: key/value heads not computed (out 0, lse -inf). ``acc``: a float32
     result with its given ``lse`` over other keys (0, -inf at first) this call merges into (the
     ring's pieces; ``out`` not written). ``head_base``: query head ``h`` follows the pattern's
@@ -170,7 +132,7 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     prepared calls): one lookup of its plans, not one per call, until ``run.stale()`` (the
     configuration it was planned under is no longer :func:`kernel_config`'s)."""
     cfg = kernel_config()
-    fp, _, fresh, fill, pos, memo = _call_plans(  # (the dense heads: rows of its launches)
+    fp, dense, fresh, fill, pos, memo = _call_plans(
         plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
     (B, HQ, SQ, D), dev, group = q.shape, q.device, q.shape[1] // k.shape[1]
     scales, fresh = _scales(scale, softcap), {0: fresh}  # (the first run compiles side by
@@ -180,27 +142,29 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     # a dict: get and pop are atomic, as threads may share a runner)
 
     def run(q, k, v, out=None, lse=None, acc=None):
-        kept_if_captured(dev, (fp, pos))
+        kept_if_captured(dev, (fp, dense, pos))  # (a CUDA graph replays read them)
         q, k, v = _prep(q), _prep(k), _prep(v)
         out = q if merge else torch.empty_like(q) if out is None else out  # (merge: q stands
         # in for the unwritten out, so the kernels' output type stays q's)
         lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32) if lse is None else lse
-        if not merge:
+        if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
             _fill_skipped(fill, group, (out, 0.0), (lse, float("-inf")))
-            acc = out  # (unread)
-        slots = torch.empty((B, fp.hch, fp.slot_rows, D + 16), device=dev,
-                            dtype=torch.float32) if fp.slot_rows else out
-        ts = (q, k, v, out, lse, acc, slots)
+            acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) \
+                if fp.hch else out
+        ts = (q, k, v, out, lse, acc)
         st, x = _quads(ts)
         # as the last call: its kernels
         if (last := hot.get(0)) is not None and last[0] == st and x is not None:
-            relaunch_kept(last[1], (x,))
+            relaunch_kept(last[1], (x[:6], (*x[:5], x[3])))
             return (acc if merge else out), lse
-        head = (*(_strided(t) for t in ts), *lead)
-        launches = [(_fwd_kernel, grid, head, (*tail, fp.tables, rows, *ints, scales), kw)
-                    for grid, rows, ints, kw in fp.items]
-        _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg, memo),
-              [0] * len(launches))
+        sv, launches, which = tuple(_strided(t) for t in ts), [], []
+        for i, (p, head) in enumerate(((fp, sv), (dense, (*sv[:5], sv[3])))):  # (the sparse
+            if p is not None:  # launches merge in acc, the dense heads' write out)
+                launches += [(_fwd_kernel, grid, (*head, *lead), (*tail, p.tables, row, *ints,
+                                                                  scales), kw)
+                             for grid, row, ints, kw in p.items]
+                which += [i] * len(p.items)
+        _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg, memo), which)
         return (acc if merge else out), lse
     run.stale = lambda: kernel_config() is not cfg  # (configure() replaced it since)
     return run

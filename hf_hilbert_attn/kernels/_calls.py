@@ -18,7 +18,6 @@ import triton
 from ..plan_cache import kept
 from ..planning import class_uniform, config_meets, covered_window, nests, sink_keys
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
-from ._meet import UCFG_ROW
 from ._config import KernelConfig, kernel_config
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
                     union_keys)
@@ -150,43 +149,6 @@ def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
         if qlo <= qhi and klo <= khi else None
 
 
-def _fwd_spans(c, launch, sinks: int) -> list:
-    """The positions each forward launch covers (``_trimmed``: a ring piece's launches only what
-    their windows reach), the covering config's last: it merges the others' partial results,
-    so its query rows are the hull of theirs (keys: its own). None: nothing to launch."""
-    spans = [_trimmed(c, ln, c.merge, bool(sinks) and i == len(launch) - 1)
-             for i, ln in enumerate(launch)]
-    live = [p for p in spans if p is not None]
-    if not c.merge or not live:
-        return spans
-    cover = spans[-1] or dataclasses.replace(c.plan, klo=c.plan.khi + 1)  # (no key of its own)
-    spans[-1] = dataclasses.replace(cover, qlo=min(p.qlo for p in live),
-                                    qhi=max(p.qhi for p in live))
-    return spans
-
-
-def _slot_row(p: int, w: int, r: int, per_head: bool) -> int:
-    """The kernels' ``_common._slot_row`` on the host."""
-    return (p // w) * -(-w // r) + (p % w) // r if per_head else p
-
-
-def _slot_offsets(unions, size: int, per_head: bool) -> list:
-    """The first slot row of each union config ``(launch, positions)`` and, last, the rows of
-    all (one head): a config's rows up to position ``size - 1``."""
-    out = [0]
-    for ln, _ in unions:
-        out.append(out[-1] + _slot_row(size - 1, ln.w, ln.r, per_head) + 1)
-    return out
-
-
-def _ucfg_tensor(unions, slots, device):
-    """The covering rows' table of the union configs: ``W, R, QLO, QHI, SLOT`` each
-    (``_common.UCFG_ROW`` integers)."""
-    pad = (0,) * (UCFG_ROW - 5)
-    return _small_tensor(tuple(x for (ln, lp), slot in zip(unions, slots)
-                               for x in (ln.w, ln.r, lp.qlo, lp.qhi, slot, *pad)) or (0,), device)
-
-
 def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
     """:func:`_tiles` of the key tiles of the dk/dv kernel: one segment of the keys' range
     (sliding) gets only its blocks."""
@@ -239,12 +201,12 @@ def _scalars(row: dict) -> tuple:
 
 
 def _launch_table(rows, device):
-    """One int32 row per launch (``_common.LAUNCH_FIELDS``, given as dicts; a field a row
-    lacks: 0), made once per planned call: a backward launch takes a row, a forward launch a
-    run of them (``_common._launch_scalars``)."""
+    """One int32 row per launch (``_common.LAUNCH_FIELDS``, given as dicts), made once per
+    planned call: the launches take a row each (``_common._launch_scalars``)."""
     pad = [0] * (LAUNCH_ROW - len(LAUNCH_FIELDS))
-    return torch.tensor([[r.get(f, 0) for f in LAUNCH_FIELDS] + pad for r in rows],
-                        dtype=torch.int32, device=device)
+    table = torch.tensor([[r[f] for f in LAUNCH_FIELDS] + pad for r in rows],
+                         dtype=torch.int32, device=device)
+    return list(table.unbind(0))
 
 
 def _needs_pair_mask(earlier, r: int) -> bool:
@@ -332,16 +294,13 @@ class Call(NamedTuple):
     merge_kv: bool = False  # add dk/dv into given float32 sums (dilated_bwd's dkv_acc)
     hbase: int = 0  # query head h is head hbase + h of the pattern's rule (a head shard's)
     softcap: float = 0.0  # scores soft-capped at this value (0: not)
-    dense: tuple = ()  # key/value heads whose query heads the forward's rows attend densely
 
 
 class FwdPlan(NamedTuple):
-    """The forward's launches: the config tables, the union configs' slot rows a head (0:
-    none), the heads per chunk of the slots and per launch ``(grid, launch rows, integer
-    arguments, keywords)``."""
+    """The forward's launches: the config tables, the heads per chunk of the float32 merge
+    buffer (0: none) and per launch ``(grid, launch row, integer arguments, keywords)``."""
 
     tables: tuple
-    slot_rows: int
     hch: int
     items: list
 
@@ -390,20 +349,6 @@ def _head_runs(heads: int, group: int, skip: tuple, chunk: int):
     return out
 
 
-def _chunk_runs(heads: int, group: int, skip: tuple, first: int, chunk: int):
-    """``(first head, heads)`` runs of consecutive heads of ``[first, first + chunk)``, the
-    key/value heads ``skip`` left out (``group`` query heads per key/value head)."""
-    out = []
-    for h in range(first, min(heads, first + chunk)):
-        if h // group in skip:
-            continue
-        if out and sum(out[-1]) == h:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        else:
-            out.append((h, 1))
-    return out
-
-
 def _skipped(skip: tuple, hkv: int, rows: int, cfg: KernelConfig, merge: bool) -> tuple:
     """The key/value heads a call of ``rows`` query rows leaves out (``KernelConfig.skip_rows``);
     merging into given sums, which launches index from their first head, only trailing ones."""
@@ -418,18 +363,16 @@ def _fill_skipped(skip: tuple, group: int, *fills) -> None:
             t.narrow(1, j * group, group).fill_(value)
 
 
-def _head_split(pattern, skip: tuple, shape: tuple, cfg: KernelConfig, merge: bool,
-                free: bool = False):
+def _head_split(pattern, skip: tuple, shape: tuple, cfg: KernelConfig, merge: bool):
     """``(sparse pattern, key/value heads its launches leave out, heads to fill with 0)`` of a
     call that leaves out ``skip``: its dense key/value heads (``pattern.dense_kv_heads``) are
-    left to their own launch where that adds no launch (``_skipped``; ``free``: always, as a
-    forward launch takes any runs of heads), else computed and then overwritten by it."""
+    left to their own launch where that adds no launch (``_skipped``), else computed and then
+    overwritten by it."""
     dense, hkv, rows = pattern.dense_kv_heads, shape[2], shape[0] * shape[3]
     if dense and merge:
         raise ValueError("dense key/value heads cannot merge into given sums (the ring runs "
                          "them as a ring of their own)")
-    left = tuple(sorted(set(skip) | set(dense)))
-    left = left if free else _skipped(left, hkv, rows, cfg, merge)
+    left = _skipped(tuple(sorted(set(skip) | set(dense))), hkv, rows, cfg, merge)
     return pattern.sparse_part, left, tuple(j for j in left if j not in dense)
 
 

@@ -42,18 +42,13 @@ Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EA
 #   them (``do_not_specialize`` does not reach into tuples) while they vary with the pattern,
 #   config and positions; from the table, one set of compiled kernels serves every pattern.
 #   ``_launch_scalars`` reads them before the key loops, ``_launch_sinks`` and
-#   ``_launch_order`` after. A forward launch holds the programs of several rows (configs and
-#   runs of heads; ``_meet._grouped_program``), so its rows also carry what the backward passes
-#   as arguments (``R LB LC NPRI``) and how its partial result meets the others
-#   (``_launch_meet``: docs/kernels.md, "Two launches, partial results meeting in slots").
+#   ``_launch_order`` after.
 _SCALARS = ["R", "LB", "LC", "NPRI", "PSZ", "GROUP", "QOFF"]
-_FWD_SCALARS = ["NL", "PSZ", "GROUP", "QOFF", "NU"]
 LAUNCH_FIELDS = ("HOFF", "HCH", "HBASE",
                  "KOFF", "QLO", "QHI", "KLO", "KHI",
                  "SEG0", "NCLS", "NBLK", "BLK0", "W",
                  "SINKS", "SKLO", "SKHI", "NCFG",
-                 "NLAUNCHED", "FIRST", "LAST",
-                 "R", "LB", "LC", "NPRI", "PSTART", "NTILE", "ROLE", "SLOT", "CH0")
+                 "NLAUNCHED", "FIRST", "LAST")
 LAUNCH_ROW = 32  # int32 per row: every row 16-byte aligned (Triton specialises on alignment)
 
 
@@ -128,21 +123,6 @@ def _launch_order(L):
     sink keys and sliding windows: 193 registers with all of them read before the loops, 164
     as arguments; docs/decisions.md)."""
     return tl.load(L + 17), tl.load(L + 18), tl.load(L + 19)
-
-
-@triton.jit
-def _launch_rule(L):
-    """``(R, LB, LC, NPRI)`` of a forward row ``L`` (the backward's launches take them as
-    arguments)."""
-    return tl.load(L + 20), tl.load(L + 21), tl.load(L + 22), tl.load(L + 23)
-
-
-@triton.jit
-def _launch_meet(L):
-    """``(PSTART, NTILE, ROLE, SLOT, CH0)`` of a forward row ``L``: its first program and tiles
-    per head, and how its result meets the others' (the role, its slot's first row, the first
-    head of the slots)."""
-    return tl.load(L + 24), tl.load(L + 25), tl.load(L + 26), tl.load(L + 27), tl.load(L + 28)
 
 
 @triton.jit

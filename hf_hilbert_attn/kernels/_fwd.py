@@ -1,24 +1,20 @@
-"""Forward kernel: the configs of a call in two launches, partial results merged exactly
-through (out, lse).
+"""Forward kernel: one launch per config, partial results merged exactly through (out, lse).
 
-A program owns ``BM`` query positions of one class of one segment of a config ``(W, R)`` (a
-row of its launch) and iterates the key tiles of the same class and segment (causal: up to its
-last query). Its partial result covers the pairs the union rule assigns to this config. The
-first launch holds the union configs' programs, which write their partial results into slots;
-the second the covering config's (the config that covers every query, rate 1 in per_head
-mode), which merge the slots' partial results of their rows into their own and write the
-output in the input dtype and the natural-log LSE (docs/kernels.md, "Two launches, partial
-results meeting in slots").
+Program ``(tile, b*Hq + h)`` owns ``BM`` query positions of one class of one segment of the
+config ``(W, R)`` and iterates the key tiles of the same class and segment (causal: up to its
+last query). Its partial result covers the pairs the union rule assigns to this config; it is
+merged with what earlier launches wrote (``ACC`` float32 and ``LSE``) and written back. The
+last launch is the config that covers every query (rate 1 in per_head mode); it writes the
+final output in the input dtype and the natural-log LSE.
 """
 
 import triton
 import triton.language as tl
 
-from ._common import (LN2, LOG2E, _FWD_SCALARS, _band_split, _dot, _key_range, _key_tile,
-                      _kv_bases, _launch_meet, _launch_order, _launch_rule, _launch_scalars,
-                      _launch_sinks, _logits2, _program_tile, _query_rows, _row_keep, _row_ptrs,
-                      _sink_geometry, _split_at, _union_prologue)
-from ._meet import COVER, UNION, _grouped_program, _leave, _meet, _merge2
+from ._common import (LN2, LOG2E, _SCALARS, _band_split, _key_range, _key_tile, _kv_bases,
+                      _launch_order, _launch_scalars, _launch_sinks, _participates, _program_tile,
+                      _logits2, _query_rows, _row_keep, _row_ptrs, _sink_geometry, _split_at,
+                      _dot, _union_prologue)
 
 
 @triton.jit
@@ -103,23 +99,20 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=_FWD_SCALARS)
-def _fwd_kernel(q, k, v, o, lse, acc, slots, pos, tables, L, NL, PSZ, GROUP, QOFF, NU, scales,
-                BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F: tl.constexpr):
-    """The programs of ``NL`` rows (configs and runs of heads). ``q k v o acc``: ``Strided``
-    ``[B, H, S, D]`` (``acc``: the float32 result a ring piece merges into), ``lse`` ``[B, Hq,
-    Sq]`` (natural log); ``slots``: ``Strided`` float32 partial results of the union configs
-    (``D`` columns and the base-2 lse a row, a chunk of heads); ``pos``: ``Positions``;
-    ``tables``: the configs in priority order, the ``NU`` union configs (``UCFG_ROW`` integers
-    each) and the union key tables; ``L``: the rows (``_common.LAUNCH_FIELDS``); ``scales``:
-    the softmax scale as ``_common._logits2`` takes it; ``F``: the launch's ``Flags``."""
-    CFG, UCFG, KEYS = tables
-    L, tile, bh = _grouped_program(L, NL)
+@triton.jit(do_not_specialize=_SCALARS)
+def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROUP, QOFF,
+                scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F: tl.constexpr):
+    """One config's launch. ``q k v o acc``: ``Strided`` ``[B, H, S, D]`` (``acc``: the float32
+    partial results of earlier launches, a chunk of heads), ``lse`` ``[B, Hq, Sq]`` (natural
+    log); ``pos``: ``Positions``; ``tables``: the configs in priority order, the launched ones
+    and the union key tables; ``L``: this launch's row of integers (``_launch_scalars``), then
+    the integers the key loops read (``_SCALARS``); ``scales``: the softmax scale as
+    ``_common._logits2`` takes it; ``F``: its ``Flags``."""
+    CFG, LCFG, KEYS = tables
     HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
-    R, LB, LC, NPRI = _launch_rule(L)
-    b, hl, h, hc, hk, blk, sbase, ncl = _program_tile(tile, bh, HOFF, HCH, HBASE, GROUP, SEG0,
-                                                      NCLS, NBLK, BLK0, W, R,
-                                                      PER_HEAD=F.PER_HEAD)
+    b, hl, h, hc, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF,
+                                                      HCH, HBASE, GROUP, SEG0, NCLS, NBLK, BLK0,
+                                                      W, R, PER_HEAD=F.PER_HEAD)
     # ---- query rows: class indices [blk*BM, blk*BM + BM) that exist
     b64, offs_m, pq, row_ok, qidx, qn_lo, qn_hi = _query_rows(b, blk, sbase, ncl, R, QLO, QHI,
                                                               QOFF, pos.QINV, pos.sqinv, BM=BM,
@@ -154,7 +147,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, slots, pos, tables, L, NL, PSZ, GROUP, QOF
     if F.SINK:
         SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
         # ---- the sink keys [SKLO, SKHI) (positions < SINKS), last in priority: the pairs no
-        # config allows (a row without them: an empty range)
+        # config allows
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
         s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scales, s_lb, 0, s_band)
@@ -164,28 +157,29 @@ def _fwd_kernel(q, k, v, o, lse, acc, slots, pos, tables, L, NL, PSZ, GROUP, QOF
                                      (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO, s_hi, s_hi,
                                      BN=16, D=D, EDGE=True, UNION=True, UTAB=0, F=F)
 
-    # ---- this row's result: a union config's partial into its slot, or the covering
-    # config's merged with the slots' of its rows and written
-    PSTART, NTILE, ROLE, SLOT, CH0 = _launch_meet(L)
+    # ---- finish this config's partial, merge with earlier launches, write
+    NLAUNCHED, FIRST, LAST = _launch_order(L)
     has = l_i > 0
     lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     out = o_acc / tl.where(has, l_i, 1.0)[:, None]
-    hh = h - CH0  # (the slots hold a chunk of heads from CH0)
-    if ROLE == UNION:
-        _leave(out, lse2, pq, row_ok, slots, b64, hh, SLOT, W, R, PER_HEAD=F.PER_HEAD, D=D)
+    lse_ptrs = lse.ptr + b64 * lse.sb + h.to(tl.int64) * lse.sh + qidx.to(tl.int64) * lse.ss
+    acc_ptrs = _row_ptrs(acc, b64, hl, qidx, D=D)
+    if FIRST == 0:
+        prev = row_ok & _participates(pq, hc, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
+                                      SLIDING=F.SLIDING)
+        prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * LOG2E
+        prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
+        new2 = tl.maximum(prev_lse2, lse2)
+        new_safe = tl.where(new2 == float("-inf"), 0.0, new2)
+        wa = tl.math.exp2(prev_lse2 - new_safe)
+        wb = tl.math.exp2(lse2 - new_safe)
+        tot = wa + wb
+        lse2 = tl.where(tot > 0, new_safe + tl.math.log2(tl.where(tot > 0, tot, 1.0)), float("-inf"))
+        inv = 1.0 / tl.where(tot > 0, tot, 1.0)
+        out = prev_out * (wa * inv)[:, None] + out * (wb * inv)[:, None]
+    tl.store(lse_ptrs, lse2 * LN2, mask=row_ok)
+    if LAST != 0:
+        tl.store(_row_ptrs(o, b64, h, qidx, D=D), out.to(o.ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
     else:
-        if ROLE == COVER:
-            out, lse2 = _meet(out, lse2, pq, row_ok, hc, slots, b64, hh, UCFG, NU,
-                              PER_HEAD=F.PER_HEAD, D=D)
-        NLAUNCHED, FIRST, LAST = _launch_order(L)
-        lse_ptrs = lse.ptr + b64 * lse.sb + h.to(tl.int64) * lse.sh + qidx.to(tl.int64) * lse.ss
-        if LAST == 0:  # merged into the given float32 result and lse (a ring piece)
-            acc_ptrs = _row_ptrs(acc, b64, h, qidx, D=D)
-            prev_lse2 = tl.load(lse_ptrs, mask=row_ok, other=float("-inf")) * LOG2E
-            prev_out = tl.load(acc_ptrs, mask=row_ok[:, None], other=0.0)
-            out, lse2 = _merge2(prev_out, prev_lse2, out, lse2)
-            tl.store(acc_ptrs, out, mask=row_ok[:, None])
-        else:
-            tl.store(_row_ptrs(o, b64, h, qidx, D=D), out.to(o.ptr.dtype.element_ty),
-                     mask=row_ok[:, None])
-        tl.store(lse_ptrs, lse2 * LN2, mask=row_ok)
+        tl.store(acc_ptrs, out, mask=row_ok[:, None])

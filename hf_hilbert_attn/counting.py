@@ -70,7 +70,9 @@ def _count_sparse(w_all: tuple, r_all: tuple, per_head: bool, sink: int, sliding
 def _keys_per_query(p, ws, m, sink, sliding, seq_len, causal) -> torch.Tensor:
     """For each query ``p``, the keys ``s`` every config of the subset shares with it (same
     segment or inside every window, ``s ≡ p (mod m)``), above the sinks."""
-    lo = torch.zeros_like(p)
+    # keys s in [lo, hi] with s ≡ p (mod m); p itself lies in [lo, hi] (hi >= p) but for the
+    # sinks: above them only, lo >= k from the start (then p may lie below lo: count from lo up)
+    lo = torch.full_like(p, sink)
     hi = torch.full_like(p, seq_len - 1)
     for w in ws:
         s0 = p - (w - 1) if sliding else (p // w) * w  # p's window, or p's segment
@@ -78,9 +80,6 @@ def _keys_per_query(p, ws, m, sink, sliding, seq_len, causal) -> torch.Tensor:
         lo, hi = torch.maximum(lo, s0), torch.minimum(hi, s1)
     if causal:
         hi = torch.minimum(hi, p)
-    # keys s in [lo, hi] with s ≡ p (mod m); p itself lies in [lo, hi] (hi >= p).
-    # Above the sinks only: lo >= k (then p may lie below lo: count from lo up).
-    lo = torch.maximum(lo, torch.full_like(lo, sink)) if sink else lo
     first = p - torch.div(p - lo, m, rounding_mode="floor") * m  # s ≡ p, >= lo
     return torch.where(hi >= first, torch.div(hi - first, m, rounding_mode="floor") + 1,
                        torch.zeros_like(p))

@@ -247,9 +247,8 @@ def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.T
     (b, hq, sq, d), rule = q.shape, Rule(q_pos, k_pos, q_pos if q_doc is None else q_doc, k_doc,
                                          cfg, dense, sinks)
     out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
-    DecodeLauncher(rule, sliding, per_head, q_doc is not None)(q, k, v, scale, out,
-                                                               interpret=not q.is_cuda,
-                                                               softcap=softcap)
+    DecodeLauncher(rule, sliding, per_head, q_doc is not None)(
+        q, k, v, scale, out, interpret=not q.is_cuda, softcap=softcap)
     return out
 
 

@@ -6,7 +6,7 @@ from typing import Callable, Tuple
 import torch
 
 __all__ = ["accum_dtype", "finite_or_zero", "merge_partials", "with_sink_logits",
-           "call_under_autocast"]
+           "autocast_inputs", "call_under_autocast"]
 
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -42,21 +42,30 @@ def with_sink_logits(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) 
     return out * torch.sigmoid(lse.to(dt) - sinks.to(dt)).unsqueeze(-1).to(out.dtype)
 
 
-def call_under_autocast(fn: Callable, q, k, v, *args, **kwargs):
-    """Under ``torch.autocast``: ``fn(q, k, v, *args, **kwargs)`` with q, k, v cast to the
-    autocast dtype and autocast off; None when autocast is not on for ``q``'s device.
+def autocast_inputs(q, k, v) -> tuple:
+    """``(q, k, v)`` as SDPA computes with them under ``torch.autocast``: cast to the autocast
+    dtype (float64 tensors stay float64, as autocast leaves them); unchanged where autocast is
+    not on for ``q``'s device.
 
-    That is SDPA's behaviour: mixed precision is where q, k, v disagree (Llama's rotary
-    embedding multiplies bf16 q/k by float32 cos/sin, and elementwise ops are not autocast, so
-    q and k arrive in float32 next to a bf16 v). Float64 tensors stay float64, as autocast
-    leaves them; outside autocast nothing is cast (mixed dtypes then raise in
-    ``check_inputs``).
+    Mixed precision is where q, k, v disagree (Llama's rotary embedding multiplies bf16 q/k by
+    float32 cos/sin, and elementwise ops are not autocast, so q and k arrive in float32 next to
+    a bf16 v). Outside autocast nothing is cast (mixed dtypes then raise in ``check_inputs``).
     """
     dev = q.device.type if isinstance(q, torch.Tensor) else None
     if dev not in ("cuda", "cpu", "xpu") or not torch.is_autocast_enabled(dev):
-        return None
+        return q, k, v
     dt = torch.get_autocast_dtype(dev)
-    cast = tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                 and t.dtype != torch.float64 else t for t in (q, k, v))
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.dtype not in (dt, torch.float64) else t for t in (q, k, v))
+
+
+def call_under_autocast(fn: Callable, q, k, v, *args, **kwargs):
+    """Under ``torch.autocast``: ``fn(q, k, v, *args, **kwargs)`` with q, k, v cast as
+    :func:`autocast_inputs` says and autocast off (SDPA's behaviour); None when autocast is not
+    on for ``q``'s device."""
+    dev = q.device.type if isinstance(q, torch.Tensor) else None
+    if dev not in ("cuda", "cpu", "xpu") or not torch.is_autocast_enabled(dev):
+        return None
+    cast = autocast_inputs(q, k, v)
     with torch.autocast(dev, enabled=False):
         return fn(*cast, *args, **kwargs)

@@ -146,13 +146,13 @@ class _Prepared:
 
     def fits(self, q, k, v, scale=None, softcap=None) -> bool:
         """Whether ``q``, ``k``, ``v`` are inputs like this call's (shapes, dtypes, device) and
-        ``scale``, ``softcap`` its own, the call eager and not under autocast (the op would
-        cast)."""
+        ``scale``, ``softcap`` its own, the call eager. Under autocast the caller passes them
+        as the op would compute with them (``numerics.autocast_inputs``): the kernels' host
+        code runs no operation autocast would cast."""
         a = self.call[1]
         return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device) == self.inputs \
             and (q.shape[-1] ** -0.5 if scale is None else scale) == a.scale \
-            and (softcap or 0.0) == a.softcap and _eager() \
-            and not torch.is_autocast_enabled(q.device.type)
+            and (softcap or 0.0) == a.softcap and _eager()
 
     def __call__(self, q, k, v):
         return _EagerKernels.apply(q, k, v, self)[0]

@@ -142,10 +142,9 @@ class DilatedPattern:
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
                 f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'")
         _warn_covered(w, r, self.window == "sliding")
-        object.__setattr__(self, "segment_lengths", w)
-        object.__setattr__(self, "dilation_rates", r)
-        object.__setattr__(self, "sink_tokens", sink)
-        object.__setattr__(self, "dense_kv_heads", dense)
+        checked = dict(segment_lengths=w, dilation_rates=r, sink_tokens=sink, dense_kv_heads=dense)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
         # the rule's identity (equality, hash): every field but the storage layout
         object.__setattr__(self, "_key", (w, r, self.query_dilation, sink, self.window, dense))
 
@@ -317,11 +316,9 @@ class DilatedPattern:
         sliding windows: the class only): ``2 * (segment * r_i + class)``, per_head ``+ 1`` for
         a query whose class is not its head's ``h % r_i``. One comparison instead of three.
         """
-        w, r = self.configs[i]
-        q_seg, q_cls = self.segment_and_class(i, q_pos)
-        k_seg, k_cls = self.segment_and_class(i, k_pos)
-        q_key = (q_seg * r + q_cls) * 2
-        k_key = (k_seg * r + k_cls) * 2
+        r = self.dilation_rates[i]
+        (q_seg, q_cls), (k_seg, k_cls) = (self.segment_and_class(i, p) for p in (q_pos, k_pos))
+        q_key, k_key = (q_seg * r + q_cls) * 2, (k_seg * r + k_cls) * 2
         if r > 1 and self.query_dilation == "per_head":
             q_key = q_key + (q_cls != torch.remainder(torch.as_tensor(head), r)).to(q_key.dtype)
         return q_key, k_key
@@ -465,8 +462,6 @@ def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:
 
 def _as_2d(t) -> torch.Tensor:
     t = torch.as_tensor(t)
-    if t.dim() == 1:
-        return t.unsqueeze(0)
-    if t.dim() != 2:
+    if t.dim() not in (1, 2):
         raise ValueError(f"positions / document ids must be [S] or [B, S], got shape {tuple(t.shape)}")
-    return t
+    return t.unsqueeze(0) if t.dim() == 1 else t

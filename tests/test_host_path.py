@@ -174,11 +174,14 @@ def test_a_prepared_call_follows_the_kernels_configuration(small_tiles, monkeypa
 
 
 @INTERPRETED
-def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch):
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
+def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch, autocast):
     """In a model, once a layer's call was checked and routed (``ops._PREPARED``), the layers of
-    a forward that call alike run the prepared call straight from the attention function; the
-    loss and every gradient are bit for bit those of the checked calls; inputs or arguments
-    that differ (dtype, shape, scale, soft cap) do not fit it."""
+    a forward that call alike run the prepared call straight from the attention function, under
+    autocast too (float32 weights, q and k float32 after the rotary embedding: cast once at the
+    attention function, as the op casts); the loss and every gradient are bit for bit those of
+    the checked calls; inputs or arguments that differ (dtype, shape, scale, soft cap) do not
+    fit it."""
     import hf_hilbert_attn.integrations.transformers as hf
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -194,9 +197,12 @@ def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch)
     monkeypatch.setattr(ops._Prepared, "__call__", lambda *a: runs.append(1) or real(*a))
     ids = torch.randint(0, 100, (2, 40))
 
+    dtype = torch.float16 if autocast else torch.float32  # (the interpreter's dot: not bf16)
+
     def step():
         model.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
 
@@ -209,7 +215,7 @@ def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch)
     for x, y, z in zip(first, again, plain):
         assert torch.equal(x, y) and torch.equal(x, z)
     prep = next(iter(ops._PREPARED.values()))
-    q = torch.empty(2, 4, 40, 16)
+    q = torch.empty(2, 4, 40, 16, dtype=dtype)
     assert prep.fits(q, q[:, :2], q[:, :2]) and prep.fits(q, q[:, :2], q[:, :2], 0.25)
     for other in ((q.double(), q[:, :2], q[:, :2]), (q, q[:, :2], q[:, :2], 0.3),
                   (q, q[:, :2], q[:, :2], None, 30.0), (q[:, :2], q[:, :2], q[:, :2])):
@@ -419,10 +425,38 @@ def test_a_relaunch_hands_triton_its_launch_hooks_only_where_one_is_set(monkeypa
         assert _launch._hook(empty) is empty
 
 
+def test_a_backward_launches_dq_and_dkdv_only():
+    # no delta pass: the dq launches compute and write delta (with the lse gradient's flag only
+    # where one is given), the first of two zeroes the sink keys' sums; a call whose one launch
+    # takes the sink keys has its sums start from zeros instead
+    launches = []
+    old = kernels.set_launch_hook(launches.extend)
+    try:
+        for pattern, dlse in ((PATTERN, None), (PATTERN, True),
+                              (DilatedPattern([64], [1], window="sliding", sink_tokens=1), None)):
+            q, k = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16)
+            a = check_inputs(q, k, k, pattern)
+            plan, _ = kernels.plan_positions(a, pattern)
+            out, lse = torch.randn_like(q), torch.randn(1, 4, 40)
+            launches.clear()
+            kernels.dilated_bwd(out, q, k, k, out, lse, lse if dlse else None, pattern, a.scale,
+                                True, plan)
+            names = [fn.__name__ if hasattr(fn, "__name__") else fn.fn.__name__
+                     for fn, *_ in launches]
+            n = len(kernels._launches(pattern, plan, True)[1])
+            assert names == ["_dq_kernel"] * n + ["_dkdv_kernel"] * n, names
+            assert all(kw["F"].HAS_DLSE == bool(dlse) for fn, _, _, kw in launches[:n])
+            bp = next(v[0] for key, v in kernels._CALLS.items()
+                      if key[0] == "plan_bwd" and key[1] == pattern)
+            assert bp.sinks == 1 and bp.zero_sinks == (n == 1), (n, bp.zero_sinks)
+    finally:
+        kernels.set_launch_hook(old)
+
+
 def test_a_backward_keeps_its_launches_apart_with_and_without_an_lse_gradient(monkeypatch):
-    # The delta pass compiles with and without an lse gradient while the heads' guards are the
-    # same (a float32 tensor either way): launch_all's memo must be another one for each, or a
-    # call with an lse gradient after one without would relaunch the kernel that ignores it.
+    # dq compiles with and without an lse gradient while the heads' guards are the same (a
+    # float32 tensor either way): launch_all's memo must be another one for each, or a call
+    # with an lse gradient after one without would relaunch the kernel that ignores it.
     memos = []
     monkeypatch.setattr(kernels, "_run", lambda run, fresh, cfg, memo=None: memos.append(memo))
     q, k = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16)
@@ -478,7 +512,7 @@ def test_a_runner_relaunches_a_call_like_its_last_with_what_the_guard_gives(monk
         def launch_metadata(self, *args):
             return None
 
-    for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"):
+    for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
         fn = JITFunction(getattr(getattr(kernels, name), "fn", None) or getattr(kernels, name))
         monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, n=name, **kw: Compiled(n))
         monkeypatch.setattr(kernels, name, fn)  # (Triton's interpreter has none to keep)

@@ -107,6 +107,7 @@ class _Launches:
         import hf_hilbert_attn.kernels as kernels
 
         self.pkg, self.counts = kernels, Counter()
+        # (a delta pass where the kernels have one: an older tree in an A/B run)
         self.names = [n for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel")
                       if hasattr(kernels, n)]
         self.stub, self.bind = stub, bind

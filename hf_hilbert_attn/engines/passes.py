@@ -134,15 +134,13 @@ def _range_min_max(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
     and memory O(len(starts) * longest range), in batches of at most one block's size."""
     width = int((ends - starts).max())
     step = max(1, CHUNK_Q * CHUNK_K // (width * (x.shape[0] if x.dim() == 2 else 1)))
-    lo, hi = [], []
+    parts = []
     for n in range(0, starts.numel(), step):
         a, b = starts[n:n + step], ends[n:n + step]
         # a short range repeats its last element, which changes neither its min nor its max
         idx = torch.minimum(a[:, None] + torch.arange(width, device=x.device), b[:, None] - 1)
-        vals = x[..., idx]
-        lo.append(vals.amin(-1))
-        hi.append(vals.amax(-1))
-    lo, hi = torch.cat(lo, -1), torch.cat(hi, -1)
+        parts.append(torch.aminmax(x[..., idx], dim=-1))
+    lo, hi = (torch.cat(t, -1) for t in zip(*parts))
     if x.dim() == 2:
         lo, hi = lo.amin(0), hi.amax(0)
     return lo, hi
@@ -370,8 +368,7 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
             r = pattern.dilation_rates[i]
             if per_head and r > 1:
                 # Head h uses class h % r: one pass per class present among the heads.
-                _, qcls = pattern.segment_and_class(i, qp)
-                _, kcls = pattern.segment_and_class(i, kp)
+                qcls, kcls = (pattern.segment_and_class(i, p)[1] for p in (qp, kp))
                 for c in sorted({h % r for h in range(a.hq)}):
                     qs = (qcls == c).nonzero().flatten()
                     if qs.numel():  # (a decode step's query is in one class of r)

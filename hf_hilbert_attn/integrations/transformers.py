@@ -25,7 +25,7 @@ from .. import ring as _ring
 from ..compiler import disable_lazily
 from ..decode import decodes, plan_decode, run_decode
 from ..inputs import kernel_widths, model_positions
-from ..numerics import call_under_autocast, with_sink_logits
+from ..numerics import autocast_inputs, with_sink_logits
 from ..ops import dilated_attention, prepared
 from ..patterns import DEFAULT_PATTERN, PatternLike, as_pattern
 from ..ring.ulysses import _local_pattern
@@ -265,6 +265,9 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     [B, Sq, Hq, D] contiguous, None)``; ``ValueError`` for what the op cannot do
     (``transformers_checks``)."""
     (b, _, sq, _), sk = query.shape, key.shape[2]
+    # under torch.autocast (Trainer's bf16 / fp16, Accelerate's mixed precision): cast as SDPA
+    # does, once, so that a layer's call is the one its prepared call was made for
+    query, key, value = autocast_inputs(query, key, value)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     step = attention_mask  # the forward's mask: its memo holds the plans every layer shares
     attention_mask = _layer_sizes(attention_mask, module.config, sq, sk)
@@ -278,10 +281,8 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     sinks = None if sinks is None else sinks.view(1, -1, 1)  # logits, one per head (gpt-oss)
     softcap = kwargs.get("softcap")
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
-        args = (query, key, value, step, attention_mask, pattern, scaling, kwargs,
-                sinks is not None)
-        out = call_under_autocast(_decode_step, *args) \
-            if torch.is_autocast_enabled(query.device.type) else _decode_step(*args)
+        out = _decode_step(query, key, value, step, attention_mask, pattern, scaling, kwargs,
+                           sinks is not None)
         if out is not None:
             return _layer_output(out, sinks, dv)
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
@@ -422,9 +423,7 @@ def _layer_sizes(info, config, sq: int, sk: int):
     return info
 
 
-@torch.compiler.disable
-def _eager_dilated_attention(*args, **kwargs):
-    return dilated_attention(*args, **kwargs)
+_eager_dilated_attention = disable_lazily(dilated_attention)  # (one opaque call when compiled)
 
 
 def register() -> None:

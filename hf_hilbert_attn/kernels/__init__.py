@@ -12,7 +12,7 @@ import torch
 from ..dense_heads import DENSE
 from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ..planning import for_ranges
-from ._bwd import _delta_kernel, _dkdv_kernel, _dq_kernel
+from ._bwd import _dkdv_kernel, _dq_kernel
 from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by tests and tools)
     _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _cfg_tensor, _check_target,
     _dense_skip, _dummy, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
@@ -259,19 +259,26 @@ def plan_bwd(c: Call) -> BwdPlan:
     dq_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(dq_items, table)]
     kv_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
     chunks = (0 if c.merge else hch, 0 if kv_merge else kch) if len(launch) > 1 else None
-    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge)
+    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge,
+                   bool(sinks) and (c.merge or len(launch) == 1))
 
 
-def _bwd_heads(v, sg, none, dl, sizes, lead=()) -> tuple:
-    """The heads of the backward's launches — delta pass, dq, dk/dv, then the dense heads' dq
-    and dk/dv — from ``v``: the ``Strided`` arguments of ``q k v do lse delta out dq`` and the
-    float32 sums ``dq dk dv``, then ``dk dv`` (or their launcher values: ``_quads``), ``sg``
-    the sink keys' sums, ``none`` an unused one, ``dl`` the lse gradient (or delta), ``sizes``
-    the delta pass's integers, ``lead`` the position tables."""
+def _bwd_heads(v, sg, none, lead=()) -> tuple:
+    """The heads of the backward's launches — dq, dk/dv, then the dense heads' dq and dk/dv —
+    from ``v``: the ``Strided`` arguments of ``q k v do lse delta out dq``, the float32 sums
+    ``dq dk dv``, then ``dk dv`` and the lse gradient (or delta, unread), or their launcher
+    values (``_quads``); ``sg`` the sink keys' sums, ``none`` an unused one, ``lead`` the
+    position tables."""
     ins = v[:6]
-    return ((v[6], v[3], dl, v[5], sg, *sizes), (*ins, v[7], v[8], sg, *lead),
-            (*ins, v[11], v[12], v[9], v[10], sg, *lead), (*ins, v[7], v[7], none, *lead),
+    return ((*ins, v[7], v[8], sg, v[6], v[13], *lead),
+            (*ins, v[11], v[12], v[9], v[10], sg, *lead),
+            (*ins, v[7], v[7], none, v[6], v[13], *lead),
             (*ins, v[11], v[12], v[11], v[12], none, *lead))
+
+
+def _with_dlse(kw: dict, dlse: bool) -> dict:
+    """A launch's keywords for a call with an lse gradient (``dlse``): dq's ``HAS_DLSE``."""
+    return dict(kw, F=kw["F"]._replace(HAS_DLSE=True)) if dlse and "F" in kw else kw
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):
@@ -320,7 +327,7 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, merge_kv), head_base,
         softcap)
     (B, HQ, SQ, D), (HKV, SK), dev = q.shape, k.shape[1:3], q.device
-    scales, fresh, dblk = _scales(scale, softcap), {0: fresh}, 64 if not cfg.interpret else 16
+    scales, fresh = _scales(scale, softcap), {0: fresh}
     lead, tail = _position_args(plan, pos)
     hot = {}  # as the forward's
 
@@ -333,14 +340,15 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         dk = torch.empty_like(k) if dk is None else dk
         dv = torch.empty_like(v) if dv is None else dv
         _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
-        lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)
+        lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)  # (delta: written by the dq launches)
         dl = dlse.contiguous() if dlse is not None else delta
         # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its
-        # query tiles; the delta pass zeroes them first); the first dk/dv launch adds them in.
-        # The dense heads' launches (one per kernel) write the results in the input dtype and
-        # have no sink key.
-        sinkg = torch.empty((B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32) \
-            if bp.sinks else _dummy(dev)
+        # query tiles; the first dq launch zeroes them, or they start as zeros); the first dk/dv
+        # launch adds them in. The dense heads' launches (one per kernel) write the results in
+        # the input dtype and have no sink key.
+        sinkg = (torch.zeros if bp.zero_sinks else torch.empty)(
+            (B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32) if bp.sinks \
+            else _dummy(dev)
         if not bp.kv_merge:
             _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
         dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
@@ -348,30 +356,26 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         dqacc = dq_acc if merge else dqacc
         if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
             (dkacc, dvacc), dk, dv = dkv_acc, k, v
-        ts = (q, k, v, do, lse, delta, out, dq, dqacc, dkacc, dvacc, dk, dv, sinkg, dl)
+        ts = (q, k, v, do, lse, delta, out, dq, dqacc, dkacc, dvacc, dk, dv, dl, sinkg)
         st, x = _quads(ts)
         st = (st, dlse is None, do.dtype)
         # as the last call: its kernels
-        sizes = (SQ, HQ, HQ // HKV, 2 * bp.sinks)
         if (last := hot.get(0)) is not None and last[0] == st and x is not None:
             none = (_dummy(dev).data_ptr(), 0, 0, 0)
-            relaunch_kept(last[1], _bwd_heads(x, x[13] if bp.sinks else none, none, x[14][0],
-                                              sizes))
+            relaunch_kept(last[1], _bwd_heads(x, x[14] if bp.sinks else none, none))
         else:
             none = Strided(_dummy(dev), 0, 0, 0)
-            heads = _bwd_heads(tuple(_strided(t) for t in ts[:13]),
-                               _strided(sinkg) if bp.sinks else none, none, dl, sizes, lead)
-            launches = [(_delta_kernel, (-(-SQ // dblk), B * HQ), heads[0], (),
-                         dict(BM=dblk, D=D, HAS_DLSE=dlse is not None))]
-            which = [0]
+            heads = _bwd_heads(tuple(_strided(t) for t in ts[:14]),
+                               _strided(sinkg) if bp.sinks else none, none, lead)
+            launches, which = [], []
             for i, p in enumerate((bp, dense)):
-                for kernel, items, j in ((_dq_kernel, p.dq_items, 1 + 2 * i),
-                                         (_dkdv_kernel, p.kv_items, 2 + 2 * i)) if p else ():
+                for kernel, items, j in ((_dq_kernel, p.dq_items, 2 * i),
+                                         (_dkdv_kernel, p.kv_items, 1 + 2 * i)) if p else ():
                     launches += [(kernel, grid, heads[j], (*tail, p.tables, row, *ints, scales),
-                                  kw) for grid, row, ints, kw in items]
+                                  _with_dlse(kw, dlse is not None and kernel is _dq_kernel))
+                                 for grid, row, ints, kw in items]
                     which += [j] * len(items)
-            # (a delta pass with an lse gradient and one without: two kernels, the same
-            # heads' guards)
+            # (dq with an lse gradient and without: two kernels, the same heads' guards)
             _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg,
                                          memo.setdefault(dlse is not None, {})), which)
         if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host

@@ -4,8 +4,9 @@
 config owns it; ``delta = rowsum(dO * O) - dlse`` uses the final output. The configs own
 disjoint pairs (union rule), so their gradient contributions simply add:
 
-* ``_dq_kernel``: program per query tile; sums over configs in a float32 buffer, the last
-  launch (covering every query) writes ``dq`` in the input dtype;
+* ``_dq_kernel``: program per query tile; computes its rows' delta (and writes it for dk/dv);
+  sums over configs in a float32 buffer, the last launch (covering every query) writes ``dq``
+  in the input dtype;
 * ``_dkdv_kernel``: program per key tile of one key/value head, looping over its group's query
   heads that read this class (GQA without atomics or expanded K/V); float32 sums as for dq.
 """
@@ -17,31 +18,6 @@ from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _key_range, _key
                       _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _logits2, _n_range,
                       _participates, _program_tile, _query_rows, _row_keep, _row_ptrs, _dot,
                       _sink_geometry, _split_at, _union_keep, _union_prologue, _union_tab)
-
-
-@triton.jit
-def _delta_kernel(o, do, DLSE, delta, sinkg, S, HQ, GROUP, SINKS2, BM: tl.constexpr,
-                  D: tl.constexpr, HAS_DLSE: tl.constexpr):
-    # delta[b, h, i] = sum_d dO * O  (- dlse): float32 [B, Hq, Sq] (``Strided``); dlse
-    # contiguous. ``sinkg``: the sink keys' float32 dk/dv sums ``[B, Hkv, SINKS2, D]``, zeroed
-    # here (the last dq launch adds into them); SINKS2 = 0: none
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HQ).to(tl.int64)
-    h = bh % HQ
-    if (SINKS2 > 0) & (pid == 0) & (h % GROUP == 0):
-        for r0 in range(0, SINKS2, BM):
-            r = r0 + tl.arange(0, BM)
-            tl.store(_row_ptrs(sinkg, b, h // GROUP, r, D=D), tl.zeros([BM, D], tl.float32),
-                     mask=(r < SINKS2)[:, None])
-    rows = pid * BM + tl.arange(0, BM)
-    ok = rows < S
-    ot = tl.load(_row_ptrs(o, b, h, rows, D=D), mask=ok[:, None], other=0.0).to(tl.float32)
-    dot = tl.load(_row_ptrs(do, b, h, rows, D=D), mask=ok[:, None], other=0.0).to(tl.float32)
-    dlt = tl.sum(ot * dot, 1)
-    if HAS_DLSE:
-        dlt = dlt - tl.load(DLSE + bh.to(tl.int64) * S + rows, mask=ok, other=0.0)
-    tl.store(delta.ptr + b * delta.sb + h.to(tl.int64) * delta.sh + rows, dlt, mask=ok)
 
 
 @triton.jit
@@ -191,13 +167,15 @@ def _dq_union(dq, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NPRI, KEYS, PS
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB, LC, NPRI, PSZ,
-               GROUP, QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-               F: tl.constexpr):
-    """dq of one config's launch. Arguments as in ``_fwd._fwd_kernel``; ``do``, ``dq``:
-    ``Strided`` like ``q``, ``lse`` / ``delta``: ``[B, Hq, Sq]``, ``dqacc``: the float32 sum
-    of earlier launches (a chunk of heads), ``sinkg``: the sink keys' float32 dk/dv sums
-    ``[B, Hkv, 2 * SINKS, D]``."""
+def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, o, dlse, pos, tables, L, R, LB, LC,
+               NPRI, PSZ, GROUP, QOFF, scales, BM: tl.constexpr, BN: tl.constexpr,
+               D: tl.constexpr, F: tl.constexpr):
+    """dq of one config's launch. Arguments as in ``_fwd._fwd_kernel``; ``do``, ``dq``, ``o``:
+    ``Strided`` like ``q``, ``lse`` / ``delta`` / ``dlse``: ``[B, Hq, Sq]``, ``dqacc``: the
+    float32 sum of earlier launches (a chunk of heads), ``sinkg``: the sink keys' float32 dk/dv
+    sums ``[B, Hkv, 2 * SINKS, D]``. A program computes its rows' ``delta = rowsum(dO * O) -
+    dlse`` (``F.HAS_DLSE``) and writes it for the dk/dv launches; the call's first launch, when
+    a later one takes the sink keys, zeroes their sums."""
     CFG, LCFG, KEYS = tables
     HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     b, hl, h, hc, hk, blk, sbase, ncl = _program_tile(tl.program_id(0), tl.program_id(1), HOFF,
@@ -213,8 +191,13 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
     lse2 = tl.load(lse.ptr + b64 * lse.sb + h64 * lse.sh + row64 * lse.ss, mask=row_ok,
                    other=0.0) * LOG2E
     lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # empty rows: P = 0
-    dlt = tl.load(delta.ptr + b64 * delta.sb + h64 * delta.sh + row64 * delta.ss, mask=row_ok,
-                  other=0.0)
+    # delta = rowsum(dO * O) (- dlse), float32: the same in every launch; written for dk/dv
+    ot = tl.load(_row_ptrs(o, b64, h, qidx, D=D), mask=row_ok[:, None], other=0.0)
+    dlt = tl.sum(ot.to(tl.float32) * dot.to(tl.float32), 1)
+    if F.HAS_DLSE:
+        dlt = dlt - tl.load(dlse.ptr + b64 * dlse.sb + h64 * dlse.sh + row64 * dlse.ss,
+                            mask=row_ok, other=0.0)
+    tl.store(delta.ptr + b64 * delta.sb + h64 * delta.sh + row64 * delta.ss, dlt, mask=row_ok)
     if F.HAS_DOC:
         qd = tl.load(pos.QDOC + b64 * pos.sqdoc + qidx, mask=row_ok, other=-2)
     else:
@@ -251,6 +234,14 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, pos, tables, L, R, LB,
                            F=F)
     dq_acc = dq_acc * scales[0]
     NLAUNCHED, FIRST, LAST = _launch_order(L)
+    if (FIRST != 0) & (LAST == 0) & (h % GROUP == 0) & (tl.program_id(0) == 0):
+        # the sink keys' sums of this key/value head, zeroed before the last launch adds in
+        SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
+        if SKHI > SKLO:
+            for r0 in range(0, 2 * SINKS, 16):
+                r = r0 + tl.arange(0, 16)
+                tl.store(_row_ptrs(sinkg, b64, hk, r, D=D), tl.zeros([16, D], tl.float32),
+                         mask=(r < 2 * SINKS)[:, None])
     acc_ptrs = _row_ptrs(dqacc, b64, hl, qidx, D=D)
     if FIRST == 0:
         prev = row_ok & _participates(pq, hc, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,

@@ -308,7 +308,9 @@ class FwdPlan(NamedTuple):
 class BwdPlan(NamedTuple):
     """The backward's launches: config tables, sink keys, heads per chunk of the float32 sums
     (``(hch, kch)``, None: none), dq and dk/dv launches, whether the dk/dv launches add into
-    the caller's sums (``merge_kv`` without sink keys: their share comes in a first launch)."""
+    the caller's sums (``merge_kv`` without sink keys: their share comes in a first launch),
+    whether the sink keys' sums start from zeros (else the first dq launch zeroes them: one
+    before the launch that takes the sink keys)."""
 
     tables: tuple
     sinks: int
@@ -316,6 +318,7 @@ class BwdPlan(NamedTuple):
     dq_items: list
     kv_items: list
     kv_merge: bool = False
+    zero_sinks: bool = False
 
 
 def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
@@ -326,7 +329,7 @@ def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:
                  IEEE=c.dtype == torch.float32, SLIDING=c.pattern.sliding, UTAB=utab,
                  EARLIER=ln.npri > 0,
                  MIXED=_may_mix(prio[:ln.npri], ln.w, ln.r, tile, c.pattern.sliding), SINK=sink,
-                 SOFTCAP=c.softcap > 0)
+                 SOFTCAP=c.softcap > 0, HAS_DLSE=False)
 
 
 def _head_chunk(heads: int, rows: int, nlaunch: int, cfg: KernelConfig) -> int:

@@ -33,9 +33,10 @@ Positions = namedtuple("Positions", "QINV sqinv KINV skinv QDOC sqdoc KDOC skdoc
 # * the compile-time flags (one tl.constexpr ``F``); MAPPED: 1 permuted, 2 with gaps; UTAB: the
 #   earlier configs in the union key tables (0: runtime loop); MIXED: ``kernels._may_mix``;
 #   SINK: forward and dq attend the sink keys, dk/dv add their sums; SOFTCAP: soft-capped
-#   scores (``_logits2``);
+#   scores (``_logits2``); HAS_DLSE: dq's delta takes the lse's gradient (set at launch: the
+#   plan serves calls with and without one);
 Flags = namedtuple("Flags", "CAUSAL PER_HEAD MAPPED HAS_DOC IEEE SLIDING UTAB EARLIER MIXED SINK "
-                   "SOFTCAP")
+                   "SOFTCAP HAS_DLSE")
 # * the integers the key loops read (``_SCALARS``) as unspecialised arguments: in the constant
 #   bank they take no register through the loops. The others (``LAUNCH_FIELDS``) are one int32
 #   row per launch of a table made with the call's plan: as arguments Triton would specialise

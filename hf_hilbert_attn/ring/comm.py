@@ -198,9 +198,8 @@ class KVExchange:
         works, kr, vr, _ = self.pending.pop(j)
         for w in works:
             w.wait()
-        if kr is None:
-            return None
-        return tuple(_scatter_block(t, self.plan.steps[j - 1], self.plan.hkv) for t in (kr, vr))
+        return None if kr is None else tuple(
+            _scatter_block(t, self.plan.steps[j - 1], self.plan.hkv) for t in (kr, vr))
 
 
 class GradExchange:

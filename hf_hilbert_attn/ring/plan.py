@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 import torch
 
+from ..engines.passes import _lex_order, _lex_search
 from ..pattern import DilatedPattern
 from ..planning import meets
 
@@ -51,22 +52,18 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
     for i, (w, r) in enumerate(pattern.configs):
         kseg, kcls = pattern.segment_and_class(i, kp)
         if pattern.sliding:
-            ok = _window_reach(qp, kp, w, r, causal, hi)  # [B, Sk]
+            ok = _window_reach(qp, kp, w, r, causal)  # [B, Sk]
         else:
             nb = (hi // w + 1) * r  # (segment, class) buckets per batch entry
             off = (torch.arange(b, device=dev) * nb).unsqueeze(1)
             qseg, qcls = pattern.segment_and_class(i, qp)
             qb = (qseg * r + qcls + off).flatten()
             kb = kseg * r + kcls + off  # [B, Sk]
-            if causal:
-                # latest query position per bucket; a key is reachable iff it is not after it
-                latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
-                latest.scatter_reduce_(0, qb, qp.flatten(), reduce="amax")
-                ok = latest[kb] >= kp  # [B, Sk]
-            else:
-                hit = torch.zeros(b * nb, dtype=torch.bool, device=dev)
-                hit[qb] = True
-                ok = hit[kb]
+            # latest query position per bucket (-1: none); a key is reachable iff it is not
+            # after it (non-causal: iff there is one; positions are >= 0)
+            latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
+            latest.scatter_reduce_(0, qb, qp.flatten(), reduce="amax")
+            ok = latest[kb] >= (kp if causal else 0)  # [B, Sk]
         if per_head and r > 1:
             # kv head g serves class c iff one of its query heads h has h % r == c
             serves = torch.zeros(hkv, r, dtype=torch.bool, device=dev)
@@ -82,34 +79,20 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
     return need
 
 
-def _window_reach(qp: torch.Tensor, kp: torch.Tensor, w: int, r: int, causal: bool,
-                  hi: int) -> torch.Tensor:
+def _window_reach(qp: torch.Tensor, kp: torch.Tensor, w: int, r: int,
+                  causal: bool) -> torch.Tensor:
     """bool ``[B, Sk]``: some query of the key's batch entry and class ``p ≡ s (mod r)`` lies
-    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). Positions ``< hi``. One
-    search per key among the queries sorted by (batch entry, class, position)."""
-    b, dev = qp.shape[0], qp.device
-    lo_off = 0 if causal else w - 1
-    span = hi + 2 * w  # s - lo_off + w >= 1 and s + (w - 1) + w < span: buckets never touch
-    if b * r * span >= 2**62:  # positions too large for one key: one search per bucket
-        out = torch.zeros(kp.shape, dtype=torch.bool, device=dev)
-        for e in range(b):
-            qc, kc = torch.remainder(qp[e], r), torch.remainder(kp[e], r)
-            for c in torch.unique(kc).tolist():
-                qs = torch.sort(qp[e][qc == c]).values
-                sel = (kc == c).nonzero().flatten()
-                if qs.numel() == 0:
-                    continue
-                s = kp[e].index_select(0, sel)
-                idx = torch.searchsorted(qs, s - lo_off)
-                first = qs[idx.clamp(max=qs.numel() - 1)]
-                out[e, sel] = (idx < qs.numel()) & (first <= s + (w - 1))
-        return out
-    entry = torch.arange(b, device=dev).unsqueeze(1) * r
-    q_key = torch.sort(((entry + torch.remainder(qp, r)) * span + qp + w).flatten()).values
-    k_base = (entry + torch.remainder(kp, r)) * span + kp + w  # [B, Sk]
-    idx = torch.searchsorted(q_key, k_base - lo_off)
-    first = q_key[idx.clamp(max=q_key.numel() - 1)]
-    return (idx < q_key.numel()) & (first <= k_base + (w - 1))
+    in ``[s, s + w - 1]`` (non-causal ``[s - w + 1, s + w - 1]``). One search per key among
+    the queries sorted by (batch entry, class, position): ``passes._lex_search``, which also
+    takes positions too far apart for one search key."""
+    entry = torch.arange(qp.shape[0], device=qp.device).unsqueeze(1) * r
+    qg, kg = ((entry + torch.remainder(p, r)).flatten() for p in (qp, kp))
+    order = _lex_order(qg, qp.flatten())
+    qg, qs = qg.index_select(0, order), qp.flatten().index_select(0, order)
+    idx = _lex_search(qg, qs, kg, kp.flatten() - (0 if causal else w - 1), right=False)
+    at = idx.clamp(max=qs.numel() - 1)
+    return ((idx < qs.numel()) & (qg[at] == kg) & (qs[at] <= kp.flatten() + (w - 1))).view(
+        kp.shape)
 
 
 @dataclass

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel")
+KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel")
 # The GPUs the kernels must compile for: A100 (sm_80), RTX 3090 / A6000 (sm_86), RTX 4090 / L4 /
 # L40 (sm_89), H100 / H200 (sm_90).
 TARGETS = (80, 86, 89, 90)
@@ -70,10 +70,11 @@ def recorded_launches():
 
 
 def launches(q, k, v, pattern, *, causal: bool = True, backward: bool = True,
-             arch: Optional[int] = None, **positions):
+             arch: Optional[int] = None, dlse: bool = False, **positions):
     """Every kernel launch of one forward (and backward) on ``q, k, v`` (CPU tensors are fine),
     recorded, not run. ``arch``: with the tiles the launchers choose on that GPU (its shared
-    memory, ``SHARED_LIMIT``), else the default ones. ``positions``: ``check_inputs`` keywords
+    memory, ``SHARED_LIMIT``), else the default ones. ``dlse``: the backward given the lse's
+    gradient (ring attention, learned sinks). ``positions``: ``check_inputs`` keywords
     (positions, document ids)."""
     from hf_hilbert_attn.inputs import check_inputs
     from hf_hilbert_attn.kernels import dilated_bwd, dilated_fwd, plan_positions
@@ -87,7 +88,8 @@ def launches(q, k, v, pattern, *, causal: bool = True, backward: bool = True,
     with pkg.configured(smem=smem), recorded_launches() as calls:
         out, lse = dilated_fwd(q, k, v, pattern, a.scale, causal, plan)
         if backward:
-            dilated_bwd(out, q, k, v, out, lse, None, pattern, a.scale, causal, plan)
+            dilated_bwd(out, q, k, v, out, lse, lse if dlse else None, pattern, a.scale, causal,
+                        plan)
     return calls
 
 

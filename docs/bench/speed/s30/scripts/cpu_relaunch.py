@@ -47,7 +47,7 @@ class _Driver:
 
 
 def install():
-    for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel"):
+    for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
         setattr(K, n, _Jit(getattr(K, n)))
     L.JITFunction, L.driver, L._OK = _Jit, _Driver, True
     real = ops.use_triton

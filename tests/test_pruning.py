@@ -29,8 +29,11 @@ def _mask(pattern, heads, qpos, kpos, causal):
 @pytest.mark.parametrize("window", ["segment", "sliding"])
 def test_union_unchanged_over_the_call_ranges(window):
     rng = random.Random(torch.initial_seed())
-    dropped = 0
-    for _ in range(150):
+    dropped = draws = 0
+    # 150 draws, and more until one prunes a config (about 1 draw in 30 does: 150 alone missed
+    # with probability ~0.5 %, a flaky failure)
+    while draws < 150 or (not dropped and draws < 3000):
+        draws += 1
         length = rng.randint(4, 90)
         p = random_pattern(rng, length, window=window, nested=True,
                            sinks=rng.choice([0, 0, 2]))

@@ -142,9 +142,10 @@ class DilatedPattern:
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
                 f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'")
         _warn_covered(w, r, self.window == "sliding")
-        checked = dict(segment_lengths=w, dilation_rates=r, sink_tokens=sink, dense_kv_heads=dense)
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
+        object.__setattr__(self, "segment_lengths", w)
+        object.__setattr__(self, "dilation_rates", r)
+        object.__setattr__(self, "sink_tokens", sink)
+        object.__setattr__(self, "dense_kv_heads", dense)
         # the rule's identity (equality, hash): every field but the storage layout
         object.__setattr__(self, "_key", (w, r, self.query_dilation, sink, self.window, dense))
 

@@ -278,7 +278,7 @@ def _bwd_heads(v, sg, none, lead=()) -> tuple:
 
 def _with_dlse(kw: dict, dlse: bool) -> dict:
     """A launch's keywords for a call with an lse gradient (``dlse``): dq's ``HAS_DLSE``."""
-    return dict(kw, F=kw["F"]._replace(HAS_DLSE=True)) if dlse and "F" in kw else kw
+    return dict(kw, F=kw["F"]._replace(HAS_DLSE=True)) if dlse else kw
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):

@@ -21,7 +21,8 @@ import torch
 from .inputs import KERNEL_HEAD_DIMS
 from .pattern import DilatedPattern
 
-__all__ = ["DECODE_MAX_QUERIES", "DecodePlan", "plan_decode", "run_decode", "decodes"]
+__all__ = ["DECODE_MAX_QUERIES", "DecodePlan", "plan_decode", "run_decode", "decodes",
+           "PreparedDecode"]
 
 DECODE_MAX_QUERIES = 16  # queries per call (decoding, speculative decoding); more: the op
 CPU_KEY_RATIO = 2.0  # on a CPU: cached keys per key the pattern reads, at most (D35)
@@ -194,6 +195,37 @@ def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePl
     plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda, softcap=softcap or 0.0,
                qbase=0 if not plan.in_cache_layout else plan.q_positions, kdrop=plan.dropped)
     return (out, lse) if return_lse else out
+
+
+class PreparedDecode:
+    """The prepared run of ``run_decode(q, k, v, plan, scale, softcap=softcap)`` (``out``
+    only), made once that call ran eagerly on the decode kernel (``plan`` has its launcher): a
+    decode step's later layers call it on inputs that ``fits`` it, with no checks, plan lookup
+    or routing."""
+
+    __slots__ = ("launch", "inputs", "scale", "softcap", "qbase", "kdrop")
+
+    def __init__(self, q, k, v, plan: DecodePlan, scale: float, softcap: Optional[float]):
+        self.launch, self.scale, self.softcap = plan._made, float(scale), float(softcap or 0.0)
+        self.inputs = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device)
+        self.qbase = plan.q_positions if plan.in_cache_layout else 0
+        self.kdrop = plan.dropped
+
+    def fits(self, q, k, v, scale=None, softcap=None) -> bool:
+        """Whether ``q``, ``k``, ``v`` are inputs like this call's with its ``scale`` and
+        ``softcap``, and no gradient is recorded (what :func:`decodes` checks per call)."""
+        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device) == self.inputs \
+            and (q.shape[-1] ** -0.5 if scale is None else scale) == self.scale \
+            and (softcap or 0.0) == self.softcap and not (torch.is_grad_enabled() and (
+                q.requires_grad or k.requires_grad or v.requires_grad))
+
+    def __call__(self, q, k, v):
+        (b, hq, sq, d) = q.shape
+        out = torch.empty_strided((b, hq, sq, d), (sq * hq * d, d, hq * d, 1), dtype=q.dtype,
+                                  device=q.device)  # [B, Sq, Hq, D] storage
+        self.launch(q, k, v, self.scale, out, None, interpret=not q.is_cuda,
+                    softcap=self.softcap, qbase=self.qbase, kdrop=self.kdrop)
+        return out
 
 
 _LAUNCHERS: dict = {}  # launchers of plans in a cache's layout, by pattern, heads and stream

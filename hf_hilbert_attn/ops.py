@@ -73,7 +73,7 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
     key = _prepared_key(q, k, v, pattern, (q_positions, k_positions, q_doc_ids, k_doc_ids),
                         ordering, _skip_kv_heads, *kw.values())
     if (prep := _PREPARED.get(key)) is not None:  # checked and routed by a call like this one
-        out, lse = _EagerKernels.apply(q, k, v, prep)
+        out, lse = prep.run(q, k, v)
         return (out, lse) if return_lse else out
     a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
                      k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
@@ -155,7 +155,14 @@ class _Prepared:
             and (softcap or 0.0) == a.softcap and _eager()
 
     def __call__(self, q, k, v):
-        return _EagerKernels.apply(q, k, v, self)[0]
+        return self.run(q, k, v)[0]
+
+    def run(self, q, k, v):
+        """``(out, lse)``: through the kernels' autograd Function where a gradient is recorded,
+        else the forward alone (inference: evaluation, a prefill)."""
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _EagerKernels.apply(q, k, v, self)
+        return self.forward(q, k, v)
 
     def _runner(self, run, which, q, k):
         """``run`` while the kernels' configuration it was made under is in force, else a new
@@ -194,7 +201,7 @@ def _kernel_attention(q, k, v, pattern, a, causal, key=None):
             if len(_PREPARED) >= 256:
                 _PREPARED.clear()
             _PREPARED[key] = prep
-        return _EagerKernels.apply(q, k, v, prep)
+        return prep.run(q, k, v)
     if a.head_base:
         raise NotImplementedError("head-sharded attention runs eagerly (outside torch.compile "
                                   "and torch.func transforms)")

@@ -186,13 +186,15 @@ def _tiny(pattern, layers=2):
     return configure(model, pattern)
 
 
-def test_cached_decode_equals_the_forward_without_cache():
+@pytest.mark.parametrize("dense", [[[1], [], []], [[1]] * 3], ids=["by_layer", "alike"])
+def test_cached_decode_equals_the_forward_without_cache(dense):
     """Prefill, then teacher-forced decode steps of one and of three tokens, with a left-padded
-    row and per-layer dense heads: every position's logits equal the model's forward over the
-    whole sequence (which runs the op, not the decode path), DynamicCache and PatternCache."""
+    row and dense heads per layer or alike (a step's later layers then run its first layer's
+    prepared call): every position's logits equal the model's forward over the whole sequence
+    (which runs the op, not the decode path), DynamicCache and PatternCache."""
     rng = random.Random(torch.randint(2**31, ()).item())
     pattern = random_pattern(rng, max_w=24, min_w=4, window=None, sinks=rng.choice([0, 1, 3]))
-    model = set_dense_kv_heads(_tiny(pattern), [[1], []])
+    model = set_dense_kv_heads(_tiny(pattern, layers=3), dense)
     n, pre = 34, 23
     ids = torch.randint(3, VOCAB, (2, n), device=DEV)
     mask = torch.ones(2, n, dtype=torch.long, device=DEV)
@@ -269,11 +271,15 @@ def test_one_plan_per_forward(monkeypatch):
 def test_a_decode_step_is_one_launch_per_layer_and_one_check_per_forward(monkeypatch):
     """A decode step of a 4-layer model: the kernel is launched once per layer (the splits'
     merge inside it; on a CPU the PyTorch run is one SDPA call per layer), and the per-layer
-    checks run once for the step (``_checked_pattern``), again where a layer's pattern differs."""
+    checks run once for the step (``_checked_pattern``), again where a layer's pattern differs;
+    on the kernel the layers after the first of their pattern run its prepared call."""
     import hf_hilbert_attn.integrations.transformers as tf
     import hf_hilbert_attn.kernels._decode as kd
 
-    launches, checks = [], []
+    launches, checks, prepared = [], [], []
+    real_prepared = decode.PreparedDecode.__call__
+    monkeypatch.setattr(decode.PreparedDecode, "__call__",
+                        lambda self, *a: prepared.append(1) or real_prepared(self, *a))
     real_launch, real_relaunch, real_check = kd.launch_all, kd.relaunch, tf.check_call
     monkeypatch.setattr(kd, "launch_all", lambda ls, memo=None: launches.extend(x[0] for x in ls)
                         or real_launch(ls, memo))
@@ -294,10 +300,13 @@ def test_a_decode_step_is_one_launch_per_layer_and_one_check_per_forward(monkeyp
         model(input_ids=ids[:, 19:], past_key_values=cache, use_cache=True)
         assert len(launches) == 4, launches
         assert len(checks) == 1, checks
+        assert len(prepared) == (3 if "sdpa" not in launches else 0), prepared
         set_dense_kv_heads(model, [[0], [], [0], []])
-        checks.clear()
+        checks.clear(), prepared.clear()
         model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True)
         assert len(checks) == 4, checks  # per-layer dense heads: a pattern per layer
+        # (layers 3 and 4 have the patterns of 1 and 2: they run those layers' prepared calls)
+        assert len(prepared) == (2 if "sdpa" not in launches else 0), prepared
 
 
 def test_static_cache_generate_compiles_to_one_graph():

@@ -174,23 +174,27 @@ def test_a_prepared_call_follows_the_kernels_configuration(small_tiles, monkeypa
 
 
 @INTERPRETED
-@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
-def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch, autocast):
+@pytest.mark.parametrize("autocast,by_layer", [(False, False), (True, False), (False, True)],
+                         ids=["plain", "autocast", "by_layer"])
+def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch, autocast,
+                                                       by_layer):
     """In a model, once a layer's call was checked and routed (``ops._PREPARED``), the layers of
     a forward that call alike run the prepared call straight from the attention function, under
     autocast too (float32 weights, q and k float32 after the rotary embedding: cast once at the
-    attention function, as the op casts); the loss and every gradient are bit for bit those of
-    the checked calls; inputs or arguments that differ (dtype, shape, scale, soft cap) do not
-    fit it."""
+    attention function, as the op casts), and where layers differ (dense heads by layer) the
+    layers of one pattern; the loss and every gradient are bit for bit those of the checked
+    calls; inputs or arguments that differ (dtype, shape, scale, soft cap) do not fit it."""
     import hf_hilbert_attn.integrations.transformers as hf
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_hilbert_attn import configure
+    from hf_hilbert_attn import configure, set_dense_kv_heads
 
     cfg = LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
     torch.manual_seed(0)
     model = configure(LlamaForCausalLM(cfg), PATTERN)
+    if by_layer:  # layers 2 and 3 have the patterns of 0 and 1
+        set_dense_kv_heads(model, [[0], [1], [0], [1]])
     # the kernels on CPU tensors for backend="auto" (through the interpreter), as on a GPU
     monkeypatch.setattr(ops, "use_triton", lambda q, a, backend: backend != "torch")
     runs, real = [], ops._Prepared.__call__
@@ -208,10 +212,12 @@ def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch,
 
     ops._PREPARED.clear()
     first, again = step(), step()
-    assert len(runs) == 2 + 3  # layers 2-3, then 1-3: layer 0 prepares the forward's call
+    # layers 2-3, then 1-3: layer 0 prepares the forward's call (by layer: none, then 2-3,
+    # layers 0 and 1 preparing their patterns' calls)
+    assert len(runs) == (2 if by_layer else 2 + 3)
     monkeypatch.setattr(hf, "prepared", lambda *a, **kw: None)  # every layer checked
     plain = step()
-    assert len(runs) == 5
+    assert len(runs) == (2 if by_layer else 5)
     for x, y, z in zip(first, again, plain):
         assert torch.equal(x, y) and torch.equal(x, z)
     prep = next(iter(ops._PREPARED.values()))
@@ -577,3 +583,28 @@ def test_a_runner_relaunches_a_call_like_its_last_with_what_the_guard_gives(monk
         finally:
             kernels.set_launch_hook(old)
         assert len(fast) == 2 and len(hooked) == 1, kind
+
+
+@INTERPRETED
+def test_a_call_that_records_no_gradient_skips_the_autograd_function(small_tiles, monkeypatch):
+    """A prepared call whose inputs need no gradient (``torch.no_grad``, inference mode, frozen
+    inputs) runs the kernels' forward without the autograd Function, with the same bits; one
+    that records a gradient goes through it."""
+    s, d = 37, 16
+    q, k, v = torch.randn(1, 4, s, d), torch.randn(1, 2, s, d), torch.randn(1, 2, s, d)
+    applied, real = [], ops._EagerKernels.apply
+    monkeypatch.setattr(ops._EagerKernels, "apply", lambda *a: applied.append(1) or real(*a))
+    ops._PREPARED.clear()
+    call = lambda *t: dilated_attention(*t, PATTERN, return_lse=True, backend="triton")
+    with_grad = call(*(t.clone().requires_grad_() for t in (q, k, v)))  # prepares, then runs
+    again = call(*(t.clone().requires_grad_() for t in (q, k, v)))
+    assert len(applied) == 2
+    with torch.no_grad():
+        plain = call(q, k, v)
+    with torch.inference_mode():
+        inference = call(q, k, v)
+    frozen = call(q, k, v)
+    assert len(applied) == 2
+    for got in (again, plain, inference, frozen):
+        for a, b in zip(got, with_grad):
+            assert torch.equal(a, b.detach())

@@ -23,7 +23,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .. import ring as _ring
 from ..compiler import disable_lazily
-from ..decode import decodes, plan_decode, run_decode
+from ..decode import PreparedDecode, decodes, plan_decode, run_decode
 from ..inputs import kernel_widths, model_positions
 from ..numerics import autocast_inputs, with_sink_logits
 from ..ops import dilated_attention, prepared
@@ -274,7 +274,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     pattern, run = _checked_pattern(module, dropout, causal, b, sq, sk, step, attention_mask,
                                     kwargs)
     if run and run[0].fits(query, key, value, scaling, kwargs.get("softcap")):  # prepared by
-        # an earlier layer of this forward
+        # an earlier layer of this forward (its op's or decode step's call)
         return _layer_output(run[0](query, key, value), None, query.shape[-1])
     query, key, value, scaling, dv = kernel_widths(query, key, value, scaling)
     group, sinks = _ring.get_sequence_parallel_group(), kwargs.get("s_aux")  # learned sink
@@ -282,7 +282,7 @@ def hilbert_dilated_attention_forward(module: torch.nn.Module, query: torch.Tens
     softcap = kwargs.get("softcap")
     if group is None and sk > sq and causal:  # a decode step: one plan per forward, one run
         out = _decode_step(query, key, value, step, attention_mask, pattern, scaling, kwargs,
-                           sinks is not None)
+                           sinks is not None, run)
         if out is not None:
             return _layer_output(out, sinks, dv)
     if group is None and getattr(attention_mask, "kv_offset", 0):  # a PatternCache dropped keys
@@ -343,10 +343,11 @@ def _layer_output(result, sinks, dv):
 
 
 def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
-    """``check_call``, then ``(the layer's pattern, a list for the prepared call of the op it
-    runs)``; once per forward for the layers that call alike (module class, config, arguments,
-    the kwargs given; each layer where layers differ: dense heads, sliding windows or chunks by
-    layer), kept in the forward's mask memo (``step``)."""
+    """``check_call``, then ``(the layer's pattern, a list for the prepared call it runs)``;
+    once per forward for the layers that call alike (module class, config, arguments, the
+    kwargs given; each layer where layers differ: dense heads, sliding windows or chunks by
+    layer, whose list layers of one pattern share), kept in the forward's mask memo
+    (``step``)."""
     traced = torch.compiler.is_compiling()
     memo = step._memo if isinstance(step, DilatedMaskInfo) and not traced else {}
     config = module.config
@@ -361,15 +362,17 @@ def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
     if hit is None:
         check_call(module, dropout, causal, b, sq, sk, info, DilatedMaskInfo, kwargs)
         check_layer_window(module, layer_window(config, key[2]), info, kwargs)
-        hit = memo[key] = (get_pattern(config, key[2]), [])
+        pattern = get_pattern(config, key[2])  # (layers of one pattern share the list)
+        hit = memo[key] = (pattern, memo.setdefault((*key[:2], pattern, *key[3:]), []))
     return hit
 
 
-def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: bool):
+def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: bool, run: list):
     """A decode call (``decode.decodes``; else None): the step's plan, made by its first layer
     with this pattern and key count and kept in the forward's mask (``step``), then one run,
     whose ``out`` (a ``[B, Hq, Sq, D]`` view of ``[B, Sq, Hq, D]`` storage) and, with ``lse``
-    (learned sinks), its lse it returns. Under ``torch.compile`` (``generate()`` compiles a
+    (learned sinks), its lse it returns; without, the run's prepared call goes in ``run``
+    (``_checked_pattern``'s list: the step's later layers that call alike run it). Under ``torch.compile`` (``generate()`` compiles a
     static cache's steps, with CUDA graphs under "reduce-overhead") the positions (cache slots
     and padding), plan and run are traced into the graph instead: no host sync, no graph break,
     the plan made per layer (device work inside the graph); a PatternCache's dropped keys,
@@ -404,8 +407,11 @@ def _decode_step(query, key, value, step, info, pattern, scaling, kwargs, lse: b
     elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
                                       or value.requires_grad):
         return None  # (what decodes() checks that a step's layers may not share)
-    return run_decode(query, key, value, hit[2], d ** -0.5 if scaling is None else scaling,
-                      return_lse=lse, softcap=kwargs.get("softcap"))
+    scale, softcap = d ** -0.5 if scaling is None else scaling, kwargs.get("softcap")
+    out = run_decode(query, key, value, hit[2], scale, return_lse=lse, softcap=softcap)
+    if not (lse or run or traced or isinstance(hit[2]._made, (torch.Tensor, type(None)))):
+        run.append(PreparedDecode(query, key, value, hit[2], scale, softcap))  # (eager, on
+    return out  # the decode kernel: the plan has its launcher)
 
 
 # the eager step under torch.compile: one opaque call (its plan is host work kept in the mask)

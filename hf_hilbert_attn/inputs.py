@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from .pattern import DilatedPattern
-from .plan_cache import kept
+from .plan_cache import kept, memoised
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Head sizes the Triton kernels are built for (``backends.use_triton`` and ``kernels/`` read this).
@@ -69,14 +69,8 @@ def _arange_row(start: int, stop: int, device) -> torch.Tensor:
     if torch.compiler.is_compiling() or (device.type == "cuda"
                                          and torch.cuda.is_current_stream_capturing()):
         return torch.arange(start, stop, device=device, dtype=torch.int64).unsqueeze(0)
-    key = (start, stop, device)
-    t = _ARANGE.get(key)
-    if t is None:
-        if len(_ARANGE) >= 64:
-            _ARANGE.clear()
-        t = _ARANGE[key] = kept(lambda: torch.arange(start, stop, device=device,
-                                                     dtype=torch.int64).unsqueeze(0), device)
-    return t
+    return memoised(_ARANGE, (start, stop, device), 64, lambda: kept(
+        lambda: torch.arange(start, stop, device=device, dtype=torch.int64).unsqueeze(0), device))
 
 
 def _layout_hint(q: torch.Tensor, k: torch.Tensor) -> str:

@@ -35,21 +35,21 @@ def _decoder_layers(model, what: str):
     return layers
 
 
-def _patch_forward(module, attr: str, new_forward) -> None:
-    """Put ``new_forward`` in front of ``module.forward`` (an instance attribute, so the
+def _patch_forward(mlp) -> None:
+    """Put :func:`_tiled_mlp_forward` in front of ``mlp.forward`` (an instance attribute, so the
     state dict, the class and other instances are untouched); the previous ``forward`` — the
     class's, or an instance one such as accelerate's hooks — is kept for :func:`_unpatch`."""
-    inner = module.forward
-    setattr(module, attr, (inner, "forward" in module.__dict__))
-    module.forward = lambda *args, **kwargs: new_forward(inner, *args, **kwargs)
+    inner = mlp.forward
+    mlp._hf_tile_saved = (inner, "forward" in mlp.__dict__)
+    mlp.forward = lambda *args, **kwargs: _tiled_mlp_forward(mlp, inner, *args, **kwargs)
 
 
-def _unpatch(module, attr: str) -> None:
-    saved = module.__dict__.pop(attr, None)
+def _unpatch(mlp) -> None:
+    saved = mlp.__dict__.pop("_hf_tile_saved", None)
     if saved is not None and saved[1]:  # an instance forward: put it back
-        module.forward = saved[0]
+        mlp.forward = saved[0]
     elif saved is not None:  # the class's forward: drop ours
-        del module.forward
+        del mlp.forward
 
 
 # ------------------------------------------------------------------------------ tiled MLP
@@ -155,13 +155,12 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     norms = [m for layer in layers for m in layer.children() if type(m).__name__.endswith("Norm")]
     for mlp in mlps + norms:
         if chunk == 0:
-            _unpatch(mlp, "_hf_tile_saved")
+            _unpatch(mlp)
             mlp.__dict__.pop("_hf_tile_chunk", None)
             continue
         mlp._hf_tile_chunk = chunk
         if "_hf_tile_saved" not in mlp.__dict__:
-            _patch_forward(mlp, "_hf_tile_saved",
-                           lambda inner, *a, _m=mlp, **k: _tiled_mlp_forward(_m, inner, *a, **k))
+            _patch_forward(mlp)
     return model
 
 

@@ -233,7 +233,7 @@ class DilatedPattern:
     @property
     def sparse_part(self) -> "DilatedPattern":
         """The pattern without its dense heads (what the sparse engines compute)."""
-        return self if not self.dense_kv_heads else _without_dense(self, self.ordering)
+        return self if not self.dense_kv_heads else replaced(self, self.ordering, dense_kv_heads=())
 
     def check_kv_heads(self, num_kv_heads: int) -> None:
         """``ValueError`` unless every dense key/value head exists (``< num_kv_heads``)."""
@@ -439,10 +439,11 @@ class DilatedPattern:
         return f * 2.5 if backward else f
 
 
-@lru_cache(maxsize=256)
-def _without_dense(pattern: "DilatedPattern", ordering: str) -> "DilatedPattern":
-    # ordering in the key: equal patterns may carry different layouts, the result keeps its own
-    return pattern.replace(dense_kv_heads=[])
+@lru_cache(maxsize=1024)
+def replaced(base: DilatedPattern, ordering: str, **fields) -> DilatedPattern:
+    # base.replace(**fields) once per layer or call; ordering in the key: equal patterns may
+    # carry different layouts, the result keeps base's
+    return base.replace(**fields)
 
 
 def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:

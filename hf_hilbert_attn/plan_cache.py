@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["PlanCache", "caching_enabled", "kept"]
+__all__ = ["PlanCache", "caching_enabled", "kept", "memoised"]
 
 SMALL = 64  # CPU tensors up to this many elements are keyed by their content
 
@@ -63,6 +63,17 @@ def kept(make: Callable[[], object], device=None):
     out, done = _on_maker(run)
     torch.cuda.current_stream(idx).wait_event(done)
     return out
+
+
+def memoised(memo: dict, key, size: int, make: Callable[[], object]):
+    """``memo[key]``, made by ``make()`` where absent: a plain dict of at most ``size`` entries,
+    emptied when full (small tables made once, not per call)."""
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) >= size:
+            memo.clear()
+        hit = memo[key] = make()
+    return hit
 
 
 def _fingerprint(t: Optional[torch.Tensor]):

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import transformers
 
-from ..pattern import DilatedPattern
+from ..pattern import DilatedPattern, replaced
 from ..patterns import as_pattern
 
 ATTN_IMPLEMENTATION = "hilbert_dilated"
@@ -132,10 +132,3 @@ def sharding_pattern(config) -> DilatedPattern:
     layers = raw.get(LAYER_DENSE) if isinstance(raw, dict) else None
     heads = sorted({h for layer in layers or () for h in layer})
     return base.replace(dense_kv_heads=heads) if heads and not base.dense_kv_heads else base
-
-
-@functools.lru_cache(maxsize=1024)
-def replaced(base: DilatedPattern, ordering: str, **fields) -> DilatedPattern:
-    # base.replace(**fields) once per layer or call; ordering in the key: equal patterns may
-    # carry different layouts, the result keeps base's
-    return base.replace(**fields)

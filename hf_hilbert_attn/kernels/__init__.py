@@ -14,24 +14,21 @@ from ..inputs import KERNEL_HEAD_DIMS as SUPPORTED_HEAD_DIMS  # the one list
 from ..planning import for_ranges
 from ._bwd import _dkdv_kernel, _dq_kernel
 from ._calls import (  # noqa: F401 (_CALLS, _SMALL, _may_mix, ...: read here by tests and tools)
-    _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _cfg_tensor, _check_target,
+    _CALLS, _SMALL, BwdPlan, Call, FwdPlan, _blocks, _call_key, _check_target,
     _dense_skip, _dummy, _fill_skipped, _flags, _head_chunk, _head_runs, _head_split,
-    _key_tiles, _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
-    _position_args, _positions, _prep, _query_tiles, _scalars, _skipped, _smem, _strided,
+    _launch_row, _launch_table, _launches, _may_mix, _needs_pair_mask, _planned,
+    _position_args, _positions, _prep, _skipped, _smem, _strided, _tiles,
     _trimmed, _union_args, kept_if_captured)
-from ._common import LOG2E as _LOG2E
 from ._common import Strided, _scales
 from ._config import KernelConfig, _run, configure, configured, kernel_config, set_launch_hook
 from ._fwd import _fwd_kernel
 from . import _config
 from ._launch import relaunch_kept
-from ._plan import PositionPlan, fwd_max_registers, plan_positions
+from ._plan import W_CAP, PositionPlan, fwd_max_registers, plan_positions
 
 __all__ = ["dilated_fwd", "dilated_bwd", "fwd_runner", "bwd_runner", "plan_positions",
            "PositionPlan", "SUPPORTED_HEAD_DIMS",
            "KernelConfig", "kernel_config", "configure", "configured", "set_launch_hook"]
-
-LOG2E = float(_LOG2E.value)  # the kernels take scale * log2(e): softmax in base 2
 
 
 def plan_fwd(c: Call) -> FwdPlan:
@@ -42,8 +39,7 @@ def plan_fwd(c: Call) -> FwdPlan:
     hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
     # the union test: the key tables (as in the backward) for launches that need the per-pair
     # mask, else the runtime loop
-    keys, psz, utab = (_union_args(prio, c.plan, c.device) if any(ln.pair for ln in launch)
-                       else (_dummy(c.device), 1, 0))
+    keys, psz, utab = _union_args(prio, c.plan, c.device, any(ln.pair for ln in launch))
     smem = _smem(c.device, c.cfg)
     tiles = {(t, f): _blocks("fwd", D, c.dtype, smem, t, f, cfg=c.cfg)
              for t, f in ((False, False), (True, False), (False, True))}
@@ -56,33 +52,31 @@ def plan_fwd(c: Call) -> FwdPlan:
                 continue
             tab = utab if ln.pair else 0
             BM, BN, warps, stages = tiles[tab > 0, ln.npri == 0]
-            seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
+            seg0, nseg, blk0, nblk = _tiles(lp.qlo, lp.qhi, ln.w, ln.r, BM, True)
             ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
-            rows.append(_launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV,
-                                    (seg0, ncls, nblk, blk0), sinks, len(prio), psz, c.merge,
-                                    c.hbase))
+            rows.append(_launch_row(c, lp, ln, li, len(launch), h0, nh, (seg0, ncls, nblk, blk0),
+                                    sinks, len(prio), psz, c.merge))
             kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
                       num_warps=warps, num_stages=stages)
             cap = fwd_max_registers((BM, BN, warps), ln.npri == 0)
             if cap and c.dtype != torch.float32 and not c.cfg.interpret:
                 kw["maxnreg"] = cap
-            items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
-    tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
-              keys)
-    items = [(g, row, ints, kw) for (g, ints, kw), row in zip(items, _launch_table(rows, c.device))]
+            items.append(((nseg * ncls * nblk, B * nh), kw))
+    tables, items = _launch_table(prio, launch, keys, items, rows, c.device)
     return FwdPlan(tables, hch if len(launch) > 1 and not c.merge else 0, items)
 
 
-def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, skip: tuple,
+def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, skip: tuple,
                 flags: tuple, hbase: int, softcap: float):
-    """``(sparse plan, dense plan or None, whether they were made just now, heads to fill,
-    positions, the memo of their launches: ``_launch.launch_all``'s)`` of a call, made once per
+    """``(configuration, sparse plan, dense plan or None, whether they were made just now, heads
+    to fill, positions, the memo of their launches: ``_launch.launch_all``'s, and the positions'
+    ``(lead, tail)``: ``_position_args``)`` of a call under :func:`kernel_config`, made once per
     call key: ``build`` (:func:`plan_fwd` / :func:`plan_bwd`) of the sparse pattern leaving out
     ``skip`` (and, where that adds no launch, the dense key/value heads: ``_head_split``) and of
     the plain causal config over the dense heads, whose launches come last (they overwrite what
     the sparse ones computed for them). ``flags``: ``Call``'s ``merge`` (and ``merge_kv``);
     ``hbase``, ``softcap``: its own."""
-    (B, HQ, SQ, D), dev = q.shape, q.device
+    (B, HQ, SQ, D), dev, cfg = q.shape, q.device, kernel_config()
     shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
 
     def make():
@@ -98,7 +92,7 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, cfg, sk
     key = _call_key(build.__name__, pattern, plan, q, k, causal, scale, cfg,
                     (skip, *flags, hbase, softcap))
     (sparse, dense, fill, memo), fresh = _planned(key, make, dev, pos)
-    return sparse, dense, fresh, fill, pos, memo
+    return cfg, sparse, dense, fresh, fill, pos, memo, *_position_args(plan, pos)
 
 
 def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
@@ -131,13 +125,11 @@ def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     when ``merge``, in place of ``out``). A caller that repeats a call keeps its runner (ops'
     prepared calls): one lookup of its plans, not one per call, until ``run.stale()`` (the
     configuration it was planned under is no longer :func:`kernel_config`'s)."""
-    cfg = kernel_config()
-    fp, dense, fresh, fill, pos, memo = _call_plans(
-        plan_fwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge,), head_base, softcap)
+    cfg, fp, dense, fresh, fill, pos, memo, lead, tail = _call_plans(
+        plan_fwd, q, k, pattern, plan, causal, scale, skip, (merge,), head_base, softcap)
     (B, HQ, SQ, D), dev, group = q.shape, q.device, q.shape[1] // k.shape[1]
     scales, fresh = _scales(scale, softcap), {0: fresh}  # (the first run compiles side by
     # side; dict.pop with a default: atomic, as threads may share a runner)
-    lead, tail = _position_args(plan, pos)
     hot = {}  # {0: (strides, launches)}: the last layout launched (layers of a step repeat it;
     # a dict: get and pop are atomic, as threads may share a runner)
 
@@ -208,7 +200,6 @@ def plan_bwd(c: Call) -> BwdPlan:
     hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
     kv_merge = c.merge_kv and not sinks
     kch = HKV if kv_merge else _head_chunk(HKV, 2 * B * SK * D, len(launch), c.cfg)
-    ncls_q = 1 if c.pattern.query_dilation == "per_head" else None
     smem = _smem(c.device, c.cfg)
     dq_tiles = {p: _blocks("dq", D, c.dtype, smem, p, cfg=c.cfg) for p in (False, True)}
     kv_tiles = {f: _blocks("dkdv", D, c.dtype, smem, skips=f, cfg=c.cfg) for f in (False, True)}
@@ -216,12 +207,7 @@ def plan_bwd(c: Call) -> BwdPlan:
     # union test: the key tables hold the configs but the last (up to four earlier ones);
     # the sink launch (after all of them in priority), sliding windows and longer patterns
     # test the configs in a runtime loop (decisions.md, "One union test in a loop")
-    keys, psz, utab = (_union_args(prio, c.plan, c.device) if not c.pattern.sliding
-                       else (_dummy(c.device), 1, 0))
-
-    def row(lp, li, ln, h0, nh, tiles, merge=False):
-        return _launch_row(lp, ln, li, len(launch), h0, nh, HQ // HKV, tiles, sinks,
-                           len(prio), psz, merge, c.hbase)
+    keys, psz, utab = _union_args(prio, c.plan, c.device, not c.pattern.sliding)
 
     # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
     # the sink launch's dk/dv sums are needed by the dk/dv kernel)
@@ -232,12 +218,13 @@ def plan_bwd(c: Call) -> BwdPlan:
             if lp is None:
                 continue
             BM, BN, warps, stages = dq_tiles[ln.pair]
-            seg0, nseg, blk0, nblk = _query_tiles(lp, ln.w, ln.r, BM)
-            ncls = ncls_q or ln.r
-            rows.append(row(lp, li, ln, h0, nh, (seg0, ncls, nblk, blk0), c.merge))
+            seg0, nseg, blk0, nblk = _tiles(lp.qlo, lp.qhi, ln.w, ln.r, BM, True)
+            ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
+            rows.append(_launch_row(c, lp, ln, li, len(launch), h0, nh, (seg0, ncls, nblk, blk0),
+                                    sinks, len(prio), psz, c.merge))
             fl = _flags(c, prio, ln, BM, bool(sinks) and li == len(launch) - 1, utab)
             kw = dict(BM=BM, BN=BN, D=D, F=fl, num_warps=warps, num_stages=stages)
-            dq_items.append(((nseg * ncls * nblk, B * nh), _scalars(rows[-1]), kw))
+            dq_items.append(((nseg * ncls * nblk, B * nh), kw))
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
     kv_items = []
     for g0, ng in _head_runs(HKV, 1, c.skip, kch):
@@ -245,19 +232,18 @@ def plan_bwd(c: Call) -> BwdPlan:
             lp = _trimmed(c, ln, kv_merge, False)  # kv_merge: no sink key
             if lp is None:
                 continue
-            kseg0, knseg, kblk0, knblk = _key_tiles(lp, ln.w, ln.r, kBN)
-            rows.append(row(lp, li, ln, g0, ng, (kseg0, ln.r, knblk, kblk0), kv_merge))
+            kseg0, knseg, kblk0, knblk = _tiles(lp.klo, lp.khi, ln.w, ln.r, kBN, ln.w == W_CAP)
+            rows.append(_launch_row(c, lp, ln, li, len(launch), g0, ng,
+                                    (kseg0, ln.r, knblk, kblk0), sinks, len(prio), psz, kv_merge))
             # (the sink keys' dk/dv sums: added by the first launch only; the flag's code
             # costs the others registers)
             fl = _flags(c, prio, ln, kBN, bool(sinks) and li == 0, utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
-            kv_items.append(((knseg * ln.r * knblk, B * ng), _scalars(rows[-1]), kw))
-    tables = (_cfg_tensor(prio, c.device), _cfg_tensor([ln.entry for ln in launch], c.device),
-              keys)
-    table = _launch_table(rows, c.device)  # the dq launches' rows, then the dk/dv launches'
-    dq_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(dq_items, table)]
-    kv_items = [(g, r, ints, kw) for (g, ints, kw), r in zip(kv_items, table[len(dq_items):])]
+            kv_items.append(((knseg * ln.r * knblk, B * ng), kw))
+    # (the dq launches, then the dk/dv launches)
+    tables, items = _launch_table(prio, launch, keys, dq_items + kv_items, rows, c.device)
+    dq_items, kv_items = items[:len(dq_items)], items[len(dq_items):]
     chunks = (0 if c.merge else hch, 0 if kv_merge else kch) if len(launch) > 1 else None
     return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge,
                    bool(sinks) and (c.merge or len(launch) == 1))
@@ -322,13 +308,11 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
     ``run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
     dkv_acc=None) -> (dq, dk, dv)`` as :func:`dilated_bwd` says (``dq_acc`` given exactly when
     ``merge``, ``dkv_acc`` when ``merge_kv``)."""
-    cfg = kernel_config()
-    bp, dense, fresh, fill, pos, memo = _call_plans(
-        plan_bwd, q, k, pattern, plan, causal, scale, cfg, skip, (merge, merge_kv), head_base,
+    cfg, bp, dense, fresh, fill, pos, memo, lead, tail = _call_plans(
+        plan_bwd, q, k, pattern, plan, causal, scale, skip, (merge, merge_kv), head_base,
         softcap)
     (B, HQ, SQ, D), (HKV, SK), dev = q.shape, k.shape[1:3], q.device
     scales, fresh = _scales(scale, softcap), {0: fresh}
-    lead, tail = _position_args(plan, pos)
     hot = {}  # as the forward's
 
     def run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,

@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 
-from ..plan_cache import kept
+from ..plan_cache import kept, memoised
 from ..planning import class_uniform, config_meets, covered_window, nests, sink_keys
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
 from ._config import KernelConfig, kernel_config
@@ -55,14 +55,8 @@ _SMALL: dict = {}  # small int32 device tensors by (content, device): made once,
 
 def _small_tensor(values: tuple, device) -> torch.Tensor:
     """A cached int32 tensor on ``device`` (made per call: a host-to-device copy, uncapturable)."""
-    key = (values, str(device))
-    t = _SMALL.get(key)
-    if t is None:
-        if len(_SMALL) > 256:
-            _SMALL.clear()
-        t = _SMALL[key] = kept(lambda: torch.tensor(values, device=device, dtype=torch.int32),
-                               device)
-    return t
+    return memoised(_SMALL, (values, str(device)), 257, lambda: kept(
+        lambda: torch.tensor(values, device=device, dtype=torch.int32), device))
 
 
 def _dummy(device):
@@ -113,14 +107,11 @@ def _launches(pattern, plan: PositionPlan, causal: bool = True):
     return prio, out, sink_keys(pattern, plan.klo, plan.base)
 
 
-def _cfg_tensor(cfgs, device):
-    return _small_tensor(tuple(x for wr in cfgs for x in wr) or (1, 1), device)
-
-
 def _tiles(lo: int, hi: int, w: int, r: int, blk: int, narrow: bool):
     """(first segment, segments, first block, blocks per segment and class) of the tiles of
     ``blk`` class indices over positions ``[lo, hi]``: inside one segment (``narrow``) only the
-    blocks that can hold them."""
+    blocks that can hold them (the query tiles: a short query range, decoding; the dk/dv
+    kernel's key tiles of sliding windows: one segment of the keys' range)."""
     seg0, nseg = lo // w, hi // w - lo // w + 1
     nblk = triton.cdiv(triton.cdiv(w, r), blk)
     if nseg == 1 and narrow:
@@ -128,12 +119,6 @@ def _tiles(lo: int, hi: int, w: int, r: int, blk: int, narrow: bool):
         last = (hi - seg0 * w) // r // blk
         return seg0, 1, first, min(nblk - first, last - first + 1)
     return seg0, nseg, 0, nblk
-
-
-def _query_tiles(plan: PositionPlan, w: int, r: int, bm: int):
-    """:func:`_tiles` of the query tiles: a short query range inside one segment (decoding) gets
-    only the blocks that can hold it."""
-    return _tiles(plan.qlo, plan.qhi, w, r, bm, True)
 
 
 def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
@@ -147,12 +132,6 @@ def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
     klo, khi = max(p.klo, p.qlo - reach), min(p.khi, p.qhi + back)
     return dataclasses.replace(p, qlo=qlo, qhi=qhi, klo=klo, khi=khi) \
         if qlo <= qhi and klo <= khi else None
-
-
-def _key_tiles(plan: PositionPlan, w: int, r: int, bn: int):
-    """:func:`_tiles` of the key tiles of the dk/dv kernel: one segment of the keys' range
-    (sliding) gets only its blocks."""
-    return _tiles(plan.klo, plan.khi, w, r, bn, w == W_CAP)
 
 
 def _positions(plan: PositionPlan, device) -> Positions:
@@ -179,34 +158,34 @@ def _strided(t: torch.Tensor) -> Strided:
     return Strided(t, *t.stride()[:3])
 
 
-def _launch_row(plan, ln, li, nlaunch, h0, nh, group, tiles, sinks, ncfg, psz,
-                merge=False, hbase=0) -> dict:
-    """The integers of launch ``li`` (of ``nlaunch``) of config launch ``ln``, by name
-    (``_common.LAUNCH_FIELDS`` and ``_SCALARS``): heads ``h0 .. h0 + nh`` (``group`` query heads
-    per key/value head), ``tiles`` = (first segment, classes, blocks per class, first block).
-    ``merge``: every launch merges into the given float32 result (``_participates``), none writes
-    the output. ``hbase``: the number of head 0 in the pattern's rule (``Call.hbase``)."""
+def _launch_row(c, plan, ln, li, nlaunch, h0, nh, tiles, sinks, ncfg, psz, merge) -> dict:
+    """The integers of launch ``li`` (of ``nlaunch``) of config launch ``ln`` of call ``c`` at
+    positions ``plan``, by name (``_common.LAUNCH_FIELDS`` and ``_SCALARS``): heads ``h0 .. h0 +
+    nh``, ``tiles`` = (first segment, classes, blocks per class, first block). ``merge``: every
+    launch merges into the given float32 result (``_participates``), none writes the output.
+    Head 0 is head ``Call.hbase`` of the pattern's rule."""
     seg0, ncls, nblk, blk0 = tiles
-    return dict(HOFF=h0, HCH=nh, GROUP=group, QOFF=plan.qoff, KOFF=plan.koff, QLO=plan.qlo,
-                QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls, NBLK=nblk,
-                BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1), SKLO=plan.klo,
-                SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, LC=ln.lc,
+    return dict(HOFF=h0, HCH=nh, GROUP=c.shape[1] // c.shape[2], QOFF=plan.qoff, KOFF=plan.koff,
+                QLO=plan.qlo, QHI=plan.qhi, KLO=plan.klo, KHI=plan.khi, SEG0=seg0, NCLS=ncls,
+                NBLK=nblk, BLK0=blk0, W=ln.w, R=ln.r, LB=ln.lb, SINKS=max(sinks, 1),
+                SKLO=plan.klo, SKHI=min(sinks, plan.khi + 1), NCFG=ncfg, NPRI=ln.npri, LC=ln.lc,
                 NLAUNCHED=li + merge, FIRST=int(li == 0 and not merge),
-                LAST=int(li == nlaunch - 1 and not merge), PSZ=psz, HBASE=hbase)
+                LAST=int(li == nlaunch - 1 and not merge), PSZ=psz, HBASE=c.hbase)
 
 
-def _scalars(row: dict) -> tuple:
-    """The integer arguments of a launch (``_common._SCALARS``), from its fields."""
-    return tuple(row[name] for name in _SCALARS)
-
-
-def _launch_table(rows, device):
-    """One int32 row per launch (``_common.LAUNCH_FIELDS``, given as dicts), made once per
-    planned call: the launches take a row each (``_common._launch_scalars``)."""
+def _launch_table(prio, launch, keys, items, rows, device):
+    """``(tables, items)`` of a planned call: its config tables (priority configs, those of the
+    launches ``launch``, the union ``keys``) and its launches ``items`` ``(grid, keywords)`` as
+    ``(grid, launch row, integer arguments, keywords)``: each launch's fields ``rows`` (dicts) as
+    one int32 row (``_common.LAUNCH_FIELDS``) of a table made once per planned call (the launch
+    reads it: ``_common._launch_scalars``) and as integer arguments (``_common._SCALARS``)."""
     pad = [0] * (LAUNCH_ROW - len(LAUNCH_FIELDS))
     table = torch.tensor([[r[f] for f in LAUNCH_FIELDS] + pad for r in rows],
                          dtype=torch.int32, device=device)
-    return list(table.unbind(0))
+    tables = tuple(_small_tensor(tuple(x for wr in cfgs for x in wr) or (1, 1), device)
+                   for cfgs in (prio, [ln.entry for ln in launch])) + (keys,)
+    return tables, [(g, t, tuple(r[name] for name in _SCALARS), kw)
+                    for (g, kw), r, t in zip(items, rows, table.unbind(0))]
 
 
 def _needs_pair_mask(earlier, r: int) -> bool:
@@ -226,12 +205,12 @@ def _may_mix(earlier, w: int, r: int, tile: int, sliding: bool) -> bool:
         class_uniform(cfg, r, False) and nests(cfg[0], w, r * tile) for cfg in earlier)
 
 
-def _union_args(prio, plan, device):
-    """(KEYS table, its row length, UTAB): the table path of the union test serves up to four
-    earlier configs (41 % faster forward+backward than the loop on longnet_lm, docs/decisions.md);
-    longer patterns use the in-kernel loop (UTAB = 0)."""
+def _union_args(prio, plan, device, tables: bool):
+    """(KEYS table, its row length, UTAB): the table path of the union test (where ``tables``)
+    serves up to four earlier configs (41 % faster forward+backward than the loop on longnet_lm,
+    docs/decisions.md); longer patterns and the others use the in-kernel loop (UTAB = 0)."""
     n_earlier = len(prio) - 1
-    if n_earlier == 0 or n_earlier > 4:
+    if not tables or n_earlier == 0 or n_earlier > 4:
         return _dummy(device), 1, 0
     size = -(-plan.size // (1 << 16)) << 16  # rounded up: one cached table serves many calls
     return union_keys(prio, size, device), size, n_earlier
@@ -263,12 +242,8 @@ _CAPTURED: list = []  # what CUDA graphs launched with: kept for good (a replay 
 def _planned(key, build, device, keep):
     """``(plan of the call, whether it was made just now)``. Under CUDA-graph capture the plan
     and ``keep`` (the call's position tensors) outlive any cache clear."""
-    hit = _CALLS.get(key)
-    fresh = hit is None
-    if fresh:
-        if len(_CALLS) >= 256:
-            _CALLS.clear()
-        hit = _CALLS[key] = kept(build, device)
+    fresh = key not in _CALLS
+    hit = memoised(_CALLS, key, 256, lambda: kept(build, device))
     kept_if_captured(device, (hit, keep))
     return hit, fresh
 

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from ..inputs import _is_arange
-from ..plan_cache import PlanCache
+from ..plan_cache import PlanCache, memoised
 from ..planning import period, priority_configs
 
 MAX_SPREAD = 4  # position range / sequence length above which the mapped plan is refused
@@ -135,15 +135,12 @@ def union_keys(prio, size: int, device) -> torch.Tensor:
 
     ``[len(prio) - 1, size]``, cached per (configs, size, device); a few MB at 1M positions.
     """
-    key = (tuple(prio), int(size), str(device))
-    t = _KEY_CACHE.get(key)
-    if t is None:
+    def make():
         pos = torch.arange(size, device=device, dtype=torch.int64)
         rows = [(pos // w) * r + (pos % w) % r for w, r in prio[:-1]] or [pos * 0]
-        if len(_KEY_CACHE) > 8:
-            _KEY_CACHE.clear()
-        t = _KEY_CACHE[key] = torch.stack(rows).to(torch.int32).contiguous()
-    return t
+        return torch.stack(rows).to(torch.int32).contiguous()
+
+    return memoised(_KEY_CACHE, (tuple(prio), int(size), str(device)), 9, make)
 
 
 def config_order(pattern):

@@ -12,7 +12,6 @@ the block's true key positions; unsent entries of a received block are zero, nev
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -31,7 +30,7 @@ from .plan import Piece, Pieces, PlanCache, RingPlan, plan_pieces, plan_ring
 __all__ = ["ring_attention", "local_attention", "cached_plan"]
 
 
-@dataclass
+@dataclasses.dataclass
 class _Ctx:
     pattern: DilatedPattern
     causal: bool

@@ -22,7 +22,7 @@ import torch
 from .pattern import ORDERINGS, DilatedPattern
 
 __all__ = ["hilbert_curve", "hilbert_permutation", "to_storage", "from_storage",
-           "storage_positions", "resolve_ordering", "storage_ordering", "in_storage_order"]
+           "storage_positions", "resolve_ordering", "storage_ordering"]
 
 Device = Union[str, torch.device, None]
 
@@ -233,16 +233,3 @@ def storage_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[i
         ordering = resolve_ordering(pattern, seq_len, head_dim, device)
     return "natural" if pattern.max_rate == 1 else ordering
 
-
-def in_storage_order(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     pattern: DilatedPattern, *, q_doc_ids=None, k_doc_ids=None, **kwargs):
-    """``attend`` (``dilated_attention``'s signature) over self-attention tokens at positions
-    ``0..S-1`` stored in Hilbert order: q, k, v ``[B, H, S, D]`` (and document ids ``[B', S]``)
-    are permuted into storage order, attended with their true positions, and the outputs
-    (``out``, and ``lse`` if returned) restored to natural order. Differentiable."""
-    perm, inv = hilbert_permutation(q.shape[2], pattern, q.device)  # perm[i]: position at i
-    docs = [None if d is None else d.index_select(-1, perm) for d in (q_doc_ids, k_doc_ids)]
-    out = attend(*(t.index_select(2, perm) for t in (q, k, v)), pattern, q_positions=perm,
-                 k_positions=perm, q_doc_ids=docs[0], k_doc_ids=docs[1], **kwargs)
-    return tuple(t.index_select(2, inv) for t in out) if isinstance(out, tuple) \
-        else out.index_select(2, inv)

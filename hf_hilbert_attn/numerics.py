@@ -1,12 +1,13 @@
 """Small numeric helpers shared by the attention paths (PyTorch path, ring, reference)."""
 from __future__ import annotations
 
-from typing import Callable, Tuple
+import contextlib
+from typing import Tuple
 
 import torch
 
 __all__ = ["accum_dtype", "finite_or_zero", "merge_partials", "with_sink_logits",
-           "autocast_inputs", "call_under_autocast"]
+           "autocast_inputs", "autocast_off"]
 
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -59,13 +60,10 @@ def autocast_inputs(q, k, v) -> tuple:
                  and t.dtype not in (dt, torch.float64) else t for t in (q, k, v))
 
 
-def call_under_autocast(fn: Callable, q, k, v, *args, **kwargs):
-    """Under ``torch.autocast``: ``fn(q, k, v, *args, **kwargs)`` with q, k, v cast as
-    :func:`autocast_inputs` says and autocast off (SDPA's behaviour); None when autocast is not
-    on for ``q``'s device."""
-    dev = q.device.type if isinstance(q, torch.Tensor) else None
+def autocast_off(t):
+    """A context in which ``torch.autocast`` is off for ``t``'s device where it is on (the op
+    computes with its inputs cast once by :func:`autocast_inputs`, as SDPA does), else a no-op."""
+    dev = t.device.type if isinstance(t, torch.Tensor) else None
     if dev not in ("cuda", "cpu", "xpu") or not torch.is_autocast_enabled(dev):
-        return None
-    cast = autocast_inputs(q, k, v)
-    with torch.autocast(dev, enabled=False):
-        return fn(*cast, *args, **kwargs)
+        return contextlib.nullcontext()
+    return torch.autocast(dev, enabled=False)

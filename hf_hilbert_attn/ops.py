@@ -12,14 +12,14 @@ import torch.nn.functional as F
 
 from .backends import TRITON, use_triton
 from .chunked import chunked_attention
-from .dense_heads import with_dense_heads
-from .hilbert import in_storage_order, storage_ordering
+from .dense_heads import DENSE, DenseHeads
+from .hilbert import hilbert_permutation, storage_ordering
 from .inputs import check_inputs
-from .numerics import call_under_autocast
+from .numerics import autocast_inputs, autocast_off
 from .pattern import ORDERINGS, DilatedPattern
 # a call may skip the custom ops when eager, under no torch.func transform (the condition under
 # which plans are memoised): torch.compile and transforms need the ops and their formulas
-from .plan_cache import caching_enabled as _eager
+from .plan_cache import caching_enabled as _eager, memoised
 
 
 def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern,
@@ -63,92 +63,94 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
     """
     if ordering is not None and ordering not in ORDERINGS:
         raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
-    kw = dict(causal=causal, scale=scale, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
-              return_lse=return_lse, backend=backend, softcap=softcap, _head_base=_head_base)
-    cast = call_under_autocast(  # under torch.autocast: cast like SDPA, compute with it off
-        dilated_attention, q, k, v, pattern, q_positions=q_positions, k_positions=k_positions,
-        ordering=ordering, _skip_kv_heads=_skip_kv_heads, **kw)
-    if cast is not None:
-        return cast
+    q, k, v = autocast_inputs(q, k, v)  # under torch.autocast: cast as SDPA does, then off
     key = _prepared_key(q, k, v, pattern, (q_positions, k_positions, q_doc_ids, k_doc_ids),
-                        ordering, _skip_kv_heads, *kw.values())
-    if (prep := _PREPARED.get(key)) is not None:  # checked and routed by a call like this one
-        out, lse = prep.run(q, k, v)
-        return (out, lse) if return_lse else out
-    a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
-                     k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
-                     softcap=softcap)
-    triton = use_triton(q, a, backend)
-    if _dense_call(pattern, a, causal, return_lse, backend):
-        # The pattern allows every pair here: the fastest dense path is the op (SDPA picks
-        # FlashAttention / cuDNN on CUDA, its fused CPU kernel elsewhere).
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal and a.sq > 1,
-                                              scale=a.scale, enable_gqa=a.hq != a.hkv)
-    if pattern.dense_kv_heads and not _dense_heads_in_kernels(triton, a, pattern):
-        # elsewhere than in the kernels: two calls without dense heads (dense_heads.py)
-        return with_dense_heads(dilated_attention, q, k, v, pattern, q_positions=q_positions,
-                                k_positions=k_positions, ordering=ordering, **kw)
-    if a.natural_positions and a.sq == a.sk > 1 and \
-            storage_ordering(pattern, a.sq, a.head_dim, q.device, ordering) == "hilbert":
-        return in_storage_order(dilated_attention, q, k, v, pattern, _skip_kv_heads=_skip_kv_heads,
-                                **{**kw, "q_doc_ids": a.q_doc_ids, "k_doc_ids": a.k_doc_ids})
-    if _skip_kv_heads or _head_base:  # (private) heads whose results the caller discards
-        # (dense_heads.py); the number of head 0 in the rule (a head shard's: ring/ulysses.py)
-        a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads), head_base=_head_base)
-    out, lse = _kernel_attention(q, k, v, pattern, a, causal, key) if triton else \
-        chunked_attention(q, k, v, pattern, a, causal=causal)
+                        ordering, _skip_kv_heads, causal, scale, return_lse, backend, softcap,
+                        _head_base)
+    with autocast_off(q):
+        call = None if key is None else _PREPARED.get(key)  # checked and routed by a call like it
+        if call is None:
+            a = check_inputs(q, k, v, pattern, scale=scale, q_positions=q_positions,
+                             k_positions=k_positions, q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids,
+                             softcap=softcap)
+            if _skip_kv_heads or _head_base:  # (private) heads whose results the caller
+                # discards (dense_heads.py); the number of head 0 in the rule (ring/ulysses.py)
+                a = dataclasses.replace(a, skip_kv_heads=tuple(_skip_kv_heads),
+                                        head_base=_head_base)
+            call = _route(q, pattern, a, causal, return_lse, backend, ordering)
+            if key is not None:
+                memoised(_PREPARED, key, 256, lambda: call)
+        out, lse = call.run(q, k, v)
     return (out, lse.float()) if return_lse else out  # (lse: float32 for every input dtype)
 
 
-# Prepared calls of eager kernel calls at positions 0..S-1, by what the checks and the route
-# depend on. Every layer of a model's forward calls alike, so its first call checks, routes and
-# plans, and the others go straight to the kernels' runners.
+def _route(q, pattern: DilatedPattern, a, causal: bool, return_lse: bool, backend: str,
+           ordering: Optional[str]) -> "_Call":
+    """The prepared call of checked inputs ``a`` (``q``: their dtype and device), in this order:
+    SDPA where the pattern allows every pair; dense key/value heads split off where the kernels
+    do not run them; the Hilbert layout where asked; the kernels or the PyTorch path."""
+    triton = use_triton(q, a, backend)
+    if _dense_call(pattern, a, causal, return_lse, backend):
+        return _Sdpa(pattern, a, causal, q)
+    if pattern.dense_kv_heads and not _dense_heads_in_kernels(triton, a, pattern):
+        return _Split(pattern, a, causal, q, return_lse, backend, ordering)
+    if a.natural_positions and a.sq == a.sk > 1 and \
+            storage_ordering(pattern, a.sq, a.head_dim, q.device, ordering) == "hilbert":
+        return _Permuted(pattern, a, causal, q, return_lse, backend)
+    if not triton:
+        return _Chunked(pattern, a, causal, q)
+    if _eager():
+        return _Kernels(pattern, a, causal, q)
+    if a.head_base:
+        raise NotImplementedError("head-sharded attention runs eagerly (outside torch.compile "
+                                  "and torch.func transforms)")
+    return _Ops(pattern, a, causal, q)
+
+
+# Prepared calls of eager calls at positions 0..S-1, by what the checks and the route depend
+# on. Every layer of a model's forward calls alike, so its first call checks, routes and plans,
+# and the others run the prepared call.
 _PREPARED: dict = {}
 
 
 def _prepared_key(q, k, v, pattern, given: tuple, *args) -> Optional[tuple]:
     """What the checks and the route of an eager call at the default positions depend on (on a
-    CPU, also whether Triton's interpreter is asked for: ``use_triton`` reads it per call); None
-    for other calls (``given``: their positions and document ids) and for arguments the checks
-    will refuse."""
+    CPU, also whether Triton's interpreter is asked for: ``use_triton`` reads it per call; the
+    pattern's layout, which its equality leaves out); None for other calls (``given``: their
+    positions and document ids) and for arguments the checks will refuse."""
     if any(g is not None for g in given) or not isinstance(pattern, DilatedPattern) or not all(
             isinstance(t, torch.Tensor) for t in (q, k, v)) or not _eager():
         return None
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-            pattern, *args, q.is_cuda or os.environ.get("TRITON_INTERPRET"))
+            pattern, pattern.ordering, *args, q.is_cuda or os.environ.get("TRITON_INTERPRET"))
 
 
 def prepared(q, k, v, pattern, *, causal: bool = True, scale: Optional[float] = None,
              softcap: Optional[float] = None):
     """The prepared call of ``dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
-    softcap=softcap)`` once one like it ran (eager, on the kernels, at positions ``0..S-1``), or
+    softcap=softcap)`` once one like it ran on the kernels (eager, at positions ``0..S-1``), or
     None. A caller that repeats that call (a model's layers) runs ``prepared(q, k, v)`` (the
     output) on inputs that ``fits`` it: no checks or routing per call."""
-    return _PREPARED.get(_prepared_key(  # (the key of dilated_attention's call, as it makes it)
-        q, k, v, pattern, (None,) * 4, None, (), causal, scale, None, None, False, "auto",
-        softcap, 0))
+    call = _PREPARED.get(_prepared_key(  # (the key of dilated_attention's call, as it makes it)
+        q, k, v, pattern, (None,) * 4, None, (), causal, scale, False, "auto", softcap, 0))
+    return call if isinstance(call, _Kernels) else None  # (the kernels' host code casts nothing)
 
 
-class _Prepared:
-    """One eager kernels' call, checked and routed (``a``: ``check_inputs``'s result), its
-    positions planned once: its forward and backward run the kernels' runners
-    (``kernels.fwd_runner``, made at its first forward; ``bwd_runner`` at its first backward),
-    or the backend's routes where the kernels cannot take the positions (packed documents, the
-    PyTorch fallback)."""
+class _Call:
+    """A checked and routed call of the op: ``run(q, k, v)`` computes ``(out, lse)`` (lse None
+    where the route computes none: SDPA) on inputs like those it was made for (``fits``);
+    ``call``: ``(pattern, a, causal)``, ``a`` the checked inputs."""
 
-    __slots__ = ("call", "plan", "fwd", "bwd", "inputs")
-
-    def __init__(self, pattern, a, causal, q, k, v):
+    def __init__(self, pattern, a, causal, q):
         self.call = (pattern, a, bool(causal))
-        self.plan = TRITON.position_plan(a, pattern) if a.sq and a.sk else False
-        self.fwd = self.bwd = None
-        self.inputs = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device)
+        kv = (a.batch, a.hkv, a.sk)
+        self.inputs = ((a.batch, a.hq, a.sq, a.head_dim), (*kv, a.head_dim), (*kv, a.head_dim_v),
+                       q.dtype, q.dtype, q.dtype, q.device)
 
     def fits(self, q, k, v, scale=None, softcap=None) -> bool:
         """Whether ``q``, ``k``, ``v`` are inputs like this call's (shapes, dtypes, device) and
         ``scale``, ``softcap`` its own, the call eager. Under autocast the caller passes them
-        as the op would compute with them (``numerics.autocast_inputs``): the kernels' host
-        code runs no operation autocast would cast."""
+        as the op would compute with them (``numerics.autocast_inputs``)."""
         a = self.call[1]
         return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device) == self.inputs \
             and (q.shape[-1] ** -0.5 if scale is None else scale) == a.scale \
@@ -156,6 +158,88 @@ class _Prepared:
 
     def __call__(self, q, k, v):
         return self.run(q, k, v)[0]
+
+
+class _Sdpa(_Call):
+    """The pattern allows every pair here: the fastest dense path is SDPA (FlashAttention /
+    cuDNN on CUDA, its fused CPU kernel elsewhere)."""
+
+    def run(self, q, k, v):
+        a, causal = self.call[1:]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal and a.sq > 1,
+                                              scale=a.scale, enable_gqa=a.hq != a.hkv), None
+
+
+class _Chunked(_Call):
+    """The PyTorch path (``chunked.py``)."""
+
+    def run(self, q, k, v):
+        pattern, a, causal = self.call
+        return chunked_attention(q, k, v, pattern, a, causal=causal)
+
+
+class _Split(_Call):
+    """Dense key/value heads where the kernels do not run them (``dense_heads.py``): their
+    query heads' slice as plain attention, every head with the sparse part (the dense heads'
+    share discarded), merged; each a prepared call of its own."""
+
+    def __init__(self, pattern, a, causal, q, *route):
+        super().__init__(pattern, a, causal, q)
+        self.heads, n = DenseHeads(pattern, a.hq, a.hkv), len(pattern.dense_kv_heads)
+        self.dense = _route(q, DENSE, dataclasses.replace(a, hq=n * (a.hq // a.hkv), hkv=n),
+                            causal, *route)
+        self.sparse = None if n == a.hkv else _route(q, pattern.sparse_part, dataclasses.replace(
+            a, skip_kv_heads=pattern.dense_kv_heads), causal, *route)
+
+    def run(self, q, k, v):
+        dense = self.dense.run(*self.heads.select(q, k, v))
+        return dense if self.sparse is None else self.heads.merge(self.sparse.run(q, k, v), dense)
+
+
+class _Permuted(_Call):
+    """Self-attention at ``0..S-1`` computed in the pattern's Hilbert layout: q, k, v (and the
+    document ids) permuted into storage order, attended at their true positions, ``out`` and
+    ``lse`` restored to natural order (``docs/hilbert.md``)."""
+
+    def __init__(self, pattern, a, causal, q, *route):
+        super().__init__(pattern, a, causal, q)
+        self.perm, self.inv = hilbert_permutation(a.sq, pattern, q.device)  # perm[i]: position
+        docs = [None if d is None else d.index_select(-1, self.perm)  # stored at i
+                for d in (a.q_doc_ids, a.k_doc_ids)]
+        at = dataclasses.replace(a, q_positions=self.perm[None], k_positions=self.perm[None],
+                                 q_doc_ids=docs[0], k_doc_ids=docs[1], natural_positions=False)
+        self.inner = _route(q, pattern, at, causal, *route, None)
+
+    def run(self, q, k, v):
+        out, lse = self.inner.run(*(t.index_select(2, self.perm) for t in (q, k, v)))
+        return out.index_select(2, self.inv), None if lse is None else lse.index_select(2, self.inv)
+
+
+class _Ops(_Call):
+    """The custom ops, where ``torch.compile`` or a ``torch.func`` transform needs them: explicit
+    positions travel to the op, which builds the position -> storage map (or falls back to the
+    PyTorch path when the kernels cannot take them)."""
+
+    def run(self, q, k, v):
+        pattern, a, causal = self.call
+        pos = (None, None) if a.natural_positions else (a.q_positions, a.k_positions)
+        return torch.ops.hf_hilbert_attn.dilated_attention_fwd(  # the pattern as the schema's
+            q, k, v, *pos, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),  # types
+            list(pattern.dilation_rates), pattern.query_dilation, int(pattern.sink_tokens),
+            pattern.window, list(pattern.dense_kv_heads), bool(causal), float(a.scale),
+            a.softcap)
+
+
+class _Kernels(_Call):
+    """An eager call of the kernels, its positions planned once: its forward and backward run
+    the kernels' runners (``kernels.fwd_runner``, made at its first forward; ``bwd_runner`` at
+    its first backward), or the backend's routes where the kernels cannot take the positions
+    (packed documents, the PyTorch fallback)."""
+
+    def __init__(self, pattern, a, causal, q):
+        super().__init__(pattern, a, causal, q)
+        self.plan = TRITON.position_plan(a, pattern) if a.sq and a.sk else False
+        self.fwd = self.bwd = None
 
     def run(self, q, k, v):
         """``(out, lse)``: through the kernels' autograd Function where a gradient is recorded,
@@ -187,30 +271,6 @@ class _Prepared:
             return TRITON.backward(dout, dlse, q, k, v, out, lse, *self.call)
         self.bwd = self._runner(self.bwd, "bwd_runner", q, k)
         return self.bwd(dout, q, k, v, out, lse, dlse)
-
-
-def _kernel_attention(q, k, v, pattern, a, causal, key=None):
-    """``(out, lse)`` of the Triton backend, differentiable: the eager Function (a prepared call,
-    kept under ``key`` unless None), or the custom ops where ``torch.compile`` or a
-    ``torch.func`` transform needs them. Positions given explicitly travel to the op; it builds
-    the position -> storage map (or falls back to the PyTorch path when the kernels cannot take
-    them)."""
-    if _eager():
-        prep = _Prepared(pattern, a, causal, q, k, v)
-        if key is not None:
-            if len(_PREPARED) >= 256:
-                _PREPARED.clear()
-            _PREPARED[key] = prep
-        return prep.run(q, k, v)
-    if a.head_base:
-        raise NotImplementedError("head-sharded attention runs eagerly (outside torch.compile "
-                                  "and torch.func transforms)")
-    pos = (None, None) if a.natural_positions else (a.q_positions, a.k_positions)
-    return torch.ops.hf_hilbert_attn.dilated_attention_fwd(  # the pattern as the schema's types
-        q, k, v, *pos, a.q_doc_ids, a.k_doc_ids, list(pattern.segment_lengths),
-        list(pattern.dilation_rates), pattern.query_dilation, int(pattern.sink_tokens),
-        pattern.window, list(pattern.dense_kv_heads), bool(causal), float(a.scale),
-        a.softcap)
 
 
 # Query rows (B * Sq) up to which the kernels run dense heads at positions 0..S-1 themselves;
@@ -328,7 +388,7 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerKernels(torch.autograd.Function):
     """The custom ops' work for eager calls, without the dispatcher, on a prepared call
-    (:class:`_Prepared`: the op's re-check, autograd wrapper and per-call planning lookups cost
+    (:class:`_Kernels`: the op's re-check, autograd wrapper and per-call planning lookups cost
     most of the host time of a short call: ``examples/benchmarks/host_overhead.py``)."""
 
     @staticmethod

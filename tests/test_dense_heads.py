@@ -208,9 +208,8 @@ def test_triton_interpreter_runs_dense_heads_in_one_call(monkeypatch, layout):
     seen, real = [], (kernels.fwd_runner, kernels.bwd_runner)
     monkeypatch.setattr(kernels, "fwd_runner", lambda *a, **k: seen.append(a[2]) or real[0](*a, **k))
     monkeypatch.setattr(kernels, "bwd_runner", lambda *a, **k: seen.append(a[2]) or real[1](*a, **k))
-    split = []
-    monkeypatch.setattr(ops, "with_dense_heads",
-                        lambda *a, **k: split.append(1) or dense_heads.with_dense_heads(*a, **k))
+    split, real_split = [], ops._Split.run
+    monkeypatch.setattr(ops._Split, "run", lambda *a: split.append(1) or real_split(*a))
     p = DilatedPattern([8, 16], [1, 2], window="sliding", sink_tokens=1, dense_kv_heads=[1])
     q, k, v = _inputs(1, 6, 3, 29, 16, dtype=torch.float32, sq=5 if layout == "decode" else None)
     kw = {}

@@ -337,12 +337,13 @@ def test_hilbert_layout_long_odd_sequence(impl):
 def test_op_honours_pattern_ordering(monkeypatch):
     # ordering="hilbert" is a setting of the op: self-attention over 0..S-1 is computed in the
     # Hilbert layout (same function); calls with explicit positions are already in storage order.
-    import hf_hilbert_attn.hilbert as hilbert
+    from hf_hilbert_attn import ops
 
     calls = []
-    real = hilbert.hilbert_permutation
-    monkeypatch.setattr(hilbert, "hilbert_permutation",
+    real = ops.hilbert_permutation
+    monkeypatch.setattr(ops, "hilbert_permutation",
                         lambda n, p, device=None: calls.append(n) or real(n, p, device))
+    ops._PREPARED.clear()  # (a prepared call keeps its permutation)
     p = DilatedPattern([12, 40], [1, 3])
     q, k, v = torch.randn(2, 4, 97, 16), torch.randn(2, 2, 97, 16), torch.randn(2, 2, 97, 16)
     ref, ref_lse = dilated_attention(q, k, v, p, backend="torch", return_lse=True)

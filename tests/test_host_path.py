@@ -197,8 +197,8 @@ def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch,
         set_dense_kv_heads(model, [[0], [1], [0], [1]])
     # the kernels on CPU tensors for backend="auto" (through the interpreter), as on a GPU
     monkeypatch.setattr(ops, "use_triton", lambda q, a, backend: backend != "torch")
-    runs, real = [], ops._Prepared.__call__
-    monkeypatch.setattr(ops._Prepared, "__call__", lambda *a: runs.append(1) or real(*a))
+    runs, real = [], ops._Kernels.__call__
+    monkeypatch.setattr(ops._Kernels, "__call__", lambda *a: runs.append(1) or real(*a))
     ids = torch.randint(0, 100, (2, 40))
 
     dtype = torch.float16 if autocast else torch.float32  # (the interpreter's dot: not bf16)
@@ -608,3 +608,33 @@ def test_a_call_that_records_no_gradient_skips_the_autograd_function(small_tiles
     for got in (again, plain, inference, frozen):
         for a, b in zip(got, with_grad):
             assert torch.equal(a, b.detach())
+
+
+def test_a_call_is_prepared_once_and_never_reenters_the_op(monkeypatch):
+    """Autocast, dense heads split off the sparse heads (the PyTorch path) and the Hilbert
+    layout are parts of one prepared call: the op is entered once per call and checks once per
+    layout; under autocast it computes what it computes on inputs cast beforehand, bit for bit,
+    and both the reference's function within the output's bfloat16 rounding."""
+    from hf_hilbert_attn import reference_attention
+    from helpers import assert_close
+
+    entered, real = [], ops.dilated_attention
+    monkeypatch.setattr(ops, "dilated_attention", lambda *a, **k: entered.append(1) or real(*a, **k))
+    checks, real_check = [], ops.check_inputs
+    monkeypatch.setattr(ops, "check_inputs", lambda *a, **k: checks.append(1) or real_check(*a, **k))
+    ops._PREPARED.clear()
+    p = DilatedPattern([8, 32], [1, 4], sink_tokens=1, ordering="hilbert", dense_kv_heads=[1])
+    q, k, v = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = [ops.dilated_attention(q, k, v, p, return_lse=True) for _ in range(2)]
+    assert len(entered) == 2 and len(checks) == 1
+    call = next(iter(ops._PREPARED.values()))
+    assert isinstance(call, ops._Split) and isinstance(call.sparse, ops._Permuted)
+    cast = [t.bfloat16() for t in (q, k, v)]
+    want = ops.dilated_attention(*cast, p, return_lse=True)
+    for (out, lse), again in zip(got, [want, want]):
+        assert out.dtype == torch.bfloat16 and torch.equal(out, again[0])
+        assert torch.equal(lse, again[1])
+    ref, ref_lse = reference_attention(*cast, p, return_lse=True, dtype=torch.float64)
+    assert_close("out", got[0][0], ref, 2 ** -8)  # the output rounded once to bfloat16
+    assert_close("lse", got[0][1], ref_lse, 1e-5)  # (float32 sums of 40 keys)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ..compiler import disable_lazily
 from ..dense_heads import with_dense_heads
 from ..inputs import AttnInputs, check_inputs
-from ..numerics import accum_dtype, call_under_autocast
+from ..numerics import accum_dtype, autocast_inputs, autocast_off
 from ..backends import select_backend
 from ..ops import dilated_attention, with_documents
 from ..pattern import DilatedPattern
@@ -205,16 +205,15 @@ def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, 
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend,
               softcap=softcap)
-    done = call_under_autocast(local_attention, q, k, v, pattern, **kw)
-    if done is not None:
-        return done
+    q, k, v = autocast_inputs(q, k, v)  # under torch.autocast: cast as SDPA does (then off)
     if pattern.dense_kv_heads:  # as the ring: a sparse and a dense call
         return with_dense_heads(local_attention, q, k, v, pattern, **kw)
     a = _shard_inputs(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
     plan = RingPlan(0, 1, a.hkv)
     pieces = plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions)
     ctx = _Ctx(pattern, causal, a, weak_group(None), plan, backend, pieces)
-    out, lse = _RingAttention.apply(q, k, v, ctx)
+    with autocast_off(q):
+        out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out
 
 
@@ -261,10 +260,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     kw["_head_base"] = _head_base  # (private) heads numbered from it: a Ulysses group's
     if group is None or dist.get_world_size(group) == 1:
         return dilated_attention(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
-    done = call_under_autocast(ring_attention, q, k, v, pattern, group=group,
-                               _skip_kv_heads=_skip_kv_heads, **kw)
-    if done is not None:
-        return done
+    q, k, v = autocast_inputs(q, k, v)  # under torch.autocast: cast as SDPA does (then off)
     if pattern.dense_kv_heads:  # a sparse ring over every head and a dense one over those heads
         return with_dense_heads(ring_attention, q, k, v, pattern, group=group, **kw)
     a = _shard_inputs(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
@@ -282,5 +278,6 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
                              plan_pieces(pattern, causal, plan, qp, kp))
     # the autograd graph holds the group weakly (comm.weak_group)
     ctx = _Ctx(pattern, causal, a, weak_group(group), entry.plan, backend, entry.pieces)
-    out, lse = _RingAttention.apply(q, k, v, ctx)
+    with autocast_off(q):
+        out, lse = _RingAttention.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..compiler import disable_lazily
-from ..numerics import call_under_autocast
+from ..numerics import autocast_inputs
 from ..ops import dilated_attention
 from .attention import _shard_inputs, ring_attention
 from .comm import agree, all_gather, split_group, weak_group
@@ -139,9 +139,8 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
     world = 1 if group is None else dist.get_world_size(group)
     if world == 1:
         return dilated_attention(q, k, v, pattern, **kw)
-    done = call_under_autocast(ulysses_attention, q, k, v, pattern, group=group, **kw)
-    if done is not None:
-        return done
+    q, k, v = autocast_inputs(q, k, v)  # under torch.autocast: cast as SDPA does (the attention
+    # of the gathered heads computes with it off)
     a = _shard_inputs(q, k, v, pattern, **kw)
     if a.sq != a.sk:
         raise ValueError(f"mode='ulysses' needs queries and keys of the same tokens, got "

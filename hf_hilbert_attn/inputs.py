@@ -14,7 +14,7 @@ from .pattern import DilatedPattern
 from .plan_cache import kept, memoised
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Head sizes the Triton kernels are built for (``backends.use_triton`` and ``kernels/`` read this).
+# Head sizes the Triton kernels are built for (read by ``backends.use_triton``, ``decode.decodes``).
 KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 

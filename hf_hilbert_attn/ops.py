@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .backends import TRITON, use_triton
+from .backends import TRITON, _kernels, use_triton
 from .chunked import chunked_attention
 from .dense_heads import DENSE, DenseHeads
 from .hilbert import hilbert_permutation, storage_ordering
@@ -253,12 +253,10 @@ class _Kernels(_Call):
         runner (``kernels.configure`` changes tiles and buffers for calls made after it)."""
         if run is not None and not run.stale():
             return run
-        from . import kernels
-
         pattern, a, causal = self.call
-        return getattr(kernels, which)(q, k, pattern, self.plan, causal, a.scale,
-                                       a.skip_kv_heads, head_base=a.head_base,
-                                       softcap=a.softcap)
+        return getattr(_kernels(), which)(q, k, pattern, self.plan, causal, a.scale,
+                                          a.skip_kv_heads, head_base=a.head_base,
+                                          softcap=a.softcap)
 
     def forward(self, q, k, v):
         if not self.plan:

@@ -162,6 +162,7 @@ def test_kernels_launch_nothing_for_skipped_heads(merge):
     # the call merges into given sums (a ring piece of a layer with dense heads), trailing head 2
     from hf_hilbert_attn import kernels
     from hf_hilbert_attn.inputs import check_inputs
+    from hf_hilbert_attn.kernels import _bwd, _calls, _fwd
     from hf_hilbert_attn.kernels._common import LAUNCH_FIELDS
 
     p = DilatedPattern([8, 16], [1, 2], sink_tokens=1)
@@ -171,11 +172,11 @@ def test_kernels_launch_nothing_for_skipped_heads(merge):
     with kernels.configured(acc_bytes=40 * 16 * 4 * 2) as cfg:  # one head (B = 2) per chunk
         shape = (2, 6, 3, 40, 40, 16)
         skipped = (2,) if merge else (1,)
-        calls = {skip: kernels.Call(p, plan, shape, torch.float32, q.device, True, cfg, skip,
-                                    merge, merge) for skip in ((), skipped)}
-        fwd = {skip: _planned_heads(kernels.plan_fwd(c).items, LAUNCH_FIELDS)
+        calls = {skip: _calls.Call(p, plan, shape, torch.float32, q.device, True, cfg, skip,
+                                   merge, merge) for skip in ((), skipped)}
+        fwd = {skip: _planned_heads(_fwd.plan_fwd(c).items, LAUNCH_FIELDS)
                for skip, c in calls.items()}
-        bwd = {skip: kernels.plan_bwd(c) for skip, c in calls.items()}
+        bwd = {skip: _bwd.plan_bwd(c) for skip, c in calls.items()}
     assert len(fwd[()]) > 1  # several config launches (chunked where not merging)
     assert all(h == list(range(6)) for h in fwd[()].values()), fwd[()]
     heads, kv = ([0, 1, 2, 3], [0, 1]) if merge else ([0, 1, 4, 5], [0, 2])
@@ -204,10 +205,12 @@ def test_triton_interpreter_runs_dense_heads_in_one_call(monkeypatch, layout):
     # backward runner with the whole pattern), not a second call of the op; packed documents
     # (one kernel call per document) still split the call in two
     from hf_hilbert_attn import kernels, ops
+    from hf_hilbert_attn.kernels import _bwd, _fwd
 
     seen, real = [], (kernels.fwd_runner, kernels.bwd_runner)
-    monkeypatch.setattr(kernels, "fwd_runner", lambda *a, **k: seen.append(a[2]) or real[0](*a, **k))
-    monkeypatch.setattr(kernels, "bwd_runner", lambda *a, **k: seen.append(a[2]) or real[1](*a, **k))
+    for fwd, bwd in ((kernels, kernels), (_fwd, _bwd)):  # (the prepared call's, the launchers')
+        monkeypatch.setattr(fwd, "fwd_runner", lambda *a, **k: seen.append(a[2]) or real[0](*a, **k))
+        monkeypatch.setattr(bwd, "bwd_runner", lambda *a, **k: seen.append(a[2]) or real[1](*a, **k))
     split, real_split = [], ops._Split.run
     monkeypatch.setattr(ops._Split, "run", lambda *a: split.append(1) or real_split(*a))
     p = DilatedPattern([8, 16], [1, 2], window="sliding", sink_tokens=1, dense_kv_heads=[1])
@@ -249,7 +252,8 @@ def test_compiled_calls_carry_dense_heads_to_the_kernels():
 
 
 def test_short_calls_skip_only_heads_that_save_a_launch():
-    from hf_hilbert_attn.kernels import KernelConfig, _skipped
+    from hf_hilbert_attn.kernels import KernelConfig
+    from hf_hilbert_attn.kernels._calls import _skipped
 
     cfg = KernelConfig(skip_rows=4096)
     assert _skipped((1,), 3, 4096, cfg, False) == (1,)  # long enough: the programs saved count

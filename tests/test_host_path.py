@@ -1,8 +1,9 @@
 """The host side of a kernel call: what is planned once and reused, and what a call launches.
 
 A model calls the op with the same pattern and shapes in every layer of every step, so the
-launchers keep each call's launch list (``kernels._CALLS``), the default positions are made once
-(``inputs._arange_row``), and eager calls skip the custom-op dispatcher (``ops._EagerKernels``).
+launchers keep each call's launch list (``kernels._calls._CALLS``), the default positions are made
+once (``inputs._arange_row``), and eager calls skip the custom-op dispatcher
+(``ops._EagerKernels``).
 Each reuse must give exactly what planning afresh gives, and a different pattern, shape, dtype
 or device must plan anew (``examples/benchmarks/host_overhead.py`` measures the gain).
 """
@@ -12,6 +13,7 @@ import torch
 
 import hf_hilbert_attn.kernels as kernels
 import hf_hilbert_attn.kernels._config as kconfig
+from hf_hilbert_attn.kernels import _bwd, _calls, _fwd
 from hf_hilbert_attn import DilatedPattern, dilated_attention
 from hf_hilbert_attn import ops
 from hf_hilbert_attn.inputs import check_inputs
@@ -46,15 +48,15 @@ def _launches(pattern, s=80, d=16, device="cpu", dtype=torch.float32, hq=4, hkv=
 
 
 def test_launch_lists_reused_exactly_and_planned_anew_per_call_kind():
-    kernels._CALLS.clear()
+    _calls._CALLS.clear()
     first = _launches(PATTERN)
-    planned = dict(kernels._CALLS)
+    planned = dict(_calls._CALLS)
     assert len(planned) == 2  # one forward, one backward list
     again = _launches(PATTERN)
     assert again == first
-    assert kernels._CALLS.keys() == planned.keys()
-    assert all(kernels._CALLS[key] is planned[key] for key in planned)  # reused, not rebuilt
-    kernels._CALLS.clear()
+    assert _calls._CALLS.keys() == planned.keys()
+    assert all(_calls._CALLS[key] is planned[key] for key in planned)  # reused, not rebuilt
+    _calls._CALLS.clear()
     assert _launches(PATTERN) == first  # planned afresh: the same launches
 
     other = DilatedPattern([16, 32, 64], [1, 2, 8], sink_tokens=1)
@@ -62,17 +64,17 @@ def test_launch_lists_reused_exactly_and_planned_anew_per_call_kind():
                 _launches(PATTERN, dtype=torch.float16), _launches(PATTERN, hq=2)]
     for v in variants:
         assert v != first
-    assert len(kernels._CALLS) == 2 * (1 + len(variants))
+    assert len(_calls._CALLS) == 2 * (1 + len(variants))
 
 
 def test_launch_lists_per_device():
-    kernels._CALLS.clear()
+    _calls._CALLS.clear()
     cpu = _launches(PATTERN)
     meta = _launches(PATTERN, device="meta")
-    assert len(kernels._CALLS) == 4
+    assert len(_calls._CALLS) == 4
     # the same plan on another device, with its small tables (configs) on that device
     assert [c[:2] for c in cpu] == [c[:2] for c in meta]
-    for key, entry in kernels._CALLS.items():
+    for key, entry in _calls._CALLS.items():
         dev = key[15].type
         def tensors(x):
             if isinstance(x, torch.Tensor):
@@ -87,17 +89,17 @@ def test_tiles_follow_the_gpu_shared_memory():
     d, dt = 128, torch.bfloat16
     # the GPU tiles, whatever runs these tests
     with kernels.configured(blocks=None, interpret=False):
-        big = kernels._blocks("dkdv", d, dt, aot.SHARED_LIMIT[90])
-        small = kernels._blocks("dkdv", d, dt, aot.SHARED_LIMIT[86])
-        assert big == kernels._blocks("dkdv", d, dt, None)
+        big = _calls._blocks("dkdv", d, dt, aot.SHARED_LIMIT[90])
+        small = _calls._blocks("dkdv", d, dt, aot.SHARED_LIMIT[86])
+        assert big == _calls._blocks("dkdv", d, dt, None)
         assert small != big and small[0] * small[1] < big[0] * big[1]
-        assert kernels._blocks("dkdv", 64, dt, aot.SHARED_LIMIT[86]) == \
-            kernels._blocks("dkdv", 64, dt, None)
+        assert _calls._blocks("dkdv", 64, dt, aot.SHARED_LIMIT[86]) == \
+            _calls._blocks("dkdv", 64, dt, None)
         # dq: the third stage of launches without the pair mask needs more than 99 KiB
         for pair in (False, True):
-            assert kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[86], pair)[3] == 2
-        assert kernels._blocks("dq", d, dt, None, False) == \
-            kernels._blocks("dq", d, dt, aot.SHARED_LIMIT[90], False)
+            assert _calls._blocks("dq", d, dt, aot.SHARED_LIMIT[86], pair)[3] == 2
+        assert _calls._blocks("dq", d, dt, None, False) == \
+            _calls._blocks("dq", d, dt, aot.SHARED_LIMIT[90], False)
 
 
 def test_default_positions_made_once_per_length_and_device():
@@ -150,10 +152,11 @@ def test_a_prepared_call_follows_the_kernels_configuration(small_tiles, monkeypa
     """``kernels.configure`` after a call was prepared: the next calls launch the new tiles,
     forward and backward, with the same result; the old configuration back, the old tiles."""
     ops._PREPARED.clear()
-    tiles, real = [], kernels._run
-    monkeypatch.setattr(kernels, "_run", lambda launches, *a: tiles.append(
-        {(ln[0].__name__, ln[4].get("BM"), ln[4].get("BN")) for ln in launches
-         if "BN" in ln[4]}) or real(launches, *a))
+    tiles, real = [], kconfig._run
+    for module in (_fwd, _bwd):
+        monkeypatch.setattr(module, "_run", lambda launches, *a: tiles.append(
+            {(ln[0].__name__, ln[4].get("BM"), ln[4].get("BN")) for ln in launches
+             if "BN" in ln[4]}) or real(launches, *a))
     q, k, v = (torch.randn(1, h, 45, 16, requires_grad=True) for h in (4, 2, 2))
 
     def call():
@@ -250,7 +253,8 @@ def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):
             return run(do, q, k, v, out, lse, dlse, *rest)
         return spied
 
-    monkeypatch.setattr(kernels, "bwd_runner", spy)
+    for module in (kernels, _bwd):  # (the prepared call's runners, dilated_bwd's)
+        monkeypatch.setattr(module, "bwd_runner", spy)
     results = []
     for eager in (True, False):
         monkeypatch.setattr(ops, "_eager", lambda e=eager: e)
@@ -449,10 +453,10 @@ def test_a_backward_launches_dq_and_dkdv_only():
                                 True, plan)
             names = [fn.__name__ if hasattr(fn, "__name__") else fn.fn.__name__
                      for fn, *_ in launches]
-            n = len(kernels._launches(pattern, plan, True)[1])
+            n = len(_calls._launches(pattern, plan, True)[1])
             assert names == ["_dq_kernel"] * n + ["_dkdv_kernel"] * n, names
             assert all(kw["F"].HAS_DLSE == bool(dlse) for fn, _, _, kw in launches[:n])
-            bp = next(v[0] for key, v in kernels._CALLS.items()
+            bp = next(v[0] for key, v in _calls._CALLS.items()
                       if key[0] == "plan_bwd" and key[1] == pattern)
             assert bp.sinks == 1 and bp.zero_sinks == (n == 1), (n, bp.zero_sinks)
     finally:
@@ -464,7 +468,7 @@ def test_a_backward_keeps_its_launches_apart_with_and_without_an_lse_gradient(mo
     # float32 tensor either way): launch_all's memo must be another one for each, or a call
     # with an lse gradient after one without would relaunch the kernel that ignores it.
     memos = []
-    monkeypatch.setattr(kernels, "_run", lambda run, fresh, cfg, memo=None: memos.append(memo))
+    monkeypatch.setattr(_bwd, "_run", lambda run, fresh, cfg, memo=None: memos.append(memo))
     q, k = torch.randn(1, 4, 40, 16), torch.randn(1, 2, 40, 16)
     a = check_inputs(q, k, k, PATTERN)
     plan, _ = kernels.plan_positions(a, PATTERN)
@@ -518,10 +522,10 @@ def test_a_runner_relaunches_a_call_like_its_last_with_what_the_guard_gives(monk
         def launch_metadata(self, *args):
             return None
 
-    for name in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
-        fn = JITFunction(getattr(getattr(kernels, name), "fn", None) or getattr(kernels, name))
+    for module, name in ((_fwd, "_fwd_kernel"), (_bwd, "_dq_kernel"), (_bwd, "_dkdv_kernel")):
+        fn = JITFunction(getattr(getattr(module, name), "fn", None) or getattr(module, name))
         monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, n=name, **kw: Compiled(n))
-        monkeypatch.setattr(kernels, name, fn)  # (Triton's interpreter has none to keep)
+        monkeypatch.setattr(module, name, fn)  # (Triton's interpreter has none to keep)
 
     class Driver:  # the current device and stream
         active = type("A", (), dict(get_current_device=lambda self: 0,
@@ -529,8 +533,9 @@ def test_a_runner_relaunches_a_call_like_its_last_with_what_the_guard_gives(monk
 
     monkeypatch.setattr(_launch, "driver", Driver)
     monkeypatch.setattr(_launch, "fast_launches_enabled", lambda: True)
-    real = kernels.relaunch_kept
-    monkeypatch.setattr(kernels, "relaunch_kept", lambda *a: fast.append(1) or real(*a))
+    real = _launch.relaunch_kept
+    for module in (_fwd, _bwd):
+        monkeypatch.setattr(module, "relaunch_kept", lambda *a: fast.append(1) or real(*a))
     pattern = DilatedPattern([16, 32, 64], [1, 2, 4], sink_tokens=2, dense_kv_heads=(1,))
     q, k = torch.randn(1, 4, 80, 16), torch.randn(1, 2, 80, 16)
     a = check_inputs(q, k, k, pattern)

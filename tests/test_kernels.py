@@ -16,7 +16,7 @@ from helpers import assert_close
 from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attention
 from hf_hilbert_attn import kernels
 from hf_hilbert_attn.inputs import check_inputs
-from hf_hilbert_attn.kernels import plan_positions
+from hf_hilbert_attn.kernels import _bwd, _calls, plan_positions
 from hf_hilbert_attn.kernels._common import (_SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, _covered,
                                              _launch_order, _launch_scalars, _launch_sinks,
                                              _tanh)
@@ -186,11 +186,11 @@ def test_pieces_launch_only_the_configs_that_join(window, sinks, causal):
     qp, kp = torch.arange(96, 128, device=DEV), torch.arange(ka, ka + 32, device=DEV)
     q = torch.zeros(1, 2, 32, 16, device=DEV)
     plan, _ = plan_positions(check_inputs(q, q, q, pat, q_positions=qp, k_positions=kp), pat)
-    _, launch, n_sinks = kernels._launches(pat, plan, causal)
+    _, launch, n_sinks = _calls._launches(pat, plan, causal)
     assert [ln.entry for ln in launch] == [(128, 4), (8, 1)] and n_sinks == sinks
     # a piece that every config reaches launches all three
     plan, _ = plan_positions(check_inputs(q, q, q, pat, q_positions=qp, k_positions=qp), pat)
-    assert len(kernels._launches(pat, plan, causal)[1]) == 3
+    assert len(_calls._launches(pat, plan, causal)[1]) == 3
     _run(pat, sq=32, sk=32, hq=2, hkv=1, causal=causal, q_positions=qp, k_positions=kp)
 
 
@@ -288,7 +288,7 @@ def test_backward_sums_share_one_workspace(monkeypatch):
     # dk/dv's float32 sums reuse the memory of dq's (every dq launch precedes the dk/dv ones):
     # one allocation of the larger size, dk's rows at its start (over dq's), dv's after them
     for hch, kch, sq, sk in ((4, 2, 37, 37), (1, 4, 5, 40), (8, 8, 16, 16)):
-        dq, dk, dv = kernels._sum_buffers(2, hch, kch, sq, sk, 16, DEV)
+        dq, dk, dv = _bwd._sum_buffers(2, hch, kch, sq, sk, 16, DEV)
         assert dq.shape == (2, hch, sq, 16) and dk.shape == dv.shape == (2, kch, sk, 16)
         assert dq.data_ptr() == dk.data_ptr()
         assert dv.data_ptr() == dk.data_ptr() + dk.numel() * 4
@@ -339,7 +339,7 @@ def test_write_into_views_of_longer_tensors():
 
 
 def test_may_mix_is_never_wrong():
-    # kernels._may_mix == False compiles a launch without the per-pair union code: no program
+    # _calls._may_mix == False compiles a launch without the per-pair union code: no program
     # of it may then be one that _covered marks for the mask (an earlier rate not dividing r,
     # or the program's positions straddling an earlier config's segment). Brute force over
     # every program tile of random segment patterns.
@@ -353,7 +353,7 @@ def test_may_mix_is_never_wrong():
         tile = (16, 32, 64)[int(torch.randint(0, 3, (1,), generator=g))]
         for i in range(1, len(cfgs)):
             (w, r), earlier = cfgs[i], cfgs[:i]
-            predicted = kernels._may_mix(earlier, w, r, tile, False)
+            predicted = _calls._may_mix(earlier, w, r, tile, False)
             actual = False
             for seg in range(3):
                 for c in range(r):
@@ -365,7 +365,7 @@ def test_may_mix_is_never_wrong():
             assert predicted or not actual, (cfgs, i, tile)
             seen.add((predicted, actual))
     assert {(False, False), (True, True), (True, False)} <= seen
-    assert kernels._may_mix([(4096, 1)], 4096, 2, 64, True)  # sliding: the window's edges
+    assert _calls._may_mix([(4096, 1)], 4096, 2, 64, True)  # sliding: the window's edges
 
 
 @triton.jit
@@ -450,14 +450,14 @@ def test_launch_rows_match_what_the_kernels_read():
     import inspect
     import re
 
-    from hf_hilbert_attn.kernels import _bwd, _fwd
+    from hf_hilbert_attn.kernels import _dkdv, _fwd
 
     row = torch.arange(LAUNCH_ROW, dtype=torch.int32, device=DEV) * 7
     out = torch.full((LAUNCH_ROW,), -1, dtype=torch.int32, device=DEV)
     _launch_probe[(1,)](row, out)
     read = out.tolist()[:len(LAUNCH_FIELDS)]
     assert read == [7 * i for i in range(len(LAUNCH_FIELDS))]  # every field once, in order
-    for fn in (_fwd._fwd_kernel, _bwd._dq_kernel, _bwd._dkdv_kernel):
+    for fn in (_fwd._fwd_kernel, _bwd._dq_kernel, _dkdv._dkdv_kernel):
         src = inspect.getsource(getattr(fn, "fn", fn))
         names = []
         for group in (r"_launch_scalars\(L\)", r"_launch_sinks\(L\)", r"_launch_order\(L\)"):
@@ -570,6 +570,6 @@ def test_sliding_band_edges_where_windows_do_not_divide(mode):
         pat = DilatedPattern(w, r, query_dilation=mode, window="sliding", sink_tokens=2)
         q = torch.zeros(1, 4, 47, 16, device=DEV)
         plan, _ = plan_positions(check_inputs(q, q, q, pat), pat)
-        launch = kernels._launches(pat, plan, True)[1]
+        launch = _calls._launches(pat, plan, True)[1]
         assert all(ln.npri == 0 for ln in launch), launch  # no union code in any of them
         _run(pat, sq=47, hq=4, hkv=2)

@@ -152,15 +152,15 @@ def test_packed_documents():  # own kernels (document ids), a unit of its own
 
 def test_first_call_compiles_its_kernels_together(monkeypatch):
     # a call planned anew compiles the kernels of all its launches in a thread pool before the
-    # first launch (kernels._compile_together): no launch compiles one on its own
+    # first launch (kernels._config._compile_together): no launch compiles one on its own
     import triton
 
     from hf_hilbert_attn import kernels
 
     monkeypatch.setattr(kernels._config, "_CONFIG",
                         dataclasses.replace(kernels.kernel_config(), compile_threads=4))
-    kernels._CALLS.clear()
-    for fn in (kernels._fwd_kernel, kernels._dq_kernel, kernels._dkdv_kernel):
+    kernels._calls._CALLS.clear()
+    for fn in (kernels._fwd._fwd_kernel, kernels._bwd._dq_kernel, kernels._dkdv._dkdv_kernel):
         fn.device_caches.clear()  # this process's kernels (Triton's disk cache stays)
     seen = []
 
@@ -391,7 +391,7 @@ def test_reduce_overhead_compile_replays_cuda_graphs(monkeypatch):
              for sh in shapes]
         dout = torch.randn(shapes[0], device="cuda", dtype=torch.bfloat16)
         if step == 4:
-            for cache in (kernels._CALLS, kernels._SMALL, _plan._KEY_CACHE):
+            for cache in (kernels._calls._CALLS, kernels._calls._SMALL, _plan._KEY_CACHE):
                 cache.clear()
             junk = _fill_small_blocks()
         before = len(calls)

@@ -697,6 +697,7 @@ def test_merging_launches_cover_only_what_their_window_reaches():
     # given sums, the short window's launches tile only the query rows (dq) and keys (dk/dv)
     # within its reach; a call of its own tiles them all (its launches write every row)
     from hf_hilbert_attn import kernels
+    from hf_hilbert_attn.kernels import _bwd, _calls, _fwd
 
     pat = DilatedPattern([64, 1024], [1, 8], window="sliding")
     q, k = torch.randn(1, 2, 1024, 16), torch.randn(1, 1, 1024, 16)
@@ -705,9 +706,9 @@ def test_merging_launches_cover_only_what_their_window_reaches():
     plan, _ = kernels.plan_positions(a, pat)
 
     def programs(merge):
-        c = kernels.Call(pat, plan, (1, 2, 1, 1024, 1024, 16), torch.float32, q.device, True,
-                         kernels.kernel_config(), (), merge, merge)
-        fwd, bwd = kernels.plan_fwd(c), kernels.plan_bwd(c)
+        c = _calls.Call(pat, plan, (1, 2, 1, 1024, 1024, 16), torch.float32, q.device, True,
+                        kernels.kernel_config(), (), merge, merge)
+        fwd, bwd = _fwd.plan_fwd(c), _bwd.plan_bwd(c)
         return [sum(g[0] * g[1] for g, *_ in items)
                 for items in (fwd.items, bwd.dq_items, bwd.kv_items)]
 

@@ -105,17 +105,20 @@ class _Launches:
 
     def __init__(self, stub: bool, bind: bool = True):
         import hf_hilbert_attn.kernels as kernels
+        from hf_hilbert_attn.kernels import _bwd, _fwd
 
-        self.pkg, self.counts = kernels, Counter()
-        # (a delta pass where the kernels have one: an older tree in an A/B run)
-        self.names = [n for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel")
-                      if hasattr(kernels, n)]
+        self.counts = Counter()
+        # each kernel where its launcher reads it: the kernel's module (older trees in an A/B
+        # run: the package, and a delta pass where the kernels have one)
+        self.slots = [(m, n) for m in (kernels, _fwd, _bwd)
+                      for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_delta_kernel")
+                      if n in vars(m)]
         self.stub, self.bind = stub, bind
 
     def __enter__(self):
-        self.saved = {n: getattr(self.pkg, n) for n in self.names}
-        for n, fn in self.saved.items():
-            setattr(self.pkg, n, _Stub(fn, self.counts, self.bind) if self.stub
+        self.saved = {(m, n): getattr(m, n) for m, n in self.slots}
+        for (m, n), fn in self.saved.items():
+            setattr(m, n, _Stub(fn, self.counts, self.bind) if self.stub
                     else _Counting(fn, self.counts))
         if self.stub:
             # CPU tensors take the (stubbed) kernels: the op's dispatch refuses them without
@@ -128,8 +131,8 @@ class _Launches:
         return self
 
     def __exit__(self, *exc):
-        for n, fn in self.saved.items():
-            setattr(self.pkg, n, fn)
+        for (m, n), fn in self.saved.items():
+            setattr(m, n, fn)
         if self.stub:
             import hf_hilbert_attn.ops as ops
 
@@ -295,9 +298,8 @@ def _per_call_us(fn, calls: int, repeats: int) -> float:
 def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
     """Host time of each layer of one attention call, outermost first: where the host time of
     a short step goes on this machine (each layer includes the ones below it)."""
-    import hf_hilbert_attn.kernels as K
     from hf_hilbert_attn.inputs import check_inputs
-    from hf_hilbert_attn.kernels import _launch, dilated_bwd, dilated_fwd
+    from hf_hilbert_attn.kernels import _bwd, _fwd, _launch, dilated_bwd, dilated_fwd
     from hf_hilbert_attn.kernels._plan import plan_positions
     from triton.runtime.driver import driver
 
@@ -309,14 +311,14 @@ def _print_layers(q, k, v, g, pattern, fwd, bwd, calls, repeats):
     plan, _ = plan_positions(a, pattern)
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     out, lse = dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan)
-    captured, real_run = [], K._run
-    K._run = lambda launches, fresh, cfg, memo=None: captured.append((launches, memo))  # the
-    # run step's input
+    captured, real_run = [], _fwd._run
+    for m in (_fwd, _bwd):  # the run step's input
+        m._run = lambda launches, fresh, cfg, memo=None: captured.append((launches, memo))
     try:
         dilated_fwd(qd, kd, vd, pattern, a.scale, True, plan)
         dilated_bwd(g, qd, kd, vd, out, lse, None, pattern, a.scale, True, plan)
     finally:
-        K._run = real_run
+        _fwd._run = _bwd._run = real_run
     (lf, mf), (lb, mb) = captured
 
     def triton_only(ls, memo):  # what launch_all() does after its memo's hit, prepared:

@@ -1,4 +1,4 @@
-"""Backward kernels (FlashAttention-2 style), one launch of each per config.
+"""Backward kernels (FlashAttention-2 style), one launch of each per config, and their launch.
 
 ``P`` is recomputed with the FINAL lse, so every pair gets its true probability whichever
 config owns it; ``delta = rowsum(dO * O) - dlse`` uses the final output. The configs own
@@ -7,17 +7,26 @@ disjoint pairs (union rule), so their gradient contributions simply add:
 * ``_dq_kernel``: program per query tile; computes its rows' delta (and writes it for dk/dv);
   sums over configs in a float32 buffer, the last launch (covering every query) writes ``dq``
   in the input dtype;
-* ``_dkdv_kernel``: program per key tile of one key/value head, looping over its group's query
-  heads that read this class (GQA without atomics or expanded K/V); float32 sums as for dq.
+* ``_dkdv_kernel`` (``_dkdv.py``): program per key tile of one key/value head, over its group's
+  query heads that read this class (GQA without atomics or expanded K/V); float32 sums as for dq.
 """
 
+import torch
 import triton
 import triton.language as tl
 
-from ._common import (LOG2E, _SCALARS, _band_split, _band_tail, _key_range, _key_tile,
-                      _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _logits2, _n_range,
-                      _participates, _program_tile, _query_rows, _row_keep, _row_ptrs, _dot,
-                      _sink_geometry, _split_at, _union_keep, _union_prologue, _union_tab)
+from ._calls import (BwdPlan, Call, _blocks, _call_plans, _check_target, _dummy, _fill_skipped,
+                     _flags, _head_chunk, _head_runs, _keep, _launch_row, _launch_table,
+                     _launches, _prep, _quads, _smem, _strided, _tiles, _trimmed, _union_args,
+                     kept_if_captured)
+from ._common import (LOG2E, _SCALARS, Strided, _band_split, _dot, _key_range, _key_tile,
+                      _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _logits2,
+                      _participates, _program_tile, _query_rows, _row_keep, _row_ptrs, _scales,
+                      _sink_geometry, _split_at, _union_prologue)
+from ._config import _run, kernel_config
+from ._dkdv import _dkdv_kernel
+from ._launch import relaunch_kept
+from ._plan import W_CAP, PositionPlan
 
 
 @triton.jit
@@ -60,66 +69,6 @@ def _dq_tiles(dq, rows, keys, uni, lo, hi, end,
             tl.atomic_add(sgk + sg_rows, dkp * scales[0], mask=col_ok[:, None])
             tl.atomic_add(sgv + sg_rows, dvp, mask=col_ok[:, None])
     return dq
-
-
-@triton.jit
-def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
-                BM: tl.constexpr, D: tl.constexpr, EDGE: tl.constexpr, UNION: tl.constexpr,
-                UTAB: tl.constexpr, F: tl.constexpr):
-    """dk, dv over query tiles ``lo, lo+BM, .. < hi`` (queries ``n < end``), transposed tiles
-    (rows = keys). Queries past ``end`` load as zeros (q, dO, lse, delta) and add nothing.
-    ``cols``: the program's keys ``(k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64,
-    scales, LB, LC)``; ``qside``: where queries live ``(q_base, do_base, QINV, QDOC, LSE, DELTA,
-    lrow, sqinv, sqdoc, sqs, sds, QOFF)`` (bases and ``lrow``, the offset of lse's and delta's
-    rows, at the program's batch and query head); ``uni`` as in ``_fwd._fwd_tiles``."""
-    k, v, kd, offs_n, pk, p0, p1, sbase, R, h, b64, scales, LB, LC = cols
-    q_base, do_base, QINV, QDOC, LSE, DELTA, lrow, sqinv, sqdoc, sqs, sds, QOFF = qside
-    CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
-    offs_d = tl.arange(0, D)
-    for start_m in range(lo, hi, BM):
-        offs_m = start_m + tl.arange(0, BM)
-        pq = sbase + R * offs_m
-        row_ok = offs_m < end
-        if F.MAPPED:
-            qidx = tl.load(QINV + b64 * sqinv + pq, mask=row_ok, other=-1)
-            row_ok = row_ok & (qidx >= 0)
-            qidx = tl.where(row_ok, qidx, 0)
-        else:
-            qidx = tl.where(row_ok, pq - QOFF, 0)
-        q64 = qidx.to(tl.int64)
-        q = tl.load(q_base + q64[:, None] * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        do = tl.load(do_base + q64[:, None] * sds + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        lse2 = tl.load(LSE + lrow + q64, mask=row_ok, other=0.0) * LOG2E
-        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-        delta = tl.load(DELTA + lrow + q64, mask=row_ok, other=0.0)
-        st = _dot(k, tl.trans(q), None, F.IEEE)
-        dpt = _dot(v, tl.trans(do), None, F.IEEE)
-        xt, dcap = _logits2(st, scales, F.SOFTCAP)
-        pt = tl.math.exp2(xt - lse2[None, :])
-        if (F.CAUSAL and EDGE) or (F.SLIDING and EDGE) or F.MAPPED == 2 or F.HAS_DOC or UNION:
-            keep = row_ok[None, :] & (offs_n[:, None] >= 0)  # [BN, BM]
-            if F.CAUSAL and EDGE:  # (moved by the LC class steps earlier configs own)
-                keep = keep & (offs_n[:, None] + LC <= offs_m[None, :])
-            if F.SLIDING and EDGE:  # the window: n_q <= n_k + LB (>= n_k - LB non-causal)
-                keep = keep & (offs_m[None, :] <= offs_n[:, None] + LB)
-                if not F.CAUSAL:
-                    keep = keep & (offs_m[None, :] >= offs_n[:, None] - LB)
-            if UNION:
-                if UTAB > 0:
-                    keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB=UTAB)
-                else:
-                    keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
-            if F.HAS_DOC:
-                qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
-                keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)
-            pt = tl.where(keep, pt, 0.0)
-        dst = pt * (dpt - delta[None, :])
-        if F.SOFTCAP:
-            dst = dst * dcap
-        dv = _dot(pt.to(do.dtype), do, dv, F.IEEE)
-        dk = _dot(dst.to(q.dtype), q, dk, F.IEEE)
-    return dk, dv
 
 
 @triton.jit
@@ -254,172 +203,187 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, o, dlse, pos, tables, 
         tl.store(acc_ptrs, dq_acc, mask=row_ok[:, None])
 
 
-@triton.jit
-def _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, end, ma, mb, BM: tl.constexpr,
-               D: tl.constexpr, UNION: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
-    """dk, dv over query tiles ``[lo, mid)`` masked (the diagonal), then ``[mid, tail)`` whole,
-    then (sliding) ``[tail, end)`` masked: queries past some key's window.
-    ``UNION``: with the per-pair union mask on the masked tiles and on the whole tiles that
-    meet ``[ma, mb)`` only."""
-    dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, lo, mid, end, BM=BM, D=D, EDGE=True,
-                         UNION=UNION, UTAB=UTAB, F=F)
-    if UNION:
-        x1, x2 = _split_at(mid, tail, ma, mb, BN=BM)
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, x1, end, BM=BM, D=D, EDGE=False,
-                             UNION=False, UTAB=UTAB, F=F)
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x1, x2, end, BM=BM, D=D, EDGE=False,
-                             UNION=True, UTAB=UTAB, F=F)
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, x2, tail, end, BM=BM, D=D, EDGE=False,
-                             UNION=False, UTAB=UTAB, F=F)
-    else:
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, mid, tail, end, BM=BM, D=D, EDGE=False,
-                             UNION=UNION, UTAB=UTAB, F=F)
-    if F.SLIDING:
-        dk, dv = _dkdv_tiles(dk, dv, cols, qside, uni, tail, end, end, BM=BM, D=D, EDGE=True,
-                             UNION=UNION, UTAB=UTAB, F=F)
-    return dk, dv
+def _sum_buffers(B, hch, kch, SQ, SK, D, device):
+    """The backward's float32 sums over configs, dq's ``[B, hch, SQ, D]`` and dk's and dv's
+    ``[B, kch, SK, D]``, in one workspace: every dq launch precedes every dk/dv launch on the
+    stream, so the dk/dv sums reuse the dq sum's memory (docs/kernels.md)."""
+    nq, nk = B * hch * SQ * D, B * kch * SK * D
+    work = torch.empty(max(nq, 2 * nk), device=device, dtype=torch.float32)
+    return (work[:nq].view(B, hch, SQ, D), work[:nk].view(B, kch, SK, D),
+            work[nk:2 * nk].view(B, kch, SK, D))
 
 
-@triton.jit
-def _dkdv_union(dk, dv, cols, qside, col_ok, qn_lo, qn_hi, full_lo, band_hi, CFG, NPRI, KEYS,
-                PSZ, BM: tl.constexpr, D: tl.constexpr, UTAB: tl.constexpr, F: tl.constexpr):
-    """dk, dv of one query head over the query tiles of a config with earlier configs: queries
-    ``[ca, cb)`` covered by them for the whole key tile are skipped; each remaining range starts
-    with the diagonal tiles (masked), then whole unmasked tiles (sliding: then the masked tiles
-    past the window); with ``F.MIXED`` the union mask on the diagonal tiles and on the whole tiles
-    in ``[ma, mb)`` (as ``_fwd._fwd_union``)."""
-    k, v, kd, offs_n, pk, pk0, pk1, sbase, R, h, b64, scales, LB, LC = cols
-    ca, cb, ma, mb, uni = _union_prologue(pk, col_ok, pk0, pk1, sbase, R, h, qn_hi, CFG, NPRI,
-                                          KEYS, PSZ, UTAB=UTAB, F=F, KSIDE=True)
-    a_hi = tl.minimum(ca, qn_hi)
-    b_lo = tl.maximum(cb, qn_lo)
-    a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, a_hi)
-    b_mid = tl.minimum(b_lo + tl.maximum(full_lo - b_lo + BM - 1, 0) // BM * BM, qn_hi)
-    a_tail = _band_tail(a_mid, a_hi, band_hi, BM=BM)
-    b_tail = _band_tail(b_mid, qn_hi, band_hi, BM=BM)
-    # Both query ranges through one copy of the tile loops (a program that needs no per-pair
-    # mask has an empty [ma, mb): with F.MIXED only its diagonal tiles test the union rule). Against
-    # four copies: 104 instead of 680 bytes of spills per thread on sm_90, half the compile
-    # time, the same speed (docs/decisions.md "dk/dv: one copy of the tile loops"). Sliding
-    # and causal, the covered queries start at 0 (``_covered``): the upper range only.
-    for part in range(1 if F.SLIDING and F.CAUSAL else 0, 2):
-        lo = tl.where(part == 0, qn_lo, b_lo)
-        mid = tl.where(part == 0, a_mid, b_mid)
-        tail = tl.where(part == 0, a_tail, b_tail)
-        hi = tl.where(part == 0, a_hi, qn_hi)
-        dk, dv = _dkdv_span(dk, dv, cols, qside, uni, lo, mid, tail, hi, ma, mb, BM=BM, D=D,
-                            UNION=F.MIXED, UTAB=UTAB, F=F)
-    return dk, dv
+def plan_bwd(c: Call) -> BwdPlan:
+    """The backward's launches of call ``c``: a pure function of it."""
+    B, HQ, HKV, SQ, SK, D = c.shape
+    prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
+    # heads per chunk of the float32 buffers (query / key-value heads; merge: the caller's dq)
+    hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
+    kv_merge = c.merge_kv and not sinks
+    kch = HKV if kv_merge else _head_chunk(HKV, 2 * B * SK * D, len(launch), c.cfg)
+    smem = _smem(c.device, c.cfg)
+    dq_tiles = {p: _blocks("dq", D, c.dtype, smem, p, cfg=c.cfg) for p in (False, True)}
+    kv_tiles = {f: _blocks("dkdv", D, c.dtype, smem, skips=f, cfg=c.cfg) for f in (False, True)}
+    kBM, kBN = kv_tiles[False][:2]  # (both the same: the key tiles and _may_mix use kBN)
+    # union test: the key tables hold the configs but the last (up to four earlier ones);
+    # the sink launch (after all of them in priority), sliding windows and longer patterns
+    # test the configs in a runtime loop (decisions.md, "One union test in a loop")
+    keys, psz, utab = _union_args(prio, c.plan, c.device, not c.pattern.sliding)
+
+    # dq: one program per query tile, as in the forward, a chunk of heads at a time (first:
+    # the sink launch's dk/dv sums are needed by the dk/dv kernel)
+    dq_items, rows = [], []
+    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
+        for li, ln in enumerate(launch):
+            lp = _trimmed(c, ln, c.merge, bool(sinks) and li == len(launch) - 1)
+            if lp is None:
+                continue
+            BM, BN, warps, stages = dq_tiles[ln.pair]
+            seg0, nseg, blk0, nblk = _tiles(lp.qlo, lp.qhi, ln.w, ln.r, BM, True)
+            ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
+            rows.append(_launch_row(c, lp, ln, li, len(launch), h0, nh, (seg0, ncls, nblk, blk0),
+                                    sinks, len(prio), psz, c.merge))
+            fl = _flags(c, prio, ln, BM, bool(sinks) and li == len(launch) - 1, utab)
+            kw = dict(BM=BM, BN=BN, D=D, F=fl, num_warps=warps, num_stages=stages)
+            dq_items.append(((nseg * ncls * nblk, B * nh), kw))
+    # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
+    kv_items = []
+    for g0, ng in _head_runs(HKV, 1, c.skip, kch):
+        for li, ln in enumerate(launch):
+            lp = _trimmed(c, ln, kv_merge, False)  # kv_merge: no sink key
+            if lp is None:
+                continue
+            kseg0, knseg, kblk0, knblk = _tiles(lp.klo, lp.khi, ln.w, ln.r, kBN, ln.w == W_CAP)
+            rows.append(_launch_row(c, lp, ln, li, len(launch), g0, ng,
+                                    (kseg0, ln.r, knblk, kblk0), sinks, len(prio), psz, kv_merge))
+            # (the sink keys' dk/dv sums: added by the first launch only; the flag's code
+            # costs the others registers)
+            fl = _flags(c, prio, ln, kBN, bool(sinks) and li == 0, utab)
+            warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
+            kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
+            kv_items.append(((knseg * ln.r * knblk, B * ng), kw))
+    # (the dq launches, then the dk/dv launches)
+    tables, items = _launch_table(prio, launch, keys, dq_items + kv_items, rows, c.device)
+    dq_items, kv_items = items[:len(dq_items)], items[len(dq_items):]
+    chunks = (0 if c.merge else hch, 0 if kv_merge else kch) if len(launch) > 1 else None
+    return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge,
+                   bool(sinks) and (c.merge or len(launch) == 1))
 
 
-@triton.jit(do_not_specialize=_SCALARS)
-def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tables, L, R, LB, LC,
-                 NPRI, PSZ, GROUP, QOFF, scales, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-                 F: tl.constexpr):
-    """dk and dv of one config's launch; arguments as in ``_dq_kernel`` (heads: key/value heads;
-    ``dkacc`` / ``dvacc``: the float32 sums of earlier launches, a chunk of key/value heads)."""
-    # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
-    # belongs to exactly one program, so the first launch writes every row of the buffers.
-    CFG, LCFG, KEYS = tables
-    HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
-    tile = tl.program_id(0)
-    bhk = tl.program_id(1)
-    b = bhk // HCH
-    hkl = bhk % HCH  # kv head within this launch's chunk (dkacc/dvacc hold HCH heads)
-    hk = HOFF + hkl
-    blk = BLK0 + tile % NBLK
-    t2 = tile // NBLK
-    seg = SEG0 + t2 // R
-    c = t2 % R
-    sbase = seg * W + c
-    ncl = (W - c + R - 1) // R
-    b64 = b.to(tl.int64)
+def _bwd_heads(v, sg, none, lead=()) -> tuple:
+    """The heads of the backward's launches — dq, dk/dv, then the dense heads' dq and dk/dv —
+    from ``v``: the ``Strided`` arguments of ``q k v do lse delta out dq``, the float32 sums
+    ``dq dk dv``, then ``dk dv`` and the lse gradient (or delta, unread), or their launcher
+    values (``_quads``); ``sg`` the sink keys' sums, ``none`` an unused one, ``lead`` the
+    position tables."""
+    ins = v[:6]
+    return ((*ins, v[7], v[8], sg, v[6], v[13], *lead),
+            (*ins, v[11], v[12], v[9], v[10], sg, *lead),
+            (*ins, v[7], v[7], none, v[6], v[13], *lead),
+            (*ins, v[11], v[12], v[11], v[12], none, *lead))
 
-    kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
-    offs_n = blk * BN + tl.arange(0, BN)
-    pk = sbase + R * offs_n
-    col_ok = (offs_n >= kn_lo) & (offs_n < kn_hi)
-    if F.MAPPED:
-        kidx = tl.load(pos.KINV + b64 * pos.skinv + pk, mask=col_ok, other=-1)
-        col_ok = col_ok & (kidx >= 0)
-    else:
-        kidx = pk - KOFF
-    kidx = tl.where(col_ok, kidx, 0)
-    kt = tl.load(_row_ptrs(k, b64, hk, kidx, D=D), mask=col_ok[:, None], other=0.0)
-    vt = tl.load(_row_ptrs(v, b64, hk, kidx, D=D), mask=col_ok[:, None], other=0.0)
-    if F.HAS_DOC:
-        kd = tl.load(pos.KDOC + b64 * pos.skdoc + kidx, mask=col_ok, other=-1)
-    else:
-        kd = kidx
 
-    n_first = tl.maximum(blk * BN, kn_lo)
-    n_last = tl.minimum(blk * BN + BN, kn_hi) - 1
-    pk0 = sbase + R * n_first
-    pk1 = sbase + R * tl.maximum(n_last, n_first)
-    qn_lo, qn_hi = _n_range(sbase, ncl, QLO, QHI, R)
-    band_hi = qn_hi  # sliding: query tiles ending below this lie inside every key's window
-    if F.CAUSAL:  # (LC: the class steps earlier configs own, a diagonal moved up)
-        qn_lo = tl.maximum(qn_lo, n_first + LC)  # queries n >= the first key's n + LC
-        full_lo = blk * BN + BN - 1 + LC  # query tiles starting here see no diagonal
-    else:
-        full_lo = qn_lo
-        if F.SLIDING:
-            qn_lo = tl.maximum(qn_lo, n_first - LB)
-            full_lo = blk * BN + BN - 1 - LB  # from here: above every key's window edge
-    if F.SLIDING:
-        qn_hi = tl.minimum(qn_hi, n_last + LB + 1)
-        band_hi = blk * BN + LB + 1
-    qn_hi = tl.where(n_last >= n_first, qn_hi, qn_lo)
+def _with_dlse(kw: dict, dlse: bool) -> dict:
+    """A launch's keywords for a call with an lse gradient (``dlse``): dq's ``HAS_DLSE``."""
+    return dict(kw, F=kw["F"]._replace(HAS_DLSE=True)) if dlse else kw
 
-    dk_acc = tl.zeros([BN, D], tl.float32)
-    dv_acc = tl.zeros([BN, D], tl.float32)
-    for hh in range(GROUP):
-        h = hk * GROUP + hh
-        h64 = h.to(tl.int64)
-        if F.PER_HEAD:
-            active = ((h + HBASE) % R) == c
+
+def _bwd_stats(lse, B, HQ, SQ, dev):
+    """``(lse, delta)`` rows ``[B, Hq, Sq]``, padded to a multiple of 16 (a small copy of lse):
+    Triton specialises on strides dividing by 16; one compile serves every length."""
+    if SQ % 16 == 0 and lse.is_contiguous():
+        return lse, torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32)
+    stats = torch.empty((2, B, HQ, -(-SQ // 16) * 16), device=dev, dtype=torch.float32)
+    stats[0, :, :, :SQ].copy_(lse)
+    return stats[0, :, :, :SQ], stats[1, :, :, :SQ]
+
+
+def dilated_bwd(do, q, k, v, out, lse, dlse, pattern, scale: float, causal: bool,
+                plan: PositionPlan, dq=None, dk=None, dv=None, skip: tuple = (), dq_acc=None,
+                dkv_acc=None, head_base: int = 0, softcap: float = 0.0):
+    """Backward launches → (dq, dk, dv) in the input dtype (``dlse`` may be None), planned once per
+    call key (:func:`plan_bwd`); dense key/value heads as in :func:`dilated_fwd`. ``dq``/``dk``/``dv``: tensors (or views) to write into; float32
+    sums over configs hold a chunk of heads at a time (``_sum_buffers``). ``skip``: key/value
+    heads not computed (zero gradients). ``dq_acc`` / ``dkv_acc``: float32 sums this call's dq /
+    (dk, dv) add into (the ring's pieces; dk/dv in the kernels where no key is a sink);
+    ``head_base`` and ``softcap`` as in :func:`dilated_fwd`."""
+    for name, g, t, dtype in (("dq", dq, q, q.dtype), ("dk", dk, k, k.dtype),
+                              ("dv", dv, v, v.dtype), ("dq_acc", dq_acc, q, torch.float32),
+                              *zip(("dk_acc", "dv_acc"), dkv_acc or (), (k, v),
+                                   (torch.float32,) * 2)):
+        _check_target(name, g, t.shape, dtype)
+    if q.shape[2] == 0 or k.shape[2] == 0:  # zero gradients (or the given sums)
+        dq, dk, dv = (torch.zeros_like(t) if g is None else g.zero_()
+                      for g, t in ((dq, q), (dk, k), (dv, v)))
+        return (dq if dq_acc is None else dq_acc), *(dkv_acc or (dk, dv))
+    return bwd_runner(q, k, pattern, plan, causal, scale, skip, dq_acc is not None,
+                      dkv_acc is not None, head_base, softcap)(
+        do, q, k, v, out, lse, dlse, dq, dk, dv, dq_acc, dkv_acc)
+
+
+def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, skip: tuple = (),
+               merge: bool = False, merge_kv: bool = False, head_base: int = 0,
+               softcap: float = 0.0):
+    """The backward of calls like this one (as :func:`fwd_runner`; ``Sq``, ``Sk`` > 0):
+    ``run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
+    dkv_acc=None) -> (dq, dk, dv)`` as :func:`dilated_bwd` says (``dq_acc`` given exactly when
+    ``merge``, ``dkv_acc`` when ``merge_kv``)."""
+    cfg, bp, dense, fresh, fill, pos, memo, lead, tail = _call_plans(
+        plan_bwd, q, k, pattern, plan, causal, scale, skip, (merge, merge_kv), head_base,
+        softcap)
+    (B, HQ, SQ, D), (HKV, SK), dev = q.shape, k.shape[1:3], q.device
+    scales, fresh = _scales(scale, softcap), {0: fresh}
+    hot = {}  # as the forward's
+
+    def run(do, q, k, v, out, lse, dlse=None, dq=None, dk=None, dv=None, dq_acc=None,
+            dkv_acc=None):
+        kept_if_captured(dev, (bp, dense, pos))
+        q, k, v, out, do = _prep(q), _prep(k), _prep(v), _prep(out), _prep(do)
+        dq = q if merge else torch.empty_like(q) if dq is None else dq  # (merge: q stands in
+        # for the unwritten dq, so the kernels' output type stays q's)
+        dk = torch.empty_like(k) if dk is None else dk
+        dv = torch.empty_like(v) if dv is None else dv
+        _fill_skipped(() if merge else fill, HQ // HKV, (dq, 0.0))
+        lse, delta = _bwd_stats(lse, B, HQ, SQ, dev)  # (delta: written by the dq launches)
+        dl = dlse.contiguous() if dlse is not None else delta
+        # The last dq launch also sums the sink keys' dk/dv (float32, atomically, over its
+        # query tiles; the first dq launch zeroes them, or they start as zeros); the first dk/dv
+        # launch adds them in. The dense heads' launches (one per kernel) write the results in
+        # the input dtype and have no sink key.
+        sinkg = (torch.zeros if bp.zero_sinks else torch.empty)(
+            (B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32) if bp.sinks \
+            else _dummy(dev)
+        if not bp.kv_merge:
+            _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
+        dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
+            _sum_buffers(B, *bp.chunks, SQ, SK, D, dev)  # (None: one launch per kernel, no sums)
+        dqacc = dq_acc if merge else dqacc
+        if bp.kv_merge:  # dk, dv: not written (k, v stand in, as q for dq)
+            (dkacc, dvacc), dk, dv = dkv_acc, k, v
+        ts = (q, k, v, do, lse, delta, out, dq, dqacc, dkacc, dvacc, dk, dv, dl, sinkg)
+        st, x = _quads(ts)
+        st = (st, dlse is None, do.dtype)
+        # as the last call: its kernels
+        if (last := hot.get(0)) is not None and last[0] == st and x is not None:
+            none = (_dummy(dev).data_ptr(), 0, 0, 0)
+            relaunch_kept(last[1], _bwd_heads(x, x[14] if bp.sinks else none, none))
         else:
-            active = h >= 0
-        if active:
-            q_base = q.ptr + b64 * q.sb + h64 * q.sh
-            do_base = do.ptr + b64 * do.sb + h64 * do.sh
-            lrow = b64 * lse.sb + h64 * lse.sh  # lse and delta: [B, Hq, Sq], one layout
-            cols = (kt, vt, kd, offs_n, pk, pk0, pk1, sbase, R, h + HBASE, b64, scales, LB, LC)
-            qside = (q_base, do_base, pos.QINV, pos.QDOC, lse.ptr, delta.ptr, lrow, pos.sqinv,
-                     pos.sqdoc, q.ss, do.ss, QOFF)
-            if F.EARLIER == 0:
-                # first config in priority order: no union test, nothing skipped; the diagonal
-                # tiles (masked), then whole unmasked tiles
-                a_mid = tl.minimum(qn_lo + tl.maximum(full_lo - qn_lo + BM - 1, 0) // BM * BM, qn_hi)
-                a_tail = _band_tail(a_mid, qn_hi, band_hi, BM=BM)
-                dk_acc, dv_acc = _dkdv_span(dk_acc, dv_acc, cols, qside,
-                                            (CFG, NPRI, KEYS, PSZ, pk, pk, pk, pk), qn_lo, a_mid,
-                                            a_tail, qn_hi, qn_lo, qn_lo, BM=BM, D=D, UNION=False,
-                                            UTAB=0, F=F)
-            else:
-                dk_acc, dv_acc = _dkdv_union(dk_acc, dv_acc, cols, qside, col_ok, qn_lo, qn_hi,
-                                             full_lo, band_hi, CFG, NPRI, KEYS, PSZ, BM=BM, D=D,
-                                             UTAB=F.UTAB, F=F)
-    dk_acc = dk_acc * scales[0]
-    NLAUNCHED, FIRST, LAST = _launch_order(L)
-    ka_ptrs = _row_ptrs(dkacc, b64, hkl, kidx, D=D)
-    va_ptrs = _row_ptrs(dvacc, b64, hkl, kidx, D=D)
-    if F.SINK:
-        if FIRST != 0:
-            # the sink keys' dk/dv, summed by the dq kernel's sink launch
-            SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
-            sink = col_ok & (pk < SINKS)
-            sg = _row_ptrs(sinkg, b64, hk, pk, D=D)
-            dk_acc += tl.load(sg, mask=sink[:, None], other=0.0)
-            dv_acc += tl.load(sg + SINKS * sinkg.ss, mask=sink[:, None], other=0.0)
-    if FIRST == 0:
-        dk_acc += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
-        dv_acc += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)
-    if LAST != 0:
-        tl.store(_row_ptrs(dk, b64, hk, kidx, D=D), dk_acc.to(dk.ptr.dtype.element_ty),
-                 mask=col_ok[:, None])
-        tl.store(_row_ptrs(dv, b64, hk, kidx, D=D), dv_acc.to(dv.ptr.dtype.element_ty),
-                 mask=col_ok[:, None])
-    else:
-        tl.store(ka_ptrs, dk_acc, mask=col_ok[:, None])
-        tl.store(va_ptrs, dv_acc, mask=col_ok[:, None])
+            none = Strided(_dummy(dev), 0, 0, 0)
+            heads = _bwd_heads(tuple(_strided(t) for t in ts[:14]),
+                               _strided(sinkg) if bp.sinks else none, none, lead)
+            launches, which = [], []
+            for i, p in enumerate((bp, dense)):
+                for kernel, items, j in ((_dq_kernel, p.dq_items, 2 * i),
+                                         (_dkdv_kernel, p.kv_items, 1 + 2 * i)) if p else ():
+                    launches += [(kernel, grid, heads[j], (*tail, p.tables, row, *ints, scales),
+                                  _with_dlse(kw, dlse is not None and kernel is _dq_kernel))
+                                 for grid, row, ints, kw in items]
+                    which += [j] * len(items)
+            # (dq with an lse gradient and without: two kernels, the same heads' guards)
+            _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg,
+                                         memo.setdefault(dlse is not None, {})), which)
+        if dkv_acc is not None and not bp.kv_merge:  # sink keys here: the sums on the host
+            dkv_acc[0].add_(dk), dkv_acc[1].add_(dv)
+        return (dq_acc if merge else dq), *(dkv_acc or (dk, dv))
+    run.stale = lambda: kernel_config() is not cfg  # (configure() replaced it since)
+    return run

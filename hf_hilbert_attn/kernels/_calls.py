@@ -1,9 +1,9 @@
 """A call's launches, planned on the host: what the forward's and the backward's planners
-(``plan_fwd`` / ``plan_bwd`` in this package) share — the config launches of a call, their
-tiles, heads and integer rows, the per-call plan memo and the small device tables.
+(``plan_fwd`` / ``plan_bwd``) and runners share — the config launches of a call, their tiles,
+heads and integer rows, the per-call plan memo, the small device tables, the runners' setup.
 
-Host code only (no Triton kernel here); the launchers are ``kernels.dilated_fwd`` /
-``kernels.dilated_bwd``.
+Host code only (no Triton kernel here); the launchers are ``_fwd.dilated_fwd`` /
+``_bwd.dilated_bwd``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 
+from ..dense_heads import DENSE
 from ..plan_cache import kept, memoised
-from ..planning import class_uniform, config_meets, covered_window, nests, sink_keys
+from ..planning import class_uniform, config_meets, covered_window, for_ranges, nests, sink_keys
 from ._common import _SCALARS, LAUNCH_FIELDS, LAUNCH_ROW, Flags, Positions, Strided
+from . import _config
 from ._config import KernelConfig, kernel_config
 from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, fwd_blocks,
                     union_keys)
@@ -134,23 +136,19 @@ def _trimmed(c, ln, merge: bool, sink: bool) -> Optional[PositionPlan]:
         if qlo <= qhi and klo <= khi else None
 
 
-def _positions(plan: PositionPlan, device) -> Positions:
-    """The position and document tables of a call as the kernels take them (each with its row
-    stride, 0 for one row shared by the batch; an unused one: a dummy)."""
+def _positions(plan: PositionPlan, device) -> tuple:
+    """``(pos, lead, tail)``: the position and document tables of a call as the kernels take
+    them (each with its row stride, 0 for one row shared by the batch; an unused one: a dummy),
+    and a launch's ``(lead, tail)``: ``pos`` in its head, guarded and read at every call
+    (``((pos,), ())``: another call of the same key may have other tables), or, at natural
+    positions without documents (dummies the kernels never read), after it (``((), (pos,))``),
+    read once when the launch is bound (``_launch.launch_all``)."""
     d, out = _dummy(device), []
     for t in (plan.qinv if plan.mapped else None, plan.kinv if plan.mapped else None, plan.qdoc,
               plan.kdoc):
         out += [d, 0] if t is None else [t, t.stride(0) if t.shape[0] > 1 else 0]
-    return Positions(*out)
-
-
-def _position_args(plan: PositionPlan, pos: Positions) -> tuple:
-    """``(lead, tail)``: a launch's position tables ``pos`` in its head, guarded and read at
-    every call (``((pos,), ())``: another call of the same key may have other tables), or, at
-    natural positions without documents (dummies the kernels never read), after it
-    (``((), (pos,))``), read once when the launch is bound (``_launch.launch_all``)."""
-    fixed = not plan.mapped and plan.qdoc is None and plan.kdoc is None
-    return ((), (pos,)) if fixed else ((pos,), ())
+    pos, fixed = Positions(*out), not plan.mapped and plan.qdoc is None and plan.kdoc is None
+    return (pos, (), (pos,)) if fixed else (pos, (pos,), ())
 
 
 def _strided(t: torch.Tensor) -> Strided:
@@ -221,31 +219,15 @@ def _prep(t):
 
 
 def _check_target(name, t, shape, dtype):
-    if t.shape != shape or t.dtype != dtype or t.stride(-1) != 1:
+    if t is not None and (t.shape != shape or t.dtype != dtype or t.stride(-1) != 1):
         raise ValueError(f"{name} must be {tuple(shape)} {dtype} with a unit last stride, got "
                          f"{tuple(t.shape)} {t.dtype} strides {t.stride()}")
 
 
-_CALLS: dict = {}  # FwdPlan / BwdPlan of dilated_fwd / dilated_bwd by _call_key
-
-
-def _call_key(kind, pattern, plan, q, k, causal, scale, cfg, skip):
-    """What a call's launches depend on besides its tensors and strides (planned once per key)."""
-    return (kind, pattern, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo, plan.khi,
-            plan.base, plan.mapped_kind, plan.qdoc is not None, tuple(q.shape), k.shape[1],
-            k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg, skip)
+_CALLS: dict = {}  # FwdPlan / BwdPlan of dilated_fwd / dilated_bwd by call key (_call_plans)
 
 
 _CAPTURED: list = []  # what CUDA graphs launched with: kept for good (a replay reads it)
-
-
-def _planned(key, build, device, keep):
-    """``(plan of the call, whether it was made just now)``. Under CUDA-graph capture the plan
-    and ``keep`` (the call's position tensors) outlive any cache clear."""
-    fresh = key not in _CALLS
-    hit = memoised(_CALLS, key, 256, lambda: kept(build, device))
-    kept_if_captured(device, (hit, keep))
-    return hit, fresh
 
 
 def kept_if_captured(device, keep) -> None:
@@ -358,3 +340,57 @@ def _dense_skip(dense: tuple, skip: tuple, hkv: int) -> tuple:
     """The key/value heads the dense heads' launches leave out: every other one, and those the
     call leaves out (``skip``)."""
     return tuple(j for j in range(hkv) if j not in dense or j in skip)
+
+
+def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, skip: tuple,
+                flags: tuple, hbase: int, softcap: float):
+    """``(configuration, sparse plan, dense plan or None, whether they were made just now, heads
+    to fill, positions, the memo of their launches: ``_launch.launch_all``'s, and the positions'
+    ``(lead, tail)``: ``_positions``)`` of a call under :func:`kernel_config`, made once per
+    call key: ``build`` (``_fwd.plan_fwd`` / ``_bwd.plan_bwd``) of the sparse pattern leaving
+    out ``skip`` (and, where that adds no launch, the dense key/value heads: ``_head_split``)
+    and of the plain causal config over the dense heads, whose launches come last (they
+    overwrite what the sparse ones computed for them). ``flags``: ``Call``'s ``merge`` (and
+    ``merge_kv``); ``hbase``, ``softcap``: its own."""
+    (B, HQ, SQ, D), dev, cfg = q.shape, q.device, kernel_config()
+    shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
+
+    def make():
+        sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags))
+        same = (plan, shape, q.dtype, dev, bool(causal), cfg)
+        ranged = for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
+        dense = pattern.dense_kv_heads and build(Call(
+            DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2]), softcap=softcap))
+        return (build(Call(ranged, *same, left, *flags, hbase=hbase, softcap=softcap)),
+                dense or None, fill, {})
+
+    pos, lead, tail = _positions(plan, dev)
+    # the call key: what its launches depend on besides its tensors and strides
+    key = (build.__name__, pattern, plan.qoff, plan.koff, plan.qlo, plan.qhi, plan.klo,
+           plan.khi, plan.base, plan.mapped_kind, plan.qdoc is not None, tuple(q.shape),
+           k.shape[1], k.shape[2], q.dtype, q.device, bool(causal), float(scale), cfg,
+           (skip, *flags, hbase, softcap))
+    fresh = key not in _CALLS
+    sparse, dense, fill, memo = hit = memoised(_CALLS, key, 256, lambda: kept(make, dev))
+    kept_if_captured(dev, (hit, pos))  # (under CUDA-graph capture: past any cache clear)
+    return cfg, sparse, dense, fresh, fill, pos, memo, lead, tail
+
+
+def _quads(ts: tuple) -> tuple:
+    """``(strides, quads)`` of a call's tensors ``ts``: their strides, and each as the values
+    a ``Strided`` argument hands Triton's launcher (address, batch, head and row strides), or
+    None where one is not 16-byte aligned (the kernels kept for the last call assumed so) or a
+    launch hook takes the launches (``set_launch_hook``)."""
+    st = tuple(t.stride() for t in ts)
+    x = tuple((t.data_ptr(), *s[:3]) for t, s in zip(ts, st))
+    return st, None if any(a[0] & 15 for a in x) or _config._LAUNCH_HOOK is not None else x
+
+
+def _keep(hot: dict, st, x, lead, kept, which) -> None:
+    """Keep in ``hot`` what ``launch_all`` kept for the launches of a call with strides ``st``
+    (``which``: the head each launch takes), for the next call of that layout; nothing where
+    the call passed position tables (read per call), was unaligned or bound every launch."""
+    if kept is not None and x is not None and not lead:
+        hot[0] = (st, [(*k, w) for k, w in zip(kept, which)])
+    else:
+        hot.pop(0, None)

@@ -31,7 +31,7 @@ Strided = namedtuple("Strided", "ptr sb sh ss")
 #   call, with their batch strides;
 Positions = namedtuple("Positions", "QINV sqinv KINV skinv QDOC sqdoc KDOC skdoc")
 # * the compile-time flags (one tl.constexpr ``F``); MAPPED: 1 permuted, 2 with gaps; UTAB: the
-#   earlier configs in the union key tables (0: runtime loop); MIXED: ``kernels._may_mix``;
+#   earlier configs in the union key tables (0: runtime loop); MIXED: ``_calls._may_mix``;
 #   SINK: forward and dq attend the sink keys, dk/dv add their sums; SOFTCAP: soft-capped
 #   scores (``_logits2``); HAS_DLSE: dq's delta takes the lse's gradient (set at launch: the
 #   plan serves calls with and without one);

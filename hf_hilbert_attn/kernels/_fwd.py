@@ -5,16 +5,24 @@ config ``(W, R)`` and iterates the key tiles of the same class and segment (caus
 last query). Its partial result covers the pairs the union rule assigns to this config; it is
 merged with what earlier launches wrote (``ACC`` float32 and ``LSE``) and written back. The
 last launch is the config that covers every query (rate 1 in per_head mode); it writes the
-final output in the input dtype and the natural-log LSE.
+final output in the input dtype and the natural-log LSE. Launched by :func:`fwd_runner` below.
 """
 
+import torch
 import triton
 import triton.language as tl
 
+from ._calls import (Call, FwdPlan, _blocks, _call_plans, _check_target, _fill_skipped, _flags,
+                     _head_chunk, _head_runs, _keep, _launch_row, _launch_table, _launches,
+                     _prep, _quads, _smem, _strided, _tiles, _trimmed, _union_args,
+                     kept_if_captured)
 from ._common import (LN2, LOG2E, _SCALARS, _band_split, _key_range, _key_tile, _kv_bases,
                       _launch_order, _launch_scalars, _launch_sinks, _participates, _program_tile,
-                      _logits2, _query_rows, _row_keep, _row_ptrs, _sink_geometry, _split_at,
-                      _dot, _union_prologue)
+                      _logits2, _query_rows, _row_keep, _row_ptrs, _scales, _sink_geometry,
+                      _split_at, _dot, _union_prologue)
+from ._config import _run, kernel_config
+from ._launch import relaunch_kept
+from ._plan import PositionPlan, fwd_max_registers
 
 
 @triton.jit
@@ -183,3 +191,104 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROU
                  mask=row_ok[:, None])
     else:
         tl.store(acc_ptrs, out, mask=row_ok[:, None])
+
+
+def plan_fwd(c: Call) -> FwdPlan:
+    """The forward's launches of call ``c``: a pure function of it."""
+    B, HQ, HKV, SQ, _, D = c.shape
+    prio, launch, sinks = _launches(c.pattern, c.plan, c.causal)
+    # merge: the caller's float32 result holds every head (one chunk; skipped heads stay as given)
+    hch = HQ if c.merge else _head_chunk(HQ, B * SQ * D, len(launch), c.cfg)
+    # the union test: the key tables (as in the backward) for launches that need the per-pair
+    # mask, else the runtime loop
+    keys, psz, utab = _union_args(prio, c.plan, c.device, any(ln.pair for ln in launch))
+    smem = _smem(c.device, c.cfg)
+    tiles = {(t, f): _blocks("fwd", D, c.dtype, smem, t, f, cfg=c.cfg)
+             for t, f in ((False, False), (True, False), (False, True))}
+    items, rows = [], []
+    for h0, nh in _head_runs(HQ, HQ // HKV, c.skip, hch):
+        for li, ln in enumerate(launch):
+            last = li == len(launch) - 1
+            lp = _trimmed(c, ln, c.merge, bool(sinks) and last)
+            if lp is None:
+                continue
+            tab = utab if ln.pair else 0
+            BM, BN, warps, stages = tiles[tab > 0, ln.npri == 0]
+            seg0, nseg, blk0, nblk = _tiles(lp.qlo, lp.qhi, ln.w, ln.r, BM, True)
+            ncls = 1 if c.pattern.query_dilation == "per_head" else ln.r
+            rows.append(_launch_row(c, lp, ln, li, len(launch), h0, nh, (seg0, ncls, nblk, blk0),
+                                    sinks, len(prio), psz, c.merge))
+            kw = dict(BM=BM, BN=BN, D=D, F=_flags(c, prio, ln, BM, bool(sinks) and last, tab),
+                      num_warps=warps, num_stages=stages)
+            cap = fwd_max_registers((BM, BN, warps), ln.npri == 0)
+            if cap and c.dtype != torch.float32 and not c.cfg.interpret:
+                kw["maxnreg"] = cap
+            items.append(((nseg * ncls * nblk, B * nh), kw))
+    tables, items = _launch_table(prio, launch, keys, items, rows, c.device)
+    return FwdPlan(tables, hch if len(launch) > 1 and not c.merge else 0, items)
+
+
+def dilated_fwd(q, k, v, pattern, scale: float, causal: bool, plan: PositionPlan, out=None,
+                lse=None, skip: tuple = (), acc=None, head_base: int = 0, softcap: float = 0.0):
+    """Forward launches. q ``[B,Hq,Sq,D]``, k/v ``[B,Hkv,Sk,D]`` → (out, lse float32 natural log),
+    planned once per call key (:func:`plan_fwd`); the pattern's dense key/value heads: one more
+    launch of the plain causal config over their heads. ``out`` / ``lse``: tensors to write
+    into (unit last stride). ``skip``: key/value heads not computed (out 0, lse -inf). ``acc``: a float32
+    result with its given ``lse`` over other keys (0, -inf at first) this call merges into (the
+    ring's pieces; ``out`` not written). ``head_base``: query head ``h`` follows the pattern's
+    rule as head ``head_base + h`` (a head-sharded rank's heads; dense heads: local indices).
+    ``softcap`` > 0: every score ``s`` (scaled) is taken as ``softcap * tanh(s / softcap)``."""
+    B, HQ, SQ, _ = q.shape
+    for name, t, shape, dtype in (("acc", acc, q.shape, torch.float32), ("out", out, q.shape,
+                                  q.dtype), ("lse", lse, q.shape[:3], torch.float32)):
+        _check_target(name, t, shape, dtype)
+    if SQ == 0:
+        lse = torch.empty((B, HQ, 0), device=q.device, dtype=torch.float32) if lse is None else lse
+        return (acc if acc is not None else torch.empty_like(q) if out is None else out), lse
+    return fwd_runner(q, k, pattern, plan, causal, scale, skip, acc is not None, head_base,
+                      softcap)(q, k, v, out, lse, acc)
+
+
+def fwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, skip: tuple = (),
+               merge: bool = False, head_base: int = 0, softcap: float = 0.0):
+    """The forward of calls like this one (q's and k's shapes, dtype and device, and these
+    arguments; ``Sq`` > 0), planned once per call key: ``run(q, k, v, out=None, lse=None,
+    acc=None) -> (out, lse)`` launches it as :func:`dilated_fwd` says (``acc``, given exactly
+    when ``merge``, in place of ``out``). A caller that repeats a call keeps its runner (ops'
+    prepared calls): one lookup of its plans, not one per call, until ``run.stale()`` (the
+    configuration it was planned under is no longer :func:`kernel_config`'s)."""
+    cfg, fp, dense, fresh, fill, pos, memo, lead, tail = _call_plans(
+        plan_fwd, q, k, pattern, plan, causal, scale, skip, (merge,), head_base, softcap)
+    (B, HQ, SQ, D), dev, group = q.shape, q.device, q.shape[1] // k.shape[1]
+    scales, fresh = _scales(scale, softcap), {0: fresh}  # (the first run compiles side by
+    # side; dict.pop with a default: atomic, as threads may share a runner)
+    hot = {}  # {0: (strides, launches)}: the last layout launched (layers of a step repeat it;
+    # a dict: get and pop are atomic, as threads may share a runner)
+
+    def run(q, k, v, out=None, lse=None, acc=None):
+        kept_if_captured(dev, (fp, dense, pos))  # (a CUDA graph replays read them)
+        q, k, v = _prep(q), _prep(k), _prep(v)
+        out = q if merge else torch.empty_like(q) if out is None else out  # (merge: q stands
+        # in for the unwritten out, so the kernels' output type stays q's)
+        lse = torch.empty((B, HQ, SQ), device=dev, dtype=torch.float32) if lse is None else lse
+        if not merge:  # (fp.hch: the heads of a float32 sum over launches; 0: none)
+            _fill_skipped(fill, group, (out, 0.0), (lse, float("-inf")))
+            acc = torch.empty((B, fp.hch, SQ, D), device=dev, dtype=torch.float32) \
+                if fp.hch else out
+        ts = (q, k, v, out, lse, acc)
+        st, x = _quads(ts)
+        # as the last call: its kernels
+        if (last := hot.get(0)) is not None and last[0] == st and x is not None:
+            relaunch_kept(last[1], (x[:6], (*x[:5], x[3])))
+            return (acc if merge else out), lse
+        sv, launches, which = tuple(_strided(t) for t in ts), [], []
+        for i, (p, head) in enumerate(((fp, sv), (dense, (*sv[:5], sv[3])))):  # (the sparse
+            if p is not None:  # launches merge in acc, the dense heads' write out)
+                launches += [(_fwd_kernel, grid, (*head, *lead), (*tail, p.tables, row, *ints,
+                                                                  scales), kw)
+                             for grid, row, ints, kw in p.items]
+                which += [i] * len(p.items)
+        _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg, memo), which)
+        return (acc if merge else out), lse
+    run.stale = lambda: kernel_config() is not cfg  # (configure() replaced it since)
+    return run

@@ -155,7 +155,7 @@ def config_order(pattern):
 def fwd_blocks(d: int, dtype: torch.dtype, interpret: bool, table: bool = False,
                first: bool = False):
     """(BM, BN, num_warps, num_stages) of the forward kernel; ``table``: of a launch that tests
-    the union rule pair by pair through the key tables (``kernels._needs_pair_mask``);
+    the union rule pair by pair through the key tables (``_calls._needs_pair_mask``);
     ``first``: of the launch with no earlier config (no union code: rate 1 in longnet_lm, most
     of the pairs, and the dense pattern)."""
     if interpret:
@@ -212,7 +212,7 @@ def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int]
     """(BM, BN, num_warps, num_stages) of the dk/dv kernel: BN keys per program, BM queries per
     step. With at most ``SMALL_SMEM`` of shared memory (RTX 3090/4090, L4, L40) head size 128
     in 16-bit takes a smaller key tile. ``skips``: a launch after earlier configs whose programs
-    need no per-pair union mask (``kernels._may_mix`` False)."""
+    need no per-pair union mask (``_calls._may_mix`` False)."""
     bm, bn, warps, stages = bwd_blocks(d, dtype, interpret, smem)
     if interpret:
         return bm, bn, warps, stages

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import hf_hilbert_attn
-from hf_hilbert_attn import dense_heads
 from hf_hilbert_attn import (DilatedPattern, PatternCache, configure, dilated_attention,
                              reference_attention, set_dense_kv_heads)
 from hf_hilbert_attn.integrations.transformers import get_pattern

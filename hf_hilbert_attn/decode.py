@@ -20,6 +20,7 @@ import torch
 
 from .inputs import KERNEL_HEAD_DIMS
 from .pattern import DilatedPattern
+from .plan_cache import memoised
 
 __all__ = ["DECODE_MAX_QUERIES", "DecodePlan", "plan_decode", "run_decode", "decodes",
            "PreparedDecode"]
@@ -74,8 +75,8 @@ class DecodePlan:
 
         cfg, dense = _tables(self.pattern, self.num_kv_heads, device)
         qp, kp = self.positions(sq, device)
-        qp, kp, qd, kd = (None if t is None else _rows(t, batch) for t in
-                          (qp, kp, self.q_doc_ids, self.k_doc_ids))
+        qp, kp, qd, kd = (None if t is None else t.to(torch.int32).expand(batch, -1).contiguous()
+                          for t in (qp, kp, self.q_doc_ids, self.k_doc_ids))  # [batch, S] int32
         return Rule(qp, kp, qp if qd is None else qd, kp if kd is None else kd, cfg, dense,
                     self.pattern.sink_tokens)
 
@@ -96,24 +97,17 @@ _TABLES: dict = {}  # (pattern, Hkv, device) -> the kernel's config and dense-he
 def _tables(pattern: DilatedPattern, num_kv_heads: int, device) -> tuple:
     """``Rule.CFG`` and ``Rule.DENSE`` of ``pattern``: made once per device (a copy to the
     device waits for it), afresh while tracing."""
-    key, traced = (pattern, num_kv_heads, device), torch.compiler.is_compiling()
-    hit = None if traced else _TABLES.get(key)
-    if hit is None:
+    def make():
         pattern.check_kv_heads(num_kv_heads)
         cfgs = list(pattern.configs)
         cfgs += cfgs[:1] * ((1 << (len(cfgs) - 1).bit_length()) - len(cfgs))
-        hit = (torch.tensor(cfgs, dtype=torch.int32, device=device),
-               torch.tensor([j in pattern.dense_kv_heads for j in range(num_kv_heads)],
-                            dtype=torch.int8, device=device))
-        if not traced:  # (a traced graph's tensors stay in the graph)
-            _TABLES[key] = hit
-    return hit
+        return (torch.tensor(cfgs, dtype=torch.int32, device=device),
+                torch.tensor([j in pattern.dense_kv_heads for j in range(num_kv_heads)],
+                             dtype=torch.int8, device=device))
 
-
-def _rows(t: torch.Tensor, batch: int) -> torch.Tensor:
-    """``t`` (``[S]`` or ``[1 or B, S]``) as contiguous int32 ``[batch, S]``."""
-    t = t if t.dim() == 2 else t[None]
-    return t.to(torch.int32).expand(batch, t.shape[1]).contiguous()
+    if torch.compiler.is_compiling():  # (a traced graph's tensors stay in the graph)
+        return make()
+    return memoised(_TABLES, (pattern, num_kv_heads, device), 64, make)
 
 
 def decodes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern,
@@ -243,14 +237,9 @@ def _launcher(plan: DecodePlan, q: torch.Tensor):
         return DecodeLauncher(plan.rule(b, sq, q.device), *flags)
     stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
     key = (p, plan.num_heads, plan.num_kv_heads, q.device, stream)
-    hit = _LAUNCHERS.get(key)
-    if hit is None:
-        if len(_LAUNCHERS) >= 64:
-            _LAUNCHERS.clear()
-        cfg, dense = _tables(p, plan.num_kv_heads, q.device)
-        hit = _LAUNCHERS[key] = DecodeLauncher(Rule(cfg, cfg, cfg, cfg, cfg, dense,
-                                                    p.sink_tokens), *flags, positions=False)
-    return hit
+    cfg, dense = _tables(p, plan.num_kv_heads, q.device)
+    return memoised(_LAUNCHERS, key, 64, lambda: DecodeLauncher(
+        Rule(cfg, cfg, cfg, cfg, cfg, dense, p.sink_tokens), *flags, positions=False))
 
 
 def _torch_decode(q, k, v, bias: torch.Tensor, scale: float):

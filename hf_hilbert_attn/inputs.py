@@ -49,8 +49,7 @@ def _positions(name, t, batch, length, device):
     t = torch.as_tensor(t)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-    if t.dim() == 1:
-        t = t.unsqueeze(0)
+    t = t.unsqueeze(0) if t.dim() == 1 else t
     if t.dim() != 2 or t.shape[-1] != length or t.shape[0] not in (1, batch):
         raise ValueError(
             f"{name} must have shape [{length}] or [1 or {batch}, {length}], got {tuple(t.shape)}")
@@ -157,31 +156,6 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
     pattern.check_kv_heads(hkv)
     return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural,
                       softcap=float(softcap or 0.0))
-
-
-def document_ranges(a) -> Optional[list]:
-    """Packed or padded self-attention (``a``: :func:`check_inputs`) as ``[(row, lo, hi, p0)]``:
-    storage ranges ``[lo, hi)`` each holding one whole document (doc id >= 0) at consecutive
-    positions ``p0, p0 + 1, ...``; padding (doc id < 0) is left out. None for any other layout:
-    no document ids, queries and keys laid out differently, or a document split in two."""
-    if a.sq != a.sk or a.q_doc_ids is None:
-        return None
-    shape = (a.batch, a.sq)
-    pos, doc = a.q_positions.expand(shape), a.q_doc_ids.expand(shape)
-    if not (torch.equal(pos, a.k_positions.expand(shape))
-            and torch.equal(doc, a.k_doc_ids.expand(shape))):
-        return None
-    pos, doc = pos.cpu(), doc.cpu()
-    brk = (doc[:, 1:] != doc[:, :-1]) | (pos[:, 1:] != pos[:, :-1] + 1)
-    ranges = []
-    for b in range(a.batch):
-        cuts = [0] + (torch.nonzero(brk[b]).flatten() + 1).tolist() + [a.sq]
-        runs = [(lo, hi, int(doc[b, lo])) for lo, hi in zip(cuts[:-1], cuts[1:])]
-        ids = [d for *_, d in runs if d >= 0]
-        if len(set(ids)) < len(ids):  # a document split into several ranges: pairs would cross them
-            return None
-        ranges += [(b, lo, hi, int(pos[b, lo])) for lo, hi, d in runs if d >= 0]
-    return ranges
 
 
 def restart_documents(positions: torch.Tensor) -> Optional[torch.Tensor]:

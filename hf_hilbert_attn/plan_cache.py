@@ -135,12 +135,10 @@ class PlanCache:
                     bucket.insert(0, bucket.pop(n))
                 return plan
         plan = kept(make, next((t.device for t in tensors if t is not None), None))
-        if bucket is None:
-            bucket = self._entries[full] = []
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(full)
+        bucket = self._entries.setdefault(full, [])
+        self._entries.move_to_end(full)
+        while len(self._entries) > self.size:  # (a new key: the least recently used goes)
+            self._entries.popitem(last=False)
         guards = tuple(None if t is None or p[3] is not None else _Guard(t)
                        for t, p in zip(tensors, prints))
         bucket.insert(0, (guards, plan))

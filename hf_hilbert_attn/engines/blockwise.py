@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ..numerics import accum_dtype, finite_or_zero, merge_partials
-from .passes import _OWN_RULE, _OWN_WINDOW, _cached_plan
+from .passes import _OWN_RULE, _OWN_WINDOW, plan  # plan: the engine interface, with attend
 
 def _block_mask(pattern, ps, qp, kp, qd, kd, chunk):
     """Mask ``[Bm, Hm, cq, ck]`` (Bm in {1, Bd}, Hm in {1, heads of the pass}) of the pairs of
@@ -186,12 +186,6 @@ class _ChunkedAttention(torch.autograd.Function):
                                            k.to(cdt), v.to(cdt), dout, lse, delta, ctx.scale,
                                            ctx.softcap)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
-
-
-def plan(pattern, a, causal, q):
-    """The engine interface (``chunked.ENGINES``): the passes (``passes.py``), cached; the
-    blockwise engine takes every call."""
-    return _cached_plan(pattern, a, causal)
 
 
 def attend(q, k, v, pattern, a, passes):

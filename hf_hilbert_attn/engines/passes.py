@@ -392,8 +392,10 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
 _PASS_CACHE = PlanCache(8, per_key=2)
 
 
-def _cached_plan(pattern: DilatedPattern, a, causal: bool) -> list:
-    """:func:`_plan`, made once per (pattern, positions, document ids, causal, shapes)."""
+def plan(pattern: DilatedPattern, a, causal: bool, q=None) -> list:
+    """The blockwise engine's plan, its interface in ``chunked.ENGINES`` (it takes every call;
+    ``q`` unused): :func:`_plan`, made once per (pattern, positions, document ids, causal,
+    shapes)."""
     key = ("passes", pattern, bool(causal), a.batch, a.hq, a.hkv, a.sq, a.sk, CHUNK_Q, CHUNK_K,
            MAX_BLOCK_ELEMENTS, SLIDING_CQ_MIN, SLIDING_DIV)
     return _PASS_CACHE.get_or_make(key, (a.q_positions, a.k_positions, a.q_doc_ids, a.k_doc_ids),

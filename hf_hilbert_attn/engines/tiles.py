@@ -44,15 +44,15 @@ FAST_QUERY_BLOCK = 512  # masked tiles: queries per tile
 
 class _Tiles:
     """One fused-kernel call over ``n`` problems of ``lq`` queries and ``lk`` keys, each with
-    every head (``grouped``, rows in (problem, head, token) order) or with one. ``qr`` indexes
+    every head (grouped, rows in (problem, head, token) order) or with one. ``qr`` indexes
     the rows of q ``[Hq * S]``, ``kr`` of k ``[Hkv * S]``, ``qw`` of the output ``[Hq * (S +
     1)]`` (row S of a head: a padded query's dummy); ``q_range`` / ``k_range``: the positions
     ``(lo, hi)`` of a grouped tile over one range (views). ``mask`` ``[n, lq, lk]`` bool or
     None; ``empty`` ``[n * lq]`` rows without an allowed key, or None; ``first``: no earlier
     tile wrote these rows (``mixed``: some)."""
 
-    __slots__ = ("n", "lq", "lk", "grouped", "qr", "kr", "qw", "causal", "mask", "empty",
-                 "first", "mixed", "q_range", "k_range")
+    __slots__ = ("n", "lq", "lk", "qr", "kr", "qw", "causal", "mask", "empty", "first", "mixed",
+                 "q_range", "k_range")
 
 
 class _FastPlan:
@@ -77,9 +77,8 @@ def _tiles(s, hq, hkv, qh, qt, kt, causal, touched, mask=None):
         return None
     t = _Tiles()
     t.n, t.lq, t.lk, t.causal, t.mask = qt.shape[0], qt.shape[1], kt.shape[1], causal, mask
-    t.grouped = qh is None
     t.q_range = t.k_range = None
-    if t.grouped:  # rows ordered (problem, head, token): a gather is the kernel's layout
+    if qh is None:  # rows ordered (problem, head, token): a gather is the kernel's layout
         t.q_range, t.k_range = _as_range(qt.flatten(), s), _as_range(kt.flatten(), s)
         qh, kh = torch.arange(hq).view(1, -1, 1), torch.arange(hkv).view(1, -1, 1)
         qt, kt = qt[:, None], kt[:, None]  # [N, 1, L], against every head [1, H, 1]
@@ -125,14 +124,12 @@ def _segment_tiles(pattern, i, earlier, s, hq, hkv, touched):
         # our classes lie inside its classes (w % rj: a segment of ours starts on one of its
         # class boundaries; (43, 2) after (86, 2) does not: 43 starts on the odd class)
         return []
-    uh, uc = _units(pattern, i, hq)
     # each earlier config owns exactly the pairs of our class inside one of its segments
     big = max((wj for wj, _ in earlier), default=0)
     nested = all(class_uniform(cfg, r, False) and nests(cfg[0], w, r) and big % cfg[0] == 0
                  for cfg in earlier)
     grouped = r == 1 and (nested or not earlier)
-    if grouped:
-        uh, uc = uh[:1], uc[:1]
+    uh, uc = _units(pattern, i, 1 if grouped else hq)  # grouped: one unit, every head in a tile
     out = []
     full, rest = divmod(s, w)
     sets = [(torch.arange(full) * w, w)] if full else []
@@ -177,9 +174,7 @@ def _sliding_tiles(pattern, i, earlier, s, hq, hkv, touched):
     w, r = pattern.configs[i]
     cov = covered_window([pattern.configs[j] for j in earlier], r)
     a, b = -(-cov // r), -(-w // r)
-    uh, uc = _units(pattern, i, hq)
-    if r == 1:
-        uh, uc = uh[:1], uc[:1]
+    uh, uc = _units(pattern, i, 1 if r == 1 else hq)  # rate 1: one unit, every head in a tile
     n = torch.div(s - uc + (r - 1), r, rounding_mode="floor")  # tokens per class
     m_max = int((n - a).max())
     if b <= a or m_max <= 0:
@@ -222,16 +217,13 @@ def _fast_plan(pattern, a, causal, q):
             a.natural_positions or all(torch.equal(p.cpu(), torch.arange(a.sq).expand_as(p))
                                        for p in (a.q_positions, a.k_positions))):
         return None
-    return _natural_plan(pattern, a.sq, a.hq, a.hkv)
+    return _natural_plan(pattern, a.sq, a.hq, a.hkv, FAST_QUERY_BLOCK)
 
 
-def _natural_plan(pattern, s, hq, hkv):
-    """The dense-tile plan of causal self-attention at positions 0..s-1 (cached)."""
-    return _natural_plan_for(pattern, s, hq, hkv, FAST_QUERY_BLOCK)
-
-
-@functools.lru_cache(maxsize=64)  # block: the FAST_QUERY_BLOCK that _segment_tiles reads
-def _natural_plan_for(pattern, s, hq, hkv, block):
+@functools.lru_cache(maxsize=64)
+def _natural_plan(pattern, s, hq, hkv, block):
+    """The dense-tile plan of causal self-attention at positions 0..s-1 (cached; ``block``: the
+    FAST_QUERY_BLOCK that _segment_tiles reads, part of the key)."""
     touched = torch.zeros(hq, s + 1, dtype=torch.bool)
     make = _sliding_tiles if pattern.sliding else _segment_tiles
     plan = _FastPlan()
@@ -366,10 +358,11 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
     lse_acc = finite_or_zero(lse.to(acc))  # a row with no key: p = 0 anyway
     t = plan.tiles[0] if len(plan.tiles) == 1 else None
     whole = t is not None and t.n == 1 and t.q_range == t.k_range == (0, s) and dlse is None
-    if whole and plan.sink_mask is None:  # one causal call over the whole sequence, as SDPA
-        return _FLASH_BWD(dout, q, k, v, out, lse_acc, 0.0, True, scale=scale)
-    dq = q.new_zeros(b, hq, s + 1, d, dtype=acc)
-    dk, dv = (x.new_zeros(x.shape, dtype=acc) for x in (k, v))
+    if whole:  # one causal call over the whole sequence, as SDPA (the sinks added below)
+        dq, dk, dv = _FLASH_BWD(dout, q, k, v, out, lse_acc, 0.0, True, scale=scale)
+    else:
+        dq = q.new_zeros(b, hq, s + 1, d, dtype=acc)
+        dk, dv = (x.new_zeros(x.shape, dtype=acc) for x in (k, v))
     if plan.sink_mask is not None:  # FlashAttention's formulas on the few sink keys
         lo = plan.sink_lo  # the queries from lo on
         sc, ks, vs = _sink_scores(plan, q, k, v, scale, acc)
@@ -386,9 +379,7 @@ def _fast_backward(plan, q, k, v, out, lse, dout, dlse, scale):
                            ).view(fold).sum(2)
         dv[:, :, :n_s] += torch.matmul(p.transpose(-1, -2), do).view(fold).sum(2)
     if whole:
-        gq, gk, gv = _FLASH_BWD(dout, q, k, v, out, lse_acc, 0.0, True, scale=scale)
-        dq[:, :, :s] += gq
-        return dq[:, :, :s], dk + gk, dv + gv
+        return dq, dk, dv
     if dlse is not None:  # the extra column: delta = rowsum(dout * out) - dlse
         q, k, v = (torch.nn.functional.pad(x, (0, 1)) for x in (q, k, v))
         dout = torch.nn.functional.pad(dout, (0, 1), value=1.0)
@@ -443,23 +434,15 @@ def _document_runs(pattern, a, causal, q):
 
 
 def _fast_documents(q, k, v, pattern, a, runs):
-    """``(out, lse)`` of the document ``runs``, one dense-tile call each, assembled along the
-    sequence (zeros and -inf between them)."""
-    acc = accum_dtype(q.dtype)
-    rows = []
-    for b in range(a.batch):
-        parts, at = [], 0  # (out, lse) pieces along the sequence
-        for lo, hi in [(lo, hi) for r, lo, hi in runs if r == b] + [(a.sq, None)]:
-            if lo > at:  # before the document (None: after the last)
-                parts.append((q.new_zeros(1, a.hq, lo - at, v.shape[-1]),
-                              q.new_full((1, a.hq, lo - at), float("-inf"), dtype=acc)))
-            if hi is not None:
-                sl = (slice(b, b + 1), slice(None), slice(lo, hi))
-                parts.append(_FastAttention.apply(
-                    q[sl], k[sl], v[sl], _natural_plan(pattern, hi - lo, a.hq, a.hkv), a.scale))
-                at = hi
-        rows.append([torch.cat(x, 2) for x in zip(*parts)])
-    return tuple(torch.cat(x) for x in zip(*rows))
+    """``(out, lse)`` of the document ``runs``, one dense-tile call each, written into their
+    ranges of the sequence (zeros and -inf between them)."""
+    out = q.new_zeros(a.batch, a.hq, a.sq, v.shape[-1])
+    lse = q.new_full((a.batch, a.hq, a.sq), float("-inf"), dtype=accum_dtype(q.dtype))
+    for b, lo, hi in runs:
+        sl = (slice(b, b + 1), slice(None), slice(lo, hi))
+        plan = _natural_plan(pattern, hi - lo, a.hq, a.hkv, FAST_QUERY_BLOCK)
+        out[sl], lse[sl] = _FastAttention.apply(q[sl], k[sl], v[sl], plan, a.scale)
+    return out, lse
 
 
 # Two engines of ``chunked.ENGINES``: the whole sequence, and one call per document.

@@ -55,7 +55,8 @@ MAX_FUNCTION_LINES = 80
 # (one bounded memo for small tables, the kernels' tile wrappers, launch rows and tables, the
 # runners' shared setup, the pattern's sparse part, long_context's patching)
 # session 33: 9820, -43 lines by simplification (documents, tiles, decoding, plan caches)
-MAX_LIBRARY_LINES = 9820
+# session 33: 9876, +56 for one prepared call per route (ops._route, D76): the op never re-entered
+MAX_LIBRARY_LINES = 9876
 
 
 def _modules() -> dict:

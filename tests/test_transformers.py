@@ -319,16 +319,17 @@ def test_cached_forward_without_padding_matches_full_forward():
 
 # ------------------------------------------------------------------------- hilbert ordering
 def test_hilbert_ordering_same_logits_and_grads(monkeypatch):
-    import hf_hilbert_attn.hilbert as hilbert
+    from hf_hilbert_attn import ops
 
     calls = []
-    real = hilbert.hilbert_permutation
+    real = ops.hilbert_permutation
 
     def spy(seq_len, pattern, device=None):
         calls.append(seq_len)
         return real(seq_len, pattern, device)
 
-    monkeypatch.setattr(hilbert, "hilbert_permutation", spy)
+    monkeypatch.setattr(ops, "hilbert_permutation", spy)
+    ops._PREPARED.clear()  # (a prepared call keeps its permutation)
     model = configure(tiny_model("llama"), SMALL)
     ids = tokens(2, 53)
     ref = loss_logits_grads(model, ids)
@@ -342,6 +343,7 @@ def test_hilbert_ordering_same_logits_and_grads(monkeypatch):
         assert_rel_close(got[2][name], ref[2][name], what=f"grad {name}")
     # Decoding with a cache uses natural order (positions are not 0..S-1) and still agrees.
     calls.clear()
+    ops._PREPARED.clear()
     gen = model.generate(ids[:, :40], max_new_tokens=3, do_sample=False, pad_token_id=0)
     configure(model, SMALL)
     assert torch.equal(gen, model.generate(ids[:, :40], max_new_tokens=3, do_sample=False, pad_token_id=0))

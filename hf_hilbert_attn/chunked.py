@@ -51,8 +51,7 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     if a.head_base and pattern.query_dilation == "per_head":
         return _numbered_heads(q, k, v, pattern, a, causal)
     if a.natural_positions:  # keys at 0..Sk-1, queries the last Sq of them
-        sk = k.shape[2]
-        pattern = for_ranges(pattern, sk - sq, sk - 1, 0, sk - 1, causal)
+        pattern = for_ranges(pattern, a.sk - sq, a.sk - 1, 0, a.sk - 1, causal)
     for plan, attend in ENGINES:
         made = plan(pattern, a, causal, q)
         if made is not None:

@@ -37,11 +37,11 @@ class DecodePlan:
     the positions ``[Sq]`` / ``[B, Sq]`` of the queries and ``[Sk]`` / ``[B, Sk]`` of the cached
     keys (true positions, slot order) and their document ids (a negative key id: padding), or,
     in a cache's own layout, the first query's position ``q_positions`` (an int: the queries
-    follow it) and the keys ``dropped`` after the sink tokens (``k_positions`` None: slot ``j``
-    at ``j``, past the sinks ``j + dropped``). Its first run makes what a run needs from them:
-    on CUDA the kernel's ``Rule`` (int32 rows per batch row, or no rows in a cache's layout,
-    the configs and dense key/value heads as small tables) and launch, on a CPU the float32
-    bias (0 allowed, -inf not, ``[Bm, Hkv, (Hq // Hkv) * Sq, Sk]``)."""
+    follow it, in slots past the sinks) and the keys ``dropped`` after the sink tokens
+    (``k_positions`` None: slot ``j`` at ``j``, past the sinks ``j + dropped``). Its first run
+    makes what a run needs: on CUDA the kernel's ``Rule`` (int32 rows per batch row, or none in
+    a cache's layout; the configs and dense key/value heads as small tables) and launch, on a
+    CPU the float32 bias (0 allowed, -inf not, ``[Bm, Hkv, (Hq // Hkv) * Sq, Sk]``)."""
 
     pattern: DilatedPattern
     num_heads: int
@@ -239,7 +239,8 @@ def _launcher(plan: DecodePlan, q: torch.Tensor):
     key = (p, plan.num_heads, plan.num_kv_heads, q.device, stream)
     cfg, dense = _tables(p, plan.num_kv_heads, q.device)
     return memoised(_LAUNCHERS, key, 64, lambda: DecodeLauncher(
-        Rule(cfg, cfg, cfg, cfg, cfg, dense, p.sink_tokens), *flags, positions=False))
+        Rule(cfg, cfg, cfg, cfg, cfg, dense, p.sink_tokens), *flags, positions=False,
+        windows=tuple(w for w, _ in p.configs)))
 
 
 def _torch_decode(q, k, v, bias: torch.Tensor, scale: float):

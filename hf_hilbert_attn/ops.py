@@ -358,14 +358,6 @@ def _(dout, dlse, q, k, v, out, lse, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def with_documents(plan, q_doc_ids, k_doc_ids):
-    """``plan`` with these document ids (``[B or 1, S]`` integer tensors, or None)."""
-    if not plan or k_doc_ids is None:
-        return plan
-    return dataclasses.replace(plan, qdoc=q_doc_ids.to(torch.int32).contiguous(),
-                               kdoc=k_doc_ids.to(torch.int32).contiguous())
-
-
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7])  # q, k, v, out, lse, positions, docs
     ctx.static = inputs[7:]

@@ -435,8 +435,7 @@ class DilatedPattern:
         """Useful FLOPs (allowed pairs only): 4·D per pair forward (QKᵀ and PV), 2.5× that for
         the backward (the FlashAttention-2 convention)."""
         pairs = self.count_pairs_total(seq_len, num_heads, causal=causal, num_kv_heads=num_kv_heads)
-        f = 4.0 * head_dim * pairs * batch
-        return f * 2.5 if backward else f
+        return 4.0 * head_dim * pairs * batch * (2.5 if backward else 1.0)
 
 
 @lru_cache(maxsize=1024)

@@ -134,7 +134,7 @@ def needed_configs(configs: tuple, sliding: bool, reach: int, hi: int) -> tuple:
 
 
 @lru_cache(maxsize=256)
-def _pruned(pattern, keep: tuple):
+def _pruned(pattern, ordering: str, keep: tuple):  # (ordering: equal patterns differ in it)
     return pattern.replace(segment_lengths=[pattern.segment_lengths[i] for i in keep],
                            dilation_rates=[pattern.dilation_rates[i] for i in keep])
 
@@ -149,4 +149,4 @@ def for_ranges(pattern, qlo: int, qhi: int, klo: int, khi: int, causal: bool):
     cap = pattern.max_segment  # beyond the longest window the answer no longer changes
     key = (min(reach, cap), 0) if pattern.sliding else (0, min(max(qhi, khi), cap))
     keep = needed_configs(pattern.configs, pattern.sliding, *key)
-    return pattern if len(keep) == pattern.num_configs else _pruned(pattern, keep)
+    return pattern if len(keep) == pattern.num_configs else _pruned(pattern, pattern.ordering, keep)

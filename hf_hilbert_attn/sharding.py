@@ -159,7 +159,6 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         raise ValueError(f"input_ids must be [B, S], got shape {tuple(ids.shape)}")
     rank, world = _rank_world(group)
     s = ids.shape[1]
-    layout = resolve_layout(layout, s, world, pattern)
     pos_table = shard_positions(s, world, layout, pattern, pad_to_multiple)  # checks the layout
     sp = pos_table.numel()
     idx = pos_table[rank].to(ids.device)  # [L] indices into the padded sequence

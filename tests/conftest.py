@@ -133,27 +133,33 @@ def pytest_configure_node(node):
 
 
 # Seconds a work unit (an ``xdist_group``, or a test) took with a cold Triton cache on the
-# device machine (H100, 16 CPU cores, `-m gpu -n 8 --durations=0`, sums per unit, fifteenth
-# session: docs/bench/speed/s15/gpu_suite_before_H100.txt). Compiling kernels dominates (the
-# CPU is busy throughout); a unit whose kernels another worker compiled before reads them from
-# Triton's disk cache. Only the plan below uses them: a stale number costs time, never a result.
+# device machine (H200, 16 CPU cores, `-m gpu -n 16 --durations=0`, sums per unit, session 34:
+# docs/bench/speed/s34/). Compiling kernels dominates (the CPU is busy throughout); a unit
+# whose kernels another worker compiled before reads them from Triton's disk cache. Only the
+# plan below uses them: a stale number costs time, never a result. (The Transformers tests
+# were one unit of 159 s, the suite's wall time: the head-size tests run on their own, as
+# test_longnet_like at 4096 tokens.)
 _UNIT_SECONDS = {
-    "gpu_natural": 65, "gpu_float16": 53, "gpu_sliding_sinks": 47,
-    "test_ring_local_pieces": 43, "gpu_segment_sinks": 37, "gpu_transformers": 36,
-    "test_sliding_modes_with_sinks[per_head-False-128]": 31, "test_position_map": 30,
-    "test_modes[all-True]": 27, "test_modes[all-False]": 21, "test_modes[per_head-False]": 21,
-    "test_sliding_modes_with_sinks[all-False-64]": 18,
-    "test_gpu_pattern_cache_decode_matches_dynamic_cache": 18,
-    "test_sliding_sinks_decode_positions_and_documents[position_map]": 15,
-    "test_head_dim_64_and_mqa": 15, "test_sinks_and_sliding[sliding-4-float16]": 14,
-    "test_dense_heads_bf16[positions]": 13, "test_packed_documents": 13,
-    "test_dense_heads_bf16[natural]": 12, "test_first_call_compiles_its_kernels_together": 9,
-    "test_sliding_modes_with_sinks[all-True-64]": 9, "test_decode_matches_reference": 8,
+    "gpu_natural": 62, "gpu_transformers": 72, "gpu_float16": 35, "gpu_sliding_sinks": 56,
+    "test_soft_capped_scores": 55, "test_gpu_head_sizes_the_kernels_lack_run_on_them[phi3]": 73,
+    "test_head_dim_256": 54, "test_ring_local_pieces": 46, "gpu_segment_sinks": 42,
+    "test_sliding_modes_with_sinks[per_head-False-128]": 40, "test_position_map": 39,
+    "test_modes[all-False]": 37, "test_sinks_and_sliding[sliding-4-float16]": 37,
+    "test_modes[per_head-False]": 36, "test_modes[all-True]": 35,
+    "test_gpu_head_sizes_the_kernels_lack_run_on_them[deepseek_v3]": 32,
+    "test_sliding_modes_with_sinks[all-False-64]": 32, "test_head_dim_64_and_mqa": 25,
+    "test_longnet_like[bfloat16-4096]": 23, "test_longnet_like[float16-4096]": 24,
+    "test_decode_matches_reference": 24, "test_first_call_compiles_its_kernels_together": 22,
+    "test_sinks_and_sliding[sliding-0-bfloat16]": 14, "test_dense_heads_bf16[positions]": 13,
+    "test_sliding_sinks_decode_positions_and_documents[position_map]": 13,
+    "test_gpu_pattern_cache_decode_matches_dynamic_cache": 11,
+    "test_dense_heads_bf16[documents]": 11, "test_packed_documents": 9,
     "test_reduce_overhead_compile_replays_cuda_graphs": 8,
-    "test_torch_compile_fullgraph_with_backward": 7, "test_dense_heads_bf16[documents]": 3,
-    "test_16k_tokens": 1, "test_sinks_and_sliding[sliding-0-bfloat16]": 1,
+    "test_sliding_modes_with_sinks[all-True-64]": 8,
+    "test_torch_compile_fullgraph_with_backward": 4, "test_dense_heads_bf16[natural]": 1,
+    "test_16k_tokens": 1,
 }
-_NEW_GPU_UNIT = 20  # a GPU unit not timed yet (the median of those above)
+_NEW_GPU_UNIT = 20  # a GPU unit not timed yet (a mid-sized one above)
 
 
 def _unit_seconds(scope: str, nodeids, gpu_run: bool) -> float:

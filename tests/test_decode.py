@@ -48,6 +48,8 @@ def _layout(rng, b, sq, sk, sinks):
     first), a PatternCache's slots (positions jump after the sinks). The cache's layout
     (``plan_decode``'s first query position and dropped keys, no tensors) where there is one."""
     kind = rng.choice(["default", "padded", "dropped"])
+    if kind == "dropped" and sk - sq < sinks:  # a cache drops keys only past its sinks, which
+        kind = "default"  # it holds before the step's queries (the newest slots)
     if kind == "default":
         return torch.arange(sk - sq, sk), torch.arange(sk), None, None, (sk - sq, 0)
     if kind == "dropped":
@@ -98,6 +100,39 @@ def test_run_matches_reference(dtype):
         assert out.dtype == dtype and lse.dtype == torch.float32
         assert_close("lse", lse, ref_lse.float(), tol, what, elementwise=True)
         assert torch.all(out[~torch.isfinite(ref_lse)] == 0)
+
+
+@pytest.mark.parametrize("window", ["sliding", "segment"])
+def test_a_cache_layout_skips_the_keys_no_window_reaches(window):
+    # In a cache's own layout the kernel leaves out the key tiles between the sinks' and the
+    # first a query's windows reach (sparse heads; a dense head reads them all): windows of at
+    # most 40 keys over 150-250 cached ones, with and without dropped keys and a dense head.
+    rng = random.Random(torch.randint(2**31, ()).item())
+    from hf_hilbert_attn.kernels._decode import DecodeLauncher, Rule
+
+    for case in range(3):
+        b, (hq, hkv), sq, d = 1, rng.choice([(4, 2), (6, 3)]), rng.randint(1, 3), 16
+        sk, gap = rng.randint(150, 250), rng.choice([0, rng.randint(1, 60)])
+        p = random_pattern(rng, max_w=40, min_w=8, window=window, sinks=rng.choice([1, 3, 20]))
+        if case == 2:
+            p = p.replace(dense_kv_heads=(hkv - 1,))
+        first = sk - sq + gap  # the first query's position (slots past the sinks: + gap)
+        launcher = DecodeLauncher(Rule(*[None] * 6, p.sink_tokens), p.sliding, True, False,
+                                  False, tuple(w for w, _ in p.configs))
+        ks, kl = launcher._skipped(first, gap, 16)  # (the interpreter's key tiles)
+        assert kl - ks >= 16 * 4, (p, sk, gap, ks, kl)  # the case skips tiles
+        slots = torch.arange(sk)
+        kp = torch.where(slots < p.sink_tokens, slots, slots + gap)
+        q = torch.randn(b, hq, sq, d, device=DEV)
+        k, v = (torch.randn(b, hkv, sk, d, device=DEV) for _ in range(2))
+        plan = plan_decode(p, hq, hkv, sk, first, None, dropped=gap)
+        out, lse = run_decode(q, k, v, plan, d ** -0.5, return_lse=True)
+        ref, ref_lse = reference_attention(
+            *(t.double() for t in (q, k, v)), p, q_positions=kp[-sq:].to(DEV),
+            k_positions=kp.to(DEV), return_lse=True, dtype=torch.float64)
+        what = f"{p} heads={hq}/{hkv} sq={sq} sk={sk} dropped={gap} skipped [{ks}, {kl})"
+        assert_close("out", out, ref, attention_tol(sk, d), what, elementwise=True)
+        assert_close("lse", lse, ref_lse.float(), attention_tol(sk, d), what, elementwise=True)
 
 
 def test_layers_of_a_step_relaunch_the_kernel_their_layout_compiled():

@@ -88,6 +88,9 @@ def test_default_pattern_at_short_lengths():
     assert for_ranges(p, 0, 65535, 0, 65535, True) is p
     # a ring piece far from the sequence's start keeps what its distances need
     assert for_ranges(p, 200_000, 204_095, 196_000, 204_095, True).configs == kept[8192]
+    # equal patterns in another layout (equality leaves the layout out) keep their own
+    for ordering in ("hilbert", "natural"):
+        assert for_ranges(p.replace(ordering=ordering), 0, 4095, 0, 4095, True).ordering == ordering
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -194,8 +194,7 @@ def _groups(pattern, i, q_pos, k_pos, q_doc, k_doc):
             return q_doc[0], k_doc[0]
         return torch.zeros_like(q_pos), torch.zeros_like(k_pos)
     r = pattern.dilation_rates[i]
-    qseg, qcls = pattern.segment_and_class(i, q_pos)
-    kseg, kcls = pattern.segment_and_class(i, k_pos)
+    (qseg, qcls), (kseg, kcls) = (pattern.segment_and_class(i, p) for p in (q_pos, k_pos))
     return qseg * r + qcls, kseg * r + kcls
 
 

@@ -42,14 +42,11 @@ def _blocks(kind, d, dtype, smem=None, pair=False, first=False, skips=False, cfg
     ``_needs_pair_mask``), has no earlier config (``first``, forward) or has earlier ones but
     no program that needs the per-pair mask (``skips``, dk/dv; ``_may_mix``)."""
     cfg = kernel_config() if cfg is None else cfg
-    if kind == "fwd":
-        bm, bn, warps, stages = fwd_blocks(d, dtype, cfg.interpret, pair, first)
-    elif kind == "dq":
-        bm, bn, warps, stages = bwd_blocks(d, dtype, cfg.interpret, smem, pair)
-    else:
-        bm, bn, warps, stages = dkdv_blocks(d, dtype, cfg.interpret, smem, skips)
+    tile = fwd_blocks(d, dtype, cfg.interpret, pair, first) if kind == "fwd" else \
+        bwd_blocks(d, dtype, cfg.interpret, smem, pair) if kind == "dq" else \
+        dkdv_blocks(d, dtype, cfg.interpret, smem, skips)
     over = tuple(cfg.tile_override(kind, first) or ())  # (BM, BN) or (BM, BN, warps, stages)
-    return over + (bm, bn, warps, stages)[len(over):]
+    return over + tuple(tile)[len(over):]
 
 
 _SMALL: dict = {}  # small int32 device tensors by (content, device): made once, never per call
@@ -144,8 +141,7 @@ def _positions(plan: PositionPlan, device) -> tuple:
     positions without documents (dummies the kernels never read), after it (``((), (pos,))``),
     read once when the launch is bound (``_launch.launch_all``)."""
     d, out = _dummy(device), []
-    for t in (plan.qinv if plan.mapped else None, plan.kinv if plan.mapped else None, plan.qdoc,
-              plan.kdoc):
+    for t in (plan.qinv, plan.kinv, plan.qdoc, plan.kdoc):  # (tables: mapped plans only)
         out += [d, 0] if t is None else [t, t.stride(0) if t.shape[0] > 1 else 0]
     pos, fixed = Positions(*out), not plan.mapped and plan.qdoc is None and plan.kdoc is None
     return (pos, (), (pos,)) if fixed else (pos, (pos,), ())
@@ -324,22 +320,18 @@ def _fill_skipped(skip: tuple, group: int, *fills) -> None:
 
 
 def _head_split(pattern, skip: tuple, shape: tuple, cfg: KernelConfig, merge: bool):
-    """``(sparse pattern, key/value heads its launches leave out, heads to fill with 0)`` of a
-    call that leaves out ``skip``: its dense key/value heads (``pattern.dense_kv_heads``) are
-    left to their own launch where that adds no launch (``_skipped``), else computed and then
-    overwritten by it."""
+    """``(sparse pattern, key/value heads its launches leave out, heads to fill with 0, key/value
+    heads the dense heads' launches leave out)`` of a call that leaves out ``skip``: its dense
+    key/value heads (``pattern.dense_kv_heads``) are left to their own launch where that adds no
+    launch (``_skipped``), else computed and then overwritten by it; the dense heads' launches
+    leave out every other key/value head, and those the call leaves out (``skip``)."""
     dense, hkv, rows = pattern.dense_kv_heads, shape[2], shape[0] * shape[3]
     if dense and merge:
         raise ValueError("dense key/value heads cannot merge into given sums (the ring runs "
                          "them as a ring of their own)")
     left = _skipped(tuple(sorted(set(skip) | set(dense))), hkv, rows, cfg, merge)
-    return pattern.sparse_part, left, tuple(j for j in left if j not in dense)
-
-
-def _dense_skip(dense: tuple, skip: tuple, hkv: int) -> tuple:
-    """The key/value heads the dense heads' launches leave out: every other one, and those the
-    call leaves out (``skip``)."""
-    return tuple(j for j in range(hkv) if j not in dense or j in skip)
+    return (pattern.sparse_part, left, tuple(j for j in left if j not in dense),
+            tuple(j for j in range(hkv) if j not in dense or j in skip))
 
 
 def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, skip: tuple,
@@ -356,11 +348,10 @@ def _call_plans(build, q, k, pattern, plan: PositionPlan, causal, scale, skip: t
     shape = (B, HQ, k.shape[1], SQ, k.shape[2], D)
 
     def make():
-        sparse, left, fill = _head_split(pattern, skip, shape, cfg, any(flags))
+        sparse, left, fill, dense_skip = _head_split(pattern, skip, shape, cfg, any(flags))
         same = (plan, shape, q.dtype, dev, bool(causal), cfg)
         ranged = for_ranges(sparse, plan.qlo, plan.qhi, plan.klo, plan.khi, causal)
-        dense = pattern.dense_kv_heads and build(Call(
-            DENSE, *same, _dense_skip(pattern.dense_kv_heads, skip, shape[2]), softcap=softcap))
+        dense = pattern.dense_kv_heads and build(Call(DENSE, *same, dense_skip, softcap=softcap))
         return (build(Call(ranged, *same, left, *flags, hbase=hbase, softcap=softcap)),
                 dense or None, fill, {})
 

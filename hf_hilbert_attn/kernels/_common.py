@@ -357,7 +357,7 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
     boundary when the tile straddles one); empty (``ma > mb``) when no config needs it. The
     union mask is needed nowhere else on whole tiles, and the kernels apply it only there.
     Whether a launch can have a program with such a config at all is decided on the host
-    (``kernels._may_mix``, the kernels' ``MIXED``).
+    (``_calls._may_mix``, the kernels' ``MIXED``).
 
     Sliding windows (``SLIDING``): a config whose rate divides ``R`` (this head's class) covers
     for the whole tile the other side's positions within its window of every position of

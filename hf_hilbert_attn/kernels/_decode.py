@@ -82,12 +82,13 @@ def _store_rows(o_t, LSE, o, lse, b, h, i, rok, HQ, SQ, D: tl.constexpr,
         tl.store(LSE + (b * HQ + h) * SQ + i, lse, mask=rok)
 
 
-@triton.jit(do_not_specialize=["SK", "KPER", "NSPLIT", "QBASE", "KDROP"])
-def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS, SK, KPER,
+@triton.jit(do_not_specialize=["SK", "KS", "KL", "NSPLIT", "QBASE", "KDROP"])
+def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS, SK, KS, KL,
                    NSPLIT, QBASE, KDROP, scales, BR: tl.constexpr, BN: tl.constexpr,
                    D: tl.constexpr, NC: tl.constexpr, F: tl.constexpr):
     # q_t, k_t, v_t, o_t: ``Strided`` [B, H, S, D]; WS: float32 [B*Hkv*NSPLIT*BR, D + 1];
-    # scales: ``_common._logits2``'s
+    # scales: ``_common._logits2``'s; key slots [KS, KL) (multiples of BN) lie outside every
+    # window of the step's queries: the splits of a sparse head share the other slots
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
@@ -112,11 +113,14 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
     m = tl.full([BR], float("-inf"), tl.float32)
     l = tl.zeros([BR], tl.float32)
     acc = tl.zeros([BR, D], tl.float32)
-    lo = sp * KPER
-    hi = tl.minimum(lo + KPER, SK)
-    for n0 in range(lo, hi, BN):
-        n = n0 + tl.arange(0, BN)
-        nok = n < hi
+    ks = tl.where(dense, 0, KS)
+    jump = tl.where(dense, 0, KL - KS)  # tile t of the keys kept: slots t*BN on, past ks + jump
+    per = tl.cdiv(tl.cdiv(SK - jump, BN), NSPLIT) * BN
+    lo = sp * per
+    hi = tl.minimum(lo + per, SK - jump)
+    for t0 in range(lo, hi, BN):
+        n = t0 + tl.where(t0 >= ks, jump, 0) + tl.arange(0, BN)
+        nok = n < SK
         if F.POSITIONS:
             s = tl.load(rule.KP + b * SK + n, mask=nok, other=0)[None, :]
         else:
@@ -125,7 +129,8 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
         if F.HAS_DOC:
             kd = tl.load(rule.KD + b * SK + n, mask=nok, other=-1)[None, :]
             ok = ok & (kd == qd) & (kd >= 0)
-        ok = ok & (_allowed(s, cw, cr, cq, seg, mine, rule.SINKS, F.SLIDING) | dense)
+        if dense == 0:  # (a dense key/value head attends every key: no rule to evaluate)
+            ok = ok & _allowed(s, cw, cr, cq, seg, mine, rule.SINKS, F.SLIDING)
         if tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0:  # some row attends a key of this tile
             k = tl.load(kb + n[:, None].to(tl.int64) * k_t.ss + d[None, :], mask=nok[:, None],
                         other=0.0)
@@ -190,8 +195,9 @@ class DecodeLauncher:
     workspace and the counters (zero again after every launch)."""
 
     def __init__(self, rule: Rule, sliding: bool, per_head: bool, has_doc: bool,
-                 positions: bool = True):
+                 positions: bool = True, windows: tuple = ()):
         self.rule, self.flags = rule, (sliding, per_head, has_doc, positions)
+        self.windows = windows  # (without position tables: the slots no query reaches skipped)
         self._key = self._state = self._kept = self._last = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -223,8 +229,9 @@ class DecodeLauncher:
         sk = k.shape[2]
         tiles = -(-max(sk, 1) // bn)
         per = -(-tiles // max(1, min(-(-tiles // min_tiles), most))) * bn
-        now = (sk, per, -(-max(sk, 1) // per), qbase, kdrop)  # (unspecialised)
-        grid = (ints[2] * q.shape[0], now[2], 1)
+        now = (sk, *self._skipped(qbase, kdrop, bn), -(-max(sk, 1) // per), qbase,
+               kdrop)  # (unspecialised)
+        grid = (ints[2] * q.shape[0], now[3], 1)
         # what Triton specializes the tensors on besides the key: 16-byte alignments, and each
         # stride's class (1; else a multiple of 16 or not, 32-bit or not): the key count
         # changes a cache's strides every step, not their class
@@ -233,7 +240,7 @@ class DecodeLauncher:
         fresh = self._kept is None or self._kept[0] != guard
         if not fresh:  # a step after the first: the kernel it compiled, this step's integers
             kernel, after = self._kept[1]
-            after = (*after[:7], *now, *after[12:])
+            after = (*after[:7], *now, *after[13:])
         else:
             head = (*(Strided(t, *s[:3]) for t, s in zip((q, k, v, out), st)), last)
             found = launch_all([(fn, grid, head, (self.rule, *ints, *now, scales), tail)],
@@ -248,6 +255,18 @@ class DecodeLauncher:
             relaunch(kernel, grid, ((ptrs[0], *st[0][:3]), (ptrs[1], *st[1][:3]),
                                     (ptrs[2], *st[2][:3]), (ptrs[3], *st[3][:3]), ptrs[4],
                                     *after))
+
+    def _skipped(self, qbase: int, kdrop: int, bn: int) -> tuple:
+        """``(KS, KL)``: the whole key tiles past the sinks' that no query from position
+        ``qbase`` on reaches in any window (sliding: ``qbase - w + 1`` on; segments: from the
+        start of ``qbase``'s), ``(0, 0)`` for none; slot ``j >= sinks`` holds ``j + kdrop``."""
+        if not self.windows:
+            return 0, 0
+        sinks = self.rule.SINKS
+        first = qbase - max(self.windows) + 1 if self.flags[0] else \
+            min(qbase // w * w for w in self.windows)
+        ks, kl = -(-sinks // bn) * bn, max(first - kdrop, sinks) // bn * bn
+        return (ks, kl) if kl > ks else (0, 0)
 
     def _prepare(self, q, k, lse, scale, softcap, interpret):
         (B, HQ, SQ, D), HKV = q.shape, k.shape[1]

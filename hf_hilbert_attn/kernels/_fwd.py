@@ -90,7 +90,7 @@ def _fwd_union(acc, l_i, m_i, rows, keys, row_ok, kn_lo, kn_hi, full_hi, CFG, NP
     whole query tile are skipped; the rest is two ranges, each an unmasked run of whole tiles
     then masked tiles (diagonal, range end; sliding: a masked window edge first). ``F.MIXED``
     (the launch may have programs that need the per-pair union mask on whole tiles, decided on
-    the host: ``kernels._may_mix``): every program takes the spans with the union code, which
+    the host: ``_calls._may_mix``): every program takes the spans with the union code, which
     test it on the masked tiles and on the whole tiles in ``[ma, mb)`` (empty for a program that
     needs none); else none does and the loops carry no union code."""
     q, qd, offs_m, pq, pq0, pq1, sbase, R, h, b64, scales, LB, LC, band_lo = rows

@@ -20,6 +20,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
+from ..plan_cache import memoised
 from ._common import Strided
 
 __all__ = ["launch_all", "relaunch", "relaunch_kept", "fast_launches_enabled"]
@@ -108,11 +109,7 @@ def launch_all(launches, memo: Optional[dict] = None):
             elif kept is not None:
                 kept.append((kernel, (tuple(grid) + (1, 1))[:3],
                              (*_addresses(rest)[1], *(kwargs[n] for n in names))))
-        if kept is not None:
-            if len(memo) >= 16:
-                memo.clear()
-            memo[key] = kept
-        return kept
+        return kept if kept is None else memoised(memo, key, 16, lambda: kept)  # (bounded)
     stream = driver.active.get_current_stream(key[0])
     for (kernel, grid, tail), launch in zip(kept, launches):
         relaunch(kernel, grid, (*heads[id(launch[2])][1], *tail), stream)

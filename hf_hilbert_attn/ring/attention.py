@@ -22,7 +22,7 @@ from ..dense_heads import with_dense_heads
 from ..inputs import AttnInputs, check_inputs
 from ..numerics import accum_dtype, autocast_inputs, autocast_off
 from ..backends import select_backend
-from ..ops import dilated_attention, with_documents
+from ..ops import dilated_attention
 from ..pattern import DilatedPattern
 from .comm import GradExchange, KVExchange, agree, all_gather, weak_group
 from .plan import Piece, Pieces, PlanCache, RingPlan, plan_pieces, plan_ring
@@ -56,9 +56,9 @@ def _blocks(ctx: _Ctx, k, v):
 
 
 def _piece_call(ctx: _Ctx, pc: Piece, q, blk):
-    """``(backend, checked inputs, plan, (q, k, v))`` of a piece's call on the backend seam
-    (``backends.py``): the piece's rows of ``q`` and keys of the step's block ``blk``
-    (:func:`_blocks`), at their true positions."""
+    """``(backend, plan, (q, k, v, pattern, checked inputs, causal), rq, rk)``: a piece's call on
+    the backend seam (``backends.py``), its leading arguments, the piece's rows ``rq`` of ``q`` and
+    keys ``rk`` of the step's block ``blk`` (:func:`_blocks`), at their true positions."""
     k, v, kpos, kdoc = blk
     rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
     q, k, v = q[:, :, rq], k[:, :, rk], v[:, :, rk]
@@ -74,7 +74,11 @@ def _piece_call(ctx: _Ctx, pc: Piece, q, blk):
     if pc.kernel_plan is None:  # (None again where this call does not go to the kernels)
         pc.kernel_plan = backend.position_plan(
             check_inputs(q, k, v, ctx.pattern, q_positions=qp, k_positions=kp), ctx.pattern)
-    return backend, a, with_documents(pc.kernel_plan, qd, kd), (q, k, v)
+    plan = pc.kernel_plan  # with the piece's document ids ([B or 1, S] integer tensors), if any
+    if plan and kd is not None:
+        plan = dataclasses.replace(plan, qdoc=qd.to(torch.int32).contiguous(),
+                                   kdoc=kd.to(torch.int32).contiguous())
+    return backend, plan, (q, k, v, ctx.pattern, a, ctx.causal), rq, rk
 
 
 def _run_part(bufs: dict, pieces: Pieces, pc: Piece, like, dtype):
@@ -94,15 +98,12 @@ def _ring_forward(ctx: _Ctx, q, k, v):
     merged = {}  # query run -> its rows' out in acc (runs with several pieces; lse in place)
     for j, blk in _blocks(ctx, k, v):
         for pc in ctx.pieces.steps[j]:  # (an empty step, blk None, has no pieces)
-            rq = slice(pc.qs, pc.qe)
-            backend, a, plan, (qb, kb, vb) = _piece_call(ctx, pc, q, blk)
+            backend, plan, call, rq, _ = _piece_call(ctx, pc, q, blk)
             if ctx.pieces.writes[pc.run] == 1:  # the run's only piece: straight into the result
-                backend.forward(qb, kb, vb, ctx.pattern, a, ctx.causal, out=out[:, :, rq],
-                                lse=lse[:, :, rq], plan=plan)
+                backend.forward(*call, out=out[:, :, rq], lse=lse[:, :, rq], plan=plan)
                 continue
             # several pieces: each merges into the run's result (in the kernels on their path)
-            backend.accumulate(qb, kb, vb, ctx.pattern, a, ctx.causal,
-                               _run_part(merged, ctx.pieces, pc, out, acc), lse[:, :, rq],
+            backend.accumulate(*call, _run_part(merged, ctx.pieces, pc, out, acc), lse[:, :, rq],
                                plan=plan)
     for run, o in merged.items():
         lo, hi, _ = ctx.pieces.qruns[run]
@@ -131,18 +132,17 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
         if j > 0 and blk is not None:  # the received block's gradient (0 for keys no piece reaches)
             gk_blk, gv_blk = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in blk[:2])
         for pc in pieces.steps[j]:  # (an empty step, blk None, has no pieces)
-            rq, rk = slice(pc.qs, pc.qe), slice(pc.ks, pc.ke)
             # a run's only piece writes its dq rows in place; local keys whose only
             # gradient is this piece's likewise (sums None)
             direct_q = pieces.writes[pc.run] == 1
-            backend, a, plan, (qb, kb, vb) = _piece_call(ctx, pc, q, blk)
+            backend, plan, (qb, kb, vb, *rule), rq, rk = _piece_call(ctx, pc, q, blk)
             # several pieces: each adds into the run's dq (in the kernels)
             into = None if direct_q else _run_part(dq_acc, pieces, pc, q, acc)
             # dK/dV: a received block's sums, local sums, or (direct) the result itself
             sums = (gk_blk, gv_blk) if j > 0 else None if direct_kv else (dk, dv)
             backend.backward(
                 dout[:, :, rq], None if dlse is None else dlse[:, :, rq], qb, kb, vb,
-                out[:, :, rq], lse[:, :, rq], ctx.pattern, a, ctx.causal,
+                out[:, :, rq], lse[:, :, rq], *rule,
                 grads=(dq[:, :, rq] if direct_q else None, dk[:, :, rk] if sums is None else None,
                        dv[:, :, rk] if sums is None else None), plan=plan, dq_acc=into,
                 dkv_acc=None if sums is None else tuple(t[:, :, rk] for t in sums))

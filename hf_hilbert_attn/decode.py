@@ -240,7 +240,7 @@ def _launcher(plan: DecodePlan, q: torch.Tensor):
     cfg, dense = _tables(p, plan.num_kv_heads, q.device)
     return memoised(_LAUNCHERS, key, 64, lambda: DecodeLauncher(
         Rule(cfg, cfg, cfg, cfg, cfg, dense, p.sink_tokens), *flags, positions=False,
-        windows=tuple(w for w, _ in p.configs)))
+        windows=tuple(w for w, _ in p.configs), dense=bool(p.dense_kv_heads)))
 
 
 def _torch_decode(q, k, v, bias: torch.Tensor, scale: float):

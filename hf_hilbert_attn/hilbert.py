@@ -137,20 +137,14 @@ def _device_key(device: Device) -> torch.device:
     return device
 
 
-@lru_cache(maxsize=64)
-def _segment_order(segment: int, rate: int) -> torch.Tensor:
-    """Offsets ``t`` of one segment in storage order: the grid cell of ``t`` is
-    ``(t // rate, t % rate)`` (so its flat index is ``t`` itself); cells ``>= segment`` of a
-    ragged last row are skipped. int64 ``[segment]``."""
-    rows = -(-segment // rate)
-    curve = hilbert_curve(rows, rate)
-    return curve[curve < segment] if rows * rate != segment else curve
-
-
 @lru_cache(maxsize=32)
 def _permutation_cached(seq_len: int, segment: int, rate: int,
                         device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    order = _segment_order(segment, rate)  # [segment]
+    # Offsets t of one segment in storage order: the grid cell of t is (t // rate, t % rate) (so
+    # its flat index is t itself); cells >= segment of a ragged last row are skipped.
+    rows = -(-segment // rate)
+    curve = hilbert_curve(rows, rate)
+    order = curve[curve < segment] if rows * rate != segment else curve  # int64 [segment]
     # Every segment the same curve; in the last, partial one positions >= seq_len are skipped.
     perm = (torch.arange(-(-seq_len // segment))[:, None] * segment + order[None, :]).flatten()
     perm = perm[perm < seq_len]

@@ -38,18 +38,10 @@ def _decoder_layers(model, what: str):
 def _patch_forward(mlp) -> None:
     """Put :func:`_tiled_mlp_forward` in front of ``mlp.forward`` (an instance attribute, so the
     state dict, the class and other instances are untouched); the previous ``forward`` — the
-    class's, or an instance one such as accelerate's hooks — is kept for :func:`_unpatch`."""
+    class's, or an instance one such as accelerate's hooks — is kept for ``tile_mlp(m, 0)``."""
     inner = mlp.forward
     mlp._hf_tile_saved = (inner, "forward" in mlp.__dict__)
     mlp.forward = lambda *args, **kwargs: _tiled_mlp_forward(mlp, inner, *args, **kwargs)
-
-
-def _unpatch(mlp) -> None:
-    saved = mlp.__dict__.pop("_hf_tile_saved", None)
-    if saved is not None and saved[1]:  # an instance forward: put it back
-        mlp.forward = saved[0]
-    elif saved is not None:  # the class's forward: drop ours
-        del mlp.forward
 
 
 # ------------------------------------------------------------------------------ tiled MLP
@@ -155,7 +147,11 @@ def tile_mlp(model, chunk_tokens: int = 8192):
     norms = [m for layer in layers for m in layer.children() if type(m).__name__.endswith("Norm")]
     for mlp in mlps + norms:
         if chunk == 0:
-            _unpatch(mlp)
+            saved = mlp.__dict__.pop("_hf_tile_saved", None)
+            if saved is not None and saved[1]:  # an instance forward: put it back
+                mlp.forward = saved[0]
+            elif saved is not None:  # the class's forward: drop ours
+                del mlp.forward
             mlp.__dict__.pop("_hf_tile_chunk", None)
             continue
         mlp._hf_tile_chunk = chunk

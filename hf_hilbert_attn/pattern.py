@@ -163,8 +163,7 @@ class DilatedPattern:
             raise ValueError(f"a pattern dict is needed, got {type(d).__name__}: {d!r}")
         known = {"segment_lengths", "dilation_rates", "query_dilation", "ordering", "sink_tokens",
                  "window", "dense_kv_heads"}
-        unknown = set(d) - known - {"description"}
-        if unknown:
+        if unknown := set(d) - known - {"description"}:
             raise ValueError(f"unknown pattern field(s) {sorted(unknown)}; known: {sorted(known)}")
         for req in ("segment_lengths", "dilation_rates"):
             if req not in d:
@@ -237,8 +236,7 @@ class DilatedPattern:
 
     def check_kv_heads(self, num_kv_heads: int) -> None:
         """``ValueError`` unless every dense key/value head exists (``< num_kv_heads``)."""
-        bad = [j for j in self.dense_kv_heads if j >= num_kv_heads]
-        if bad:
+        if bad := [j for j in self.dense_kv_heads if j >= num_kv_heads]:
             raise ValueError(f"dense_kv_heads {list(self.dense_kv_heads)} name key/value head(s) "
                              f"{bad}, but the model has {num_kv_heads} (valid: 0..{num_kv_heads - 1})")
 

@@ -167,7 +167,20 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         return _pad_sequence(x, s, sp, value, dim)
 
     out = {"input_ids": pad(ids, pad_token_id).index_select(1, idx)}
-    out.update(_positions_and_docs(batch.get("position_ids"), ids, sp, idx, layout == "hilbert"))
+    pos = batch.get("position_ids")  # true positions; padding continues after the last one
+    if pos is None:
+        full_pos = torch.arange(sp, device=ids.device).expand(ids.shape[0], sp)
+    else:
+        pos = pos.expand(ids.shape) if pos.dim() == 1 else pos
+        full_pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(sp - s, device=pos.device)], 1)
+    out["position_ids"] = full_pos.index_select(1, idx)
+    docs = None if pos is None else restart_documents(pos)
+    if docs is not None or layout == "hilbert":
+        # a shard cannot see where packed documents start, nor tell Hilbert order from
+        # restarts: global document ids (padding -1, never attended)
+        if docs is None:
+            docs = torch.zeros(ids.shape, dtype=torch.int64, device=ids.device)
+        out["hilbert_doc_ids"] = pad(docs, -1).index_select(1, idx)
     labels = batch.get("labels")
     if labels is not None:
         sh = pad(shift_labels(labels), IGNORE_INDEX).index_select(1, idx)
@@ -195,26 +208,6 @@ def _pad_sequence(x: torch.Tensor, s: int, sp: int, value, dim: int) -> torch.Te
     return torch.cat([x, x.new_full(shape, value)], dim=dim)
 
 
-def _positions_and_docs(pos, ids: torch.Tensor, sp: int, idx: torch.Tensor,
-                        out_of_order: bool) -> dict:
-    """A shard's ``position_ids`` and, where it needs them, ``hilbert_doc_ids``."""
-    bsz, s = ids.shape
-    if pos is None:
-        full_pos = torch.arange(sp, device=ids.device).expand(bsz, sp)
-    else:
-        pos = pos.expand(bsz, s) if pos.dim() == 1 else pos
-        full_pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(sp - s, device=pos.device)], 1)
-    out = {"position_ids": full_pos.index_select(1, idx)}
-    docs = None if pos is None else restart_documents(pos)
-    if docs is not None or out_of_order:
-        # a shard cannot see where packed documents start, nor tell Hilbert order from
-        # restarts: global document ids (padding -1, never attended)
-        if docs is None:
-            docs = torch.zeros(bsz, s, dtype=torch.int64, device=ids.device)
-        out["hilbert_doc_ids"] = _pad_sequence(docs, s, sp, -1, 1).index_select(1, idx)
-    return out
-
-
 def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *,
                     seq_len: Optional[int] = None, pattern: Optional[DilatedPattern] = None,
                     dim: int = 1, pad_to_multiple: int = 1) -> torch.Tensor:
@@ -231,9 +224,8 @@ def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *
         The tensor in natural position order along ``dim``; differentiable (each rank's slice
         gets its gradient back).
     """
-    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+    if group is None or not dist.is_initialized() or (world := dist.get_world_size(group)) == 1:
         return x if seq_len is None else x.narrow(dim, 0, seq_len)
-    world = dist.get_world_size(group)
     if x.requires_grad:
         from torch.distributed.nn.functional import all_gather
 

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 import hf_hilbert_attn.decode as decode
 from conftest import attention_tol, eps, model_tol
 from helpers import assert_close, random_pattern
-from hf_hilbert_attn import PatternCache, configure, reference_attention, set_dense_kv_heads
+from hf_hilbert_attn import (DilatedPattern, PatternCache, configure, reference_attention,
+                             set_dense_kv_heads)
 from hf_hilbert_attn.decode import plan_decode, run_decode
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,9 +119,13 @@ def test_a_cache_layout_skips_the_keys_no_window_reaches(window):
             p = p.replace(dense_kv_heads=(hkv - 1,))
         first = sk - sq + gap  # the first query's position (slots past the sinks: + gap)
         launcher = DecodeLauncher(Rule(*[None] * 6, p.sink_tokens), p.sliding, True, False,
-                                  False, tuple(w for w, _ in p.configs))
-        ks, kl = launcher._skipped(first, gap, 16)  # (the interpreter's key tiles)
+                                  False, tuple(w for w, _ in p.configs), case == 2)
+        # (the interpreter's key tiles, 16 keys; at most 4 splits of a sparse head)
+        ks, kl = launcher._skipped(first, gap, 16)  # (the kernel skips these at least)
+        splits, dense_splits = launcher._split(sk, first, gap, 16, 4, 1)
         assert kl - ks >= 16 * 4, (p, sk, gap, ks, kl)  # the case skips tiles
+        # a dense head takes more splits than a sparse head, of as many keys each
+        assert (dense_splits > splits) == (case == 2), (p, sk, gap, splits, dense_splits)
         slots = torch.arange(sk)
         kp = torch.where(slots < p.sink_tokens, slots, slots + gap)
         q = torch.randn(b, hq, sq, d, device=DEV)
@@ -133,6 +138,67 @@ def test_a_cache_layout_skips_the_keys_no_window_reaches(window):
         what = f"{p} heads={hq}/{hkv} sq={sq} sk={sk} dropped={gap} skipped [{ks}, {kl})"
         assert_close("out", out, ref, attention_tol(sk, d), what, elementwise=True)
         assert_close("lse", lse, ref_lse.float(), attention_tol(sk, d), what, elementwise=True)
+
+
+@pytest.mark.parametrize("splits", [(1, 3), (2, 5), (3, 3)])
+def test_programs_past_a_heads_splits_leave_its_rows_alone(splits, monkeypatch):
+    # A dense head's splits outnumber a sparse head's (the grid has the dense head's): the
+    # sparse head's programs past its own splits must write nothing, its one split (1) write
+    # the rows alone. Split counts forced; a cache's layout with a dense head, dropped keys.
+    rng = random.Random(torch.randint(2**31, ()).item())
+    from hf_hilbert_attn.kernels._decode import DecodeLauncher
+
+    monkeypatch.setattr(DecodeLauncher, "_split", lambda self, *a: splits)
+    for _ in range(2):
+        p = random_pattern(rng, max_w=40, min_w=4, window=None, sinks=rng.choice([0, 2]))
+        p = p.replace(dense_kv_heads=(1,))
+        sq, sk, gap = rng.randint(1, 3), rng.randint(50, 120), rng.randint(0, 30)
+        first = sk - sq + gap
+        slots = torch.arange(sk)
+        kp = torch.where(slots < p.sink_tokens, slots, slots + gap)
+        q = torch.randn(1, 4, sq, 16, device=DEV)
+        k, v = (torch.randn(1, 2, sk, 16, device=DEV) for _ in range(2))
+        plan = plan_decode(p, 4, 2, sk, first, None, dropped=gap)
+        out, lse = run_decode(q, k, v, plan, 0.25, return_lse=True)
+        ref, ref_lse = reference_attention(
+            *(t.double() for t in (q, k, v)), p, q_positions=kp[-sq:].to(DEV),
+            k_positions=kp.to(DEV), return_lse=True, dtype=torch.float64)
+        what = f"{p} splits={splits} sq={sq} sk={sk} dropped={gap}"
+        assert_close("out", out, ref, attention_tol(sk, 16), what, elementwise=True)
+        assert_close("lse", lse, ref_lse.float(), attention_tol(sk, 16), what, elementwise=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", ["sliding", "segment"])
+def test_gpu_a_long_cache_splits_its_keys_by_head(window):
+    # A 1B-shaped step (32 / 8 heads of 64, bfloat16) over 6-10K cached keys in a cache's
+    # layout: each sparse head's key range computed in the kernel from its rows' windows (most
+    # tiles skipped), a dense head split more finely than the others, sinks and dropped keys.
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from hf_hilbert_attn.kernels._decode import DecodeLauncher, Rule
+
+    rng = random.Random(torch.randint(2**31, ()).item())
+    p = DilatedPattern([256, 512, 1024, 2048], [1, 2, 4, 8], window=window, sink_tokens=4,
+                       dense_kv_heads=(rng.randrange(8),))
+    sk, gap, sq = rng.randint(6000, 10000), rng.choice([0, rng.randint(1, 5000)]), 1
+    first = sk - sq + gap
+    launcher = DecodeLauncher(Rule(*[None] * 6, 4), p.sliding, True, False, False,
+                              tuple(w for w, _ in p.configs), True)
+    splits, dense_splits = launcher._split(sk, first, gap, 64, 16, 8)
+    assert dense_splits > splits  # (the keys past 2048 back: skipped by the sparse heads)
+    slots = torch.arange(sk)
+    kp = torch.where(slots < 4, slots, slots + gap).cuda()
+    q = torch.randn(1, 32, sq, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 8, sk, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    plan = plan_decode(p, 32, 8, sk, first, None, dropped=gap)
+    out, lse = run_decode(q, k, v, plan, 64 ** -0.5, return_lse=True)
+    ref, ref_lse = reference_attention(*(t.double() for t in (q, k, v)), p,
+                                       q_positions=kp[-sq:], k_positions=kp, return_lse=True,
+                                       dtype=torch.float64)
+    what = f"{p} sk={sk} dropped={gap}"  # (float32 sums; half-precision P·V as above)
+    assert_close("out", out, ref, 20 * eps(torch.bfloat16), what, elementwise=True)
+    assert_close("lse", lse, ref_lse.float(), 20 * eps(torch.bfloat16), what, elementwise=True)
 
 
 def test_layers_of_a_step_relaunch_the_kernel_their_layout_compiled():

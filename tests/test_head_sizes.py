@@ -79,6 +79,8 @@ def test_gpu_head_sizes_the_kernels_lack_run_on_them(family, monkeypatch):
     ours = model.generate(ids, **kw)
     model.set_attn_implementation("sdpa")
     assert torch.equal(ours, model.generate(ids, **kw))
-    configure(model, SMALL)
+    # (Phi-3: one config, whose kernels compile in a fraction of the union launches' time in
+    # float32 at head size 128: the cold GPU suite's longest unit, tests/conftest.py)
+    configure(model, SMALL if family != "phi3" else DilatedPattern([8], [1]))
     loss, logits, grads = loss_logits_grads(model, ids)
     assert torch.isfinite(logits).all() and all(torch.isfinite(g).all() for g in grads.values())

@@ -8,12 +8,14 @@ small non-dense pattern whose segments are shorter than the sequences, so positi
 
 import copy
 import dataclasses
+import importlib
 import json
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 import yaml
 from transformers import (
     AutoConfig,
@@ -25,6 +27,7 @@ from transformers import (
     MistralConfig,
     Qwen2Config,
 )
+from transformers.models.auto.configuration_auto import model_type_to_module_name
 
 import hf_hilbert_attn
 from conftest import eps, model_tol
@@ -442,21 +445,82 @@ def test_configure_accepts_dict_and_yaml(tmp_path):
     assert model.config._attn_implementation == "hilbert_dilated"
 
 
-# ------------------------------------------------------------------------------- sequence parallel
+# Families whose layers compute attention in classes of their own (no ALL_ATTENTION_FUNCTIONS in
+# their modeling module, what configure checks) in Transformers 5.17, 5.24 and 5.25, but Falcon,
+# which calls the attention interface from 5.25 on: the refusal is tested on the first of them
+# the installed release keeps so.
+OWN_ATTENTION = ("falcon", "bloom", "mpt", "xglm")
+FAMILY_SIZES = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+
+
+def _calls_attention_interface(family: str) -> bool:
+    name = model_type_to_module_name(family)
+    return hasattr(importlib.import_module(f"transformers.models.{name}.modeling_{name}"),
+                   "ALL_ATTENTION_FUNCTIONS")
+
+
+def _own_attention_family() -> str:
+    """The first of ``OWN_ATTENTION`` whose layers keep their own attention in the installed
+    release (the test skips where none does)."""
+    own = [f for f in OWN_ATTENTION if not _calls_attention_interface(f)]
+    if not own:
+        pytest.skip(f"every family of {OWN_ATTENTION} calls the attention interface in "
+                    f"transformers {transformers.__version__}: name one that does not")
+    return own[0]
+
+
 def test_a_model_with_attention_classes_of_its_own_is_refused():
-    """Falcon's layers never call the attention interface: switching it would leave its own
-    attention running, so ``configure`` refuses it in one line (a Llama of the same sizes is
+    """A family whose layers never call the attention interface: switching it would leave its
+    own attention running, so ``configure`` refuses it in one line (a Llama of the same sizes is
     switched)."""
-    sizes = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
-    falcon = AutoModelForCausalLM.from_config(AutoConfig.for_model("falcon", **sizes),
-                                              attn_implementation="eager")
-    with pytest.raises(ValueError, match="FalconForCausalLM computes attention in classes of"):
-        hf_hilbert_attn.configure(falcon, SMALL)
-    assert falcon.config._attn_implementation == "eager"
-    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **sizes))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(_own_attention_family(),
+                                                                  **FAMILY_SIZES),
+                                             attn_implementation="eager")
+    with pytest.raises(ValueError, match=f"{type(model).__name__} computes attention in classes"):
+        hf_hilbert_attn.configure(model, SMALL)
+    assert model.config._attn_implementation == "eager"
+    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **FAMILY_SIZES))
     assert hf_hilbert_attn.configure(llama, SMALL).config._attn_implementation == "hilbert_dilated"
 
 
+def test_a_model_with_attention_classes_of_its_own_made_for_us_fails_in_one_line(tmp_path):
+    """The same family made with ``attn_implementation="hilbert_dilated"`` (``from_config`` or
+    ``from_pretrained``, no ``configure``): its first forward raises configure's one-line
+    ``ValueError`` from the mask function, naming the model, not a TypeError or MaskReadError
+    from deep inside its own attention."""
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(_own_attention_family(),
+                                                                  **FAMILY_SIZES),
+                                             attn_implementation="hilbert_dilated")
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="hilbert_dilated")
+    for m in (model, loaded):
+        with pytest.raises(ValueError, match="computes attention in classes of its own") as err:
+            m(tokens(1, 8))
+        assert type(err.value) is ValueError and "\n" not in str(err.value)
+        assert str(err.value).startswith(f"{type(m.base_model).__name__} computes attention")
+
+
+def test_falcon_through_the_attention_interface_runs_the_pattern():
+    """Falcon from Transformers 5.25 (its layers call the attention interface): switched, each
+    layer runs ours, not its own attention. The dense pattern gives sdpa's logits, a sparse
+    pattern others (its own attention would give sdpa's whatever the pattern)."""
+    if not _calls_attention_interface("falcon"):
+        pytest.skip(f"Falcon has attention classes of its own in transformers "
+                    f"{transformers.__version__} (refused: the test above)")
+    torch.manual_seed(0)
+    falcon = AutoModelForCausalLM.from_config(AutoConfig.for_model("falcon", **FAMILY_SIZES),
+                                              attn_implementation="sdpa").eval()
+    ids, tol = tokens(1, 40), model_tol(40, 40, 64)  # 40 tokens, rows of <= 40 keys, 64 features
+    with torch.no_grad():
+        want = falcon(ids).logits
+        dense = configure(falcon, DENSE)(ids).logits
+        sparse = configure(falcon, SMALL)(ids).logits
+    assert falcon.config._attn_implementation == "hilbert_dilated"
+    assert (dense - want).abs().max() <= tol * want.abs().max()
+    assert (sparse - want).abs().max() > 100 * tol * want.abs().max()
+
+
+# ------------------------------------------------------------------------------- sequence parallel
 def test_sequence_parallel_calls_ring_with_shard_positions(monkeypatch):
     # The ring and Ulysses are tested elsewhere; here: the wiring (positions of the local
     # shard, the pattern, causality, the context's mode) and that a KV cache is refused.

@@ -146,17 +146,6 @@ def _range_min_max(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
     return lo, hi
 
 
-def _covered_distances(pattern, earlier, i) -> tuple:
-    """Sliding windows: ``(multi, single)``, the window below which an earlier config owns every
-    pair of a block of pass ``i`` (``None``: the sinks) whose tile holds several class groups /
-    one (``planning.covered_window``); ``(0, 0)`` for segments."""
-    if not pattern.sliding:
-        return 0, 0
-    cfgs = [pattern.configs[j] for j in earlier]
-    r = None if i is None else pattern.dilation_rates[i]
-    return covered_window(cfgs, None), covered_window(cfgs, r)
-
-
 def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, tile_start, multi_group, ck,
                  covs):
     """Per tile, the key chunks of sliding config ``i``: for each group (class) of the tile,
@@ -196,27 +185,6 @@ def _groups(pattern, i, q_pos, k_pos, q_doc, k_doc):
     r = pattern.dilation_rates[i]
     (qseg, qcls), (kseg, kcls) = (pattern.segment_and_class(i, p) for p in (q_pos, k_pos))
     return qseg * r + qcls, kseg * r + kcls
-
-
-def _sorted_pass(i, causal, rows, heads, hq, group_size, q, k, qg, kg):
-    """The :class:`_Pass` of ``q = (storage index, position, doc id)`` and ``k`` likewise, both
-    sorted by (group, position), without its tiles; and the sorted group ids."""
-    (q_idx, q_pos, q_doc), (k_idx, k_pos, k_doc) = q, k
-    qo, ko = _lex_order(qg, q_pos), _lex_order(kg, k_pos)
-    ps = _Pass()
-    ps.config, ps.causal, ps.rows, ps.heads = i, causal, rows, heads
-    head_list = list(range(hq))[heads]
-    ps.head_ids = torch.tensor(head_list, dtype=torch.int64, device=q_pos.device)
-    # A strict subset of heads reads its key/value heads through an index (block-sized copies);
-    # all heads use the grouped view q [B, Hkv, G * cq, D], so K/V are never expanded.
-    ps.kv_ids = None if len(head_list) == hq else torch.div(ps.head_ids, group_size,
-                                                            rounding_mode="floor")
-    # (index_select: advanced indexing is several times slower on CPU)
-    ps.q_order, ps.q_pos = q_idx.index_select(0, qo), q_pos.index_select(0, qo)
-    ps.k_order, ps.k_pos = k_idx.index_select(0, ko), k_pos.index_select(0, ko)
-    ps.q_doc = None if q_doc is None else q_doc.index_select(1, qo)
-    ps.k_doc = None if k_doc is None else k_doc.index_select(1, ko)
-    return ps, qg.index_select(0, qo), kg.index_select(0, ko)
 
 
 def _chunks(pattern, i, causal, ps, qg, kg, cq, covs):
@@ -302,11 +270,30 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q, k, causal, b
     (``planning.priority``; the sinks: every config)."""
     if q[0].numel() == 0 or k[0].numel() == 0:
         return None
-    qg, kg = _groups(pattern, i, q[1], k[1], q[2], k[2])
-    ps, qg, kg = _sorted_pass(i, causal, rows, heads, hq, group_size, q, k, qg, kg)
-    nheads = ps.head_ids.numel()
-    cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * nheads * CHUNK_K)))
-    covs = _covered_distances(pattern, earlier, i)
+    (q_idx, q_pos, q_doc), (k_idx, k_pos, k_doc) = q, k
+    qg, kg = _groups(pattern, i, q_pos, k_pos, q_doc, k_doc)
+    # the pass's queries and keys (and their group ids) sorted by (group, position)
+    qo, ko = _lex_order(qg, q_pos), _lex_order(kg, k_pos)
+    qg, kg = qg.index_select(0, qo), kg.index_select(0, ko)
+    ps = _Pass()
+    ps.config, ps.causal, ps.rows, ps.heads = i, causal, rows, heads
+    head_list = list(range(hq))[heads]
+    ps.head_ids = torch.tensor(head_list, dtype=torch.int64, device=q_pos.device)
+    # A strict subset of heads reads its key/value heads through an index (block-sized copies);
+    # all heads use the grouped view q [B, Hkv, G * cq, D], so K/V are never expanded.
+    ps.kv_ids = None if len(head_list) == hq else torch.div(ps.head_ids, group_size,
+                                                            rounding_mode="floor")
+    # (index_select: advanced indexing is several times slower on CPU)
+    ps.q_order, ps.q_pos = q_idx.index_select(0, qo), q_pos.index_select(0, qo)
+    ps.k_order, ps.k_pos = k_idx.index_select(0, ko), k_pos.index_select(0, ko)
+    ps.q_doc = None if q_doc is None else q_doc.index_select(1, qo)
+    ps.k_doc = None if k_doc is None else k_doc.index_select(1, ko)
+    cq = max(16, min(CHUNK_Q, MAX_BLOCK_ELEMENTS // max(1, batch_rows * len(head_list) * CHUNK_K)))
+    # sliding windows: (multi, single), the window below which an earlier config owns every pair
+    # of a block whose tile holds several class groups / one (planning.covered_window); segments 0
+    cfgs = [pattern.configs[j] for j in earlier]
+    covs = (covered_window(cfgs, None), covered_window(
+        cfgs, None if i is None else pattern.dilation_rates[i])) if pattern.sliding else (0, 0)
     (bounds, starts, ends, g_lo, g_hi), (c_tile, c_lo, c_hi) = _chunks(
         pattern, i, causal, ps, qg, kg, cq, covs)
     if c_tile.numel() == 0:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import os
+import site
 import sys
+import sysconfig
 import warnings
 from typing import Optional
 
 import torch
-import transformers
 
 from ..pattern import DilatedPattern, replaced
 from ..patterns import as_pattern
@@ -42,10 +43,12 @@ _NOTES = {
 }
 _NOTED = set()
 
-# A note names the user's line: the first caller outside these packages (a forward passes
-# through a dozen frames of torch and transformers; a fixed stacklevel lands in one of them).
-_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep
-                  for m in (torch, transformers, sys.modules[__name__.split(".")[0]]))
+# A note names the user's line: the first caller outside this package, Python's own library and
+# the installed ones (a forward passes through a dozen frames of torch, transformers and what they
+# hook in, such as the kernels package; a fixed stacklevel or list of packages lands in one).
+_INTERNAL = tuple({os.path.join(p, "") for p in (
+    os.path.dirname(os.path.dirname(__file__)), site.getusersitepackages(), *site.getsitepackages(),
+    *(sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")))})
 
 
 def note_once(key: str, **fields) -> None:

@@ -46,12 +46,9 @@ def _model_configs(model) -> list:
     # The model's config and every sub-model's (composite models), each once.
     if not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
-    configs = {id(model.config): model.config}
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if isinstance(cfg, transformers.PretrainedConfig):
-            configs.setdefault(id(cfg), cfg)
-    return list(configs.values())
+    found = [m.config for m in model.modules()
+             if isinstance(getattr(m, "config", None), transformers.PretrainedConfig)]
+    return list({id(c): c for c in [model.config, *found]}.values())
 
 
 def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
@@ -70,8 +67,7 @@ def set_dense_kv_heads(model, per_layer) -> "torch.nn.Module":
     d = base.to_dict()
     if per_layer is not None:
         if isinstance(per_layer, dict):
-            bad = [i for i in per_layer if not (isinstance(i, int) and 0 <= i < layers)]
-            if bad:
+            if bad := [i for i in per_layer if not (isinstance(i, int) and 0 <= i < layers)]:
                 raise ValueError(f"layers {bad} do not exist: the model has {layers} "
                                  f"(0..{layers - 1})")
             per_layer = [per_layer.get(i, ()) for i in range(layers)]
@@ -113,7 +109,7 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     stay with the new pattern, as they describe the model (docs/decisions.md, "Shipped
     retrieval defaults"); False drops them. Returns ``model`` (changed in place). Raises
     ``ValueError`` for an invalid pattern or, switching, a model whose layers never call
-    Transformers' attention interface (Falcon); ``TypeError`` without a ``config``;
+    Transformers' attention interface (Bloom, MPT); ``TypeError`` without a ``config``;
     sliding-window and chunked layers keep their window or chunks (:func:`get_pattern`).
     """
     pattern = as_pattern(pattern)
@@ -125,12 +121,7 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
         if layers is not None:
             cfg.hilbert_attn[LAYER_DENSE] = [list(h) for h in layers]
     if set_attn_implementation:
-        hf = [n for n in {type(m).__module__ for m in model.modules()}
-              if n.startswith("transformers.models.") and n in sys.modules]
-        if hf and not any("ALL_ATTENTION_FUNCTIONS" in vars(sys.modules[n]) for n in hf):
-            raise ValueError(f"{type(model).__name__} computes attention in classes of its own, "
-                             "not through Transformers' attention interface: hilbert_dilated "
-                             "cannot reach its layers; use sdpa or eager for this model")
+        _check_interface(type(model).__name__, {type(m).__module__ for m in model.modules()})
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         base = getattr(model, getattr(model, "base_model_prefix", ""), model)
@@ -139,6 +130,17 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
             base._hilbert_positions = base.register_forward_pre_hook(_positions_hook,
                                                                      with_kwargs=True)
     return model
+
+
+def _check_interface(name: str, modules) -> None:
+    """``ValueError`` for a model (``name``: its class) whose layers never call Transformers'
+    attention interface: none of its loaded modules of Transformers' models (``modules``: their
+    names) has ``ALL_ATTENTION_FUNCTIONS``, so hilbert_dilated cannot reach them (Bloom, MPT)."""
+    hf = [n for n in modules if n.startswith("transformers.models.") and n in sys.modules]
+    if hf and not any("ALL_ATTENTION_FUNCTIONS" in vars(sys.modules[n]) for n in hf):
+        raise ValueError(f"{name} computes attention in classes of its own, not through "
+                         "Transformers' attention interface: hilbert_dilated cannot reach its "
+                         "layers; use sdpa or eager for this model")
 
 
 class MaskReadError(AttributeError, ValueError):
@@ -188,6 +190,10 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
     """
     if isinstance(attention_mask, DilatedMaskInfo):
         return attention_mask  # prepared by generate() for this very step
+    config = kwargs.get("config")  # a model switched without configure: refused at its first
+    if config is not None and not torch.compiler.is_compiling():  # forward, as configure does
+        _check_interface(type(config).__name__.removesuffix("Config") + "Model",  # (its base)
+                         {type(config).__module__.replace(".configuration_", ".modeling_")})
     window = mask_window(mask_function)
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(f"hilbert_dilated expects a 2-D padding mask [B, S], got shape "

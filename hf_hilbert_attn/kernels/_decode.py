@@ -25,7 +25,10 @@ __all__ = ["DecodeLauncher", "Rule", "DECODE_MAX_ROWS"]
 
 DECODE_MAX_ROWS = 128  # G * Sq rows of one tile
 _MIN_TILES, _MAX_SPLITS = 8, 16  # key tiles per split at least, splits at most (the merge
-# reads the partial results one after another: docs/decisions.md D54)
+# reads the partial results one after another: docs/decisions.md D54); a dense head, which
+# reads every key where the others skip the slots no window reaches, takes up to
+# _DENSE_SPLITS times their splits of as many tiles each (D79)
+_DENSE_SPLITS = 4
 
 # The pattern of a step: int32 positions ``QP [B, Sq]`` / ``KP [B, Sk]`` and document ids ``QD``
 # / ``KD`` (the same shapes; a negative key id is padding; the positions again without
@@ -82,13 +85,13 @@ def _store_rows(o_t, LSE, o, lse, b, h, i, rok, HQ, SQ, D: tl.constexpr,
         tl.store(LSE + (b * HQ + h) * SQ + i, lse, mask=rok)
 
 
-@triton.jit(do_not_specialize=["SK", "KS", "KL", "NSPLIT", "QBASE", "KDROP"])
-def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS, SK, KS, KL,
-                   NSPLIT, QBASE, KDROP, scales, BR: tl.constexpr, BN: tl.constexpr,
+@triton.jit(do_not_specialize=["SK", "NSPLIT", "NSPLIT_D", "QBASE", "KDROP"])
+def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS, SK, NSPLIT,
+                   NSPLIT_D, QBASE, KDROP, scales, BR: tl.constexpr, BN: tl.constexpr,
                    D: tl.constexpr, NC: tl.constexpr, F: tl.constexpr):
-    # q_t, k_t, v_t, o_t: ``Strided`` [B, H, S, D]; WS: float32 [B*Hkv*NSPLIT*BR, D + 1];
-    # scales: ``_common._logits2``'s; key slots [KS, KL) (multiples of BN) lie outside every
-    # window of the step's queries: the splits of a sparse head share the other slots
+    # q_t, k_t, v_t, o_t: ``Strided`` [B, H, S, D]; WS: float32 [B*Hkv*splits*BR, D + 1];
+    # scales: ``_common._logits2``'s. The NSPLIT splits of a sparse head share its key slots,
+    # the NSPLIT_D of a dense head every slot (programs past a head's splits do nothing).
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
@@ -113,9 +116,17 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
     m = tl.full([BR], float("-inf"), tl.float32)
     l = tl.zeros([BR], tl.float32)
     acc = tl.zeros([BR, D], tl.float32)
-    ks = tl.where(dense, 0, KS)
-    jump = tl.where(dense, 0, KL - KS)  # tile t of the keys kept: slots t*BN on, past ks + jump
-    per = tl.cdiv(tl.cdiv(SK - jump, BN), NSPLIT) * BN
+    ks, kl = 0, 0
+    if not F.POSITIONS:  # a sparse head in a cache's layout skips the slots [ks, kl) between
+        # the sinks' tiles and the first position a window of one of its rows reaches
+        first = tl.where(mine & rok[None, :, None], seg - cw + 1 if F.SLIDING else seg * cw,
+                         p[None, :, :])
+        ks = tl.cdiv(rule.SINKS, BN) * BN
+        first = tl.min(tl.min(tl.min(first, 2), 1), 0) - KDROP  # (its slot)
+        kl = tl.maximum(tl.maximum(first, rule.SINKS) // BN * BN, ks)
+    jump = tl.where(dense, 0, kl - ks)  # tile t of the keys kept: slots t*BN on, past ks + jump
+    nsplit = tl.where(dense, NSPLIT_D, NSPLIT)
+    per = tl.cdiv(tl.cdiv(SK - jump, BN), nsplit) * BN
     lo = sp * per
     hi = tl.minimum(lo + per, SK - jump)
     for t0 in range(lo, hi, BN):
@@ -131,7 +142,11 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
             ok = ok & (kd == qd) & (kd >= 0)
         if dense == 0:  # (a dense key/value head attends every key: no rule to evaluate)
             ok = ok & _allowed(s, cw, cr, cq, seg, mine, rule.SINKS, F.SLIDING)
-        if tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0:  # some row attends a key of this tile
+        if F.POSITIONS:  # (padding, documents: a tile no row attends is not loaded)
+            go = tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0
+        else:  # (a row attends some key of every tile kept: no branch, so the loads pipeline)
+            go = True
+        if go:
             k = tl.load(kb + n[:, None].to(tl.int64) * k_t.ss + d[None, :], mask=nok[:, None],
                         other=0.0)
             x = tl.where(ok, _logits2(_dot(q, tl.trans(k), None, F.IEEE), scales,
@@ -148,20 +163,21 @@ def _decode_kernel(q_t, k_t, v_t, o_t, LSE, rule, WS, CNT, HKV, GROUP, SQ, ROWS,
     some = l > 0
     lse2 = tl.where(some, m + tl.math.log2(tl.where(some, l, 1.0)), float("-inf"))
     o = acc / tl.where(some, l, 1.0)[:, None]
-    if NSPLIT == 1:
+    most = tl.maximum(NSPLIT, NSPLIT_D)  # (the grid's splits)
+    if (nsplit == 1) & (sp == 0):
         _store_rows(o_t, LSE, o, lse2 * LN2, b, h, i, rok, HKV * GROUP, SQ, D, F.WITH_LSE)
-    else:
-        # the partial result: rows (bh * NSPLIT + sp) * BR + r of WS, D values then the lse
-        part = WS + ((bh.to(tl.int64) * NSPLIT + sp) * BR + r)[:, None] * (D + 1)
+    elif sp < nsplit:  # (and nsplit > 1)
+        # the partial result: rows (bh * most + sp) * BR + r of WS, D values then the lse
+        part = WS + ((bh.to(tl.int64) * most + sp) * BR + r)[:, None] * (D + 1)
         tl.store(part + d[None, :], o)
         tl.store(part + D, lse2[:, None])
         tl.debug_barrier()  # every thread's stores before the counter (released at gpu scope)
-        if tl.atomic_add(CNT + bh, 1) == NSPLIT - 1:  # the last split of (b, j): merge
+        if tl.atomic_add(CNT + bh, 1) == nsplit - 1:  # the last split of (b, j): merge
             m = tl.full([BR], float("-inf"), tl.float32)
             tot = tl.zeros([BR], tl.float32)
             acc = tl.zeros([BR, D], tl.float32)
-            for t in range(0, NSPLIT):
-                part = WS + ((bh.to(tl.int64) * NSPLIT + t) * BR + r)[:, None] * (D + 1)
+            for t in range(0, nsplit):
+                part = WS + ((bh.to(tl.int64) * most + t) * BR + r)[:, None] * (D + 1)
                 lt = tl.sum(tl.load(part + D, cache_modifier=".cg"), 1)  # [BR]
                 m_new = tl.maximum(m, lt)
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -195,9 +211,10 @@ class DecodeLauncher:
     workspace and the counters (zero again after every launch)."""
 
     def __init__(self, rule: Rule, sliding: bool, per_head: bool, has_doc: bool,
-                 positions: bool = True, windows: tuple = ()):
+                 positions: bool = True, windows: tuple = (), dense: bool = False):
         self.rule, self.flags = rule, (sliding, per_head, has_doc, positions)
         self.windows = windows  # (without position tables: the slots no query reaches skipped)
+        self.dense = dense and bool(windows)  # dense heads read more keys than the others
         self._key = self._state = self._kept = self._last = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -226,12 +243,9 @@ class DecodeLauncher:
             self._key, self._state, self._kept = key, self._prepare(q, k, lse, scale, softcap,
                                                                     interpret), None
         fn, ints, scales, tail, memo, bn, most, min_tiles = self._state
-        sk = k.shape[2]
-        tiles = -(-max(sk, 1) // bn)
-        per = -(-tiles // max(1, min(-(-tiles // min_tiles), most))) * bn
-        now = (sk, *self._skipped(qbase, kdrop, bn), -(-max(sk, 1) // per), qbase,
+        now = (k.shape[2], *self._split(k.shape[2], qbase, kdrop, bn, most, min_tiles), qbase,
                kdrop)  # (unspecialised)
-        grid = (ints[2] * q.shape[0], now[3], 1)
+        grid = (ints[2] * q.shape[0], max(now[1:3]), 1)
         # what Triton specializes the tensors on besides the key: 16-byte alignments, and each
         # stride's class (1; else a multiple of 16 or not, 32-bit or not): the key count
         # changes a cache's strides every step, not their class
@@ -240,7 +254,7 @@ class DecodeLauncher:
         fresh = self._kept is None or self._kept[0] != guard
         if not fresh:  # a step after the first: the kernel it compiled, this step's integers
             kernel, after = self._kept[1]
-            after = (*after[:7], *now, *after[13:])
+            after = (*after[:7], *now, *after[12:])
         else:
             head = (*(Strided(t, *s[:3]) for t, s in zip((q, k, v, out), st)), last)
             found = launch_all([(fn, grid, head, (self.rule, *ints, *now, scales), tail)],
@@ -255,6 +269,18 @@ class DecodeLauncher:
             relaunch(kernel, grid, ((ptrs[0], *st[0][:3]), (ptrs[1], *st[1][:3]),
                                     (ptrs[2], *st[2][:3]), (ptrs[3], *st[3][:3]), ptrs[4],
                                     *after))
+
+    def _split(self, sk: int, qbase: int, kdrop: int, bn: int, most: int,
+               min_tiles: int) -> tuple:
+        """``(NSPLIT, NSPLIT_D)`` for ``sk`` keys in tiles of ``bn``: the splits of a sparse
+        head (its key tiles at most those :meth:`_skipped` leaves) and of a dense head, of as
+        many tiles each (at least ``min_tiles``; a sparse head's at most ``most``)."""
+        ks, kl = self._skipped(qbase, kdrop, bn)
+        tiles = -(-max(sk, 1) // bn)
+        kept = tiles - (kl - ks) // bn  # a sparse head's key tiles
+        per = -(-kept // max(1, min(-(-kept // min_tiles), most)))  # tiles a split
+        return -(-kept // per), min(-(-tiles // per), _DENSE_SPLITS * most) if self.dense \
+            else -(-kept // per)
 
     def _skipped(self, qbase: int, kdrop: int, bn: int) -> tuple:
         """``(KS, KL)``: the whole key tiles past the sinks' that no query from position
@@ -275,7 +301,8 @@ class DecodeLauncher:
         br = max(16, 1 << (rows - 1).bit_length())
         bn = 16 if interpret else 64 if D <= 128 else 32  # (head size 256: half the keys)
         most = max(1, min(_MAX_SPLITS, -(-_sms(q.device) // (B * HKV))))
-        ws = torch.empty(B * HKV * most * br * (D + 1) if most > 1 else 1, device=q.device,
+        grid = most * (_DENSE_SPLITS if self.dense else 1)  # the most splits a head takes
+        ws = torch.empty(B * HKV * grid * br * (D + 1) if grid > 1 else 1, device=q.device,
                          dtype=torch.float32)
         cnt = torch.zeros(B * HKV, device=q.device, dtype=torch.int32)
         ints = (ws, cnt, HKV, group, SQ, rows)

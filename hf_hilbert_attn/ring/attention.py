@@ -223,8 +223,7 @@ _PLANS = PlanCache()
 def cached_plan(group) -> Optional[RingPlan]:
     """The send plan ring attention last made for ``group`` and keeps reusing while every rank's
     positions are unchanged, or None."""
-    entry = _PLANS.get(group)
-    return None if entry is None else entry.plan
+    return getattr(_PLANS.get(group), "plan", None)
 
 
 # Collectives, a plan cache and direct kernel launches: torch.compile runs it as one opaque

@@ -106,8 +106,7 @@ def agree(q, k, v, pattern, causal, scale, qp, kp, kd, group, cached: bool = Fal
             int(kd is not None), -1 if kd is None else kd.shape[0], int(q.is_cuda)]
     t = torch.tensor(meta + [int(cached)], dtype=torch.int64, device=q.device)
     table = torch.stack(all_gather(t, group)).cpu()  # the last column: the cached flags
-    bad = [i for i in range(len(meta)) if not bool((table[:, i] == table[0, i]).all())]
-    if bad:
+    if bad := [i for i in range(len(meta)) if not bool((table[:, i] == table[0, i]).all())]:
         lines = [f"{_META_FIELDS[i]} ("
                  + ", ".join(f"rank {r}: {int(x)}" for r, x in enumerate(table[:, i])) + ")"
                  for i in bad]
@@ -152,12 +151,6 @@ def _post(sends, recvs, group):
     return dist.batch_isend_irecv(ops) if ops else []
 
 
-def _gather_entries(x: torch.Tensor, step: Step) -> torch.Tensor:
-    """Entries of local ``x`` ``[B, H, S, D]`` to send: flat ``[B, Ns, D]`` contiguous."""
-    return (x.index_select(2, step.send_rows).flatten(1, 2) if step.send_dense
-            else x[:, step.send_head, step.send_row]).contiguous()
-
-
 def _scatter_block(flat: torch.Tensor, step: Step, hkv: int) -> torch.Tensor:
     """Received flat entries ``[B, Nr, D]`` -> block ``[B, Hkv, Ur, D]`` (zeros where unsent)."""
     b, _, d = flat.shape
@@ -167,12 +160,6 @@ def _scatter_block(flat: torch.Tensor, step: Step, hkv: int) -> torch.Tensor:
     block = flat.new_zeros(b, hkv, ur, d)
     block[:, step.recv_head, step.recv_slot] = flat
     return block
-
-
-def _entries_of_block(block: torch.Tensor, step: Step) -> torch.Tensor:
-    """Inverse of :func:`_scatter_block` (for sending a block's gradient back)."""
-    return (block.flatten(1, 2) if step.recv_dense
-            else block[:, step.recv_head, step.recv_slot]).contiguous()
 
 
 class KVExchange:
@@ -185,8 +172,9 @@ class KVExchange:
     def post(self, j: int):
         if j >= self.plan.world or j in self.pending:
             return
-        st = self.plan.steps[j - 1]
-        sends = [(_gather_entries(t, st), st.dst, 4 * j + n)
+        st = self.plan.steps[j - 1]  # the entries of local k, v [B, Hkv, S, D] to send: flat
+        sends = [((t.index_select(2, st.send_rows).flatten(1, 2) if st.send_dense  # [B, Ns, D]
+                   else t[:, st.send_head, st.send_row]).contiguous(), st.dst, 4 * j + n)
                  for n, t in enumerate((self.k, self.v)) if st.n_send]
         kr, vr = (t.new_empty(t.shape[0], st.n_recv, t.shape[-1]) if st.n_recv else None
                   for t in (self.k, self.v))
@@ -215,8 +203,9 @@ class GradExchange:
     def step(self, j: int, gk_blk, gv_blk):
         """Post step ``j``: send ``(gk_blk, gv_blk)`` (the received block's gradient, or None
         when nothing was received) and receive ours; adds the oldest step that completed."""
-        st = self.plan.steps[j - 1]
-        sends = [(_entries_of_block(g, st), st.src, 4 * j + 2 + n)
+        st = self.plan.steps[j - 1]  # the block's entries, as received (_scatter_block's inverse)
+        sends = [((g.flatten(1, 2) if st.recv_dense else g[:, st.recv_head, st.recv_slot])
+                  .contiguous(), st.src, 4 * j + 2 + n)
                  for n, g in enumerate((gk_blk, gv_blk)) if gk_blk is not None]
         gk_in, gv_in = (t.new_empty(t.shape[0], st.n_send, t.shape[-1], dtype=self.dtype)
                         if st.n_send else None for t in (self.dk, self.dv))

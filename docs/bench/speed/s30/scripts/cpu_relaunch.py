@@ -47,8 +47,10 @@ class _Driver:
 
 
 def install():
-    for n in ("_fwd_kernel", "_dq_kernel", "_dkdv_kernel"):
-        setattr(K, n, _Jit(getattr(K, n)))
+    from hf_hilbert_attn.kernels import _bwd, _fwd  # (each kernel where its launch reads it)
+
+    for m, n in ((_fwd, "_fwd_kernel"), (_bwd, "_dq_kernel"), (_bwd, "_dkdv_kernel")):
+        setattr(m, n, _Jit(getattr(m, n)))
     L.JITFunction, L.driver, L._OK = _Jit, _Driver, True
     real = ops.use_triton
     ops.use_triton = lambda q, a, backend: backend == "triton" or real(q, a, backend)

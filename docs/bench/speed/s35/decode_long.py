@@ -4,7 +4,11 @@ decodes from one cache, prefilled by the default pattern (a decode step's time d
 on the cached values; each step appends its token, so the context grows by a few tokens a
 round). PatternCache runs prefill their own caches.
 
-    python docs/bench/speed/s35/decode_long.py 1048576 10
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+        python docs/bench/speed/s35/decode_long.py 1048576 10
+
+(Without expandable segments a PatternCache prefill beside the 32 GiB shared cache ran out of
+an 80 GiB card's memory: the shared cache's growth leaves freed blocks of every size.)
 """
 import statistics
 import sys

@@ -10,6 +10,7 @@ turns with ``position_ids`` into true positions (``inputs.model_positions``) for
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -121,7 +122,8 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
         if layers is not None:
             cfg.hilbert_attn[LAYER_DENSE] = [list(h) for h in layers]
     if set_attn_implementation:
-        _check_interface(type(model).__name__, {type(m).__module__ for m in model.modules()})
+        _check_interface(type(model).__name__,
+                         frozenset(type(m).__module__ for m in model.modules()))
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         base = getattr(model, getattr(model, "base_model_prefix", ""), model)
@@ -132,7 +134,8 @@ def configure(model, pattern: PatternLike = None, *, set_attn_implementation: bo
     return model
 
 
-def _check_interface(name: str, modules) -> None:
+@functools.lru_cache(maxsize=64)  # (the mask function asks every forward; a refusal raises,
+def _check_interface(name: str, modules: frozenset) -> None:  # so it is asked again)
     """``ValueError`` for a model (``name``: its class) whose layers never call Transformers'
     attention interface: none of its loaded modules of Transformers' models (``modules``: their
     names) has ``ALL_ATTENTION_FUNCTIONS``, so hilbert_dilated cannot reach them (Bloom, MPT)."""
@@ -192,8 +195,8 @@ def hilbert_dilated_mask(batch_size: int, q_length: int, kv_length: int, q_offse
         return attention_mask  # prepared by generate() for this very step
     config = kwargs.get("config")  # a model switched without configure: refused at its first
     if config is not None and not torch.compiler.is_compiling():  # forward, as configure does
-        _check_interface(type(config).__name__.removesuffix("Config") + "Model",  # (its base)
-                         {type(config).__module__.replace(".configuration_", ".modeling_")})
+        _check_interface(type(config).__name__.removesuffix("Config") + "Model", frozenset(
+            [type(config).__module__.replace(".configuration_", ".modeling_")]))  # (its base)
     window = mask_window(mask_function)
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(f"hilbert_dilated expects a 2-D padding mask [B, S], got shape "

@@ -128,12 +128,12 @@ def _prepared_key(q, k, v, pattern, given: tuple, *args) -> Optional[tuple]:
 def prepared(q, k, v, pattern, *, causal: bool = True, scale: Optional[float] = None,
              softcap: Optional[float] = None):
     """The prepared call of ``dilated_attention(q, k, v, pattern, causal=causal, scale=scale,
-    softcap=softcap)`` once one like it ran on the kernels (eager, at positions ``0..S-1``), or
-    None. A caller that repeats that call (a model's layers) runs ``prepared(q, k, v)`` (the
-    output) on inputs that ``fits`` it: no checks or routing per call."""
+    softcap=softcap)`` once one like it ran on the kernels or SDPA (eager, positions ``0..S-1``),
+    or None. A caller that repeats that call (a model's layers) runs ``prepared(q, k, v)`` (the
+    output) on inputs that ``fits`` it (cast as the op casts): no checks or routing per call."""
     call = _PREPARED.get(_prepared_key(  # (the key of dilated_attention's call, as it makes it)
         q, k, v, pattern, (None,) * 4, None, (), causal, scale, False, "auto", softcap, 0))
-    return call if isinstance(call, _Kernels) else None  # (the kernels' host code casts nothing)
+    return call if isinstance(call, (_Kernels, _Sdpa)) else None  # (others cast inside)
 
 
 class _Call:

@@ -231,6 +231,47 @@ def test_the_layers_of_a_forward_run_its_prepared_call(small_tiles, monkeypatch,
         assert not prep.fits(*other)  # another dtype, scale, soft cap or shape
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
+def test_layers_where_the_pattern_is_dense_run_the_prepared_sdpa_call(monkeypatch, autocast):
+    """Where the pattern allows every pair at the model's length (the default pattern up to
+    2K tokens), the op's route is SDPA: a forward's later layers run that prepared call straight
+    from the attention function, under autocast too, with the loss and every gradient bit for
+    bit those of layers that each check and route their call."""
+    import hf_hilbert_attn.integrations.transformers as hf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_hilbert_attn import configure
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    torch.manual_seed(0)
+    model = configure(LlamaForCausalLM(cfg), DilatedPattern([64], [1], sink_tokens=1))
+    runs, real = [], ops._Sdpa.run
+    monkeypatch.setattr(ops._Sdpa, "run", lambda *a: runs.append(1) or real(*a))
+    ops_calls, real_op = [], hf.dilated_attention
+    monkeypatch.setattr(hf, "dilated_attention",
+                        lambda *a, **kw: ops_calls.append(1) or real_op(*a, **kw))
+    ids = torch.randint(0, 100, (2, 40))
+
+    def step():
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    ops._PREPARED.clear()
+    first, again = step(), step()
+    # every layer on SDPA; the op called by layers 0 and 1 of the first forward (the second
+    # finds the first's call prepared), then by layer 0 alone
+    assert len(runs) == 8 and len(ops_calls) == 3
+    monkeypatch.setattr(hf, "prepared", lambda *a, **kw: None)  # every layer checked
+    plain = step()
+    assert len(runs) == 12 and len(ops_calls) == 7
+    for x, y, z in zip(first, again, plain):
+        assert torch.equal(x, y) and torch.equal(x, z)
+
+
 @INTERPRETED
 @pytest.mark.parametrize("use_lse", [False, True])
 def test_eager_path_equals_the_custom_op(small_tiles, monkeypatch, use_lse):

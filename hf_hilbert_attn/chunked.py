@@ -72,5 +72,4 @@ def _numbered_heads(q, k, v, pattern, a, causal):
 
     q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, 0, n, 0))  # n zero heads in front
                for t, n in ((q, p), (k, p // g), (v, p // g)))
-    out, lse = chunked_attention(q, k, v, pattern, a, causal=causal)
-    return out[:, p:], lse[:, p:]
+    return tuple(t[:, p:] for t in chunked_attention(q, k, v, pattern, a, causal=causal))

@@ -72,14 +72,12 @@ def _keys_per_query(p, ws, m, sink, sliding, seq_len, causal) -> torch.Tensor:
     segment or inside every window, ``s ≡ p (mod m)``), above the sinks."""
     # keys s in [lo, hi] with s ≡ p (mod m); p itself lies in [lo, hi] (hi >= p) but for the
     # sinks: above them only, lo >= k from the start (then p may lie below lo: count from lo up)
-    lo = torch.full_like(p, sink)
-    hi = torch.full_like(p, seq_len - 1)
+    lo, hi = torch.full_like(p, sink), torch.full_like(p, seq_len - 1)
     for w in ws:
         s0 = p - (w - 1) if sliding else (p // w) * w  # p's window, or p's segment
         s1 = p + (w - 1) if sliding else s0 + w - 1
         lo, hi = torch.maximum(lo, s0), torch.minimum(hi, s1)
-    if causal:
-        hi = torch.minimum(hi, p)
+    hi = torch.minimum(hi, p) if causal else hi
     first = p - torch.div(p - lo, m, rounding_mode="floor") * m  # s ≡ p, >= lo
     return torch.where(hi >= first, torch.div(hi - first, m, rounding_mode="floor") + 1,
                        torch.zeros_like(p))

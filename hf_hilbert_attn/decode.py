@@ -64,9 +64,8 @@ class DecodePlan:
         if not self.in_cache_layout:
             return self.q_positions, self.k_positions
         slots = torch.arange(self.sk, device=device)
-        sinks = self.pattern.sink_tokens
         return (torch.arange(sq, device=device) + self.q_positions,
-                torch.where(slots < sinks, slots, slots + self.dropped))
+                torch.where(slots < self.pattern.sink_tokens, slots, slots + self.dropped))
 
     def rule(self, batch: int, sq: int, device):
         """The kernel's ``Rule`` of this plan for ``batch`` rows of ``sq`` queries, with position
@@ -85,8 +84,7 @@ class DecodePlan:
         allowed = self.pattern.build_mask(self.num_heads, *self.positions(sq, device),
                                           q_doc_ids=self.q_doc_ids, k_doc_ids=self.k_doc_ids,
                                           num_kv_heads=self.num_kv_heads)  # [Bm, Hq, Sq, Sk]
-        bm, _, sq, sk = allowed.shape
-        rows = allowed.reshape(bm, self.num_kv_heads, self.num_heads // self.num_kv_heads * sq, sk)
+        rows = allowed.reshape(allowed.shape[0], self.num_kv_heads, -1, allowed.shape[-1])
         return torch.zeros(rows.shape, dtype=torch.float32, device=rows.device).masked_fill_(
             ~rows, float("-inf"))
 
@@ -202,8 +200,7 @@ class PreparedDecode:
     def __init__(self, q, k, v, plan: DecodePlan, scale: float, softcap: Optional[float]):
         self.launch, self.scale, self.softcap = plan._made, float(scale), float(softcap or 0.0)
         self.inputs = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device)
-        self.qbase = plan.q_positions if plan.in_cache_layout else 0
-        self.kdrop = plan.dropped
+        self.qbase, self.kdrop = (plan.q_positions if plan.in_cache_layout else 0), plan.dropped
 
     def fits(self, q, k, v, scale=None, softcap=None) -> bool:
         """Whether ``q``, ``k``, ``v`` are inputs like this call's with its ``scale`` and

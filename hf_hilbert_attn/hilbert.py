@@ -40,10 +40,7 @@ def _frame(uv: torch.Tensor, origin=(0, 0), swap: bool = False, flip_u: int = 0,
     """Place a sub-curve ``uv`` ``[n, 2]`` into its parent's frame: ``swap`` exchanges the
     axes; ``flip_u`` / ``flip_v`` > 0 reflect that axis inside an extent of that many cells."""
     u, v = (uv.flip(1) if swap else uv).unbind(1)
-    if flip_u:
-        u = flip_u - 1 - u
-    if flip_v:
-        v = flip_v - 1 - v
+    u, v = (flip_u - 1 - u if flip_u else u), (flip_v - 1 - v if flip_v else v)
     return torch.stack((u + origin[0], v + origin[1]), dim=1)
 
 
@@ -68,11 +65,10 @@ def _corner_to_corner(major: int, minor: int) -> torch.Tensor:
     # 2) the full-width top band [0, major) x [n2, minor), left to right;
     # 3) the lower-right block [m2, major) x [0, n2), coming back down to (major - 1, 0).
     n2 = _even_half(minor)
-    first = _frame(_corner_to_corner(n2, m2), swap=True)
-    second = _frame(_corner_to_corner(major, minor - n2), origin=(0, n2))
-    third = _frame(_corner_to_corner(n2, major - m2), swap=True, flip_u=major - m2,
-                   flip_v=n2, origin=(m2, 0))
-    return torch.cat((first, second, third))
+    return torch.cat((_frame(_corner_to_corner(n2, m2), swap=True),
+                      _frame(_corner_to_corner(major, minor - n2), origin=(0, n2)),
+                      _frame(_corner_to_corner(n2, major - m2), swap=True, flip_u=major - m2,
+                             flip_v=n2, origin=(m2, 0))))
 
 
 @lru_cache(maxsize=1024)

@@ -128,7 +128,6 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
     scale = d ** -0.5 if scale is None else scale
     if softcap is not None and not (type(softcap) in (int, float) and 0 < softcap < math.inf):
         raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
-    natural = q_positions is None and k_positions is None
     dev = q.device
     try:
         kp = _positions("k_positions", k_positions, b, sk, dev)
@@ -154,8 +153,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
     qd = _positions("q_doc_ids", q_doc_ids, b, sq, dev)
     kd = _positions("k_doc_ids", k_doc_ids, b, sk, dev)
     pattern.check_kv_heads(hkv)
-    return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd, natural,
-                      softcap=float(softcap or 0.0))
+    return AttnInputs(b, hq, hkv, sq, sk, d, v.shape[-1], float(scale), qp, kp, qd, kd,
+                      q_positions is None and k_positions is None, softcap=float(softcap or 0.0))
 
 
 def restart_documents(positions: torch.Tensor) -> Optional[torch.Tensor]:
@@ -198,8 +197,7 @@ def model_positions(position_ids, doc_ids, padding_mask, q_offset, batch: int, s
     ``padding_mask`` ``[B, Sk]`` (True = a real token) or None; padded keys get document id -1
     and are never attended. Every returned ``[B', S]`` tensor has the same leading size.
     """
-    cached = sq != sk or isinstance(q_offset, torch.Tensor) or q_offset != 0
-    if cached:
+    if sq != sk or isinstance(q_offset, torch.Tensor) or q_offset != 0:  # with a cache
         if padding_mask is None and not isinstance(q_offset, torch.Tensor) and \
                 q_offset + sq == sk:  # the queries are the last keys: the op's default layout
             return ModelPositions(None, None, None, None, True)

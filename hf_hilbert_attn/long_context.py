@@ -98,9 +98,8 @@ class _TiledMLPFunction(torch.autograd.Function):
                     if cuda:
                         torch.cuda.set_rng_state(ctx.rng[k][1], x.device)
                 xc = rows[i:i + chunk].detach().requires_grad_(want_x)
-                y = ctx.forward(xc)
                 inputs = ([xc] if want_x else []) + [params[j] for j in want_p]
-                grads = list(torch.autograd.grad(y, inputs, g_rows[i:i + chunk],
+                grads = list(torch.autograd.grad(ctx.forward(xc), inputs, g_rows[i:i + chunk],
                                                  allow_unused=True))
                 if want_x:
                     g = grads.pop(0)
@@ -217,8 +216,7 @@ class _Offloader:
         else:
             host = t.to("cpu", copy=True)
         packed = _Packed(t.device, host)
-        self.order = [r for r in self.order if r() is not None]
-        self.order.append(weakref.ref(packed))
+        self.order = [r for r in self.order if r() is not None] + [weakref.ref(packed)]
         return packed
 
     def _fetch(self, packed: _Packed) -> torch.Tensor:
@@ -294,9 +292,8 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
         if handle is not None:
             handle.remove()
         return model
-    stats = offload_stats(model) or OffloadStats()
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
-    offloader = _Offloader(stats, pin, prefetch)
+    offloader = _Offloader(offload_stats(model) or OffloadStats(), pin, prefetch)
     for layer in layers:
         layer._hf_offloader = offloader
         _wrap_checkpoint_func(layer)

@@ -64,6 +64,5 @@ def autocast_off(t):
     """A context in which ``torch.autocast`` is off for ``t``'s device where it is on (the op
     computes with its inputs cast once by :func:`autocast_inputs`, as SDPA does), else a no-op."""
     dev = t.device.type if isinstance(t, torch.Tensor) else None
-    if dev not in ("cuda", "cpu", "xpu") or not torch.is_autocast_enabled(dev):
-        return contextlib.nullcontext()
-    return torch.autocast(dev, enabled=False)
+    on = dev in ("cuda", "cpu", "xpu") and torch.is_autocast_enabled(dev)
+    return torch.autocast(dev, enabled=False) if on else contextlib.nullcontext()

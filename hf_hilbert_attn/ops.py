@@ -293,8 +293,8 @@ def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, back
     of ``Sk`` tokens;
     ``backend="auto"`` only (the others name an engine). Host-side facts only (no device sync)."""
     return (backend == "auto" and not return_lse and a.natural_positions and a.q_doc_ids is None
-            and not a.softcap
-            and a.batch > 0 and a.sk > 0 and (not causal or a.sq == a.sk or a.sq == 1)
+            and not a.softcap and a.batch > 0 and a.sk > 0
+            and (not causal or a.sq == a.sk or a.sq == 1)
             and a.head_dim == a.head_dim_v and pattern.is_dense_for(a.sk))
 
 

@@ -142,12 +142,11 @@ class DilatedPattern:
                 f"dilation_rates must contain a 1 in per_head mode (otherwise some queries attend "
                 f"nothing), got {list(r)}; add a config with rate 1 or use query_dilation='all'")
         _warn_covered(w, r, self.window == "sliding")
-        object.__setattr__(self, "segment_lengths", w)
-        object.__setattr__(self, "dilation_rates", r)
-        object.__setattr__(self, "sink_tokens", sink)
-        object.__setattr__(self, "dense_kv_heads", dense)
         # the rule's identity (equality, hash): every field but the storage layout
-        object.__setattr__(self, "_key", (w, r, self.query_dilation, sink, self.window, dense))
+        key = (w, r, self.query_dilation, sink, self.window, dense)
+        for name, value in dict(segment_lengths=w, dilation_rates=r, sink_tokens=sink,
+                                dense_kv_heads=dense, _key=key).items():
+            object.__setattr__(self, name, value)
 
     # ------------------------------------------------------------------ construction / IO
     @classmethod
@@ -344,8 +343,7 @@ class DilatedPattern:
         and ``num_kv_heads`` to map a query head to its key/value head)."""
         out = reduce(torch.logical_or, (self.config_allowed(i, head, q_pos, k_pos)
                                         for i in range(self.num_configs)))
-        if self.sink_tokens:
-            out = out | self.sink_allowed(k_pos)
+        out = out | self.sink_allowed(k_pos) if self.sink_tokens else out
         if self.dense_kv_heads:
             if num_heads is None:
                 raise ValueError("this pattern has dense_kv_heads: pass num_heads and "
@@ -366,13 +364,11 @@ class DilatedPattern:
         h = torch.arange(num_heads, device=qp.device).view(1, num_heads, 1, 1)
         qp4, kp4 = qp[:, None, :, None], kp[:, None, None, :]
         mask = self.allowed(h, qp4, kp4, num_heads=num_heads, num_kv_heads=num_kv_heads)
-        if causal:
-            mask = mask & (kp4 <= qp4)
+        mask = mask & (kp4 <= qp4) if causal else mask
         if q_doc_ids is not None or k_doc_ids is not None:
             if q_doc_ids is None or k_doc_ids is None:
                 raise ValueError("q_doc_ids and k_doc_ids must be given together")
-            qd = _as_2d(q_doc_ids)[:, None, :, None]
-            kd = _as_2d(k_doc_ids)[:, None, None, :]
+            qd, kd = _as_2d(q_doc_ids)[:, None, :, None], _as_2d(k_doc_ids)[:, None, None, :]
             mask = mask & (qd == kd) & (kd >= 0)
         batch = max(qp.shape[0], kp.shape[0], mask.shape[0])
         return mask.expand(batch, num_heads, qp.shape[1], kp.shape[1])
@@ -398,8 +394,7 @@ class DilatedPattern:
             p = q_idx if qp is None else _pick(qp, b, q_idx)
             s = kv_idx if kp is None else _pick(kp, b, kv_idx)
             ok = self.allowed(h, p, s, num_heads=num_heads, num_kv_heads=num_kv_heads)
-            if causal:
-                ok = ok & (s <= p)
+            ok = ok & (s <= p) if causal else ok
             if qd is not None:
                 dk = _pick(kd, b, kv_idx)
                 ok = ok & (_pick(qd, b, q_idx) == dk) & (dk >= 0)

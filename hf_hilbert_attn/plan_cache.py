@@ -27,8 +27,7 @@ SMALL = 64  # CPU tensors up to this many elements are keyed by their content
 
 def caching_enabled() -> bool:
     """Whether plans may be memoised now (eager execution, no transform)."""
-    return not torch.compiler.is_compiling() and \
-        not torch._C._are_functorch_transforms_active()
+    return not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
 
 
 _MAKER: list = []  # the thread kept CUDA tensors are made on (started on first use)
@@ -131,8 +130,7 @@ class PlanCache:
         for n, (guards, plan) in enumerate(bucket or ()):
             if all(g is None or g.matches(t) for g, t in zip(guards, tensors)):
                 self._entries.move_to_end(full)
-                if n:
-                    bucket.insert(0, bucket.pop(n))
+                bucket.insert(0, bucket.pop(n))  # (most recently used first)
                 return plan
         plan = kept(make, next((t.device for t in tensors if t is not None), None))
         bucket = self._entries.setdefault(full, [])

@@ -36,8 +36,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, patte
                               num_kv_heads=a.hkv)  # [B', Hq, Sq, Sk]
     kf, vf = (t.to(dtype).repeat_interleave(a.hq // a.hkv, dim=1) for t in (k, v))
     scores = torch.matmul(q.to(dtype), kf.transpose(-1, -2)) * a.scale
-    if a.softcap:
-        scores = torch.tanh(scores / a.softcap) * a.softcap
+    scores = torch.tanh(scores / a.softcap) * a.softcap if a.softcap else scores
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # -inf where the row is empty
     p = torch.exp(scores - finite_or_zero(lse).unsqueeze(-1))  # exp(-inf) = 0: masked / empty rows

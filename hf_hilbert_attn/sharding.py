@@ -163,10 +163,10 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     sp = pos_table.numel()
     idx = pos_table[rank].to(ids.device)  # [L] indices into the padded sequence
 
-    def pad(x, value, dim=1):
-        return _pad_sequence(x, s, sp, value, dim)
+    def take(x, value, dim=1):  # this rank's shard of x padded with value
+        return _pad_sequence(x, s, sp, value, dim).index_select(dim, idx.to(x.device))
 
-    out = {"input_ids": pad(ids, pad_token_id).index_select(1, idx)}
+    out = {"input_ids": take(ids, pad_token_id)}
     pos = batch.get("position_ids")  # true positions; padding continues after the last one
     if pos is None:
         full_pos = torch.arange(sp, device=ids.device).expand(ids.shape[0], sp)
@@ -178,21 +178,19 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     if docs is not None or layout == "hilbert":
         # a shard cannot see where packed documents start, nor tell Hilbert order from
         # restarts: global document ids (padding -1, never attended)
-        if docs is None:
-            docs = torch.zeros(ids.shape, dtype=torch.int64, device=ids.device)
-        out["hilbert_doc_ids"] = pad(docs, -1).index_select(1, idx)
+        docs = torch.zeros_like(ids, dtype=torch.int64) if docs is None else docs
+        out["hilbert_doc_ids"] = take(docs, -1)
     labels = batch.get("labels")
     if labels is not None:
-        sh = pad(shift_labels(labels), IGNORE_INDEX).index_select(1, idx)
-        out["labels"] = out["shift_labels"] = sh
+        sh = out["labels"] = out["shift_labels"] = take(shift_labels(labels), IGNORE_INDEX)
         out["num_items"] = (sh != IGNORE_INDEX).sum()
     if batch.get("attention_mask") is not None:
-        out["attention_mask"] = pad(batch["attention_mask"], 0).index_select(1, idx)
+        out["attention_mask"] = take(batch["attention_mask"], 0)
     for key, val in batch.items():
         if key in out or key in ("labels", "position_ids", "attention_mask"):
             continue
         seq = isinstance(val, torch.Tensor) and val.dim() > seq_dim and val.shape[seq_dim] == s
-        out[key] = pad(val, 0, seq_dim).index_select(seq_dim, idx.to(val.device)) if seq else val
+        out[key] = take(val, 0, seq_dim) if seq else val
     return out
 
 

@@ -44,9 +44,8 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     def piece(hc, yc):
         return F.cross_entropy((hc @ weight.t()).to(acc), yc, ignore_index=-100, reduction="sum")
 
-    total = sum((checkpoint(piece, h[i:i + chunk], y[i:i + chunk], use_reentrant=False)
-                 for i in range(0, h.shape[0], chunk)), hidden.new_zeros((), dtype=acc))
-    return total / n
+    return sum((checkpoint(piece, h[i:i + chunk], y[i:i + chunk], use_reentrant=False)
+                for i in range(0, h.shape[0], chunk)), hidden.new_zeros((), dtype=acc)) / n
 
 
 def liger_available() -> bool:

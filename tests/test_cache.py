@@ -105,6 +105,46 @@ def test_generate_with_pattern_cache_and_chunked_prefill():
     assert max(layer.keys.shape[-2] for layer in cache.layers) <= cache.max_stored_tokens
 
 
+@pytest.mark.parametrize("dense", [(), (0,)], ids=["sparse", "dense-kv-head"])
+def test_a_decode_step_appends_in_place_and_copies_no_stored_key(dense):
+    # A step writes its own keys into room kept after the stored ones: the layer's keys keep
+    # their storage from step to step (a copy per step would move them) and hold exactly the
+    # keys a DynamicCache holds (with dense heads all of them; without, the kept tail); a
+    # reorder (beam search) or a crop is followed correctly.
+    pattern = DilatedPattern([8, 16], [1, 2], sink_tokens=1, dense_kv_heads=dense)
+    model = tiny("llama", pattern)
+    ids = torch.randint(3, VOCAB, (2, 40))
+    cache, full = PatternCache(model), DynamicCache(config=model.config)
+    with torch.inference_mode():
+        for c in (cache, full):
+            model(input_ids=ids, use_cache=True, **{cache_kwarg(model): c})
+        moved, tok = 0, ids[:, -1:]
+        for step in range(30):
+            if step == 20:  # a beam reorder: rows swapped, in both caches
+                for c in (cache, full):
+                    c.reorder_cache(torch.tensor([1, 0]))
+            where = cache.layers[0].keys.data_ptr()
+            for c in (cache, full):
+                model(input_ids=tok, use_cache=True, **{cache_kwarg(model): c})
+            moved += cache.layers[0].keys.data_ptr() != where
+            tok = torch.randint(3, VOCAB, (2, 1))
+            for layer, ref in zip(cache.layers[:1], full.layers):  # (the first layer's keys
+                # depend on the tokens only, not on how earlier attention rounded)
+                first = ref.keys.shape[-2] - layer.keys.shape[-2] + pattern.sink_tokens
+                for got, want in ((layer.keys, ref.keys), (layer.values, ref.values)):
+                    kept = want if dense else torch.cat([want[..., :pattern.sink_tokens, :],
+                                                         want[..., first:, :]], -2)
+                    assert torch.equal(got, kept), step
+    # moved: the first step's room, the reorder's copy and (sparse) a cut every `align` steps
+    # and the room made after it
+    assert moved <= (2 if dense else 2 + 2 * (30 // cache.align + 1)), moved
+    if dense:  # a crop keeps the room: the next keys go after the kept ones
+        cache.crop(-3)
+        with torch.inference_mode():
+            model(input_ids=tok, use_cache=True, **{cache_kwarg(model): cache})
+        assert cache.layers[0].keys.shape[-2] == 40 + 30 - 3 + 1
+
+
 def test_padded_batches_and_crop_are_refused():
     model = tiny("llama", DilatedPattern([4, 8], [1, 2]))
     ids = torch.randint(3, VOCAB, (2, 20))

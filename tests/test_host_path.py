@@ -476,6 +476,61 @@ def test_a_relaunch_hands_triton_its_launch_hooks_only_where_one_is_set(monkeypa
         assert _launch._hook(empty) is empty
 
 
+def test_a_relaunch_calls_the_launchers_c_function_as_the_launcher_would(monkeypatch):
+    # Triton 3.6's launcher object only adds its flags and scratch memory (none here) before
+    # calling its C function: a relaunch with no hook set calls that function with exactly
+    # the arguments the launcher would pass it; a hook, scratch memory or another Triton
+    # takes the launcher itself
+    from triton import knobs
+
+    from hf_hilbert_attn.kernels import _launch
+
+    got = []
+
+    class CudaLauncher:  # as Triton 3.6's: __call__ adds the flags and the scratch memory
+        launch_cooperative_grid, launch_pdl = 0, 1
+
+        def __init__(self, scratch):
+            self.global_scratch_size = self.profile_scratch_size = scratch
+
+        def launch(self, *args):
+            got.append(("C", args))
+
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            got.append(("launcher",))
+            self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid,
+                        self.launch_pdl, None, None, *args)
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def __init__(self, scratch=0):
+            self.run = CudaLauncher(scratch)
+
+        def launch_metadata(self, grid, stream, *values):
+            return ("metadata", values)
+
+    chain = type(knobs.runtime.launch_enter_hook)
+    empty = chain() if hasattr(chain(), "calls") else None
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", empty)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", empty)
+    monkeypatch.setattr(_launch, "_TRITON_36", True)
+    kernel = Compiled()
+    for _ in range(2):  # (the second from what the first found)
+        _launch.relaunch(kernel, (2, 3, 1), (5, 6), stream=7)
+    kernel.run(2, 3, 1, 7, "function", "metadata", None, None, None, 5, 6)  # what it would pass
+    assert got[0] == got[1] == got[3] and got[2] == ("launcher",) and got[0][0] == "C"
+    got.clear()
+    _launch.relaunch(Compiled(scratch=64), (2, 3, 1), (5, 6), stream=7)
+    monkeypatch.setattr(_launch, "_TRITON_36", False)
+    _launch.relaunch(Compiled(), (2, 3, 1), (5, 6), stream=7)
+    monkeypatch.setattr(_launch, "_TRITON_36", True)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    _launch.relaunch(kernel, (2, 3, 1), (5, 6), stream=7)
+    assert [g[0] for g in got] == ["launcher", "C"] * 3
+    assert got[-1][1][10] == ("metadata", (5, 6))  # (the hook's launch metadata)
+
+
 def test_a_backward_launches_dq_and_dkdv_only():
     # no delta pass: the dq launches compute and write delta (with the lse gradient's flag only
     # where one is given), the first of two zeroes the sink keys' sums; a call whose one launch

@@ -315,6 +315,8 @@ def test_relaunch_without_binding_follows_alignment():
     for _ in range(2):
         _check(LONGNET_SMALL, s=1025)
     assert _launch.fast_launches > before
+    if _launch._TRITON_36:  # (and there through the launcher's C function)
+        assert any(c[0] is not None for c in _launch._C.values())
     s, n = 1025, 1200
     q = torch.randn(1, 4, s, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 2, s, 128, device="cuda", dtype=torch.bfloat16)

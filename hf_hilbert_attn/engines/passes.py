@@ -263,7 +263,7 @@ def _owners(pattern, i, earlier, causal, q_rng, k_rng, single, covs):
     return keep, own, covered, dedupe
 
 
-def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q, k, causal, batch_rows):
+def _make_pass(pattern, i, earlier, rows, heads, hq, hkv, q, k, causal, batch_rows):
     """The pass of config ``i`` (``None``: the sink tokens, against the keys given) over the
     queries ``q`` and keys ``k`` (each ``(storage index, position, doc id)``), or None when it
     has no block. ``earlier``: the indices of the configs before it in priority
@@ -281,8 +281,7 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q, k, causal, b
     ps.head_ids = torch.tensor(head_list, dtype=torch.int64, device=q_pos.device)
     # A strict subset of heads reads its key/value heads through an index (block-sized copies);
     # all heads use the grouped view q [B, Hkv, G * cq, D], so K/V are never expanded.
-    ps.kv_ids = None if len(head_list) == hq else torch.div(ps.head_ids, group_size,
-                                                            rounding_mode="floor")
+    ps.kv_ids = None if len(head_list) == hq else ps.head_ids // (hq // hkv)
     # (index_select: advanced indexing is several times slower on CPU)
     ps.q_order, ps.q_pos = q_idx.index_select(0, qo), q_pos.index_select(0, qo)
     ps.k_order, ps.k_pos = k_idx.index_select(0, ko), k_pos.index_select(0, ko)
@@ -326,8 +325,6 @@ def _make_pass(pattern, i, earlier, rows, heads, hq, group_size, q, k, causal, b
 
 def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
     """All passes for the inputs ``a`` (an ``AttnInputs``); depends on positions only."""
-    per_head = pattern.query_dilation == "per_head"
-    group_size = a.hq // a.hkv
     qpos, kpos = a.q_positions, a.k_positions  # [Bp, S]
     # Rows with equal positions (e.g. [1, S] expanded to the batch) share one plan; only their
     # document ids (masks) differ.
@@ -352,7 +349,7 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
         order = priority(pattern)
         for n, i in enumerate(order):
             r = pattern.dilation_rates[i]
-            if per_head and r > 1:
+            if pattern.query_dilation == "per_head" and r > 1:
                 # Head h uses class h % r: one pass per class present among the heads.
                 qcls, kcls = (pattern.segment_and_class(i, p)[1] for p in (qp, kp))
                 for c in sorted({h % r for h in range(a.hq)}):
@@ -367,7 +364,7 @@ def _plan(pattern: DilatedPattern, a, causal: bool) -> list:
             if kd is not None and kd.shape[0] == 1:
                 ks = ks[kd[0].index_select(0, ks) >= 0]  # padding is never a sink
             work.append((None, order, slice(None), q_all, ks))
-        made = (_make_pass(pattern, i, earlier, rows, heads, a.hq, group_size, take(qs, qp, qd),
+        made = (_make_pass(pattern, i, earlier, rows, heads, a.hq, a.hkv, take(qs, qp, qd),
                            take(ks, kp, kd), causal, n_rows) for i, earlier, heads, qs, ks in work)
         passes += [ps for ps in made if ps is not None]
     return passes

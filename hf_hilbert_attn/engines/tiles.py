@@ -83,8 +83,7 @@ def _tiles(s, hq, hkv, qh, qt, kt, causal, touched, mask=None):
         qh, kh = torch.arange(hq).view(1, -1, 1), torch.arange(hkv).view(1, -1, 1)
         qt, kt = qt[:, None], kt[:, None]  # [N, 1, L], against every head [1, H, 1]
     else:
-        qh = qh[:, None]
-        kh = torch.div(qh, hq // hkv, rounding_mode="floor")
+        qh, kh = qh[:, None], qh[:, None] // (hq // hkv)
     t.qr = (qh * s + qt.clamp_max(s - 1)).flatten()
     t.kr = (kh * s + kt.clamp_max(s - 1)).flatten()
     qw = qh * (s + 1) + qt

@@ -57,12 +57,13 @@ class PatternCacheLayer(DynamicLayer):
         self.align = (period if period <= pattern.max_segment else 1) if align is None else align
         self.cumulative_length = 0  # tokens seen: the next query's position
         self.dropped = 0  # positions dropped after the sinks
+        self._room = None  # where appended keys go (_append)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys/values and return all (this step attends them); keep only those
         a later query can attend."""
-        keys, values = super().update(key_states, value_states)
+        keys, values = self._append(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
         if self.pattern.dense_kv_heads:  # a dense head attends every key: drop none
             return keys, values
@@ -74,6 +75,33 @@ class PatternCacheLayer(DynamicLayer):
                                       for t in (keys, values))
             self.dropped += cut
         return keys, values
+
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``self.keys`` / ``self.values`` with ``k`` / ``v`` appended, written into room kept
+        after them (a sixteenth of the keys stored, at least 256 slots), so that a step
+        copies its own keys and not the stored ones; into a new buffer, the stored keys copied
+        once, where they have no such room (the first call, after a cut or a reorder), and
+        concatenated where a gradient is recorded (the keys written once are never overwritten).
+        ``_room`` holds the buffers' addresses, strides and length, not the buffers."""
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            return super().update(k, v)
+        if not self.is_initialized:
+            self.lazy_initialization(k, v)
+        old, new, n, m = (self.keys, self.values), (k, v), self.stored_tokens, k.shape[-2]
+        if self._room is None or n + m > self._room[1] or \
+                self._room[0] != tuple((t.data_ptr(), t.stride()) for t in old):
+            cap = n + m + max(256, (n + m) // 16)
+            bufs = tuple(x.new_empty((*x.shape[:-2], cap, x.shape[-1])) for x in new)
+            for b, t in zip(bufs, old if n else ()):
+                b[..., :n, :].copy_(t)
+        else:  # (as_strided: the buffers, seen from their stored part)
+            cap = self._room[1]
+            bufs = tuple(t.as_strided((*t.shape[:-2], cap, t.shape[-1]), t.stride()) for t in old)
+        for b, x in zip(bufs, new):
+            b[..., n:n + m, :].copy_(x)
+        self.keys, self.values = (b[..., :n + m, :] for b in bufs)
+        self._room = (tuple((b.data_ptr(), b.stride()) for b in bufs), cap)
+        return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int, *args) -> Tuple[int, int]:
         """``(keys this step attends, dropped positions)``: the second is the ``kv_offset`` the
@@ -95,7 +123,7 @@ class PatternCacheLayer(DynamicLayer):
         self.cumulative_length = self.stored_tokens
 
     def reset(self) -> None:
-        self.keys = self.values = None
+        self.keys = self.values = self._room = None
         self.is_initialized = False
         self.cumulative_length = self.dropped = 0
 

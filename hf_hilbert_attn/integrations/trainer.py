@@ -87,8 +87,7 @@ class SequenceParallelCollator:
         if batch["input_ids"].dim() == 1:  # a flattened row without its batch dim
             batch = {k: v.unsqueeze(0) if isinstance(v, torch.Tensor) and v.dim() == 1 else v
                      for k, v in batch.items()}
-        pre = batch.pop("shift_labels", None)
-        if pre is not None:
+        if (pre := batch.pop("shift_labels", None)) is not None:
             # shard_batch shifts `labels` itself: give it the labels whose shift is `pre`. The
             # last token of a row has no next token, so a collator leaves its label ignored.
             if bool((pre[..., -1] != IGNORE_INDEX).any()):
@@ -187,8 +186,7 @@ class SequenceParallelMixin:
         Returns the step's context: ``sequence_parallel`` over the group (none while inactive)."""
         if not self.sp_active:
             return contextlib.nullcontext()
-        fp = inputs.pop(FINGERPRINT_KEY, None)
-        if fp is None:
+        if (fp := inputs.pop(FINGERPRINT_KEY, None)) is None:
             raise ValueError("the batch was not sharded by SequenceParallelCollator (was "
                              "trainer.data_collator replaced after the trainer was built?)")
         parts = all_gather(fp, self.sp_topology.group)

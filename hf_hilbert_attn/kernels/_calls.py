@@ -26,9 +26,8 @@ from ._plan import (W_CAP, PositionPlan, bwd_blocks, config_order, dkdv_blocks, 
 
 def _smem(device, cfg: KernelConfig) -> Optional[int]:
     """Shared memory per program (opt-in maximum, bytes) of ``device``; None off CUDA."""
-    if cfg.smem is not None or device.type != "cuda":
-        return cfg.smem
-    return _optin_smem(device.index if device.index is not None else torch.cuda.current_device())
+    return cfg.smem if cfg.smem is not None or device.type != "cuda" else _optin_smem(
+        device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,8 +90,7 @@ def _launches(pattern, plan: PositionPlan, causal: bool = True):
     (it writes the result and takes the sink keys: ``sinks`` > 0 when a key of this call is one),
     others only where they join a query and a key of this call (``planning.config_meets``)."""
     prio, order = config_order(pattern)
-    out = []
-    q_rng, k_rng = (plan.qlo, plan.qhi), (plan.klo, plan.khi)
+    out, q_rng, k_rng = [], (plan.qlo, plan.qhi), (plan.klo, plan.khi)
     for i, (w, r) in enumerate(order):
         if i < len(order) - 1 and not config_meets(w, pattern.sliding, causal, q_rng, k_rng):
             continue
@@ -173,9 +171,8 @@ def _launch_table(prio, launch, keys, items, rows, device):
     ``(grid, launch row, integer arguments, keywords)``: each launch's fields ``rows`` (dicts) as
     one int32 row (``_common.LAUNCH_FIELDS``) of a table made once per planned call (the launch
     reads it: ``_common._launch_scalars``) and as integer arguments (``_common._SCALARS``)."""
-    pad = [0] * (LAUNCH_ROW - len(LAUNCH_FIELDS))
-    table = torch.tensor([[r[f] for f in LAUNCH_FIELDS] + pad for r in rows],
-                         dtype=torch.int32, device=device)
+    table = torch.tensor([[r[f] for f in LAUNCH_FIELDS] + [0] * (LAUNCH_ROW - len(LAUNCH_FIELDS))
+                          for r in rows], dtype=torch.int32, device=device)
     tables = tuple(_small_tensor(tuple(x for wr in cfgs for x in wr) or (1, 1), device)
                    for cfgs in (prio, [ln.entry for ln in launch])) + (keys,)
     return tables, [(g, t, tuple(r[name] for name in _SCALARS), kw)

@@ -55,9 +55,8 @@ def _blocks_key(blocks) -> Optional[tuple]:
     if blocks is None:
         return None
     if isinstance(blocks, dict):
-        for kind in blocks:
-            if kind not in _KINDS:
-                raise ValueError(f"tile override kinds are {_KINDS}, got {kind!r}")
+        if bad := [kind for kind in blocks if kind not in _KINDS]:
+            raise ValueError(f"tile override kinds are {_KINDS}, got {bad[0]!r}")
         return tuple(sorted((kind, tuple(t)) for kind, t in blocks.items()))
     return tuple(blocks)
 
@@ -100,8 +99,7 @@ class KernelConfig:
 
     @classmethod
     def from_env(cls) -> "KernelConfig":
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else os.cpu_count()
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         return cls(blocks=_env_blocks(), acc_bytes=_env_int("HF_HILBERT_ACC_BYTES", 4 << 30),
                    compile_threads=_env_int("HF_HILBERT_COMPILE_THREADS", min(8, cpus or 1),
                                             "threads"),

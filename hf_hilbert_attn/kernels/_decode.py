@@ -229,13 +229,13 @@ class DecodeLauncher:
         st = (q.stride(), k.stride(), v.stride(), out.stride())
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), last.data_ptr())
         call = (q.shape, k.shape, q.dtype, lse is None, scale, softcap, qbase, kdrop, st)
+        moved = ((ptrs[0], *st[0][:3]), (ptrs[1], *st[1][:3]), (ptrs[2], *st[2][:3]),
+                 (ptrs[3], *st[3][:3]), ptrs[4])  # the tensors' arguments of a relaunch
         if self._last is not None and self._last[0] == call and not interpret and \
                 not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:  # as the call
             # before (the layers of a step), 16-byte aligned: its kernel, grid, new addresses
             kernel, grid, after = self._last[1]
-            relaunch(kernel, grid, ((ptrs[0], *st[0][:3]), (ptrs[1], *st[1][:3]),
-                                    (ptrs[2], *st[2][:3]), (ptrs[3], *st[3][:3]), ptrs[4],
-                                    *after))
+            relaunch(kernel, grid, (*moved, *after))
             return
         key = (q.shape, k.shape[:2], k.shape[3], q.dtype, lse is None, float(scale),
                float(softcap))
@@ -266,9 +266,7 @@ class DecodeLauncher:
         # (the call before's kernel serves aligned tensors; one that took unaligned ones, none)
         self._last = (call, (kernel, grid, after)) if not any(p & 15 for p in ptrs) else None
         if not fresh:  # (a fresh launch ran in launch_all)
-            relaunch(kernel, grid, ((ptrs[0], *st[0][:3]), (ptrs[1], *st[1][:3]),
-                                    (ptrs[2], *st[2][:3]), (ptrs[3], *st[3][:3]), ptrs[4],
-                                    *after))
+            relaunch(kernel, grid, (*moved, *after))
 
     def _split(self, sk: int, qbase: int, kdrop: int, bn: int, most: int,
                min_tiles: int) -> tuple:

@@ -16,7 +16,7 @@ import inspect
 from typing import Optional
 
 import torch
-from triton import knobs
+from triton import __version__ as _triton_version, knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
@@ -26,6 +26,7 @@ from ._common import Strided
 __all__ = ["launch_all", "relaunch", "relaunch_kept", "fast_launches_enabled"]
 
 _OK: Optional[bool] = None
+_TRITON_36 = _triton_version.startswith("3.6.")  # (its launcher, as _c_launch reads it)
 fast_launches = 0  # launches that skipped the binding (read by tests and benchmarks)
 
 
@@ -70,10 +71,8 @@ def _walk(args, guard: list, out: list) -> None:
             sub = []
             _walk(x, guard, sub)
             x = tuple(sub)
-        elif tx is bool:
-            guard.append((bool, x))
-        else:
-            guard.append(tx)
+        else:  # (a bool apart from an int: True == 1)
+            guard.append((bool, x) if tx is bool else tx)
         out.append(x)
 
 
@@ -128,15 +127,34 @@ def relaunch_kept(kept, heads: tuple) -> None:
 
 def relaunch(kernel, grid: tuple, values: tuple, stream=None) -> None:
     """Launch compiled ``kernel`` on ``grid`` (three sizes) with ``values`` (tensors as addresses,
-    constexprs last) on the current stream (or ``stream``), as ``JITFunction.run`` ends."""
+    constexprs last) on the current stream (or ``stream``), as ``JITFunction.run`` ends; with no
+    launch hook set, through its launcher's C function where :func:`_c_launch` finds one."""
     global fast_launches
     fast_launches += 1
     if stream is None:
         stream = driver.active.get_current_stream(driver.active.get_current_device())
     enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
+    c = (_C.get(kernel) or _c_launch(kernel)) if enter is None and leave is None else (None,)
+    if c[0] is not None:
+        return c[0](*grid, stream, kernel.function, *c[1], *values)
     kernel.run(*grid, stream, kernel.function, kernel.packed_metadata,
                None if enter is None else kernel.launch_metadata(grid, stream, *values), enter,
                leave, *values)
+
+
+_C: dict = {}  # compiled kernel -> _c_launch(kernel)
+
+
+def _c_launch(kernel) -> tuple:
+    """``(C function, its arguments between the kernel's function and its values)`` of compiled
+    ``kernel``'s launcher where the launcher's call adds only these (Triton 3.6's
+    ``CudaLauncher`` with no scratch memory): two Python frames less a launch; else ``(None,)``."""
+    run = kernel.run
+    if type(run).__name__ != "CudaLauncher" or not _TRITON_36 or run.global_scratch_size \
+            or run.profile_scratch_size:
+        return _C.setdefault(kernel, (None,))
+    return _C.setdefault(kernel, (run.launch, (run.launch_cooperative_grid, run.launch_pdl, None,
+                                               None, kernel.packed_metadata, None, None, None)))
 
 
 def _hook(hook):

@@ -59,8 +59,7 @@ def _inverse(p: torch.Tensor, size: int) -> Optional[torch.Tensor]:
     """inv[b, pos] = storage index, or None if a position repeats within a row."""
     bp, n = p.shape
     inv = torch.full((bp, size), -1, device=p.device, dtype=torch.int32)
-    idx = torch.arange(n, device=p.device, dtype=torch.int32).expand(bp, n)
-    inv.scatter_(1, p, idx)
+    inv.scatter_(1, p, torch.arange(n, device=p.device, dtype=torch.int32).expand(bp, n))
     return inv if int((inv >= 0).sum()) == bp * n else None
 
 

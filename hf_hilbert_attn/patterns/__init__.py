@@ -75,8 +75,7 @@ def parse_inline(spec: str) -> DilatedPattern:
         raise ValueError(f"inline pattern {spec!r} has no ':' between segment lengths and "
                          f"dilation rates (form {INLINE_FORM})")
     w_text, r_text, *options = spec.split(":")
-    w = _ints(w_text, "segment lengths", spec)
-    r = _ints(r_text, "dilation rates", spec)
+    w, r = _ints(w_text, "segment lengths", spec), _ints(r_text, "dilation rates", spec)
     extra: dict = {}
     for opt in (o.strip() for o in options):
         if opt in ("sliding", "segment"):

@@ -170,8 +170,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = fctx.saved_tensors  # unpacked once (checkpointing allows no more)
         with torch.autocast(q.device.type, enabled=False):
             dout = torch.zeros_like(out) if dout is None else dout
-            dq, dk, dv = _ring_backward(fctx.ring, q, k, v, out, lse, dout, dlse)
-        return dq, dk, dv, None
+            return (*_ring_backward(fctx.ring, q, k, v, out, lse, dout, dlse), None)
 
 
 def _shard_inputs(q, k, v, pattern, *, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
@@ -255,8 +254,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     """
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend,
-              softcap=softcap)
-    kw["_head_base"] = _head_base  # (private) heads numbered from it: a Ulysses group's
+              softcap=softcap, _head_base=_head_base)  # heads numbered from it (a Ulysses group's)
     if group is None or dist.get_world_size(group) == 1:
         return dilated_attention(q, k, v, pattern, _skip_kv_heads=_skip_kv_heads, **kw)
     q, k, v = autocast_inputs(q, k, v)  # under torch.autocast: cast as SDPA does (then off)
@@ -269,8 +267,7 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     entry = _PLANS.lookup(group, key, (qp, kp, kd))
     if not agree(q, k, v, pattern, causal, a.scale, qp, kp, kd, group,
                  cached=entry is not None):
-        all_qp, all_kp = all_gather(qp, group), all_gather(kp, group)
-        all_kd = None if kd is None else all_gather(kd, group)
+        all_qp, all_kp, all_kd = (None if t is None else all_gather(t, group) for t in (qp, kp, kd))
         plan = plan_ring(pattern, a.hq, a.hkv, causal, dist.get_rank(group), all_qp, all_kp,
                          all_kd, a.skip_kv_heads, _head_base)
         entry = _PLANS.store(group, key, (qp, kp, kd), plan,

@@ -47,7 +47,6 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
     if qp.numel() == 0 or kp.numel() == 0:
         return need
     hi = int(torch.maximum(qp.max(), kp.max())) + 1
-    per_head = pattern.query_dilation == "per_head"
     heads_of_kv = torch.arange(head_base, head_base + hq, device=dev).view(hkv, hq // hkv)
     for i, (w, r) in enumerate(pattern.configs):
         kseg, kcls = pattern.segment_and_class(i, kp)
@@ -64,7 +63,7 @@ def key_need(pattern: DilatedPattern, hq: int, hkv: int, causal: bool,
             latest = torch.full((b * nb,), -1, dtype=torch.int64, device=dev)
             latest.scatter_reduce_(0, qb, qp.flatten(), reduce="amax")
             ok = latest[kb] >= (kp if causal else 0)  # [B, Sk]
-        if per_head and r > 1:
+        if pattern.query_dilation == "per_head" and r > 1:
             # kv head g serves class c iff one of its query heads h has h % r == c
             serves = torch.zeros(hkv, r, dtype=torch.bool, device=dev)
             serves.scatter_(1, heads_of_kv % r, True)

@@ -128,9 +128,8 @@ def hilbert_curve(rows: int, cols: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- the layout
 def _device_key(device: Device) -> torch.device:
     device = torch.device("cpu") if device is None else torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    return torch.device("cuda", torch.cuda.current_device()) \
+        if device.type == "cuda" and device.index is None else device
 
 
 @lru_cache(maxsize=32)

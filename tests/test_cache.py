@@ -145,6 +145,29 @@ def test_a_decode_step_appends_in_place_and_copies_no_stored_key(dense):
         assert cache.layers[0].keys.shape[-2] == 40 + 30 - 3 + 1
 
 
+def test_a_pattern_cache_concatenates_where_a_gradient_is_recorded_or_compile_traces(
+        monkeypatch):
+    # into kept room only eagerly and without a gradient: a traced step must not read
+    # addresses, and keys a backward saved must never be overwritten
+    from hf_hilbert_attn.integrations.cache import PatternCacheLayer
+
+    layer, x = PatternCacheLayer(DilatedPattern([8, 16], [1, 2]), 4), torch.randn(1, 2, 3, 8)
+    with torch.inference_mode():
+        layer.update(x, x)
+        where = layer.keys.data_ptr()
+        layer.update(x[:, :, :1], x[:, :, :1])
+        assert layer.keys.data_ptr() == where  # (into the room)
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        layer.update(x[:, :, :1], x[:, :, :1])
+        assert layer.keys.data_ptr() != where  # (concatenated)
+    monkeypatch.undo()
+    y = torch.randn(1, 2, 1, 8, requires_grad=True)
+    keys, _ = layer.update(y, y)
+    keys[..., -1:, :].sum().backward()
+    assert torch.equal(y.grad, torch.ones_like(y)) and torch.equal(keys[..., :5, :], torch.cat(
+        [x, x[:, :, :1], x[:, :, :1]], -2))
+
+
 def test_padded_batches_and_crop_are_refused():
     model = tiny("llama", DilatedPattern([4, 8], [1, 2]))
     ids = torch.randint(3, VOCAB, (2, 20))

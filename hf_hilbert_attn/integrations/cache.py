@@ -81,9 +81,11 @@ class PatternCacheLayer(DynamicLayer):
         after them (a sixteenth of the keys stored, at least 256 slots), so that a step
         copies its own keys and not the stored ones; into a new buffer, the stored keys copied
         once, where they have no such room (the first call, after a cut or a reorder), and
-        concatenated where a gradient is recorded (the keys written once are never overwritten).
+        concatenated where a gradient is recorded (the keys written once are never overwritten)
+        or ``torch.compile`` traces (addresses are the eager step's business).
         ``_room`` holds the buffers' addresses, strides and length, not the buffers."""
-        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
+                k.requires_grad or v.requires_grad):
             return super().update(k, v)
         if not self.is_initialized:
             self.lazy_initialization(k, v)

@@ -113,8 +113,7 @@ def _tiles(lo: int, hi: int, w: int, r: int, blk: int, narrow: bool):
     nblk = triton.cdiv(triton.cdiv(w, r), blk)
     if nseg == 1 and narrow:
         first = max(0, lo - seg0 * w - (r - 1)) // r // blk
-        last = (hi - seg0 * w) // r // blk
-        return seg0, 1, first, min(nblk - first, last - first + 1)
+        return seg0, 1, first, min(nblk - first, (hi - seg0 * w) // r // blk - first + 1)
     return seg0, nseg, 0, nblk
 
 

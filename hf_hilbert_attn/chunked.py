@@ -53,8 +53,7 @@ def chunked_attention(q, k, v, pattern, a, *, causal=True):
     if a.natural_positions:  # keys at 0..Sk-1, queries the last Sq of them
         pattern = for_ranges(pattern, a.sk - sq, a.sk - 1, 0, a.sk - 1, causal)
     for plan, attend in ENGINES:
-        made = plan(pattern, a, causal, q)
-        if made is not None:
+        if (made := plan(pattern, a, causal, q)) is not None:
             return attend(q, k, v, pattern, a, made)
     raise AssertionError("the blockwise engine takes every call")
 

@@ -256,8 +256,7 @@ def _wrap_checkpoint_func(layer) -> None:
         return
 
     def offloaded(function, *args, **kwargs):
-        off = layer.__dict__.get("_hf_offloader")
-        if off is None or not torch.is_grad_enabled():
+        if (off := layer.__dict__.get("_hf_offloader")) is None or not torch.is_grad_enabled():
             return fn(function, *args, **kwargs)
         with torch.autograd.graph.saved_tensors_hooks(off.pack, off.unpack):
             return fn(function, *args, **kwargs)
@@ -288,8 +287,7 @@ def offload_checkpoints(model, enable: bool = True, *, pin_memory: Optional[bool
             if fn is not None and hasattr(fn, "_hf_offload_inner"):  # ours: the model's back
                 layer._gradient_checkpointing_func = fn._hf_offload_inner
             layer.__dict__.pop("_hf_offloader", None)
-        handle = model.__dict__.pop("_hf_offload_hook", None)
-        if handle is not None:
+        if (handle := model.__dict__.pop("_hf_offload_hook", None)) is not None:
             handle.remove()
         return model
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)

@@ -394,6 +394,5 @@ class _EagerKernels(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         # (no autocast context: the kernels' host code casts nothing)
-        dq, dk, dv = ctx.prep.backward(torch.zeros_like(out) if dout is None else dout, dlse,
-                                       q, k, v, out, lse)
-        return dq, dk, dv, None
+        return (*ctx.prep.backward(torch.zeros_like(out) if dout is None else dout, dlse,
+                                   q, k, v, out, lse), None)

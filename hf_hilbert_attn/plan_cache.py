@@ -67,8 +67,7 @@ def kept(make: Callable[[], object], device=None):
 def memoised(memo: dict, key, size: int, make: Callable[[], object]):
     """``memo[key]``, made by ``make()`` where absent: a plain dict of at most ``size`` entries,
     emptied when full (small tables made once, not per call)."""
-    hit = memo.get(key)
-    if hit is None:
+    if (hit := memo.get(key)) is None:
         if len(memo) >= size:
             memo.clear()
         hit = memo[key] = make()

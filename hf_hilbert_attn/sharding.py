@@ -180,8 +180,7 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         # restarts: global document ids (padding -1, never attended)
         docs = torch.zeros_like(ids, dtype=torch.int64) if docs is None else docs
         out["hilbert_doc_ids"] = take(docs, -1)
-    labels = batch.get("labels")
-    if labels is not None:
+    if (labels := batch.get("labels")) is not None:
         sh = out["labels"] = out["shift_labels"] = take(shift_labels(labels), IGNORE_INDEX)
         out["num_items"] = (sh != IGNORE_INDEX).sum()
     if batch.get("attention_mask") is not None:

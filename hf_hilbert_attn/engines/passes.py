@@ -141,9 +141,7 @@ def _range_min_max(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
         idx = torch.minimum(a[:, None] + torch.arange(width, device=x.device), b[:, None] - 1)
         parts.append(torch.aminmax(x[..., idx], dim=-1))
     lo, hi = (torch.cat(t, -1) for t in zip(*parts))
-    if x.dim() == 2:
-        lo, hi = lo.amin(0), hi.amax(0)
-    return lo, hi
+    return (lo.amin(0), hi.amax(0)) if x.dim() == 2 else (lo, hi)
 
 
 def _band_chunks(pattern, i, causal, q_pos, qg, k_pos, kg, counts, tile_start, multi_group, ck,

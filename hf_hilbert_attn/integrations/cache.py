@@ -37,6 +37,13 @@ __all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
 DEFAULT_PREFILL_CHUNK = 16384  # tokens per forward of a chunked prefill
 
 
+def _plain(*ts: torch.Tensor) -> bool:
+    """Whether a cache concatenates ``ts`` plainly: where a gradient is recorded (keys written
+    once are never overwritten) or ``torch.compile`` traces (addresses are the eager step's)."""
+    return torch.compiler.is_compiling() or torch.is_grad_enabled() and any(
+        t.requires_grad for t in ts)
+
+
 @functools.lru_cache(maxsize=8)  # every layer asks for the same position in turn
 def _keep_from(pattern: DilatedPattern, position: int, num_heads, align: int) -> int:
     return pattern.first_needed_key(position, num_heads) // align * align
@@ -71,39 +78,44 @@ class PatternCacheLayer(DynamicLayer):
         start = _keep_from(self.pattern, self.cumulative_length, self.num_heads, self.align)
         cut = max(0, start - sinks) - self.dropped
         if cut > 0:  # slots [sinks, sinks + cut) hold the keys to drop
-            self.keys, self.values = (torch.cat([t[..., :sinks, :], t[..., sinks + cut:, :]], -2)
-                                      for t in (keys, values))
+            self._store([(t[..., :sinks, :], t[..., sinks + cut:, :]) for t in (keys, values)])
             self.dropped += cut
         return keys, values
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``self.keys`` / ``self.values`` with ``k`` / ``v`` appended, written into room kept
-        after them (a sixteenth of the keys stored, at least 256 slots), so that a step
-        copies its own keys and not the stored ones; into a new buffer, the stored keys copied
-        once, where they have no such room (the first call, after a cut or a reorder), and
-        concatenated where a gradient is recorded (the keys written once are never overwritten)
-        or ``torch.compile`` traces (addresses are the eager step's business).
-        ``_room`` holds the buffers' addresses, strides and length, not the buffers."""
-        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
-                k.requires_grad or v.requires_grad):
-            return super().update(k, v)
+        after them, so that a step copies its own keys and not the stored ones (where there is
+        no such room, or it was made under ``torch.inference_mode`` and this step is not:
+        :meth:`_store`). ``_room`` holds the buffers' addresses, strides and
+        length, not the buffers."""
         if not self.is_initialized:
             self.lazy_initialization(k, v)
-        old, new, n, m = (self.keys, self.values), (k, v), self.stored_tokens, k.shape[-2]
-        if self._room is None or n + m > self._room[1] or \
-                self._room[0] != tuple((t.data_ptr(), t.stride()) for t in old):
-            cap = n + m + max(256, (n + m) // 16)
-            bufs = tuple(x.new_empty((*x.shape[:-2], cap, x.shape[-1])) for x in new)
-            for b, t in zip(bufs, old if n else ()):
-                b[..., :n, :].copy_(t)
-        else:  # (as_strided: the buffers, seen from their stored part)
-            cap = self._room[1]
-            bufs = tuple(t.as_strided((*t.shape[:-2], cap, t.shape[-1]), t.stride()) for t in old)
-        for b, x in zip(bufs, new):
-            b[..., n:n + m, :].copy_(x)
-        self.keys, self.values = (b[..., :n + m, :] for b in bufs)
-        self._room = (tuple((b.data_ptr(), b.stride()) for b in bufs), cap)
+        n, m, room = self.stored_tokens, k.shape[-2], self._room
+        if _plain(k, v) or room is None or n + m > room[1] or room[0] != tuple(
+                (t.data_ptr(), t.stride()) for t in (self.keys, self.values)) or (
+                self.keys.is_inference() and not torch.is_inference_mode_enabled()):
+            self._store([(self.keys, k), (self.values, v)] if n else [(k,), (v,)])
+        else:  # (as_strided: the stored part of the buffers, grown by m rows)
+            shape = (*k.shape[:-2], n + m, k.shape[-1])
+            self.keys, self.values = (t.as_strided(shape, t.stride()) for t in (self.keys,
+                                                                                   self.values))
+            self.keys.narrow(-2, n, m).copy_(k)
+            self.values.narrow(-2, n, m).copy_(v)
         return self.keys, self.values
+
+    def _store(self, parts) -> None:
+        """Store the keys and the values ``parts`` (``[key parts, value parts]``), each
+        concatenated along the tokens into a new buffer with room kept after them (a sixteenth
+        of them, at least 256 slots), or plainly (``_plain``)."""
+        if _plain(*(x for p in parts for x in p)):
+            self.keys, self.values, self._room = *(torch.cat(p, -2) for p in parts), None
+            return
+        n = sum(x.shape[-2] for x in parts[0])
+        cap, x = n + max(256, n // 16), parts[0][0]
+        bufs = [x.new_empty((*x.shape[:-2], cap, x.shape[-1])) for _ in parts]
+        self.keys, self.values = (torch.cat(p, -2, out=b.narrow(-2, 0, n))
+                                  for p, b in zip(parts, bufs))
+        self._room = (tuple((b.data_ptr(), b.stride()) for b in bufs), cap)
 
     def get_mask_sizes(self, query_length: int, *args) -> Tuple[int, int]:
         """``(keys this step attends, dropped positions)``: the second is the ``kv_offset`` the

@@ -159,8 +159,7 @@ class SequenceParallelMixin:
     # ------------------------------------------------------------------ checks
     def _check_sp_config(self) -> None:
         sp, model = self.sp_topology.sp_size, self.accelerator.unwrap_model(self.model)
-        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-        if impl != ATTN:
+        if (impl := getattr(getattr(model, "config", None), "_attn_implementation", None)) != ATTN:
             raise ValueError(f"sp_size={sp} needs a model loaded with attn_implementation="
                              f"{ATTN!r}, got {impl!r}")
         a = self.args

@@ -251,8 +251,7 @@ def _positions_hook(module, args, kwargs):
 def _positions(info: Optional[DilatedMaskInfo], position_ids, doc_ids, b, sq, sk, device, ring):
     # Without the hook: the first layer's result serves the others; opaque to torch.compile.
     memo, key = ({} if info is None else info._memo), (sq, sk, id(position_ids), id(doc_ids), ring)
-    hit = memo.get(key)
-    if hit is not None and hit[0] is position_ids and hit[1] is doc_ids:
+    if (hit := memo.get(key)) is not None and hit[0] is position_ids and hit[1] is doc_ids:
         return hit[2]
     out = model_positions(position_ids, doc_ids, None if info is None else info.padding_mask,
                           sk - sq if info is None else info.q_offset, b, sq, sk, device,
@@ -367,8 +366,7 @@ def _checked_pattern(module, dropout, causal, b, sq, sk, step, info, kwargs):
            dropout, causal, b, sq, sk, getattr(info, "kv_length", info), vars(module).get(
                "is_cross_attention"), kwargs.get("sliding_window"), tuple(
                k for k, v in kwargs.items() if v is not None and v is not False))
-    hit = memo.get(key)
-    if hit is None:
+    if (hit := memo.get(key)) is None:
         check_call(module, dropout, causal, b, sq, sk, info, DilatedMaskInfo, kwargs)
         check_layer_window(module, layer_window(config, key[2]), info, kwargs)
         pattern = get_pattern(config, key[2])  # (layers of one pattern share the list)

@@ -24,8 +24,7 @@ _KINDS = ("fwd", "fwd1", "dq", "dkdv")
 
 
 def _env_int(name: str, default: int, unit: str = "bytes") -> int:
-    env = os.environ.get(name, "")
-    if not env:
+    if not (env := os.environ.get(name, "")):
         return default
     if not env.isdigit() or int(env) < 1:
         raise ValueError(f"{name} must be a positive number of {unit}, got {env!r}")
@@ -38,8 +37,7 @@ def _env_blocks() -> Optional[dict]:
     found = {}
     for kind in _KINDS:
         name = f"HF_HILBERT_{kind.upper()}_BLOCKS"
-        env = os.environ.get(name, "")
-        if env:
+        if env := os.environ.get(name, ""):
             try:
                 found[kind] = tuple(int(x) for x in env.split(","))
             except ValueError:

@@ -90,15 +90,11 @@ def launch_all(launches, memo: Optional[dict] = None):
         for fn, grid, head, rest, kwargs in launches:
             fn[grid](*head, *rest, **kwargs)
         return None
-    heads = {}
-    for launch in launches:
-        if id(launch[2]) not in heads:
-            heads[id(launch[2])] = _addresses(launch[2])
+    heads = {i: _addresses(h) for i, h in {id(ln[2]): ln[2] for ln in launches}.items()}
     key = (driver.active.get_current_device(), *(guard for guard, _ in heads.values()))
-    kept = memo.get(key)
-    if kept is None:  # bind each launch (compiling where needed) and keep what a launch of this
-        # layout passes besides its head; nothing where one cannot be repeated so (a recorded
-        # launch, a stub, a parameter left to its default)
+    if (kept := memo.get(key)) is None:  # bind each launch (compiling where needed) and keep
+        # what a launch of this layout passes besides its head; nothing where one cannot be
+        # repeated so (a recorded launch, a stub, a parameter left to its default)
         kept = []
         for fn, grid, head, rest, kwargs in launches:
             kernel = fn[grid](*head, *rest, **kwargs)

@@ -84,8 +84,12 @@ def test_every_step_matches_the_full_cache_and_memory_stays_bounded(family, patt
     assert (ref[:, 37:] - want[:, 37:41]).abs().max() > tol * scale
 
 
-def test_generate_with_pattern_cache_and_chunked_prefill():
-    pattern = DilatedPattern([6, 16], [1, 2], window="sliding", sink_tokens=1)
+@pytest.mark.parametrize("dense", [(), (1,)], ids=["sparse", "dense-kv-head"])
+def test_generate_with_pattern_cache_and_chunked_prefill(dense):
+    # (a dense head keeps every key: its cache is never cut, so generate() appends to keys that
+    # prefill() stored under inference mode)
+    pattern = DilatedPattern([6, 16], [1, 2], window="sliding", sink_tokens=1,
+                             dense_kv_heads=dense)
     model = tiny("llama", pattern)
     ids = torch.randint(3, VOCAB, (2, 45))
     kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, output_logits=True,
@@ -102,7 +106,8 @@ def test_generate_with_pattern_cache_and_chunked_prefill():
     out = model.generate(ids, attention_mask=torch.ones_like(ids), **{cache_kwarg(model): cache},
                          **kw)
     assert torch.equal(out.sequences, ref.sequences)
-    assert max(layer.keys.shape[-2] for layer in cache.layers) <= cache.max_stored_tokens
+    stored = max(layer.keys.shape[-2] for layer in cache.layers)
+    assert stored == 64 if dense else stored <= cache.max_stored_tokens  # (dense: every key)
 
 
 @pytest.mark.parametrize("dense", [(), (0,)], ids=["sparse", "dense-kv-head"])

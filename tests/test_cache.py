@@ -182,6 +182,21 @@ def test_a_pattern_cache_concatenates_where_a_gradient_is_recorded_or_compile_tr
         [x, x[:, :, :1], x[:, :, :1]], -2))
 
 
+def test_a_pattern_cache_keeps_values_narrower_than_keys():
+    # MLA (DeepSeek-V3's eager attention): keys 192 wide, values 128; the buffers with room are
+    # each their own tensor's width, through appends, a cut and the room's regrowth
+    from hf_hilbert_attn.integrations.cache import PatternCacheLayer
+
+    layer = PatternCacheLayer(DilatedPattern([8, 16], [1, 2], sink_tokens=1), 4, align=1)
+    k, v = torch.randn(1, 2, 300, 12), torch.randn(1, 2, 300, 8)
+    with torch.inference_mode():
+        for a, b in ((0, 20), *((t, t + 1) for t in range(20, 300))):
+            keys, values = layer.update(k[:, :, a:b], v[:, :, a:b])
+            kept = torch.cat([torch.arange(1), torch.arange(b - keys.shape[-2] + 1, b)])
+            assert torch.equal(keys, k[:, :, kept]) and torch.equal(values, v[:, :, kept]), b
+    assert layer.dropped > 0 and layer._room is not None
+
+
 def test_padded_batches_and_crop_are_refused():
     model = tiny("llama", DilatedPattern([4, 8], [1, 2]))
     ids = torch.randint(3, VOCAB, (2, 20))
@@ -357,9 +372,15 @@ def test_attention_over_dropped_keys_equals_the_reference(backend):
 
 
 @pytest.mark.gpu
-def test_gpu_pattern_cache_decode_matches_dynamic_cache():
+@pytest.mark.parametrize("room_bytes", [None, 0], ids=["concatenated", "kept-room"])
+def test_gpu_pattern_cache_decode_matches_dynamic_cache(room_bytes, monkeypatch):
     # The Triton kernels: the tail in shifted natural order, sinks dense; bf16 model. Both
-    # caches decode the same tokens (greedy bf16 runs could part ways on a near tie).
+    # caches decode the same tokens (greedy bf16 runs could part ways on a near tie). A small
+    # cache on a GPU concatenates (D82); with ROOM_BYTES 0 it writes into kept room.
+    from hf_hilbert_attn.integrations import cache as cache_module
+
+    if room_bytes is not None:
+        monkeypatch.setattr(cache_module, "ROOM_BYTES", room_bytes)
     pattern = DilatedPattern([16, 64], [1, 4], window="sliding", sink_tokens=1)
     model = tiny("llama", pattern).cuda().to(torch.bfloat16)
     ids = torch.randint(3, VOCAB, (2, 340), device="cuda")
@@ -374,6 +395,7 @@ def test_gpu_pattern_cache_decode_matches_dynamic_cache():
         if kind == "pattern":
             assert max(layer.keys.shape[-2] for layer in cache.layers) <= \
                 cache.max_stored_tokens < 300
+            assert (cache.layers[0]._room is None) == (room_bytes is None)
     err = (logits["pattern"] - logits["dynamic"]).abs().max()
     # a bf16 model rounds its activations at every stage (2 layers and the head): ~4 eps(bf16)
     assert err <= 4 * eps("bfloat16") * logits["dynamic"].abs().max(), err

@@ -30,18 +30,25 @@ from ..patterns import as_pattern
 from .model_config import (ATTN_IMPLEMENTATION, get_pattern, layer_window, layers_differ,
                            note_once, replaced)
 
-__all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks",
-           "attend_with_dropped_keys",
-           "DEFAULT_PREFILL_CHUNK", "uses_pattern_attention", "cache_kwarg"]
+__all__ = ["PatternCache", "PatternCacheLayer", "prefill", "prefill_chunks", "cache_kwarg",
+           "attend_with_dropped_keys", "DEFAULT_PREFILL_CHUNK", "uses_pattern_attention"]
 
 DEFAULT_PREFILL_CHUNK = 16384  # tokens per forward of a chunked prefill
 
 
+# A layer on a GPU concatenates, as a DynamicLayer, while it holds fewer bytes of keys and values
+# than this (the GPU copies them while the host goes on, and a concatenation costs the host less
+# than a write into kept room), and keeps room for them above (where the copy outlasts a step): D82
+ROOM_BYTES = 1 << 29
+
+
 def _plain(*ts: torch.Tensor) -> bool:
-    """Whether a cache concatenates ``ts`` plainly: where a gradient is recorded (keys written
-    once are never overwritten) or ``torch.compile`` traces (addresses are the eager step's)."""
+    """Whether a cache concatenates ``ts`` (all the keys and values it is to hold) plainly:
+    where a gradient is recorded (keys written once are never overwritten), ``torch.compile``
+    traces (addresses are the eager step's) or, on a GPU, they are fewer than ``ROOM_BYTES``."""
     return torch.compiler.is_compiling() or torch.is_grad_enabled() and any(
-        t.requires_grad for t in ts)
+        t.requires_grad for t in ts) or ts[0].is_cuda and sum(
+        t.numel() for t in ts) * ts[0].element_size() < ROOM_BYTES
 
 
 @functools.lru_cache(maxsize=8)  # every layer asks for the same position in turn
@@ -85,20 +92,19 @@ class PatternCacheLayer(DynamicLayer):
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``self.keys`` / ``self.values`` with ``k`` / ``v`` appended, written into room kept
         after them, so that a step copies its own keys and not the stored ones (where there is
-        no such room, or it was made under ``torch.inference_mode`` and this step is not:
-        :meth:`_store`). ``_room`` holds the buffers' addresses, strides and
-        length, not the buffers."""
+        no such room, it was made under ``torch.inference_mode`` and this step is not, or the
+        cache concatenates (``_plain``): :meth:`_store`). ``_room`` holds the buffers' addresses,
+        strides and length, not the buffers."""
         if not self.is_initialized:
             self.lazy_initialization(k, v)
-        n, m, room = self.stored_tokens, k.shape[-2], self._room
-        if _plain(k, v) or room is None or n + m > room[1] or room[0] != tuple(
-                (t.data_ptr(), t.stride()) for t in (self.keys, self.values)) or (
+        n, m, room, kv = self.stored_tokens, k.shape[-2], self._room, (self.keys, self.values)
+        if _plain(*kv, k, v) or room is None or n + m > room[1] or room[0] != tuple(
+                (t.data_ptr(), t.stride()) for t in kv) or (
                 self.keys.is_inference() and not torch.is_inference_mode_enabled()):
             self._store([(self.keys, k), (self.values, v)] if n else [(k,), (v,)])
         else:  # (as_strided: the stored part of the buffers, grown by m rows)
-            shape = (*k.shape[:-2], n + m, k.shape[-1])
-            self.keys, self.values = (t.as_strided(shape, t.stride()) for t in (self.keys,
-                                                                                   self.values))
+            self.keys, self.values = (t.as_strided((*t.shape[:-2], n + m, t.shape[-1]),
+                                                   t.stride()) for t in kv)
             self.keys.narrow(-2, n, m).copy_(k)
             self.values.narrow(-2, n, m).copy_(v)
         return self.keys, self.values
@@ -111,8 +117,8 @@ class PatternCacheLayer(DynamicLayer):
             self.keys, self.values, self._room = *(torch.cat(p, -2) for p in parts), None
             return
         n = sum(x.shape[-2] for x in parts[0])
-        cap, x = n + max(256, n // 16), parts[0][0]
-        bufs = [x.new_empty((*x.shape[:-2], cap, x.shape[-1])) for _ in parts]
+        cap = n + max(256, n // 16)  # (values may be narrower than keys: MLA)
+        bufs = [p[0].new_empty((*p[0].shape[:-2], cap, p[0].shape[-1])) for p in parts]
         self.keys, self.values = (torch.cat(p, -2, out=b.narrow(-2, 0, n))
                                   for p, b in zip(parts, bufs))
         self._room = (tuple((b.data_ptr(), b.stride()) for b in bufs), cap)

@@ -119,8 +119,7 @@ _CONFIG: Optional[KernelConfig] = None
 def kernel_config() -> KernelConfig:
     """The configuration in force: read from the environment on first use."""
     global _CONFIG
-    if _CONFIG is None:
-        _CONFIG = KernelConfig.from_env()
+    _CONFIG = KernelConfig.from_env() if _CONFIG is None else _CONFIG
     return _CONFIG
 
 

@@ -37,18 +37,8 @@ DEFAULT_PREFILL_CHUNK = 16384  # tokens per forward of a chunked prefill
 
 
 # A layer on a GPU concatenates, as a DynamicLayer, while it holds fewer bytes of keys and values
-# than this (the GPU copies them while the host goes on, and a concatenation costs the host less
-# than a write into kept room), and keeps room for them above (where the copy outlasts a step): D82
+# than this (its host work is less), and keeps room for them above (the copy outlasts a step): D82
 ROOM_BYTES = 1 << 29
-
-
-def _plain(*ts: torch.Tensor) -> bool:
-    """Whether a cache concatenates ``ts`` (all the keys and values it is to hold) plainly:
-    where a gradient is recorded (keys written once are never overwritten), ``torch.compile``
-    traces (addresses are the eager step's) or, on a GPU, they are fewer than ``ROOM_BYTES``."""
-    return torch.compiler.is_compiling() or torch.is_grad_enabled() and any(
-        t.requires_grad for t in ts) or ts[0].is_cuda and sum(
-        t.numel() for t in ts) * ts[0].element_size() < ROOM_BYTES
 
 
 @functools.lru_cache(maxsize=8)  # every layer asks for the same position in turn
@@ -85,20 +75,29 @@ class PatternCacheLayer(DynamicLayer):
         start = _keep_from(self.pattern, self.cumulative_length, self.num_heads, self.align)
         cut = max(0, start - sinks) - self.dropped
         if cut > 0:  # slots [sinks, sinks + cut) hold the keys to drop
-            self._store([(t[..., :sinks, :], t[..., sinks + cut:, :]) for t in (keys, values)])
+            self._store([(t[..., :sinks, :], t[..., sinks + cut:, :]) for t in (keys, values)],
+                        room=self._room is not None)
             self.dropped += cut
         return keys, values
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``self.keys`` / ``self.values`` with ``k`` / ``v`` appended, written into room kept
+        """``self.keys`` / ``self.values`` with ``k`` / ``v`` appended: concatenated as a
+        DynamicLayer on a GPU below ``ROOM_BYTES`` (keys and values: about twice the keys),
+        where a gradient is recorded (keys written once are never overwritten) or where
+        ``torch.compile`` traces (addresses are the eager step's); else written into room kept
         after them, so that a step copies its own keys and not the stored ones (where there is
-        no such room, it was made under ``torch.inference_mode`` and this step is not, or the
-        cache concatenates (``_plain``): :meth:`_store`). ``_room`` holds the buffers' addresses,
-        strides and length, not the buffers."""
+        no such room, or it was made under ``torch.inference_mode`` and this step is not:
+        :meth:`_store`). ``_room`` holds the buffers' addresses, strides and length, not the
+        buffers."""
+        if k.is_cuda and (self.keys is None or 2 * self.keys.numel() * k.element_size()
+                          < ROOM_BYTES) or torch.compiler.is_compiling() or \
+                torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            self._room = None  # (checked first: a step then costs what a DynamicLayer's does)
+            return super().update(k, v)
         if not self.is_initialized:
             self.lazy_initialization(k, v)
         n, m, room, kv = self.stored_tokens, k.shape[-2], self._room, (self.keys, self.values)
-        if _plain(*kv, k, v) or room is None or n + m > room[1] or room[0] != tuple(
+        if room is None or n + m > room[1] or room[0] != tuple(
                 (t.data_ptr(), t.stride()) for t in kv) or (
                 self.keys.is_inference() and not torch.is_inference_mode_enabled()):
             self._store([(self.keys, k), (self.values, v)] if n else [(k,), (v,)])
@@ -109,11 +108,12 @@ class PatternCacheLayer(DynamicLayer):
             self.values.narrow(-2, n, m).copy_(v)
         return self.keys, self.values
 
-    def _store(self, parts) -> None:
+    def _store(self, parts, room: bool = True) -> None:
         """Store the keys and the values ``parts`` (``[key parts, value parts]``), each
         concatenated along the tokens into a new buffer with room kept after them (a sixteenth
-        of them, at least 256 slots), or plainly (``_plain``)."""
-        if _plain(*(x for p in parts for x in p)):
+        of them, at least 256 slots), or plainly (not ``room``: a cut where the layer
+        concatenates, :meth:`_append`)."""
+        if not room:
             self.keys, self.values, self._room = *(torch.cat(p, -2) for p in parts), None
             return
         n = sum(x.shape[-2] for x in parts[0])

@@ -338,6 +338,10 @@ def test_bench_generate_smoke(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "generate", "--preset", "tiny", "--contexts", "1m2"])
     assert "expected a length like" in capsys.readouterr().err
+    # ms per token: the median step (a slow step and generate()'s setup do not move it)
+    clock = bench_generate._StepClock(torch.device("cpu"))
+    clock.stamps = [0.0, 0.5, 1.5, 2.5, 9.5]
+    assert clock.ms_per_token() == 1000.0
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -4,7 +4,9 @@ the bounded :class:`~hf_hilbert_attn.PatternCache` vs Transformers' ``DynamicCac
 For each context length ``C`` and cache: the first ``C - 1`` tokens are prefilled in chunks of
 ``--prefill-chunk`` tokens (:func:`~hf_hilbert_attn.prefill`, the same chunking for both caches),
 then ``generate()`` continues from the cache for ``--new-tokens`` greedy tokens. Reported: the
-prefill's tokens/s, the decode's tokens/s (new tokens / generate time), the peak memory of the
+prefill's tokens/s, the decode's tokens/s (new tokens / generate time), ms per token (the median
+time from one token's logits to the next's, the device synchronised: ``generate()``'s setup and
+an odd slow step do not move it), the peak memory of the
 whole run (``torch.cuda.max_memory_allocated``), the memory the cache holds at the end and the
 keys it stores per layer. A run out of memory is a row with status ``OOM``, not a crash.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -90,19 +93,40 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+class _StepClock:
+    """A logits processor that notes the time (the device synchronised) at each new token's
+    logits and changes nothing."""
+
+    def __init__(self, device):
+        self.device, self.stamps = device, []
+
+    def __call__(self, input_ids, scores):
+        _sync(self.device)
+        self.stamps.append(time.perf_counter())
+        return scores
+
+    def ms_per_token(self) -> float:
+        """The median ms between consecutive stamps (NaN with fewer than two)."""
+        steps = [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+        return 1000 * statistics.median(steps) if steps else float("nan")
+
+
 @torch.inference_mode()
 def measure_generate(model, kind: str, context: int, new_tokens: int, prefill_chunk: int,
                      device: torch.device, seed: int = 0) -> Dict:
     """Prefill ``context - 1`` tokens into a ``kind`` cache, then ``generate`` ``new_tokens``;
     a dict of timings and memory, status ``ok`` or ``OOM``."""
+    from transformers import LogitsProcessorList
+
     from hf_hilbert_attn.integrations.cache import cache_kwarg, prefill
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, model.config.vocab_size, (1, context), generator=gen).to(device)
     row = dict(status="OOM", prefill_s=float("nan"), prefill_tokens_per_s=float("nan"),
-               decode_s=float("nan"), decode_tokens_per_s=float("nan"),
+               decode_s=float("nan"), decode_tokens_per_s=float("nan"), ms_per_token=float("nan"),
                peak_mem_gib=float("nan"), cache_gib=float("nan"), stored_tokens="")
     cache = out = None
+    clock = _StepClock(device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -115,6 +139,7 @@ def measure_generate(model, kind: str, context: int, new_tokens: int, prefill_ch
         t1 = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                             logits_processor=LogitsProcessorList([clock]),
                              **{cache_kwarg(model): cache})
         _sync(device)
         t2 = time.perf_counter()
@@ -124,6 +149,7 @@ def measure_generate(model, kind: str, context: int, new_tokens: int, prefill_ch
         made = out.shape[1] - context
         row.update(status="ok", prefill_s=t1 - t0, prefill_tokens_per_s=(context - 1) / (t1 - t0),
                    decode_s=t2 - t1, decode_tokens_per_s=made / (t2 - t1),
+                   ms_per_token=clock.ms_per_token(),
                    cache_gib=_cache_bytes(cache) / 2 ** 30,
                    stored_tokens=max(layer.keys.shape[-2] for layer in cache.layers))
         if device.type == "cuda":
@@ -164,7 +190,6 @@ def run_benchmark(args) -> Dict:
                         continue
                     r = measure_generate(model, kind, context, new_tokens, chunk, device,
                                          args.seed)
-                    r["ms_per_token"] = 1000 / r["decode_tokens_per_s"]
                     rows.append(dict(gpu=gpu, preset=args.preset, method=method, pattern=label,
                                      cache=kind, context=context, new_tokens=new_tokens,
                                      prefill_chunk=chunk, dtype=str(dtype).replace("torch.", ""),

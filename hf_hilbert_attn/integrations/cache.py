@@ -85,10 +85,10 @@ class PatternCacheLayer(DynamicLayer):
         DynamicLayer on a GPU below ``ROOM_BYTES`` (keys and values: about twice the keys),
         where a gradient is recorded (keys written once are never overwritten) or where
         ``torch.compile`` traces (addresses are the eager step's); else written into room kept
-        after them, so that a step copies its own keys and not the stored ones (where there is
-        no such room, or it was made under ``torch.inference_mode`` and this step is not:
-        :meth:`_store`). ``_room`` holds the buffers' addresses, strides and length, not the
-        buffers."""
+        after them, so that a step copies its own keys and not the stored ones (where there is no
+        such room: the first call, after a reorder, or room made under ``torch.inference_mode``
+        when this step is not: :meth:`_store`). ``_room`` holds the buffers' addresses, strides
+        and length, not the buffers."""
         if k.is_cuda and (self.keys is None or 2 * self.keys.numel() * k.element_size()
                           < ROOM_BYTES) or torch.compiler.is_compiling() or \
                 torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):

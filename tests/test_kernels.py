@@ -299,6 +299,28 @@ def test_backward_sums_share_one_workspace(monkeypatch):
         _run(PAT, sq=37, hq=4, hkv=2)
 
 
+@pytest.mark.parametrize("hq, hkv", [(2, 2), (6, 2), (4, 1)])
+def test_dkdv_programs_only_for_the_classes_a_group_reads(hq, hkv):
+    # per_head: a key/value head's dk/dv programs cover only the classes its query heads read,
+    # min(rate, group) of them (from its first head's on, wrapping); the rows of the others are
+    # neither read nor written by that launch, and the sink keys' sums come in with the last
+    # launch (a program for every key). MHA: at rates 4 and 8 an odd head's classes hold no
+    # sink key; three heads a group at rate 4: classes that wrap (a head shard's first head:
+    # test_ulysses.py)
+    pat = DilatedPattern([8, 16, 32], [1, 4, 8], sink_tokens=2, window="sliding")
+    sq, group = 45, hq // hkv
+    q = torch.zeros(1, hq, sq, 16, device=DEV)
+    plan, _ = plan_positions(check_inputs(q, q[:, :hkv], q[:, :hkv], pat), pat)
+    c = _calls.Call(pat, plan, (1, hq, hkv, sq, sq, 16), torch.float32, q.device, True,
+                    kernels.kernel_config())
+    launch = _calls._launches(pat, plan, True)[1]
+    rows = [(grid[0], dict(zip(LAUNCH_FIELDS, row.tolist())))
+            for grid, row, _, _ in _bwd.plan_bwd(c).kv_items]
+    assert [r["NCLS"] for _, r in rows] == [min(ln.r, group) for ln in launch]
+    assert all(n == r["NCLS"] * r["NBLK"] for n, r in rows)  # (one segment: sliding)
+    _run(pat, sq=sq, hq=hq, hkv=hkv)
+
+
 def test_write_into_views_of_longer_tensors():
     # the launchers write out/lse and dq/dk/dv into given views (rows of a longer sequence, as
     # ring pieces do) and read inputs through such views, without copies

@@ -193,7 +193,7 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, o, dlse, pos, tables, 
                          mask=(r < 2 * SINKS)[:, None])
     acc_ptrs = _row_ptrs(dqacc, b64, hl, qidx, D=D)
     if FIRST == 0:
-        prev = row_ok & _participates(pq, hc, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
+        prev = row_ok & _participates(pq, hc, 1, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
                                       SLIDING=F.SLIDING)
         dq_acc += tl.load(acc_ptrs, mask=prev[:, None], other=0.0)
     if LAST != 0:
@@ -254,14 +254,15 @@ def plan_bwd(c: Call) -> BwdPlan:
             if lp is None:
                 continue
             kseg0, knseg, kblk0, knblk = _tiles(lp.klo, lp.khi, ln.w, ln.r, kBN, ln.w == W_CAP)
+            ncls = min(ln.r, HQ // HKV) if c.pattern.query_dilation == "per_head" else ln.r
             rows.append(_launch_row(c, lp, ln, li, len(launch), g0, ng,
-                                    (kseg0, ln.r, knblk, kblk0), sinks, len(prio), psz, kv_merge))
-            # (the sink keys' dk/dv sums: added by the first launch only; the flag's code
-            # costs the others registers)
-            fl = _flags(c, prio, ln, kBN, bool(sinks) and li == 0, utab)
+                                    (kseg0, ncls, knblk, kblk0), sinks, len(prio), psz, kv_merge))
+            # (the sink keys' dk/dv sums: added by the last launch only, which has a program for
+            # every key; the flag's code costs the others registers)
+            fl = _flags(c, prio, ln, kBN, bool(sinks) and li == len(launch) - 1, utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
-            kv_items.append(((knseg * ln.r * knblk, B * ng), kw))
+            kv_items.append(((knseg * ncls * knblk, B * ng), kw))
     # (the dq launches, then the dk/dv launches)
     tables, items = _launch_table(prio, launch, keys, dq_items + kv_items, rows, c.device)
     dq_items, kv_items = items[:len(dq_items)], items[len(dq_items):]

@@ -308,8 +308,9 @@ def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr,
 
 
 @triton.jit
-def _participates(pq, h, LCFG, NL, PER_HEAD: tl.constexpr, SLIDING: tl.constexpr):
-    """Rows (positions ``pq``) that take part in any of the configs ``LCFG[0:NL]`` for head ``h``.
+def _participates(pq, h, nh, LCFG, NL, PER_HEAD: tl.constexpr, SLIDING: tl.constexpr):
+    """Rows (positions ``pq``) that take part in any of the configs ``LCFG[0:NL]`` for one of
+    the heads ``h .. h + nh - 1`` (a query head: ``nh`` 1; a key row: its group's query heads).
 
     Those are the rows an earlier launch already wrote a partial result for (the sink launch is
     entered as ``(W, 1)``: every row).
@@ -319,10 +320,9 @@ def _participates(pq, h, LCFG, NL, PER_HEAD: tl.constexpr, SLIDING: tl.constexpr
         wj = tl.load(LCFG + 2 * j)
         rj = tl.load(LCFG + 2 * j + 1)
         if PER_HEAD:
-            if SLIDING:
-                part = part | ((pq % rj) == (h % rj))
-            else:
-                part = part | (((pq % wj) % rj) == (h % rj))
+            cls = pq % rj if SLIDING else (pq % wj) % rj
+            # the class's distance above the first head's, in [0, rj): within the heads?
+            part = part | ((cls + rj - h % rj) % rj < nh)
         else:
             part = part | (pq >= 0)
     return part

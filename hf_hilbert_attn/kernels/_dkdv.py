@@ -5,8 +5,8 @@ import triton
 import triton.language as tl
 
 from ._common import (LOG2E, _SCALARS, _band_tail, _dot, _launch_order, _launch_scalars,
-                      _launch_sinks, _logits2, _n_range, _row_ptrs, _split_at, _union_keep,
-                      _union_prologue, _union_tab)
+                      _launch_sinks, _logits2, _n_range, _participates, _row_ptrs, _split_at,
+                      _union_keep, _union_prologue, _union_tab)
 
 
 @triton.jit
@@ -133,8 +133,8 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
                  F: tl.constexpr):
     """dk and dv of one config's launch; arguments as in ``_dq_kernel`` (heads: key/value heads;
     ``dkacc`` / ``dvacc``: the float32 sums of earlier launches, a chunk of key/value heads)."""
-    # Grid: (segments * R classes * key blocks, B * Hkv). Every key position of [KLO, KHI]
-    # belongs to exactly one program, so the first launch writes every row of the buffers.
+    # Grid: (segments * NCLS classes * key blocks, B * Hkv): every class, or (per_head) the
+    # min(R, GROUP) its group's query heads read; other rows are not touched (nothing to add).
     CFG, LCFG, KEYS = tables
     HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
     tile = tl.program_id(0)
@@ -144,8 +144,8 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     hk = HOFF + hkl
     blk = BLK0 + tile % NBLK
     t2 = tile // NBLK
-    seg = SEG0 + t2 // R
-    c = t2 % R
+    seg = SEG0 + t2 // NCLS
+    c = (hk * GROUP + HBASE + t2 % NCLS) % R if F.PER_HEAD else t2 % NCLS
     sbase = seg * W + c
     ncl = (W - c + R - 1) // R
     b64 = b.to(tl.int64)
@@ -162,10 +162,8 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     kidx = tl.where(col_ok, kidx, 0)
     kt = tl.load(_row_ptrs(k, b64, hk, kidx, D=D), mask=col_ok[:, None], other=0.0)
     vt = tl.load(_row_ptrs(v, b64, hk, kidx, D=D), mask=col_ok[:, None], other=0.0)
-    if F.HAS_DOC:
-        kd = tl.load(pos.KDOC + b64 * pos.skdoc + kidx, mask=col_ok, other=-1)
-    else:
-        kd = kidx
+    kd = tl.load(pos.KDOC + b64 * pos.skdoc + kidx, mask=col_ok, other=-1) if F.HAS_DOC \
+        else kidx
 
     n_first = tl.maximum(blk * BN, kn_lo)
     n_last = tl.minimum(blk * BN + BN, kn_hi) - 1
@@ -219,17 +217,17 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     NLAUNCHED, FIRST, LAST = _launch_order(L)
     ka_ptrs = _row_ptrs(dkacc, b64, hkl, kidx, D=D)
     va_ptrs = _row_ptrs(dvacc, b64, hkl, kidx, D=D)
-    if F.SINK:
-        if FIRST != 0:
-            # the sink keys' dk/dv, summed by the dq kernel's sink launch
-            SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
-            sink = col_ok & (pk < SINKS)
-            sg = _row_ptrs(sinkg, b64, hk, pk, D=D)
-            dk_acc += tl.load(sg, mask=sink[:, None], other=0.0)
-            dv_acc += tl.load(sg + SINKS * sinkg.ss, mask=sink[:, None], other=0.0)
-    if FIRST == 0:
-        dk_acc += tl.load(ka_ptrs, mask=col_ok[:, None], other=0.0)
-        dv_acc += tl.load(va_ptrs, mask=col_ok[:, None], other=0.0)
+    if F.SINK:  # the sink keys' dk/dv, summed by the dq kernel's sink launch
+        SINKS, SKLO, SKHI, NCFG = _launch_sinks(L)
+        sink = col_ok & (pk < SINKS)
+        sg = _row_ptrs(sinkg, b64, hk, pk, D=D)
+        dk_acc += tl.load(sg, mask=sink[:, None], other=0.0)
+        dv_acc += tl.load(sg + SINKS * sinkg.ss, mask=sink[:, None], other=0.0)
+    if FIRST == 0:  # the rows earlier launches (or the caller: merging) wrote
+        prev = col_ok & _participates(pk, hk * GROUP + HBASE, GROUP, LCFG, NLAUNCHED,
+                                      PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
+        dk_acc += tl.load(ka_ptrs, mask=prev[:, None], other=0.0)
+        dv_acc += tl.load(va_ptrs, mask=prev[:, None], other=0.0)
     if LAST != 0:
         tl.store(_row_ptrs(dk, b64, hk, kidx, D=D), dk_acc.to(dk.ptr.dtype.element_ty),
                  mask=col_ok[:, None])

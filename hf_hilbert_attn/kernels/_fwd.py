@@ -173,7 +173,7 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROU
     lse_ptrs = lse.ptr + b64 * lse.sb + h.to(tl.int64) * lse.sh + qidx.to(tl.int64) * lse.ss
     acc_ptrs = _row_ptrs(acc, b64, hl, qidx, D=D)
     if FIRST == 0:
-        prev = row_ok & _participates(pq, hc, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
+        prev = row_ok & _participates(pq, hc, 1, LCFG, NLAUNCHED, PER_HEAD=F.PER_HEAD,
                                       SLIDING=F.SLIDING)
         prev_lse2 = tl.load(lse_ptrs, mask=prev, other=float("-inf")) * LOG2E
         prev_out = tl.load(acc_ptrs, mask=prev[:, None], other=0.0)

@@ -303,10 +303,10 @@ def test_backward_sums_share_one_workspace(monkeypatch):
 def test_dkdv_programs_only_for_the_classes_a_group_reads(hq, hkv):
     # per_head: a key/value head's dk/dv programs cover only the classes its query heads read,
     # min(rate, group) of them (from its first head's on, wrapping); the rows of the others are
-    # neither read nor written by that launch, and the sink keys' sums come in with the last
-    # launch (a program for every key). MHA: at rates 4 and 8 an odd head's classes hold no
-    # sink key; three heads a group at rate 4: classes that wrap (a head shard's first head:
-    # test_ulysses.py)
+    # neither read nor written by that launch, and the sink keys' sums come in with a launch
+    # that has a program for every key: the first where it has one, else the last. MHA: at
+    # rates 4 and 8 three of a head's classes hold no sink key; three heads a group at rate 4:
+    # classes that wrap (a head shard's first head: test_ulysses.py)
     pat = DilatedPattern([8, 16, 32], [1, 4, 8], sink_tokens=2, window="sliding")
     sq, group = 45, hq // hkv
     q = torch.zeros(1, hq, sq, 16, device=DEV)
@@ -314,10 +314,12 @@ def test_dkdv_programs_only_for_the_classes_a_group_reads(hq, hkv):
     c = _calls.Call(pat, plan, (1, hq, hkv, sq, sq, 16), torch.float32, q.device, True,
                     kernels.kernel_config())
     launch = _calls._launches(pat, plan, True)[1]
-    rows = [(grid[0], dict(zip(LAUNCH_FIELDS, row.tolist())))
-            for grid, row, _, _ in _bwd.plan_bwd(c).kv_items]
+    items = _bwd.plan_bwd(c).kv_items
+    rows = [(grid[0], dict(zip(LAUNCH_FIELDS, row.tolist()))) for grid, row, _, _ in items]
     assert [r["NCLS"] for _, r in rows] == [min(ln.r, group) for ln in launch]
     assert all(n == r["NCLS"] * r["NBLK"] for n, r in rows)  # (one segment: sliding)
+    sink_at = 0 if group >= launch[0].r else len(launch) - 1
+    assert [kw["F"].SINK for *_, kw in items] == [i == sink_at for i in range(len(launch))]
     _run(pat, sq=sq, hq=hq, hkv=hkv)
 
 

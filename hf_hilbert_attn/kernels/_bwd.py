@@ -247,22 +247,23 @@ def plan_bwd(c: Call) -> BwdPlan:
             kw = dict(BM=BM, BN=BN, D=D, F=fl, num_warps=warps, num_stages=stages)
             dq_items.append(((nseg * ncls * nblk, B * nh), kw))
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
-    kv_items = []
+    # per_head: programs for the classes a group's query heads read; the sink keys' dk/dv sums
+    # in the first launch if it has one for every key, else the last (the band's: 4 % slower, D83)
+    kv_items, kcls = [], [min(ln.r, HQ // HKV) if c.pattern.query_dilation == "per_head"
+                          else ln.r for ln in launch]
+    sink_li = 0 if kcls[0] == launch[0].r else len(launch) - 1
     for g0, ng in _head_runs(HKV, 1, c.skip, kch):
         for li, ln in enumerate(launch):
             lp = _trimmed(c, ln, kv_merge, False)  # kv_merge: no sink key
             if lp is None:
                 continue
             kseg0, knseg, kblk0, knblk = _tiles(lp.klo, lp.khi, ln.w, ln.r, kBN, ln.w == W_CAP)
-            ncls = min(ln.r, HQ // HKV) if c.pattern.query_dilation == "per_head" else ln.r
-            rows.append(_launch_row(c, lp, ln, li, len(launch), g0, ng,
-                                    (kseg0, ncls, knblk, kblk0), sinks, len(prio), psz, kv_merge))
-            # (the sink keys' dk/dv sums: added by the last launch only, which has a program for
-            # every key; the flag's code costs the others registers)
-            fl = _flags(c, prio, ln, kBN, bool(sinks) and li == len(launch) - 1, utab)
+            rows.append(_launch_row(c, lp, ln, li, len(launch), g0, ng, (kseg0, kcls[li], knblk,
+                                    kblk0), sinks, len(prio), psz, kv_merge))
+            fl = _flags(c, prio, ln, kBN, bool(sinks) and li == sink_li, utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
-            kv_items.append(((knseg * ncls * knblk, B * ng), kw))
+            kv_items.append(((knseg * kcls[li] * knblk, B * ng), kw))
     # (the dq launches, then the dk/dv launches)
     tables, items = _launch_table(prio, launch, keys, dq_items + kv_items, rows, c.device)
     dq_items, kv_items = items[:len(dq_items)], items[len(dq_items):]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The packages run_call1.sh compares, under .scratch/ (git-ignored; carry all four):
+# The packages run_call1.sh compares, under .scratch/ (git-ignored; carry all five):
 # run from the repository root.
 set -e
 for p in head:9476c59 base:a468eeb; do
@@ -36,4 +36,12 @@ for f, pairs in {
         s = s.replace(a, b)
     open(f, "w").write(s)
 PY
-echo "made .scratch/{head,base,new,varV}"
+# varU (timing only, wrong where a config also allows a sink pair): new without the sink run's
+# per-pair union test, to learn whether that test (a loop of scalar loads over every config) is
+# the sink run's cost
+rm -rf .scratch/varU; cp -r .scratch/new .scratch/varU
+sed -i 's/BN=16, D=D, EDGE=True, UNION=True, UTAB=0/BN=16, D=D, EDGE=True, UNION=False, UTAB=0/' \
+  .scratch/varU/hf_hilbert_attn/kernels/_fwd.py .scratch/varU/hf_hilbert_attn/kernels/_bwd.py
+[ $(grep -c "UNION=False, UTAB=0" .scratch/varU/hf_hilbert_attn/kernels/_[fb]*.py | \
+  awk -F: '{s+=$2} END {print s}') -ge 2 ]
+echo "made .scratch/{head,base,new,varV,varU}"

@@ -7,6 +7,9 @@
 #           loops, not after them (sm_90: no more spills; the same sums in another order)
 #   varV  - new, with the sink keys taken one at a time without a tensor-core tile (float32
 #           products; sm_90 spills at head sizes 64 and 256: informative only)
+#   varU  - new without the sink run's per-pair union test (wrong where a config also allows a
+#           sink pair: timing only, --no-check): is that test (a loop of scalar loads over the
+#           configs) the sink run's cost?
 #   base  - `git archive a468eeb hf_hilbert_attn`: before D83
 #   tilesA / tilesB / tilesC - head with tiles screened on the CPU for sm_90 (no spills where
 #           the tile now spills; kernel_resources.py, README.md)
@@ -41,5 +44,5 @@ if [ $(left 5) -gt 60 ]; then  # (timeout 0 would mean none)
   find /tmp/tc2 -name "*.cubin" | wc -l | tee -a $OUT/gpu_suite_compiled.txt
   echo "suite wall $(( $(date +%s) - t0 )) s"
 fi
-RESERVE=0 prof varV base head2 new2 tilesA tilesB tilesC
+RESERVE=0 prof varV varU base head2 new2 tilesA tilesB tilesC
 echo "total wall $(( $(date +%s) - t0 )) s"

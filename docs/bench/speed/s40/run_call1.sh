@@ -1,10 +1,10 @@
 #!/bin/bash
 # Device call of session 40 (not run: every start was refused; BUDGET seconds, default 560).
-# Per config and kernel at 64K (default, sliding_sparse; Hq 32 / Hkv 8, D 128, bf16), packages
-# in turn, each carried under .scratch/ (make them with make_packages.sh):
+# Per config and kernel at 64K (default, sliding_sparse, longnet_lm; Hq 32 / Hkv 8, D 128, bf16),
+# packages in turn, each carried under .scratch/ (make them with make_packages.sh):
 #   head  - `git archive 9476c59 hf_hilbert_attn`: D83's final form, never timed
 #   new   - head + sink_first.patch: the forward's and dq's 16-key sink tile before the band's
-#           loops, not after them (sm_90: no more spills; the same sums in another order)
+#           loops, not after them (sm_90, D 128: no more spills; the same sums in another order)
 #   varV  - new, with the sink keys taken one at a time without a tensor-core tile (float32
 #           products; sm_90 spills at head sizes 64 and 256: informative only)
 #   varU  - new without the sink run's per-pair union test (wrong where a config also allows a

@@ -14,7 +14,7 @@
 #   base  - `git archive a468eeb hf_hilbert_attn`: before D83
 #   tilesA / tilesB / tilesC - head with tiles screened on the CPU for sm_90 (no spills where
 #           the tile now spills; kernel_resources.py, README.md)
-# head and new first, then the GPU suite on new's package from a cold Triton cache (every
+# head, new, varU and varS first (while SUITE_S seconds, default 150, are left), then the GPU suite on new's package from a cold Triton cache (every
 # duration, what it compiled), then the others while the budget lasts.
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc1
 B=${BUDGET:-560}
@@ -36,7 +36,7 @@ prof() {  # prof TAG...: each package in turn while RESERVE seconds are left aft
     echo "wall $(( $(date +%s) - t0 )) s" | tee -a $OUT/profile_64k.txt
   done
 }
-RESERVE=${SUITE_S:-200} prof head new
+RESERVE=${SUITE_S:-150} prof head new varU varS
 if [ $(left 5) -gt 60 ]; then  # (timeout 0 would mean none)
   PYTHONPATH=$PWD/.scratch/new TRITON_CACHE_DIR=/tmp/tc2 timeout $(left 5) python -m pytest -q \
     -m gpu -n 16 -p no:benchmark -p no:cacheprovider --durations=0 tests > $OUT/gpu_suite_cold.txt 2>&1
@@ -45,5 +45,5 @@ if [ $(left 5) -gt 60 ]; then  # (timeout 0 would mean none)
   find /tmp/tc2 -name "*.cubin" | wc -l | tee -a $OUT/gpu_suite_compiled.txt
   echo "suite wall $(( $(date +%s) - t0 )) s"
 fi
-RESERVE=0 prof varU varS base tilesA tilesB tilesC varV head2 new2
+RESERVE=0 prof base tilesA tilesB tilesC varV head2 new2
 echo "total wall $(( $(date +%s) - t0 )) s"

@@ -14,8 +14,9 @@
 #   base  - `git archive a468eeb hf_hilbert_attn`: before D83
 #   tilesA / tilesB / tilesC - head with tiles screened on the CPU for sm_90 (no spills where
 #           the tile now spills; kernel_resources.py, README.md)
-# head, new, varU and varS first (while SUITE_S seconds, default 150, are left), then the GPU suite on new's package from a cold Triton cache (every
-# duration, what it compiled), then the others while the budget lasts.
+# head, new, varU and varS first (while SUITE_S seconds, default 150, are left), then the GPU
+# suite on new's package from a cold Triton cache (every duration, what it compiled), then the
+# others while the budget lasts.
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc1
 B=${BUDGET:-560}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt

@@ -236,7 +236,7 @@ def test_a_sliding_layers_cache_offset_counts_slots_from_its_first_key():
 
 @pytest.mark.gpu
 # the three caches on one worker (they compile the same kernels), apart from the other
-# Transformers tests: all together they were the GPU suite's longest unit (123 of 142 s cold)
+# Transformers tests: all together they were the GPU suite's longest unit (124 of 142 s cold)
 @pytest.mark.xdist_group("gpu_layer_types")
 @pytest.mark.parametrize("cache", ["dynamic", "static", "pattern"])
 def test_gpu_mixed_layers_generate_as_the_full_forward(cache):

@@ -24,14 +24,13 @@ import torch
 
 from .chunked import chunked_attention
 from .engines.documents import document_runs as _document_ranges
-from .inputs import KERNEL_HEAD_DIMS, check_inputs
+from .inputs import KERNEL_DTYPES, KERNEL_HEAD_DIMS, check_inputs
 from .numerics import accum_dtype, finite_or_zero, merge_partials
 
 __all__ = ["BACKENDS", "use_triton", "select_backend", "TorchBackend", "TritonBackend",
            "document_runs", "reset_fallback_warnings"]
 
 BACKENDS = ("auto", "torch", "triton")
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def use_triton(q: torch.Tensor, a, backend: str) -> bool:
@@ -55,7 +54,7 @@ def use_triton(q: torch.Tensor, a, backend: str) -> bool:
                 f"TRITON_INTERPRET=1 in the environment before hf_hilbert_attn is imported "
                 f"(Triton's interpreter: slow, for tests); on {q.device.type} use "
                 f"backend='auto' or 'torch' (the PyTorch path)")
-    ok = (q.dtype in _KERNEL_DTYPES and a.head_dim in KERNEL_HEAD_DIMS
+    ok = (q.dtype in KERNEL_DTYPES and a.head_dim in KERNEL_HEAD_DIMS
           and a.head_dim_v == a.head_dim and _triton_importable())
     if backend == "triton" and not ok:
         raise ValueError(
@@ -226,8 +225,7 @@ def document_runs(q, k, v, pattern, a):
     """
     ranges, runs = _document_ranges(a), []
     for b, lo, hi, p0 in ranges or ():
-        positions = None if p0 == 0 else \
-            a.q_positions.expand(a.batch, a.sq)[b, lo:hi].to(q.device)
+        positions = None if p0 == 0 else a.q_positions.expand(a.batch, a.sq)[b, lo:hi]
         sub = check_inputs(*(t[b:b + 1, :, lo:hi] for t in (q, k, v)), pattern, scale=a.scale,
                            q_positions=positions, k_positions=positions, softcap=a.softcap or None)
         plan, _ = _kernels().plan_positions(sub, pattern)

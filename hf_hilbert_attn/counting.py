@@ -79,8 +79,7 @@ def _keys_per_query(p, ws, m, sink, sliding, seq_len, causal) -> torch.Tensor:
         lo, hi = torch.maximum(lo, s0), torch.minimum(hi, s1)
     hi = torch.minimum(hi, p) if causal else hi
     first = p - torch.div(p - lo, m, rounding_mode="floor") * m  # s ≡ p, >= lo
-    return torch.where(hi >= first, torch.div(hi - first, m, rounding_mode="floor") + 1,
-                       torch.zeros_like(p))
+    return torch.where(hi >= first, torch.div(hi - first, m, rounding_mode="floor") + 1, 0)
 
 
 def _per_head(p, cnt, ws, rs, sliding, num_heads) -> list:

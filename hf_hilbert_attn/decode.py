@@ -18,7 +18,8 @@ from typing import Optional, Union
 
 import torch
 
-from .inputs import KERNEL_HEAD_DIMS
+from .engines.tiles import _FLASH_FWD as _SDPA_CPU  # (SDPA's fused CPU kernel)
+from .inputs import KERNEL_DTYPES as _DTYPES, KERNEL_HEAD_DIMS
 from .pattern import DilatedPattern
 from .plan_cache import memoised
 
@@ -28,7 +29,6 @@ __all__ = ["DECODE_MAX_QUERIES", "DecodePlan", "plan_decode", "run_decode", "dec
 DECODE_MAX_QUERIES = 16  # queries per call (decoding, speculative decoding); more: the op
 CPU_KEY_RATIO = 2.0  # on a CPU: cached keys per key the pattern reads, at most (D35)
 _MAX_ROWS = 128  # (Hq // Hkv) * Sq rows of the kernel's tile
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(eq=False)
@@ -85,8 +85,7 @@ class DecodePlan:
                                           q_doc_ids=self.q_doc_ids, k_doc_ids=self.k_doc_ids,
                                           num_kv_heads=self.num_kv_heads)  # [Bm, Hq, Sq, Sk]
         rows = allowed.reshape(allowed.shape[0], self.num_kv_heads, -1, allowed.shape[-1])
-        return torch.zeros(rows.shape, dtype=torch.float32, device=rows.device).masked_fill_(
-            ~rows, float("-inf"))
+        return rows.new_zeros(rows.shape, dtype=torch.float32).masked_fill_(~rows, float("-inf"))
 
 
 _TABLES: dict = {}  # (pattern, Hkv, device) -> the kernel's config and dense-head tables
@@ -181,8 +180,7 @@ def run_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DecodePl
             float(softcap or 0.0))
     if plan._made is None:
         plan._made = _launcher(plan, q)
-    out = torch.empty_strided((b, hq, sq, d), (sq * hq * d, d, hq * d, 1), dtype=q.dtype,
-                              device=q.device)  # [B, Sq, Hq, D] storage
+    out = q.new_empty_strided(q.shape, (sq * hq * d, d, hq * d, 1))  # [B, Sq, Hq, D] storage
     lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device) if return_lse else None
     plan._made(q, k, v, scale, out, lse, interpret=not q.is_cuda, softcap=softcap or 0.0,
                qbase=0 if not plan.in_cache_layout else plan.q_positions, kdrop=plan.dropped)
@@ -211,9 +209,8 @@ class PreparedDecode:
                 q.requires_grad or k.requires_grad or v.requires_grad))
 
     def __call__(self, q, k, v):
-        (b, hq, sq, d) = q.shape
-        out = torch.empty_strided((b, hq, sq, d), (sq * hq * d, d, hq * d, 1), dtype=q.dtype,
-                                  device=q.device)  # [B, Sq, Hq, D] storage
+        (_, hq, sq, d) = q.shape
+        out = q.new_empty_strided(q.shape, (sq * hq * d, d, hq * d, 1))  # [B, Sq, Hq, D] storage
         self.launch(q, k, v, self.scale, out, None, interpret=not q.is_cuda,
                     softcap=self.softcap, qbase=self.qbase, kdrop=self.kdrop)
         return out
@@ -251,9 +248,6 @@ def _torch_decode(q, k, v, bias: torch.Tensor, scale: float):
     # (a row with no allowed key: SDPA gives out 0 and lse 0; the contract says -inf)
     lse = lse.float().masked_fill(torch.isneginf(bias).all(-1), float("-inf"))
     return out.to(q.dtype).reshape(b, hq, sq, d), lse.reshape(b, hq, sq)
-
-
-_SDPA_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 @torch.library.custom_op("hf_hilbert_attn::decode", mutates_args=())

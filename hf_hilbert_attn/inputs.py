@@ -16,6 +16,7 @@ from .plan_cache import kept, memoised
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Head sizes the Triton kernels are built for (read by ``backends.use_triton``, ``decode.decodes``).
 KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)
+KERNEL_DTYPES = _FLOAT_DTYPES[:3]  # and the dtypes they take: all but float64
 
 
 @dataclass

@@ -303,18 +303,15 @@ def _dense_call(pattern: DilatedPattern, a, causal: bool, return_lse: bool, back
 # for tracing and an autograd formula that calls the backward op.
 
 
-@functools.lru_cache(maxsize=64)
-def _op_pattern(segment_lengths: tuple, dilation_rates: tuple, query_dilation: str,
-                sink_tokens: int, window: str, dense_kv_heads: tuple) -> DilatedPattern:
-    """The pattern of a custom-op call, validated once per argument tuple."""
-    return DilatedPattern(segment_lengths, dilation_rates, query_dilation=query_dilation,
-                          sink_tokens=sink_tokens, window=window, dense_kv_heads=dense_kv_heads)
+# The pattern of a custom-op call, validated once per argument tuple.
+_op_pattern = functools.lru_cache(maxsize=64)(DilatedPattern)
 
 
 def _op_inputs(q, k, v, qp, kp, qd, kd, segment_lengths, dilation_rates, query_dilation,
                sink_tokens, window, dense_kv_heads, scale, softcap):
     pattern = _op_pattern(tuple(segment_lengths), tuple(dilation_rates), query_dilation,
-                          int(sink_tokens), window, tuple(dense_kv_heads))
+                          sink_tokens=int(sink_tokens), window=window,
+                          dense_kv_heads=tuple(dense_kv_heads))
     return pattern, check_inputs(q, k, v, pattern, scale=scale, q_positions=qp, k_positions=kp,
                                  q_doc_ids=qd, k_doc_ids=kd, softcap=softcap or None)
 

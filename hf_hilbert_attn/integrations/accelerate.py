@@ -86,9 +86,8 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
     sp = world if sp_size is None else int(sp_size)
     if sp < 1 or world % sp:
         raise ValueError(f"sp_size must divide the world size {world}, got {sp_size}")
-    if sp == 1:
-        return SPTopology(None, 0, 1, rank, world, "split")
-    group = split_group(dist.group.WORLD, sp)[0]  # (held weakly: comm.split_group)
+    # (the group held weakly: comm.split_group)
+    group = None if sp == 1 else split_group(dist.group.WORLD, sp)[0]
     return SPTopology(group, rank % sp, sp, rank // sp, world // sp, "split")
 
 

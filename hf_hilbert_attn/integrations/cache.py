@@ -170,8 +170,7 @@ class PatternCache(Cache):
     def __init__(self, model=None, *, pattern=None, num_layers: Optional[int] = None,
                  num_heads: Optional[int] = None, align: Optional[int] = None):
         config = getattr(model, "config", model)
-        if config is not None and hasattr(config, "get_text_config"):
-            config = config.get_text_config()
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
         attn = getattr(config, "_attn_implementation", None)
         if attn is not None and attn != "hilbert_dilated":
             raise ValueError(f"PatternCache needs attn_implementation='hilbert_dilated' (this "

@@ -149,10 +149,9 @@ class SequenceParallelMixin:
             return
         self._check_sp_config()
         pattern = sharding_pattern(self.accelerator.unwrap_model(self.model).config)
-        pad = getattr(getattr(self, "processing_class", None), "pad_token_id", None)
+        pad = getattr(getattr(self, "processing_class", None), "pad_token_id", None) or 0
         self.data_collator = SequenceParallelCollator(
-            self.data_collator, topo.sp_rank, topo.sp_size, sp_layout, pattern,
-            pad_token_id=pad if pad is not None else 0)
+            self.data_collator, topo.sp_rank, topo.sp_size, sp_layout, pattern, pad_token_id=pad)
         logger.info("sequence parallel: world %d = dp %d x sp %d, layout %s, %s",
                     topo.dp_size * topo.sp_size, topo.dp_size, topo.sp_size, sp_layout, pattern)
 

@@ -175,11 +175,11 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, o, dlse, pos, tables, 
         sgk = sinkg.ptr + b64 * sinkg.sb + hk.to(tl.int64) * sinkg.sh
         sgv = sgk + SINKS * sinkg.ss
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
-            pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL=F.CAUSAL)
+            pq, pq1, m_first, m_last, R, SKLO, SKHI, CAUSAL=F.CAUSAL)
         s_rows = (qt, dot, lse2, dlt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scales,
                   s_lb, 0, s_band, sgk, sgv)
         dq_acc = _dq_tiles(dq_acc, s_rows, keys, (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO,
-                           s_hi, s_hi, BN=16, D=D, EDGE=True, UNION=True, UTAB=0, KVGRAD=True,
+                           s_hi, s_hi, BN=16, D=D, EDGE=True, UNION=True, UTAB=-1, KVGRAD=True,
                            F=F)
     dq_acc = dq_acc * scales[0]
     NLAUNCHED, FIRST, LAST = _launch_order(L)

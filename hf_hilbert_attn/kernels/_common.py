@@ -266,14 +266,17 @@ def _key_tile(start_n, end, sbase, R, b64, keys, BN: tl.constexpr, D: tl.constex
 
 @triton.jit
 def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr,
-                SLIDING: tl.constexpr):
+                SLIDING: tl.constexpr, SINK: tl.constexpr):
     """Per-pair union mask: True where no earlier config allows the pair.
 
     ``pq`` and ``pk`` are broadcastable int32 position tensors (``[M, 1]`` and ``[1, N]`` or
     transposed); the result has their broadcast shape. ``[p0, p1]`` is the position range of
     the program's own side: an earlier config whose segment holds all of it and whose rate
     divides ``R`` is settled by the skipped interval of ``_covered`` and is not tested here
-    (sliding: only a config whose class is never this head's is settled).
+    (sliding: only a config whose class is never this head's is settled). ``SINK`` (the sink
+    keys, positions below ``p1``, against rows from position ``p0`` on): a config is settled
+    where every row is a window (a segment) away from every sink key, or, per_head, where no
+    sink key is of the head's class.
     Each config costs one compare per pair: a (segment, class) key per row and column
     (sliding: the window and the class). A runtime loop over the configs: unrolled, it spilled
     (decisions.md, "One union test in a loop"). Patterns with up to four earlier configs
@@ -283,11 +286,18 @@ def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr,
     for j in range(NPRI):
         wj = tl.load(CFG + 2 * j)
         rj = tl.load(CFG + 2 * j + 1)
-        if SLIDING:
+        if SINK:
+            settled = p0 - p1 + 1 >= wj
+            if PER_HEAD:
+                settled = settled | ((p1 <= rj) & (h % rj >= p1))
+        elif SLIDING:
             if PER_HEAD:
                 settled = ((R % rj) == 0) & ((p0 % rj) != (h % rj))
             else:
                 settled = p0 < 0
+        else:
+            settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
+        if SLIDING:
             if settled == 0:
                 cq = pq % rj
                 hit = ((pq - pk) < wj) & ((pk - pq) < wj) & (cq == (pk % rj))
@@ -295,7 +305,6 @@ def _union_keep(pq, pk, p0, p1, R, h, CFG, NPRI, PER_HEAD: tl.constexpr,
                     hit = hit & (cq == (h % rj))
                 covered = covered | hit
         else:
-            settled = ((p0 // wj) == (p1 // wj)) & ((R % rj) == 0)
             if settled == 0:
                 tq = pq % wj
                 cq = tq % rj
@@ -431,17 +440,19 @@ def _covered(p0, p1, sbase, R, h, empty_at, CFG, NPRI, PER_HEAD: tl.constexpr,
 
 
 @triton.jit
-def _sink_geometry(pq, pq1, m_first, m_last, SKLO, SKHI, CAUSAL: tl.constexpr):
+def _sink_geometry(pq, pq1, m_first, m_last, R, SKLO, SKHI, CAUSAL: tl.constexpr):
     """``(offs, p0, p1, sbase, R, LB, band_lo, hi)`` that make a tile loop walk the sink keys at
     consecutive positions ``0, 1, ..``: rows indexed by their positions (the causal mask then
-    compares positions), the whole range ``[0, 2**31)`` as the program's side (so the union
-    test settles no config and tests every pair), a window reaching everything, and the end
-    of the sink keys ``[SKLO, hi)`` this program attends (causal: up to its last row ``pq1``;
-    none for a program without rows)."""
+    compares positions), the rows' first position (rows ``R`` apart up to ``pq1``) and the
+    sink keys' end as the union test's ``p0`` and ``p1`` (``_union_keep``'s ``SINK`` form
+    settles the configs that reach no sink pair of the program), a window reaching everything,
+    and the end of the sink keys ``[SKLO, hi)`` this program attends (causal: up to its last
+    row ``pq1``; none for a program without rows)."""
     hi = SKHI
     if CAUSAL:
         hi = tl.minimum(hi, pq1 + 1)
-    return pq, 0, 2147483647, 0, 1, 1073741823, 0, tl.where(m_last >= m_first, hi, SKLO)
+    p0 = pq1 - R * tl.maximum(m_last - m_first, 0)
+    return pq, p0, SKHI, 0, 1, 1073741823, 0, tl.where(m_last >= m_first, hi, SKLO)
 
 
 @triton.jit
@@ -516,7 +527,7 @@ def _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, 
             keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pk, UTAB=UTAB)
         else:
             keep = keep & _union_keep(pq[:, None], pk[None, :], p0, p1, R, h, CFG, NPRI,
-                                      PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
+                                      PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING, SINK=UTAB < 0)
     if F.HAS_DOC:
         kd = tl.load(keys[3] + b64 * keys[5] + kidx, mask=col_ok, other=-1)
         keep = keep & (qd[:, None] == kd[None, :]) & (kd[None, :] >= 0)

@@ -56,7 +56,8 @@ def _dkdv_tiles(dk, dv, cols, qside, uni, lo, hi, end,
                     keep = keep & _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq, UTAB=UTAB)
                 else:
                     keep = keep & _union_keep(pq[None, :], pk[:, None], p0, p1, R, h, CFG, NPRI,
-                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING)
+                                              PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING,
+                                              SINK=False)
             if F.HAS_DOC:
                 qd = tl.load(QDOC + b64 * sqdoc + qidx, mask=row_ok, other=-2)
                 keep = keep & (qd[None, :] == kd[:, None]) & (kd[:, None] >= 0)

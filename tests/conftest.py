@@ -133,36 +133,36 @@ def pytest_configure_node(node):
 
 
 # Seconds a work unit (an ``xdist_group``, or a test) took with a cold Triton cache on the
-# device machine (H100, 16 CPU cores, `-m gpu -n 16 --durations=0`, sums per unit, session 41:
-# docs/bench/speed/s41/). Compiling kernels dominates (the CPU is busy throughout); a unit
+# device machine (H100, 16 CPU cores, `-m gpu -n 16 --durations=0`, sums per unit, session 42:
+# docs/bench/speed/s42/). Compiling kernels dominates (the CPU is busy throughout); a unit
 # whose kernels another worker compiled before reads them from Triton's disk cache. Only the
 # plan below uses them: a stale number costs time, never a result. (In session 41 the
-# Transformers tests were one unit of 124 s, which set the suite's wall time, 142 s; the
-# mixed-layer generate test, 94 s of it, is now a unit of its own: both numbers are the sums
-# of their tests' times, not yet timed as units.)
+# Transformers tests were one unit of 124 s, which set the suite's wall time, 142 s; with the
+# mixed-layer generate test a unit of its own the suite took 105 s in session 42, bound by
+# its two longest units, `gpu_natural` and `gpu_layer_types`.)
 _UNIT_SECONDS = {
-    "gpu_natural": 103, "gpu_layer_types": 94, "gpu_sliding_sinks": 74,
-    "test_head_dim_256": 71, "test_soft_capped_scores": 71, "test_ring_local_pieces": 62,
-    "gpu_segment_sinks": 53, "test_position_map": 50,
-    "test_sliding_modes_with_sinks[per_head-False-128]": 48, "test_modes[all-False]": 48,
-    "test_sinks_and_sliding[sliding-4-float16]": 47, "test_modes[all-True]": 47,
-    "test_modes[per_head-False]": 47, "gpu_float16": 45,
-    "test_gpu_head_sizes_the_kernels_lack_run_on_them[deepseek_v3]": 45,
-    "test_sliding_modes_with_sinks[all-False-64]": 44, "gpu_transformers": 30,
-    "test_gpu_head_sizes_the_kernels_lack_run_on_them[phi3]": 30,
-    "test_longnet_like[bfloat16-4096]": 30, "test_longnet_like[float16-4096]": 29,
-    "test_first_call_compiles_its_kernels_together": 28, "test_decode_matches_reference": 28,
-    "test_head_dim_64_and_mqa": 17, "test_packed_documents": 17,
-    "test_sliding_sinks_decode_positions_and_documents[position_map]": 16,
-    "test_dense_heads_bf16[documents]": 15, "test_sinks_and_sliding[sliding-0-bfloat16]": 12,
-    "test_gpu_pattern_cache_decode_matches_dynamic_cache[concatenated]": 10,
-    "test_dense_heads_bf16[positions]": 8,
-    "test_gpu_pattern_cache_decode_matches_dynamic_cache[kept-room]": 7,
-    "test_reduce_overhead_compile_replays_cuda_graphs": 6,
-    "test_torch_compile_fullgraph_with_backward": 6,
-    "test_sliding_modes_with_sinks[all-True-64]": 6, "test_dense_heads_bf16[natural]": 2,
-    "test_gpu_a_long_cache_splits_its_keys_by_head[kernel-sliding]": 2,
-    "test_gpu_a_long_cache_splits_its_keys_by_head[kernel-segment]": 2, "test_16k_tokens": 1,
+    "gpu_natural": 88, "gpu_layer_types": 84, "gpu_sliding_sinks": 63,
+    "test_soft_capped_scores": 59, "test_head_dim_256": 57, "test_ring_local_pieces": 54,
+    "gpu_segment_sinks": 46, "test_sinks_and_sliding[sliding-4-float16]": 45,
+    "test_position_map": 42, "gpu_transformers": 41,
+    "test_sliding_modes_with_sinks[per_head-False-128]": 41, "test_modes[all-False]": 40,
+    "test_sliding_modes_with_sinks[all-False-64]": 40, "test_modes[per_head-False]": 39,
+    "test_modes[all-True]": 39, "gpu_float16": 39,
+    "test_gpu_head_sizes_the_kernels_lack_run_on_them[deepseek_v3]": 39,
+    "test_first_call_compiles_its_kernels_together": 24, "test_longnet_like[float16-4096]": 24,
+    "test_gpu_head_sizes_the_kernels_lack_run_on_them[phi3]": 23,
+    "test_longnet_like[bfloat16-4096]": 23, "test_head_dim_64_and_mqa": 17,
+    "test_sinks_and_sliding[sliding-0-bfloat16]": 16, "test_packed_documents": 15,
+    "test_decode_matches_reference": 13,
+    "test_sliding_sinks_decode_positions_and_documents[position_map]": 10,
+    "test_gpu_pattern_cache_decode_matches_dynamic_cache[concatenated]": 9,
+    "test_dense_heads_bf16[documents]": 9, "test_dense_heads_bf16[positions]": 7,
+    "test_dense_heads_bf16[natural]": 6, "test_torch_compile_fullgraph_with_backward": 6,
+    "test_reduce_overhead_compile_replays_cuda_graphs": 5,
+    "test_sliding_modes_with_sinks[all-True-64]": 4,
+    "test_gpu_pattern_cache_decode_matches_dynamic_cache[kept-room]": 1,
+    "test_gpu_a_long_cache_splits_its_keys_by_head[kernel-segment]": 1,
+    "test_gpu_a_long_cache_splits_its_keys_by_head[kernel-sliding]": 1, "test_16k_tokens": 1,
 }
 _NEW_GPU_UNIT = 20  # a GPU unit not timed yet (a mid-sized one above)
 

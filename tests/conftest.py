@@ -139,11 +139,9 @@ def pytest_configure_node(node):
 # plan below uses them: a stale number costs time, never a result. (In session 41 the
 # Transformers tests were one unit of 124 s, which set the suite's wall time, 142 s; with the
 # mixed-layer generate test a unit of its own the suite took 105 s in session 42, bound by
-# its two longest units, `gpu_natural` (88 s) and `gpu_layer_types` (84 s); each is split
-# since, its parts given their tests' sums: not yet timed as units.)
+# its two longest units, `gpu_natural` and `gpu_layer_types`.)
 _UNIT_SECONDS = {
-    "gpu_natural": 69, "gpu_layer_types": 44, "gpu_layer_types_static": 40,
-    "gpu_lse_gradient": 19, "gpu_sliding_sinks": 63,
+    "gpu_natural": 88, "gpu_layer_types": 84, "gpu_sliding_sinks": 63,
     "test_soft_capped_scores": 59, "test_head_dim_256": 57, "test_ring_local_pieces": 54,
     "gpu_segment_sinks": 46, "test_sinks_and_sliding[sliding-4-float16]": 45,
     "test_position_map": 42, "gpu_transformers": 41,

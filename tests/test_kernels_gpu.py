@@ -271,9 +271,7 @@ def test_launchers_write_into_views():
         assert torch.equal(g[:, :, rows], r)
 
 
-# a unit of its own: its dq launches with an lse gradient compile apart (in gpu_natural it made
-# that unit the suite's longest, 88 s cold; docs/decisions.md D85)
-@group("gpu_lse_gradient")
+@NATURAL
 def test_an_lse_gradient_after_a_call_without_one_on_the_same_layout():
     # A planned backward keeps its compiled launches per layout (kernels/_launch.py, D69); its
     # delta pass compiles with and without an lse gradient on the same heads' guards, so a call

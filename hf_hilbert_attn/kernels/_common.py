@@ -513,7 +513,8 @@ def _row_keep(offs_m, offs_n, pq, pk, col_ok, qd, kidx, uni, p0, p1, R, h, b64, 
     dq loops: real keys of real rows; on ``EDGE`` tiles the diagonal, moved back by the ``LC``
     class steps earlier configs own (``n_k <= n_q - LC``), and the window (``n_q - LB <= n_k``,
     ``<= n_q + LB`` non-causal); on ``UNION`` tiles no earlier config
-    covering the pair (``uni``: the tables' keys or the runtime loop); the same document."""
+    covering the pair (``uni``: the tables' keys or the runtime loop; ``UTAB`` -1: the sink
+    keys' run, the loop's ``SINK`` form); the same document."""
     CFG, NPRI, KEYS, PSZ, kp0, kp1, kp2, kp3 = uni
     keep = col_ok[None, :] & (offs_m[:, None] >= 0)
     if F.CAUSAL and EDGE:

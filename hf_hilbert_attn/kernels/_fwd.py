@@ -159,8 +159,8 @@ def _fwd_kernel(q, k, v, o, lse, acc, pos, tables, L, R, LB, LC, NPRI, PSZ, GROU
         s_offs, s_p0, s_p1, s_base, s_r, s_lb, s_band, s_hi = _sink_geometry(
             pq, pq1, m_first, m_last, R, SKLO, SKHI, CAUSAL=F.CAUSAL)
         s_rows = (qt, qd, s_offs, pq, s_p0, s_p1, s_base, s_r, hc, b64, scales, s_lb, 0, s_band)
-        # (16-key tiles: the per-pair union test against every config is the cost here, and
-        # there are few sinks)
+        # (16-key tiles: there are few sinks; the union test settles, per program, the configs
+        # that reach none of them)
         o_acc, l_i, m_i = _fwd_tiles(o_acc, l_i, m_i, s_rows, keys,
                                      (CFG, NCFG, KEYS, PSZ, pq, pq, pq, pq), SKLO, s_hi, s_hi,
                                      BN=16, D=D, EDGE=True, UNION=True, UTAB=-1, F=F)

@@ -199,11 +199,12 @@ def bwd_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] 
     if d == 64:  # 64 x 64, 4 warps, 3 stages (64 KiB): dq 10-19 % faster than 128 x 64 at
         # 4K-64K, with and without the per-pair mask (H200, docs/decisions.md D71)
         return 64, 64, 4, 3
-    if not pair and (smem is None or smem > SMALL_SMEM):
-        # a third stage: faster without the pair mask, slower with it (docs/decisions.md "dq
-        # stages"); 128 KiB of shared memory, more than an RTX 3090/4090 has
-        return 128, 64, 8, 3
-    return 128, 64, 8, 2
+    if smem is not None and smem <= SMALL_SMEM:  # (a third stage needs 128 KiB of shared
+        return 128, 64, 8, 2                      # memory, more than an RTX 3090/4090 has)
+    # a third stage (docs/decisions.md "dq stages"); with the union test pair by pair through
+    # the key tables, 32 keys a step (longnet_lm's rates 6 and 12: 13-14 % faster than 128 x 64
+    # with two stages at 64K-128K on an H100, D87; the tile D84 tried on every launch was slower)
+    return (128, 32, 8, 3) if pair else (128, 64, 8, 3)
 
 
 def dkdv_blocks(d: int, dtype: torch.dtype, interpret: bool, smem: Optional[int] = None,

@@ -205,12 +205,12 @@ def _dq_kernel(q, k, v, do, lse, delta, dq, dqacc, sinkg, o, dlse, pos, tables, 
 
 def _sum_buffers(B, hch, kch, SQ, SK, D, device):
     """The backward's float32 sums over configs, dq's ``[B, hch, SQ, D]`` and dk's and dv's
-    ``[B, kch, SK, D]``, in one workspace: every dq launch precedes every dk/dv launch on the
-    stream, so the dk/dv sums reuse the dq sum's memory (docs/kernels.md)."""
+    ``[B, kch, SK, D]``, as views of one workspace: every dq launch precedes every dk/dv launch
+    on the stream, so the dk/dv sums reuse the dq sum's memory (docs/kernels.md)."""
     nq, nk = B * hch * SQ * D, B * kch * SK * D
     work = torch.empty(max(nq, 2 * nk), device=device, dtype=torch.float32)
-    return (work[:nq].view(B, hch, SQ, D), work[:nk].view(B, kch, SK, D),
-            work[nk:2 * nk].view(B, kch, SK, D))
+    v = lambda h, s, o=0: work.as_strided((B, h, s, D), (h * s * D, s * D, D, 1), o)  # noqa: E731
+    return v(hch, SQ), v(kch, SK), v(kch, SK, nk)  # (as_strided: one dispatch a view)
 
 
 def plan_bwd(c: Call) -> BwdPlan:

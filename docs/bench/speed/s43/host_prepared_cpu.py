@@ -1,13 +1,12 @@
 """Host µs per call of a model layer's prepared attention call, forward and backward, on any
 machine: the prepared call of ``dilated_attention`` (SmolLM2-135M heads, 9 / 3 x 64, bf16, S =
 4096, the default pattern) with every Triton launch stubbed (``s30/scripts/cpu_relaunch.py``:
-the relaunch path runs as on a GPU after the first call, nothing is launched). Best and median
-of 30 repeats of 50 calls. ``--meta``: tensors on the meta device; ``--profile``: cProfile.
+the relaunch path runs as on a GPU after the first call, nothing is launched). The best of 30
+repeats of 50 calls. ``--meta``: tensors on the meta device.
 
-    OMP_NUM_THREADS=1 python docs/bench/speed/s43/host_prepared_cpu.py [--meta] [--profile]
+    OMP_NUM_THREADS=1 python docs/bench/speed/s43/host_prepared_cpu.py [--meta]
 """
 import os
-import statistics
 import sys
 import time
 
@@ -45,27 +44,6 @@ def bwd(o):
     return torch.autograd.grad(o, (q, k, v), g)
 
 
-for _ in range(50):
-    bwd(fwd())
-bf, bb = [], []
-for _ in range(30):
-    t0 = time.perf_counter()
-    outs = [fwd() for _ in range(50)]
-    t1 = time.perf_counter()
-    for o in outs:
-        bwd(o)
-    t2 = time.perf_counter()
-    bf.append((t1 - t0) / 50)
-    bb.append((t2 - t1) / 50)
-print(f"prepared call ({dev}, launches stubbed): forward {1e6 * min(bf):.1f} (median "
-      f"{1e6 * statistics.median(bf):.1f}) µs, backward {1e6 * min(bb):.1f} (median "
-      f"{1e6 * statistics.median(bb):.1f}) µs")
-if "--profile" in sys.argv:
-    import cProfile
-    import pstats
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(300):
-        bwd(fwd())
-    pr.disable()
-    pstats.Stats(pr).sort_stats("tottime").print_stats(40)
+best_f, best_b = C.best_per_call(fwd, bwd, warmup=50, repeats=30, calls=50)
+print(f"prepared call ({dev}, launches stubbed): forward {1e6 * best_f:.1f} µs, backward "
+      f"{1e6 * best_b:.1f} µs (the best of 30 repeats of 50 calls)")

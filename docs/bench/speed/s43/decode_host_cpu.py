@@ -65,27 +65,31 @@ models = {impl: build(impl) for impl in ("zeros", "ours")}
 for r in range(3):
     line = {impl: f"{1e3 * steps(m, 50):.2f} ms" for impl, m in models.items()}
     print(f"round {r}: a step (16 layers) with zeros for attention {line['zeros']}, ours {line['ours']}")
-T = {}
+T = {}  # piece -> [nanoseconds, calls]
 
 
-def timed(name, fn):
-    def w(*a, **k):
-        t0 = time.perf_counter_ns()
-        try:
-            return fn(*a, **k)
-        finally:
-            d = T.setdefault(name, [0, 0])
-            d[0] += time.perf_counter_ns() - t0
-            d[1] += 1
-    return w
+class Timed:
+    """``fn`` with each call's time added to ``T[name]``."""
+
+    def __init__(self, name, fn):
+        self.name, self.fn, T[name] = name, fn, [0, 0]
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter_ns()
+        out = self.fn(*args, **kwargs)
+        T[self.name][0] += time.perf_counter_ns() - start
+        T[self.name][1] += 1
+        return out
 
 
 for name in ("autocast_inputs", "_layer_sizes", "_checked_pattern", "_layer_output"):
-    setattr(hi, name, timed(name, getattr(hi, name)))
-D.PreparedDecode.__call__ = timed("PreparedDecode.__call__", D.PreparedDecode.__call__)
-D.PreparedDecode.fits = timed("PreparedDecode.fits", D.PreparedDecode.fits)
+    setattr(hi, name, Timed(name, getattr(hi, name)))
+for name in ("__call__", "fits"):  # (methods: a function around the instance, to bind self)
+    timed = Timed(f"PreparedDecode.{name}", getattr(D.PreparedDecode, name))
+    setattr(D.PreparedDecode, name, lambda self, *a, _t=timed, **k: _t(self, *a, **k))
 steps(models["ours"], 5)
-T.clear()
+for v in T.values():
+    v[:] = [0, 0]
 steps(models["ours"], 50)
 for name, (ns, n) in sorted(T.items(), key=lambda kv: -kv[1][0]):
     print(f"  {name:26s} {ns / n / 1e3:6.2f} µs a call")

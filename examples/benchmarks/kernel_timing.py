@@ -10,7 +10,8 @@ Prints, per case: max error vs a float32 reference on a small shape, then fwd / 
 (median of do_bench), useful TFLOP/s (allowed pairs only, ``pattern.attention_flops``; a
 pattern's dense key/value heads counted with ``--hkv``) and peak memory, next to SDPA flash
 dense causal on the same shape. ``--dense`` adds our kernels on the dense pattern (the yardstick
-of the sparse ones) and SDPA as it picks a backend for that call (cuDNN on an H100 / H200);
+of the sparse ones: each pattern's TFLOP/s over it, printed as ``÷ our dense kernel``) and SDPA
+as it picks a backend for that call (cuDNN on an H100 / H200: not our kernel);
 ``--profile`` a per-config, per-kernel table of each pattern; ``--softcap CAP`` each pattern
 again with soft-capped scores (Gemma 2). ``--device cpu`` runs the same
 rows on the PyTorch path (wall clock, SDPA's own CPU kernel, no memory column): a smoke run of
@@ -307,11 +308,13 @@ def main(argv=None):
             # that SDPA call (GQA in place: cuDNN or flash, as SDPA picks)
             dense = DilatedPattern.dense(s)
             be = "triton" if DEVICE.type == "cuda" else "torch"
-            r = time_case(dense, s, args.hq, args.hkv, args.dim, torch.bfloat16, backend=be)
+            ours_dense = r = time_case(dense, s, args.hq, args.hkv, args.dim, torch.bfloat16,
+                                       backend=be)
             print(f"ours dense   S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
             rows.append(dict(gpu=gpu, impl="ours", pattern="dense", seq=s, density=1.0, **r))
             r = time_case(dense, s, args.hq, args.hkv, args.dim, torch.bfloat16)
-            print(f"sdpa dense (auto) S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+            print(f"sdpa dense (auto: SDPA's pick, not ours) S={s}: "
+                  + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
             rows.append(dict(gpu=gpu, impl="sdpa (auto, dense causal)", pattern="dense", seq=s,
                              density=1.0, **r))
             r = time_sdpa_fwd(s, args.hq, args.hkv, args.dim, torch.bfloat16)
@@ -333,6 +336,11 @@ def main(argv=None):
                 r = time_case(p, s, args.hq, args.hkv, args.dim, torch.bfloat16, hilbert=True)
                 print(f"ours mapped {name} S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
                 rows.append(dict(gpu=gpu, impl="ours mapped", pattern=name, seq=s, density=dens, **r))
+        if args.dense:  # each pattern's useful TFLOP/s over our dense kernel's (the yardstick)
+            print(f"÷ our dense kernel S={s}, fwd / fwd+bwd: " + ", ".join(
+                f"{r['pattern']} {r['fwd_tflops'] / ours_dense['fwd_tflops']:.2f} / "
+                f"{r['fb_tflops'] / ours_dense['fb_tflops']:.2f}" for r in rows
+                if r["seq"] == s and r["impl"] == "ours" and r["pattern"] != "dense"))
         r = time_sdpa(s, args.hq, args.hkv, args.dim, torch.bfloat16)
         sdpa = "sdpa flash" if DEVICE.type == "cuda" else "sdpa"
         print(f"{sdpa:<12} S={s}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))

@@ -79,15 +79,20 @@ def _grads(fn, inputs, dout):
 
 
 def _check(pattern, *, s, hq=4, hkv=2, d=128, sq=None, dtype=torch.bfloat16, causal=True, b=1,
-           fn=dilated_attention, **kw):
+           fn=dilated_attention, wide=0, **kw):
+    """Out, dq, dk, dv of ``fn`` against the float64 reference within twice PyTorch's error in
+    ``dtype``. ``wide``: q, k, v, dO as the first ``d`` features of ``[B, S, H, d + wide]``
+    storage (rows ``(d + wide) * H`` elements apart)."""
     sq = sq or s
-    q = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype)
-    dout = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
+    q, k, v, dout = (torch.randn(b, n, h, d + wide, device="cuda", dtype=dtype)[..., :d]
+                     .transpose(1, 2) if wide else
+                     torch.randn(b, h, n, d, device="cuda", dtype=dtype)
+                     for h, n in ((hq, sq), (hkv, s), (hkv, s), (hq, sq)))
     _poison()
-    ours = _grads(lambda a, b, c: fn(a, b, c, pattern, causal=causal, **kw),
-                  (q, k, v), dout)
+    ins = [t.detach().requires_grad_() for t in (q, k, v)]  # (in their own layout)
+    out = fn(*ins, pattern, causal=causal, **kw)
+    out.backward(dout)
+    ours = [out.detach()] + [t.grad for t in ins]
     ref = _grads(lambda a, b, c: reference_attention(a, b, c, pattern, causal=causal, **kw),
                  (q.float(), k.float(), v.float()), dout.float())
     base = _grads(lambda a, b, c: _torch_same_dtype(a, b, c, pattern, causal, **kw), (q, k, v), dout)
@@ -112,6 +117,33 @@ def test_longnet_like(dtype, s):
 @pytest.mark.parametrize("mode,causal", [("all", True), ("per_head", False), ("all", False)])
 def test_modes(mode, causal):
     _check(LONGNET_SMALL.replace(query_dilation=mode), s=3001, hq=12, hkv=4, causal=causal)
+
+
+@pytest.mark.parametrize("case", ["sliding_sinks", "per_head_noncausal", "all_dense_head",
+                                  "batch_float16", "unaligned_rows"])
+def test_hopper_dkdv_kernel(case):
+    """On an H100 the dk/dv launches without an earlier config run the Gluon kernel
+    (``kernels/_dkdv_wgmma.py``, D92) and match the reference as ``_check`` asks; q and dO rows
+    it cannot load 16 bytes at a time (a row stride not a multiple of 8 elements) take the Triton
+    kernel."""
+    from hf_hilbert_attn.kernels import _dkdv_wgmma
+
+    if _dkdv_wgmma.KERNEL is None or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon dk/dv kernel needs an sm_90 GPU and Triton 3.6")
+    pattern, kw = {
+        "sliding_sinks": (SLIDING_SMALL.replace(sink_tokens=2), dict(s=3001, hq=8, hkv=2)),
+        "per_head_noncausal": (LONGNET_SMALL, dict(s=2049, hq=6, hkv=3, causal=False)),
+        "all_dense_head": (SLIDING_SMALL.replace(query_dilation="all", dense_kv_heads=[1]),
+                           dict(s=1500, hq=4, hkv=2)),
+        "batch_float16": (LONGNET_SMALL.replace(sink_tokens=1), dict(s=1025, b=2,
+                                                                     dtype=torch.float16)),
+        "unaligned_rows": (SLIDING_SMALL, dict(s=1000, wide=1)),
+    }[case]
+    cuda = torch.profiler.ProfilerActivity.CUDA
+    with torch.profiler.profile(activities=[cuda]) as prof:
+        _check(pattern, **kw)
+    ran = any("_dkdv_wgmma_kernel" in e.name for e in prof.events())
+    assert ran == (case != "unaligned_rows"), f"the Gluon dk/dv kernel ran: {ran}"
 
 
 def test_head_dim_64_and_mqa():

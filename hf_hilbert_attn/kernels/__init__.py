@@ -5,7 +5,8 @@ runners :func:`fwd_runner` / :func:`bwd_runner` they run (kept by ``ops.py``'s p
 :func:`plan_positions` and the configuration (:func:`configure`, :func:`set_launch_hook`). Each
 kernel's file holds it and its launch: ``_fwd.py`` the forward kernel, ``plan_fwd``,
 ``dilated_fwd``, ``fwd_runner``; ``_bwd.py`` the dq kernel and the backward's ``plan_bwd``,
-``dilated_bwd``, ``bwd_runner`` (its dq launches, then those of ``_dkdv.py``'s dk/dv kernel);
+``dilated_bwd``, ``bwd_runner`` (its dq launches, then those of ``_dkdv.py``'s dk/dv kernel, or
+on Hopper with Triton 3.6 of ``_dkdv_wgmma.py``'s, in Gluon, where it covers the launch);
 ``_decode.py`` the decode kernel and its launcher. Shared: ``_common.py`` device helpers,
 ``_calls.py`` a call's host planning and the runners' setup, ``_plan.py`` position plans and tile
 sizes, ``_config.py`` the configuration and the run step, ``_launch.py`` relaunches without

@@ -24,6 +24,7 @@ from ._common import (LOG2E, _SCALARS, Strided, _band_split, _dot, _key_range, _
                       _participates, _program_tile, _query_rows, _row_keep, _row_ptrs, _scales,
                       _sink_geometry, _split_at, _union_prologue)
 from ._config import _run, kernel_config
+from . import _dkdv_wgmma
 from ._dkdv import _dkdv_kernel
 from ._launch import relaunch_kept
 from ._plan import W_CAP, PositionPlan
@@ -249,8 +250,8 @@ def plan_bwd(c: Call) -> BwdPlan:
     # dk, dv: one program per key tile of one key/value head, a chunk of heads at a time
     # per_head: programs for the classes a group's query heads read; the sink keys' dk/dv sums
     # in the first launch if it has one for every key, else the last (the band's: 4 % slower, D83)
-    kv_items, kcls = [], [min(ln.r, HQ // HKV) if c.pattern.query_dilation == "per_head"
-                          else ln.r for ln in launch]
+    kv_items, kv_alt, kcls = [], [], [min(ln.r, HQ // HKV) if c.pattern.query_dilation ==
+                                      "per_head" else ln.r for ln in launch]
     sink_li = 0 if kcls[0] == launch[0].r else len(launch) - 1
     for g0, ng in _head_runs(HKV, 1, c.skip, kch):
         for li, ln in enumerate(launch):
@@ -263,13 +264,20 @@ def plan_bwd(c: Call) -> BwdPlan:
             fl = _flags(c, prio, ln, kBN, bool(sinks) and li == sink_li, utab)
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
+            # Hopper: the Gluon kernel where it covers the launch (its Triton keywords kept for
+            # inputs it cannot load: run's `wgmma`)
+            wg = kBN == _dkdv_wgmma.BN and _dkdv_wgmma.eligible(
+                fl, D, c.dtype, c.device, c.cfg.interpret, c.cfg.tile_override("dkdv", False))
+            kv_alt.append(kw if wg else None)
+            kw = dict(BM=_dkdv_wgmma.BM, BN=kBN, D=D, F=fl, num_warps=_dkdv_wgmma.WARPS) if wg \
+                else kw
             kv_items.append(((knseg * kcls[li] * knblk, B * ng), kw))
     # (the dq launches, then the dk/dv launches)
     tables, items = _launch_table(prio, launch, keys, dq_items + kv_items, rows, c.device)
     dq_items, kv_items = items[:len(dq_items)], items[len(dq_items):]
     chunks = (0 if c.merge else hch, 0 if kv_merge else kch) if len(launch) > 1 else None
     return BwdPlan(tables, sinks, chunks, dq_items, kv_items, kv_merge,
-                   bool(sinks) and (c.merge or len(launch) == 1))
+                   bool(sinks) and (c.merge or len(launch) == 1), tuple(kv_alt))
 
 
 def _bwd_heads(v, sg, none, lead=()) -> tuple:
@@ -374,12 +382,18 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
             heads = _bwd_heads(tuple(_strided(t) for t in ts[:14]),
                                _strided(sinkg) if bp.sinks else none, none, lead)
             launches, which = [], []
+            # (the Gluon dk/dv kernel loads q and dO rows 16 bytes at a time: aligned rows only)
+            aligned = x is not None and not any(s % 8 for s in st[0][0][:3] + st[0][3][:3])
             for i, p in enumerate((bp, dense)):
                 for kernel, items, j in ((_dq_kernel, p.dq_items, 2 * i),
                                          (_dkdv_kernel, p.kv_items, 1 + 2 * i)) if p else ():
-                    launches += [(kernel, grid, heads[j], (*tail, p.tables, row, *ints, scales),
-                                  _with_dlse(kw, dlse is not None and kernel is _dq_kernel))
-                                 for grid, row, ints, kw in items]
+                    for (grid, row, ints, kw), alt in zip(items, p.kv_alt if j % 2 else
+                                                          (None,) * len(items)):
+                        fn, kw = (kernel, kw) if alt is None else \
+                            (_dkdv_wgmma.KERNEL, kw) if aligned else (kernel, alt)
+                        launches.append((fn, grid, heads[j], (*tail, p.tables, row, *ints,
+                                                              scales),
+                                         _with_dlse(kw, dlse is not None and j % 2 == 0)))
                     which += [j] * len(items)
             # (dq with an lse gradient and without: two kernels, the same heads' guards)
             _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg,

@@ -268,6 +268,8 @@ class BwdPlan(NamedTuple):
     kv_items: list
     kv_merge: bool = False
     zero_sinks: bool = False
+    kv_alt: tuple = ()  # per dk/dv launch: None, or the Triton kernel's keywords of a launch
+    # planned on the Gluon kernel (``_dkdv_wgmma``), for inputs that kernel cannot load
 
 
 def _flags(c: Call, prio, ln, tile, sink, utab) -> Flags:

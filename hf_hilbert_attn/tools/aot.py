@@ -222,8 +222,9 @@ def _compile(jit_fn, args, kwargs, arch: int, resources: bool, ttgir: Optional[s
     sig, constexprs, attrs, options = specialize(jit_fn, args, kwargs, arch)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack, _ptxas_log() as buf:
-        if ttgir is None:
-            src = ASTSource(jit_fn, sig, constexprs, attrs)
+        if ttgir is None:  # (a Gluon kernel: its own source kind)
+            src = (_gluon_source() if getattr(jit_fn, "is_gluon", lambda: False)() else
+                   ASTSource)(jit_fn, sig, constexprs, attrs)
         else:
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             src = os.path.join(tmp, f"{jit_fn.__name__}.ttgir")
@@ -252,6 +253,12 @@ def _compile(jit_fn, args, kwargs, arch: int, resources: bool, ttgir: Optional[s
                    spill_loads=grab(r"(\d+) bytes spill loads"),
                    stack=grab(r"(\d+) bytes stack frame"))
     return row, kernel
+
+
+def _gluon_source():
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    return GluonASTSource
 
 
 def compile_launch(jit_fn, args, kwargs, arch: int = 90, resources: bool = True) -> dict:

@@ -1,0 +1,93 @@
+"""Backward tiles timed with the device's own Triton (a tile search in one process): per kernel
+GPU time (profiler) and fwd+bwd ms (do_bench) for each tile override, and each override's
+gradients beside the library's tiles (largest difference ÷ largest gradient: rounding only).
+
+    python docs/bench/speed/s44/tiles.py HQ/HKV/D:S,S[@PATTERN] ... \
+        --tile "dkdv 32x128 w8 s1=dkdv:32,128,8,1" --tile "..."
+
+A variant is ``name=kind:BM,BN,warps,stages[+kind:...]`` (kinds as ``HF_HILBERT_*_BLOCKS``:
+fwd, fwd1, dq, dkdv); the library's own tiles run first as ``base``. An override of the dk/dv
+tile also turns the Gluon dk/dv kernel off (D92): ``dkdv:32,128,8,2`` is the Triton kernel with
+its own tile. ``GLUON_BM=64``: the Gluon kernel with 64 queries a step (D92's prototype's best).
+"""
+import argparse
+import os
+from collections import defaultdict
+
+import torch
+import triton
+
+from hf_hilbert_attn import dilated_attention
+from hf_hilbert_attn.kernels import configure
+from hf_hilbert_attn.kernels import _dkdv_wgmma
+from hf_hilbert_attn.patterns import as_pattern
+
+if os.environ.get("GLUON_BM"):
+    _dkdv_wgmma.BM = int(os.environ["GLUON_BM"])
+
+
+def parse_tile(text):
+    name, _, spec = text.partition("=")
+    blocks = {}
+    for part in spec.split("+"):
+        kind, _, nums = part.partition(":")
+        blocks[kind] = tuple(int(x) for x in nums.split(","))
+    return name, blocks
+
+
+def gpu_ms_by_kernel(step):
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    out = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "_kernel" in ev.name:
+            out[ev.name.split("_kernel")[0].lstrip("_")] += ev.device_time / 1e3
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shapes", nargs="+")
+    ap.add_argument("--tile", action="append", default=[], type=parse_tile)
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
+          flush=True)
+    for shape in args.shapes:
+        shape, _, pname = shape.partition("@")
+        pattern = as_pattern(pname or "default")
+        heads, seqs = shape.split(":")
+        hq, hkv, d = (int(x) for x in heads.split("/"))
+        for s in (int(x) for x in seqs.split(",")):
+            gen = torch.Generator(device="cuda").manual_seed(s)
+            q, k, v, g = (torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16,
+                                      generator=gen) for h in (hq, hkv, hkv, hq))
+            for t in (q, k, v):
+                t.requires_grad_(True)
+
+            def step():
+                dilated_attention(q, k, v, pattern).backward(g)
+
+            print(f"== {pname or 'default'} {hq}/{hkv}/{d} S={s}", flush=True)
+            base = None
+            for name, blocks in [("base", None)] + args.tile:
+                configure(blocks=blocks)
+                q.grad = k.grad = v.grad = None
+                step()
+                grads = [t.grad.float() for t in (q, k, v)]
+                if base is None:
+                    base, diff = grads, 0.0
+                else:
+                    diff = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, base))
+                by = gpu_ms_by_kernel(step)
+                ms = triton.testing.do_bench(step, rep=200, return_mode="median",
+                                             grad_to_none=[q, k, v])
+                parts = "  ".join(f"{n} {t:.3f}" for n, t in sorted(by.items()))
+                print(f"  {name:20s} fwd+bwd {ms:8.3f} ms  grad diff {diff:.1e}  {parts}", flush=True)
+            configure(blocks=None)
+
+
+if __name__ == "__main__":
+    main()

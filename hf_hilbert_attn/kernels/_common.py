@@ -110,6 +110,21 @@ def _launch_scalars(L):
 
 
 @triton.jit
+def _kv_program(HOFF, HCH, HBASE, SEG0, NCLS, NBLK, BLK0, W, R, GROUP, PER_HEAD: tl.constexpr):
+    """A dk/dv program's place from its ids and its launch's integers: ``(b, hkl, hk, blk,
+    sbase, ncl, c)``, its batch, key/value head within the launch's chunk (the float32 sums hold
+    ``HCH`` heads) and overall, key block, its class's first position in its segment, the class's
+    length and the class (per_head: of the group's query heads the launch reads)."""
+    tile = tl.program_id(0)
+    bhk = tl.program_id(1)
+    hkl = bhk % HCH
+    t2 = tile // NBLK
+    c = ((HOFF + hkl) * GROUP + HBASE + t2 % NCLS) % R if PER_HEAD else t2 % NCLS
+    return (bhk // HCH, hkl, HOFF + hkl, BLK0 + tile % NBLK, (SEG0 + t2 // NCLS) * W + c,
+            (W - c + R - 1) // R, c)
+
+
+@triton.jit
 def _launch_sinks(L):
     """``(SINKS, SKLO, SKHI, NCFG)`` of a launch from its row ``L``: read after the key loop,
     before the sink keys' (``_launch_order``)."""

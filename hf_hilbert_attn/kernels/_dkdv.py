@@ -4,9 +4,9 @@ query heads (``_bwd.py``: the design, the arguments, the dq kernel and the launc
 import triton
 import triton.language as tl
 
-from ._common import (LOG2E, _SCALARS, _band_tail, _dot, _launch_order, _launch_scalars,
-                      _launch_sinks, _logits2, _n_range, _participates, _row_ptrs, _split_at,
-                      _union_keep, _union_prologue, _union_tab)
+from ._common import (LOG2E, _SCALARS, _band_tail, _dot, _kv_program, _launch_order,
+                      _launch_scalars, _launch_sinks, _logits2, _n_range, _participates, _row_ptrs,
+                      _split_at, _union_keep, _union_prologue, _union_tab)
 
 
 @triton.jit
@@ -138,17 +138,8 @@ def _dkdv_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tabl
     # min(R, GROUP) its group's query heads read; other rows are not touched (nothing to add).
     CFG, LCFG, KEYS = tables
     HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
-    tile = tl.program_id(0)
-    bhk = tl.program_id(1)
-    b = bhk // HCH
-    hkl = bhk % HCH  # kv head within this launch's chunk (dkacc/dvacc hold HCH heads)
-    hk = HOFF + hkl
-    blk = BLK0 + tile % NBLK
-    t2 = tile // NBLK
-    seg = SEG0 + t2 // NCLS
-    c = (hk * GROUP + HBASE + t2 % NCLS) % R if F.PER_HEAD else t2 % NCLS
-    sbase = seg * W + c
-    ncl = (W - c + R - 1) // R
+    b, hkl, hk, blk, sbase, ncl, c = _kv_program(HOFF, HCH, HBASE, SEG0, NCLS, NBLK, BLK0, W, R,
+                                                 GROUP, F.PER_HEAD)
     b64 = b.to(tl.int64)
 
     kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)

@@ -19,8 +19,8 @@ was written for (3.6); ``_bwd.plan_bwd`` then keeps ``_dkdv_kernel``.
 import torch
 import triton
 
-from ._common import (LOG2E, _launch_order, _launch_scalars, _launch_sinks, _n_range,
-                      _participates)
+from ._common import (LOG2E, _kv_program, _launch_order, _launch_scalars, _launch_sinks,
+                      _n_range, _participates)
 
 KERNEL = None
 BM, BN, WARPS = 32, 128, 8  # queries a step, keys a program, warps (two warpgroups)
@@ -68,17 +68,8 @@ if triton.__version__.startswith("3.6."):
         dt: gl.constexpr = q.ptr.dtype.element_ty
         CFG, LCFG, KEYS = tables
         HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
-        tile = gl.program_id(0)
-        bhk = gl.program_id(1)
-        b = bhk // HCH
-        hkl = bhk % HCH
-        hk = HOFF + hkl
-        blk = BLK0 + tile % NBLK
-        t2 = tile // NBLK
-        seg = SEG0 + t2 // NCLS
-        c = (hk * GROUP + HBASE + t2 % NCLS) % R if F.PER_HEAD else t2 % NCLS
-        sbase = seg * W + c
-        ncl = (W - c + R - 1) // R
+        b, hkl, hk, blk, sbase, ncl, c = _kv_program(HOFF, HCH, HBASE, SEG0, NCLS, NBLK, BLK0, W,
+                                                     R, GROUP, F.PER_HEAD)
         b64 = b.to(gl.int64)
         hk64 = hk.to(gl.int64)
         kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)

@@ -59,10 +59,10 @@ MAX_FUNCTION_LINES = 80
 # session 35: 9866, +27 for each decode head's key range and splits (D79) and +10 for the one-line
 # refusal of a model switched without configure, met by simplifying 45 elsewhere (ring exchanges,
 # the passes engine, sharding, Hilbert orders, tile_mlp's patching, pattern checks)
-# session 44: 10109, +243 for the dk/dv kernel on Hopper in Gluon (kernels/_dkdv_wgmma.py, D92: a
-# second dk/dv kernel beside the Triton one, which every other launch and GPU still needs), not
-# yet met by simplifying elsewhere
-MAX_LIBRARY_LINES = 10109
+# session 44: 10106, +240 for the dk/dv kernel on Hopper in Gluon (kernels/_dkdv_wgmma.py, D92: a
+# second dk/dv kernel beside the Triton one, which every other launch and GPU still needs; the
+# two share their program's place, _common._kv_program), not yet met by simplifying elsewhere
+MAX_LIBRARY_LINES = 10106
 
 
 def _modules() -> dict:

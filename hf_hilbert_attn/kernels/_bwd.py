@@ -23,8 +23,8 @@ from ._common import (LOG2E, _SCALARS, Strided, _band_split, _dot, _key_range, _
                       _kv_bases, _launch_order, _launch_scalars, _launch_sinks, _logits2,
                       _participates, _program_tile, _query_rows, _row_keep, _row_ptrs, _scales,
                       _sink_geometry, _split_at, _union_prologue)
-from ._config import _run, kernel_config
 from . import _dkdv_wgmma
+from ._config import _run, kernel_config
 from ._dkdv import _dkdv_kernel
 from ._launch import relaunch_kept
 from ._plan import W_CAP, PositionPlan
@@ -265,7 +265,7 @@ def plan_bwd(c: Call) -> BwdPlan:
             warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
             kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
             # Hopper: the Gluon kernel where it covers the launch (its Triton keywords kept for
-            # inputs it cannot load: run's `wgmma`)
+            # inputs it cannot load: run's `aligned`)
             wg = kBN == _dkdv_wgmma.BN and _dkdv_wgmma.eligible(
                 fl, D, c.dtype, c.device, c.cfg.interpret, c.cfg.tile_override("dkdv", False))
             kv_alt.append(kw if wg else None)

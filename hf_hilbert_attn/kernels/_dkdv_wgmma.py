@@ -54,9 +54,9 @@ if triton.__version__.startswith("3.6."):
         return t.ptr + b64 * t.sb + h64 * t.sh + rows * t.ss + cols
 
     @gluon.jit
-    def _dkdv_wgmma_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tables, L, R, LB, LC,
-                NPRI, PSZ, GROUP, QOFF, scales, BM: gl.constexpr, BN: gl.constexpr,
-                D: gl.constexpr, F: gl.constexpr):
+    def _dkdv_wgmma_kernel(q, k, v, do, lse, delta, dk, dv, dkacc, dvacc, sinkg, pos, tables, L,
+                           R, LB, LC, NPRI, PSZ, GROUP, QOFF, scales, BM: gl.constexpr,
+                           BN: gl.constexpr, D: gl.constexpr, F: gl.constexpr):
         """``_dkdv._dkdv_kernel`` for its launches without earlier configs (the module's
         docstring); its grid, arguments and float32 sums."""
         LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // D, D // 8], [8, 1], [1, 0])

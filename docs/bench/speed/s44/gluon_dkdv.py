@@ -280,7 +280,8 @@ def compile_only(bm):
                                   os.devnull], capture_output=True, text=True).stderr
         info = " ".join(line.split("ptxas info    : ")[-1] for line in log.splitlines()[-3:])
         info += "".join(f"\n  {line}" for line in log.splitlines() if "warning" in line)
-        print(f"BM={bm} mode {mode} ({MODES[mode]}): {info}; shared {kern.metadata.shared} bytes", flush=True)
+        print(f"BM={bm} mode {mode} ({MODES[mode]}): {info}; shared {kern.metadata.shared} bytes",
+              flush=True)
 
 
 def main():
@@ -308,8 +309,8 @@ def main():
                 print(f"check S={S} W={W} BM={bm} mode {mode}: max error / max {err:.2e}",
                       flush=True)
         # PyTorch's error in bf16 on the same data (autograd through masked softmax attention)
-        print(f"  PyTorch in bf16: max error / max {torch_bf16_error(q, k, v, do, W, dkr, dvr):.2e}",
-              flush=True)
+        err = torch_bf16_error(q, k, v, do, W, dkr, dvr)
+        print(f"  PyTorch in bf16: max error / max {err:.2e}", flush=True)
     hq, hkv = (int(x) for x in args.heads.split("/"))
     for S in args.seq:
         q, k, v, do = (torch.randn(1, h, S, 128, device="cuda", dtype=torch.bfloat16,

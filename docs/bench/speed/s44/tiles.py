@@ -80,12 +80,14 @@ def main():
                 if base is None:
                     base, diff = grads, 0.0
                 else:
-                    diff = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, base))
+                    diff = max(float((a - b).abs().max() / b.abs().max())
+                               for a, b in zip(grads, base))
                 by = gpu_ms_by_kernel(step)
                 ms = triton.testing.do_bench(step, rep=200, return_mode="median",
                                              grad_to_none=[q, k, v])
                 parts = "  ".join(f"{n} {t:.3f}" for n, t in sorted(by.items()))
-                print(f"  {name:20s} fwd+bwd {ms:8.3f} ms  grad diff {diff:.1e}  {parts}", flush=True)
+                print(f"  {name:20s} fwd+bwd {ms:8.3f} ms  grad diff {diff:.1e}  {parts}",
+                      flush=True)
             configure(blocks=None)
 
 

@@ -376,7 +376,8 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 class _EagerKernels(torch.autograd.Function):
     """The custom ops' work for eager calls, without the dispatcher, on a prepared call
     (:class:`_Kernels`: the op's re-check, autograd wrapper and per-call planning lookups cost
-    most of the host time of a short call: ``examples/benchmarks/host_overhead.py``)."""
+    most of the host time of a short call: ``examples/benchmarks/host_overhead.py``), or on a
+    ring's call (``ring.attention._Ctx``): ``prep.forward``, then ``prep.backward``."""
 
     @staticmethod
     def forward(ctx, q, k, v, prep):

@@ -31,7 +31,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass, field
-from functools import lru_cache, reduce
+from functools import reduce
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -39,7 +39,7 @@ import torch
 import yaml
 
 from . import counting
-from .planning import covers
+from .planning import covers, replaced
 
 QUERY_DILATION_MODES = ("per_head", "all")
 ORDERINGS = ("natural", "hilbert", "auto")
@@ -429,13 +429,6 @@ class DilatedPattern:
         the backward (the FlashAttention-2 convention)."""
         pairs = self.count_pairs_total(seq_len, num_heads, causal=causal, num_kv_heads=num_kv_heads)
         return 4.0 * head_dim * pairs * batch * (2.5 if backward else 1.0)
-
-
-@lru_cache(maxsize=1024)
-def replaced(base: DilatedPattern, ordering: str, **fields) -> DilatedPattern:
-    # base.replace(**fields) once per layer or call; ordering in the key: equal patterns may
-    # carry different layouts, the result keeps base's
-    return base.replace(**fields)
 
 
 def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:

@@ -133,10 +133,11 @@ def needed_configs(configs: tuple, sliding: bool, reach: int, hi: int) -> tuple:
                                                 for i in range(n) if i != j))
 
 
-@lru_cache(maxsize=256)
-def _pruned(pattern, ordering: str, keep: tuple):  # (ordering: equal patterns differ in it)
-    return pattern.replace(segment_lengths=[pattern.segment_lengths[i] for i in keep],
-                           dilation_rates=[pattern.dilation_rates[i] for i in keep])
+@lru_cache(maxsize=1024)
+def replaced(base, ordering: str, **fields):
+    # base.replace(**fields) once per layer or call; ordering in the key: equal patterns may
+    # carry different layouts, the result keeps base's
+    return base.replace(**fields)
 
 
 def for_ranges(pattern, qlo: int, qhi: int, klo: int, khi: int, causal: bool):
@@ -149,4 +150,7 @@ def for_ranges(pattern, qlo: int, qhi: int, klo: int, khi: int, causal: bool):
     cap = pattern.max_segment  # beyond the longest window the answer no longer changes
     key = (min(reach, cap), 0) if pattern.sliding else (0, min(max(qhi, khi), cap))
     keep = needed_configs(pattern.configs, pattern.sliding, *key)
-    return pattern if len(keep) == pattern.num_configs else _pruned(pattern, pattern.ordering, keep)
+    if len(keep) == pattern.num_configs:
+        return pattern
+    w, r = zip(*(pattern.configs[i] for i in keep))
+    return replaced(pattern, pattern.ordering, segment_lengths=w, dilation_rates=r)

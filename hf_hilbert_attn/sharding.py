@@ -163,8 +163,15 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
     sp = pos_table.numel()
     idx = pos_table[rank].to(ids.device)  # [L] indices into the padded sequence
 
-    def take(x, value, dim=1):  # this rank's shard of x padded with value
-        return _pad_sequence(x, s, sp, value, dim).index_select(dim, idx.to(x.device))
+    def take(x, value, dim=1):  # this rank's shard of x (length s at dim) padded with value
+        if x.shape[dim] != s:
+            raise ValueError(f"every sequence tensor must have length {s} at dim {dim}, got "
+                             f"shape {tuple(x.shape)}")
+        if sp != s:  # padded to the sharded length sp
+            shape = list(x.shape)
+            shape[dim] = sp - s
+            x = torch.cat([x, x.new_full(shape, value)], dim=dim)
+        return x.index_select(dim, idx.to(x.device))
 
     out = {"input_ids": take(ids, pad_token_id)}
     pos = batch.get("position_ids")  # true positions; padding continues after the last one
@@ -191,18 +198,6 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         seq = isinstance(val, torch.Tensor) and val.dim() > seq_dim and val.shape[seq_dim] == s
         out[key] = take(val, 0, seq_dim) if seq else val
     return out
-
-
-def _pad_sequence(x: torch.Tensor, s: int, sp: int, value, dim: int) -> torch.Tensor:
-    """``x`` (length ``s`` at ``dim``) padded with ``value`` to the sharded length ``sp``."""
-    if x.shape[dim] != s:
-        raise ValueError(f"every sequence tensor must have length {s} at dim {dim}, got "
-                         f"shape {tuple(x.shape)}")
-    if sp == s:
-        return x
-    shape = list(x.shape)
-    shape[dim] = sp - s
-    return torch.cat([x, x.new_full(shape, value)], dim=dim)
 
 
 def gather_sequence(x: torch.Tensor, group=None, layout: str = DEFAULT_LAYOUT, *,

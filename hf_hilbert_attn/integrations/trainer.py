@@ -147,17 +147,7 @@ class SequenceParallelMixin:
         self.sp_layout, self.sp_mode = sp_layout, sp_mode
         if topo.sp_size == 1:
             return
-        self._check_sp_config()
-        pattern = sharding_pattern(self.accelerator.unwrap_model(self.model).config)
-        pad = getattr(getattr(self, "processing_class", None), "pad_token_id", None) or 0
-        self.data_collator = SequenceParallelCollator(
-            self.data_collator, topo.sp_rank, topo.sp_size, sp_layout, pattern, pad_token_id=pad)
-        logger.info("sequence parallel: world %d = dp %d x sp %d, layout %s, %s",
-                    topo.dp_size * topo.sp_size, topo.dp_size, topo.sp_size, sp_layout, pattern)
-
-    # ------------------------------------------------------------------ checks
-    def _check_sp_config(self) -> None:
-        sp, model = self.sp_topology.sp_size, self.accelerator.unwrap_model(self.model)
+        sp, model = topo.sp_size, self.accelerator.unwrap_model(self.model)
         if (impl := getattr(getattr(model, "config", None), "_attn_implementation", None)) != ATTN:
             raise ValueError(f"sp_size={sp} needs a model loaded with attn_implementation="
                              f"{ATTN!r}, got {impl!r}")
@@ -174,6 +164,12 @@ class SequenceParallelMixin:
         if not getattr(self, "model_accepts_loss_kwargs", True):
             raise ValueError(f"sp_size={sp} needs a model whose forward accepts "
                              f"num_items_in_batch (loss kwargs), got {type(model).__name__}")
+        pattern = sharding_pattern(model.config)
+        pad = getattr(getattr(self, "processing_class", None), "pad_token_id", None) or 0
+        self.data_collator = SequenceParallelCollator(
+            self.data_collator, topo.sp_rank, topo.sp_size, sp_layout, pattern, pad_token_id=pad)
+        logger.info("sequence parallel: world %d = dp %d x sp %d, layout %s, %s",
+                    topo.dp_size * topo.sp_size, topo.dp_size, topo.sp_size, sp_layout, pattern)
 
     @property
     def sp_active(self) -> bool:
@@ -212,30 +208,26 @@ class SequenceParallelMixin:
         acc._dataloaders.append(prepared)
         return prepared
 
-    @contextlib.contextmanager
-    def _per_group_dataloaders(self):
+    def _per_group_dataloader(self, get, *args):
+        """``get(*args)``, one of Trainer's DataLoader getters, split over the ``dp`` groups."""
         if not self.sp_active:
-            yield
-            return
+            return get(*args)
         acc = self.accelerator
         # Trainer's DataLoaders go through accelerator.prepare -> prepare_data_loader: shadow it
         acc.prepare_data_loader = self._prepare_dataloader_per_group
         try:
-            yield
+            return get(*args)
         finally:
             del acc.prepare_data_loader
 
     def get_train_dataloader(self):
-        with self._per_group_dataloaders():
-            return super().get_train_dataloader()
+        return self._per_group_dataloader(super().get_train_dataloader)
 
     def get_eval_dataloader(self, eval_dataset=None):
-        with self._per_group_dataloaders():
-            return super().get_eval_dataloader(eval_dataset)
+        return self._per_group_dataloader(super().get_eval_dataloader, eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
-        with self._per_group_dataloaders():
-            return super().get_test_dataloader(test_dataset)
+        return self._per_group_dataloader(super().get_test_dataloader, test_dataset)
 
     def get_total_train_batch_size(self, args) -> int:
         return super().get_total_train_batch_size(args) if not self.sp_active else \

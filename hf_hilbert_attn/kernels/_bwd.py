@@ -225,7 +225,6 @@ def plan_bwd(c: Call) -> BwdPlan:
     smem = _smem(c.device, c.cfg)
     dq_tiles = {p: _blocks("dq", D, c.dtype, smem, p, cfg=c.cfg) for p in (False, True)}
     kv_tiles = {f: _blocks("dkdv", D, c.dtype, smem, skips=f, cfg=c.cfg) for f in (False, True)}
-    kBM, kBN = kv_tiles[False][:2]  # (both the same: the key tiles and _may_mix use kBN)
     # union test: the key tables hold the configs but the last (up to four earlier ones);
     # the sink launch (after all of them in priority), sliding windows and longer patterns
     # test the configs in a runtime loop (decisions.md, "One union test in a loop")
@@ -258,18 +257,18 @@ def plan_bwd(c: Call) -> BwdPlan:
             lp = _trimmed(c, ln, kv_merge, False)  # kv_merge: no sink key
             if lp is None:
                 continue
-            kseg0, knseg, kblk0, knblk = _tiles(lp.klo, lp.khi, ln.w, ln.r, kBN, ln.w == W_CAP)
+            fl = _flags(c, prio, ln, kv_tiles[False][1], bool(sinks) and li == sink_li, utab)
+            # Hopper: the Gluon kernel where it covers the launch, on its key tiles (no earlier
+            # config: flags alike for any tile), the Triton one's keywords kept (run's `aligned`)
+            wg = _dkdv_wgmma.eligible(fl, c)
+            bm, bn, warps, stages = _dkdv_wgmma.TRITON_TILE if wg else \
+                kv_tiles[fl.EARLIER and not fl.MIXED]
+            kseg0, knseg, kblk0, knblk = _tiles(lp.klo, lp.khi, ln.w, ln.r, bn, ln.w == W_CAP)
             rows.append(_launch_row(c, lp, ln, li, len(launch), g0, ng, (kseg0, kcls[li], knblk,
                                     kblk0), sinks, len(prio), psz, kv_merge))
-            fl = _flags(c, prio, ln, kBN, bool(sinks) and li == sink_li, utab)
-            warps, stages = kv_tiles[fl.EARLIER and not fl.MIXED][2:]
-            kw = dict(BM=kBM, BN=kBN, D=D, F=fl, num_warps=warps, num_stages=stages)
-            # Hopper: the Gluon kernel where it covers the launch (its Triton keywords kept for
-            # inputs it cannot load: run's `aligned`)
-            wg = kBN == _dkdv_wgmma.BN and _dkdv_wgmma.eligible(
-                fl, D, c.dtype, c.device, c.cfg.interpret, c.cfg.tile_override("dkdv", False))
+            kw = dict(BM=bm, BN=bn, D=D, F=fl, num_warps=warps, num_stages=stages)
             kv_alt.append(kw if wg else None)
-            kw = dict(BM=_dkdv_wgmma.BM, BN=kBN, D=D, F=fl, num_warps=_dkdv_wgmma.WARPS) if wg \
+            kw = dict(BM=_dkdv_wgmma.BM, BN=bn, D=D, F=fl, num_warps=_dkdv_wgmma.WARPS) if wg \
                 else kw
             kv_items.append(((knseg * kcls[li] * knblk, B * ng), kw))
     # (the dq launches, then the dk/dv launches)
@@ -291,11 +290,6 @@ def _bwd_heads(v, sg, none, lead=()) -> tuple:
             (*ins, v[11], v[12], v[9], v[10], sg, *lead),
             (*ins, v[7], v[7], none, v[6], v[13], *lead),
             (*ins, v[11], v[12], v[11], v[12], none, *lead))
-
-
-def _with_dlse(kw: dict, dlse: bool) -> dict:
-    """A launch's keywords for a call with an lse gradient (``dlse``): dq's ``HAS_DLSE``."""
-    return dict(kw, F=kw["F"]._replace(HAS_DLSE=True)) if dlse else kw
 
 
 def _bwd_stats(lse, B, HQ, SQ, dev):
@@ -391,9 +385,11 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
                                                           (None,) * len(items)):
                         fn, kw = (kernel, kw) if alt is None else \
                             (_dkdv_wgmma.KERNEL, kw) if aligned else (kernel, alt)
+                        # (dq with an lse gradient: its HAS_DLSE)
                         launches.append((fn, grid, heads[j], (*tail, p.tables, row, *ints,
                                                               scales),
-                                         _with_dlse(kw, dlse is not None and j % 2 == 0)))
+                                         dict(kw, F=kw["F"]._replace(HAS_DLSE=True))
+                                         if dlse is not None and j % 2 == 0 else kw))
                     which += [j] * len(items)
             # (dq with an lse gradient and without: two kernels, the same heads' guards)
             _keep(hot, st, x, lead, _run(launches, fresh.pop(0, False), cfg,

@@ -1,6 +1,6 @@
 """The dk/dv kernel on Hopper (sm_90), in Gluon: the launches of ``_dkdv._dkdv_kernel`` without
 an earlier config (no union test), at natural positions, without documents or soft-capped
-scores, in 16-bit with head size 128. Same arguments, same result; the schedule is explicit:
+scores, in 16-bit at head size 128 or 64. Same arguments, same result; its schedule explicit:
 
 * ``Sᵀ = K Qᵀ`` and ``dPᵀ = V dOᵀ`` issued together and waited for once, while the dv and dk
   products of the step before may still run (Triton's compiler waits for every product before
@@ -8,12 +8,15 @@ scores, in 16-bit with head size 128. Same arguments, same result; the schedule 
 * the query and output-gradient tiles through a ring of three shared-memory buffers
   (``cp.async``), the next one loading while a step computes;
 * the mask only on the tiles that meet the diagonal or a window's edge (a uniform branch), and
-  the rows' lse and delta stepped, not recomputed: the step's instructions are what bound it.
+  a step's lse and delta a step ahead, one row a thread, through shared memory: the step's
+  instructions bound it, and what it holds through the loop its registers (64 queries a step).
 
-32 queries a step against 128 keys, 8 warps, no spills on sm_90. On an H100 at 64K (Hq 32 /
-Hkv 8): dk/dv of the band of ``default`` 12.87 → 11.73 ms, of ``default`` 20.59 → 18.20
-(docs/decisions.md D92). ``KERNEL`` is None where this Triton is not the one whose Gluon API it
-was written for (3.6); ``_bwd.plan_bwd`` then keeps ``_dkdv_kernel``.
+64 queries a step against 128 keys, 8 warps: no spills in the loops on sm_90 (at most a few bytes
+outside them). On an H100 at 64K (Hq 32 / Hkv 8), against the Triton kernel in one process: dk/dv
+of the band of ``default`` 12.61 → 7.93 ms, of ``default`` 20.38 → 12.26; at head size 64
+(Hq 32 / Hkv 8) ``default`` 13.91 → 10.07 with 32 a step (docs/decisions.md D92, D93).
+``KERNEL`` is None where this Triton is not the one whose Gluon API it was written for (3.6);
+``_bwd.plan_bwd`` then keeps ``_dkdv_kernel``.
 """
 
 import torch
@@ -23,7 +26,8 @@ from ._common import (LOG2E, _kv_program, _launch_order, _launch_scalars, _launc
                       _n_range, _participates)
 
 KERNEL = None
-BM, BN, WARPS = 32, 128, 8  # queries a step, keys a program, warps (two warpgroups)
+BM, BN, WARPS = 64, 128, 8  # queries a step, keys a program, warps (two warpgroups)
+TRITON_TILE = (32, BN, 8, 2)  # _dkdv_kernel's tile on the same key tiles (rows it cannot load)
 
 if triton.__version__.startswith("3.6."):
     from triton.experimental import gluon
@@ -35,17 +39,10 @@ if triton.__version__.startswith("3.6."):
                                                                   warpgroup_mma_wait)
 
     @gluon.jit
-    def _rows(buf, base, ss, first, R, start, end, BM: gl.constexpr, D: gl.constexpr,
-              LOAD: gl.constexpr):
-        """Class rows ``start .. start + BM`` (below ``end``; storage row ``first + R * n``,
-        ``ss`` apart) of a head at ``base`` into shared buffer ``buf``, asynchronously (rows
-        past ``end`` as zeros)."""
-        n = start + gl.arange(0, BM, layout=gl.SliceLayout(1, LOAD))
-        ok = n < end
-        rows = gl.where(ok, first + R * n, 0).to(gl.int64)
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
-        cp.async_copy_global_to_shared(buf, base + rows[:, None] * ss + cols[None, :],
-                                       mask=ok[:, None])
+    def _rows(buf, base, off, ss, row, ok):
+        """A step's rows into shared buffer ``buf``, asynchronously: storage row ``row`` (rows
+        ``ss`` apart) of a head at ``base``, then ``off`` on (rows not ``ok`` as zeros)."""
+        cp.async_copy_global_to_shared(buf, base + row.to(gl.int64) * ss + off, mask=ok[:, None])
 
     @gluon.jit
     def _at(t, b64, h64, rows, cols):
@@ -65,13 +62,14 @@ if triton.__version__.startswith("3.6."):
         AL: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                      instr_shape=[16, D, 16])
         AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=AL, k_width=2)
+        # the q and dO tiles' cp.async: one row a thread (one pointer; that row's lse and delta)
+        QL: gl.constexpr = gl.BlockedLayout([1, 8], [BM // 8, 256 // BM], [8, 1], [1, 0])
         dt: gl.constexpr = q.ptr.dtype.element_ty
         CFG, LCFG, KEYS = tables
         HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
         b, hkl, hk, blk, sbase, ncl, c = _kv_program(HOFF, HCH, HBASE, SEG0, NCLS, NBLK, BLK0, W,
                                                      R, GROUP, F.PER_HEAD)
-        b64 = b.to(gl.int64)
-        hk64 = hk.to(gl.int64)
+        b64, hk64 = b.to(gl.int64), hk.to(gl.int64)
         kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
 
         # the key and value tiles, once, into shared memory
@@ -87,6 +85,9 @@ if triton.__version__.startswith("3.6."):
         qs: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D], dt)
         q_bufs = gl.allocate_shared_memory(dt, [3, BM, D], qs)
         do_bufs = gl.allocate_shared_memory(dt, [3, BM, D], qs)
+        # a step's lse (base 2) and delta, from one row a thread to the scores' columns
+        lse_s = gl.allocate_shared_memory(gl.float32, [BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        dl_s = gl.allocate_shared_memory(gl.float32, [BM], lse_s.layout)
         fence_async_shared()
 
         # the query span of the program's keys (as _dkdv_kernel's)
@@ -103,7 +104,12 @@ if triton.__version__.startswith("3.6."):
         n_tiles = gl.cdiv(gl.maximum(qn_hi - qn_lo, 0), BM)
 
         offs_n = blk * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
-        m_ar = gl.arange(0, BM, layout=gl.SliceLayout(0, SL))
+        # a thread's row's offsets from a step's first (held; a step's part: one uniform number)
+        j_ar = gl.arange(0, BM, layout=gl.SliceLayout(1, QL))
+        j_rows = R * j_ar
+        q_cols = gl.arange(0, D, layout=gl.SliceLayout(0, QL))[None, :]
+        q_off = j_rows.to(gl.int64)[:, None] * q.ss + q_cols
+        do_off = j_rows.to(gl.int64)[:, None] * do.ss + q_cols
         zs = gl.zeros([BN, BM], gl.float32, layout=SL)
         dk_acc = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, layout=AL))
         dv_acc = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, layout=AL))
@@ -115,22 +121,33 @@ if triton.__version__.startswith("3.6."):
                 q_base = q.ptr + b64 * q.sb + h64 * q.sh
                 do_base = do.ptr + b64 * do.sb + h64 * do.sh
                 first = sbase - QOFF
-                # lse and delta ([B, Hq, Sq], one layout) of the head, and the first step's rows
+                # lse and delta ([B, Hq, Sq], one layout) of the head
                 lrow = b64 * lse.sb + h64 * lse.sh
                 lse_h, dl_h = lse.ptr + lrow, delta.ptr + lrow
-                rows0 = gl.where(qn_lo + m_ar < qn_hi, first + R * (qn_lo + m_ar), 0)
-                _rows(q_bufs.index(0), q_base, q.ss, first, R, qn_lo, qn_hi, BM, D, LOAD)
-                _rows(do_bufs.index(0), do_base, do.ss, first, R, qn_lo, qn_hi, BM, D, LOAD)
+                row = first + R * qn_lo
+                ok = j_ar < qn_hi - qn_lo
+                _rows(q_bufs.index(0), q_base, q_off, q.ss, row, ok)
+                _rows(do_bufs.index(0), do_base, do_off, do.ss, row, ok)
                 cp.commit_group()
+                # (rows past the span: lse +inf, so p = 0)
+                lse_n = gl.load(lse_h + row + j_rows, mask=ok, other=float("inf"))
+                dl_n = gl.load(dl_h + row + j_rows, mask=ok, other=0.0)
+                cur = 0  # (the ring's buffers of step i and i + 1, stepped: no i % 3)
                 for i in range(n_tiles):
-                    cur = i % 3
+                    nxt = gl.where(cur == 2, 0, cur + 1)
                     start = qn_lo + i * BM
-                    gl.thread_barrier()  # (both warpgroups' products of step i-2 are done)
-                    _rows(q_bufs.index((i + 1) % 3), q_base, q.ss, first, R, start + BM, qn_hi,
-                          BM, D, LOAD)
-                    _rows(do_bufs.index((i + 1) % 3), do_base, do.ss, first, R, start + BM,
-                          qn_hi, BM, D, LOAD)
+                    gl.thread_barrier()  # (step i-2's products done, step i-1's lse, delta read)
+                    lse_n = lse_n * LOG2E
+                    lse_s.store(gl.where(lse_n == float("-inf"), float("inf"), lse_n))
+                    dl_s.store(dl_n)
+                    row_n = first + R * (start + BM)
+                    ok_n = j_ar < qn_hi - (start + BM)
+                    _rows(q_bufs.index(nxt), q_base, q_off, q.ss, row_n, ok_n)
+                    _rows(do_bufs.index(nxt), do_base, do_off, do.ss, row_n, ok_n)
                     cp.commit_group()
+                    # the next step's lse and delta, into registers while this step computes
+                    lse_n = gl.load(lse_h + row_n + j_rows, mask=ok_n, other=float("inf"))
+                    dl_n = gl.load(dl_h + row_n + j_rows, mask=ok_n, other=0.0)
                     cp.wait_group(1)  # step i's tiles are in
                     gl.thread_barrier()
                     fence_async_shared()
@@ -139,13 +156,8 @@ if triton.__version__.startswith("3.6."):
                     dpt = warpgroup_mma(v_smem, do_bufs.index(cur).permute((1, 0)), zs,
                                         use_acc=False, is_async=True)
                     st, dpt, dk_t, dv_t = warpgroup_mma_wait(0, deps=(st, dpt, dk_acc, dv_acc))
-                    offs_m = start + m_ar
-                    row_ok = offs_m < qn_hi
-                    # (rows past the span: lse +inf, so p = 0)
-                    lse2 = gl.load(lse_h + (rows0 + i * (R * BM)), mask=row_ok,
-                                   other=float("inf")) * LOG2E
-                    lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2)
-                    dl = gl.load(dl_h + (rows0 + i * (R * BM)), mask=row_ok, other=0.0)
+                    lse2 = lse_s.load(gl.SliceLayout(0, SL))
+                    dl = dl_s.load(gl.SliceLayout(0, SL))
                     pt = gl.exp2(st * scales[1] - lse2[None, :])
                     # the mask only where the tile meets the diagonal or a window's edge
                     edge = False
@@ -156,19 +168,24 @@ if triton.__version__.startswith("3.6."):
                         if not F.CAUSAL:
                             edge = edge | (start < blk * BN + BN - 1 - LB)
                     if edge:
-                        keep = offs_n[:, None] >= 0
-                        if F.CAUSAL:  # (moved by the LC class steps earlier configs own)
-                            keep = keep & (offs_n[:, None] + LC <= offs_m[None, :])
-                        if F.SLIDING:  # the window: n_q <= n_k + LB (>= n_k - LB non-causal)
-                            keep = keep & (offs_m[None, :] <= offs_n[:, None] + LB)
-                            if not F.CAUSAL:
-                                keep = keep & (offs_m[None, :] >= offs_n[:, None] - LB)
+                        # tested on a column's constant part: a thread's columns (a wgmma
+                        # accumulator's) are 2 * (lane % 4) (bits 6) plus constants, so a row's
+                        # bounds meet immediates, no column held (m_ar = m_ar & 6 + m_ar & -7)
+                        m_ar = gl.arange(0, BM, layout=gl.SliceLayout(0, SL))
+                        m_c = (m_ar & -7)[None, :]
+                        rel = offs_n[:, None] - (start + (m_ar & 6))[None, :]
+                        # n_q >= n_k + LC causal (LC: the class steps earlier configs own),
+                        # else n_q >= n_k - LB; the window: n_q <= n_k + LB
+                        keep = rel + (LC if F.CAUSAL else -LB) <= m_c
+                        if F.SLIDING:
+                            keep = keep & (m_c <= rel + LB)
                         pt = gl.where(keep, pt, 0.0)
                     dst = pt * (dpt - dl[None, :])
                     dv_acc = warpgroup_mma(gl.convert_layout(pt.to(dt), AOP), do_bufs.index(cur),
                                            warpgroup_mma_init(dv_t), is_async=True)
                     dk_acc = warpgroup_mma(gl.convert_layout(dst.to(dt), AOP), q_bufs.index(cur),
                                            warpgroup_mma_init(dk_t), is_async=True)
+                    cur = nxt
                 dk_t, dv_t = warpgroup_mma_wait(0, deps=(dk_acc, dv_acc))
                 dk_acc, dv_acc = warpgroup_mma_init(dk_t), warpgroup_mma_init(dv_t)
                 cp.wait_group(0)
@@ -176,6 +193,12 @@ if triton.__version__.startswith("3.6."):
         dk_out, dv_out = warpgroup_mma_wait(0, deps=(dk_acc, dv_acc))
         dk_out = dk_out * scales[0]
 
+        # the program's place anew (held through the loops, it spilled at 64 queries a step)
+        HOFF, HCH, HBASE, KOFF, QLO, QHI, KLO, KHI, SEG0, NCLS, NBLK, BLK0, W = _launch_scalars(L)
+        b, hkl, hk, blk, sbase, ncl, c = _kv_program(HOFF, HCH, HBASE, SEG0, NCLS, NBLK, BLK0, W,
+                                                     R, GROUP, F.PER_HEAD)
+        b64, hk64 = b.to(gl.int64), hk.to(gl.int64)
+        kn_lo, kn_hi = _n_range(sbase, ncl, KLO, KHI, R)
         # the sums of earlier launches and the sink keys', then the rows (as _dkdv_kernel)
         n_st = blk * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, AL))
         ok_st = (n_st >= kn_lo) & (n_st < kn_hi)
@@ -206,12 +229,13 @@ if triton.__version__.startswith("3.6."):
     KERNEL = _dkdv_wgmma_kernel
 
 
-def eligible(flags, d: int, dtype, device, interpret: bool, override) -> bool:
-    """Whether a dk/dv launch with compile-time ``flags`` of a call (head size ``d``, ``dtype``
-    on ``device``) runs this kernel: an H100-class GPU, the library's own tiles (no override),
-    and a launch it covers (the module's docstring)."""
-    return (KERNEL is not None and not interpret and override is None and d == 128
-            and dtype in (torch.bfloat16, torch.float16) and device.type == "cuda"
-            and torch.cuda.get_device_capability(device) == (9, 0)
+def eligible(flags, c) -> bool:
+    """Whether a dk/dv launch with compile-time ``flags`` of call ``c`` (a ``_calls.Call``) runs
+    this kernel: an H100-class GPU, the library's own tiles (no override), and a launch it covers
+    (the module's docstring)."""
+    return (KERNEL is not None and not c.cfg.interpret and c.shape[-1] in (64, 128)
+            and c.cfg.tile_override("dkdv", False) is None
+            and c.dtype in (torch.bfloat16, torch.float16) and c.device.type == "cuda"
+            and torch.cuda.get_device_capability(c.device) == (9, 0)
             and not (flags.EARLIER or flags.MAPPED or flags.HAS_DOC or flags.SOFTCAP
                      or flags.IEEE))

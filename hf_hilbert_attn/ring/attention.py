@@ -22,7 +22,7 @@ from ..dense_heads import with_dense_heads
 from ..inputs import AttnInputs, check_inputs
 from ..numerics import accum_dtype, autocast_inputs, autocast_off
 from ..backends import select_backend
-from ..ops import dilated_attention
+from ..ops import _EagerKernels, dilated_attention
 from ..pattern import DilatedPattern
 from .comm import GradExchange, KVExchange, agree, all_gather, weak_group
 from .plan import Piece, Pieces, PlanCache, RingPlan, plan_pieces, plan_ring
@@ -41,6 +41,13 @@ class _Ctx:
     plan: RingPlan
     backend: str
     pieces: Pieces
+
+    def forward(self, q, k, v):  # (run by ops._EagerKernels, the kernels' autograd Function)
+        return _ring_forward(self, q, k, v)
+
+    def backward(self, dout, dlse, q, k, v, out, lse):
+        with torch.autocast(q.device.type, enabled=False):
+            return _ring_backward(self, q, k, v, out, lse, dout, dlse)
 
 
 def _blocks(ctx: _Ctx, k, v):
@@ -156,23 +163,6 @@ def _ring_backward(ctx: _Ctx, q, k, v, out, lse, dout, dlse):
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(fctx, q, k, v, ctx):
-        out, lse = _ring_forward(ctx, q, k, v)
-        fctx.save_for_backward(q, k, v, out, lse)
-        fctx.ring = ctx
-        fctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    def backward(fctx, dout, dlse):
-        q, k, v, out, lse = fctx.saved_tensors  # unpacked once (checkpointing allows no more)
-        with torch.autocast(q.device.type, enabled=False):
-            dout = torch.zeros_like(out) if dout is None else dout
-            return (*_ring_backward(fctx.ring, q, k, v, out, lse, dout, dlse), None)
-
-
 def _shard_inputs(q, k, v, pattern, *, q_positions, k_positions, scale, q_doc_ids, k_doc_ids,
                   softcap, _skip_kv_heads=(), _head_base=0, **_) -> AttnInputs:
     """``check_inputs`` of a shard's call (the caller's keywords; others ignored), plus the
@@ -212,7 +202,7 @@ def local_attention(q, k, v, pattern, *, q_positions, k_positions, causal=True, 
     pieces = plan_pieces(pattern, causal, plan, a.q_positions, a.k_positions)
     ctx = _Ctx(pattern, causal, a, weak_group(None), plan, backend, pieces)
     with autocast_off(q):
-        out, lse = _RingAttention.apply(q, k, v, ctx)
+        out, lse = _EagerKernels.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out
 
 
@@ -275,5 +265,5 @@ def ring_attention(q, k, v, pattern, *, group, q_positions, k_positions, causal=
     # the autograd graph holds the group weakly (comm.weak_group)
     ctx = _Ctx(pattern, causal, a, weak_group(group), entry.plan, backend, entry.pieces)
     with autocast_off(q):
-        out, lse = _RingAttention.apply(q, k, v, ctx)
+        out, lse = _EagerKernels.apply(q, k, v, ctx)
     return (out, lse.float()) if return_lse else out

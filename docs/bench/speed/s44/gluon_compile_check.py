@@ -8,9 +8,9 @@ first on ``PYTHONPATH``:
     PYTHONSAFEPATH=1 PYTHONPATH=DIR:$PWD python docs/bench/speed/s44/gluon_compile_check.py \
         --seq 4096 default longnet_lm
 
-``--bm 64``: 64 queries a step; ``--dim 64``: head size 64 (9 / 3 heads, the kernel taken for
-it and the plan's dk/dv tile set to its 128 keys); ``--loops``: the SASS loops holding MMAs,
-their instruction counts and spill loads / stores (``nvdisasm`` from the Triton wheel).
+``--bm 64``: 64 queries a step; ``--dim 64``: head size 64 (9 / 3 heads); ``--loops``: the
+SASS loops holding MMAs, their instruction counts and spill loads / stores (``nvdisasm`` from
+the Triton wheel).
 """
 import argparse
 import os
@@ -56,14 +56,11 @@ def main():
     args = ap.parse_args()
     if wg.KERNEL is None:
         sys.exit("the Gluon dk/dv kernel needs Triton 3.6 (see the docstring)")
-    wg.BM, eligible, blocks = args.bm, wg.eligible, bwd._blocks
-    wg.eligible = lambda fl, d, dt, dev, interp, over: eligible(
-        fl, 128, dt, torch.device("cuda"), interp, over)  # (head size: --dim)
+    wg.BM, eligible = args.bm, wg.eligible
+    wg.eligible = lambda fl, c: eligible(fl, c._replace(device=torch.device("cuda")))
     torch.cuda.get_device_capability = lambda device=None: (9, 0)  # (the plan's H100 test)
     bwd._quads = lambda ts: (tuple(t.stride() for t in ts),
                              tuple((t.data_ptr(), *t.stride()[:3]) for t in ts))
-    bwd._blocks = lambda kind, *a, **k: (32, wg.BN, 8, 2) if kind == "dkdv" else blocks(kind, *a,
-                                                                                          **k)
     hq, hkv = (32, 8) if args.dim == 128 else (9, 3)
     for name in args.patterns:
         rows = lambda h: torch.empty(1, args.seq, h, args.dim,  # noqa: E731

@@ -449,7 +449,7 @@ def timings(args, gen):
 
 
 # --------------------------------------------------------------------------------------------
-# --compile: sm_90 without a GPU (ptxas -v; the SASS loops through nvdisasm, as
+# --compile: sm_90 without a GPU (ptxas -v; the SASS loops through nvdisasm, by
 # docs/bench/speed/s44/gluon_compile_check.py's sass_loops)
 
 def _ptxas():
@@ -462,22 +462,11 @@ def _ptxas():
 
 
 def sass_loops(cubin: bytes):
-    """``(instructions, MMAs, spill stores, spill loads)`` of each SASS loop with an MMA."""
-    nvdisasm = os.path.join(os.path.dirname(_ptxas()), "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        lines = subprocess.run([nvdisasm, "-c", f.name], capture_output=True,
-                               text=True).stdout.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines)
-              if (m := re.match(r"\.(L_x_\d+):", line.strip()))}
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", line)
-        if m and labels.get(m.group(1), i) < i:
-            body = [b for b in lines[labels[m.group(1)]:i] if "/*" in b and ";" in b]
-            if any("HGMMA" in b for b in body):
-                yield (len(body), sum("HGMMA" in b for b in body), sum("STL" in b for b in body),
-                       sum("LDL" in b for b in body))
+    """The compile check's (``docs/bench/speed/s44/gluon_compile_check.py``): ``(instructions,
+    MMAs, spill stores, spill loads)`` of each SASS loop with an MMA."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "s44"))
+    from gluon_compile_check import sass_loops as loops
+    return loops(cubin)
 
 
 def compile_only(args):

@@ -25,7 +25,7 @@ import torch
 from .chunked import chunked_attention
 from .engines.documents import document_runs as _document_ranges
 from .inputs import KERNEL_DTYPES, KERNEL_HEAD_DIMS, check_inputs
-from .numerics import accum_dtype, finite_or_zero, merge_partials
+from .numerics import accum_dtype, finite_or_zero, merge_into
 
 __all__ = ["BACKENDS", "use_triton", "select_backend", "TorchBackend", "TritonBackend",
            "document_runs", "reset_fallback_warnings"]
@@ -88,12 +88,6 @@ def _into(results, targets):
     return tuple(r if t is None else t.copy_(r) for r, t in zip(results, targets))
 
 
-def _merge_into(result, acc, lse):
-    """``(acc, lse)`` merged with ``result = (out, lse)`` over other keys, in place."""
-    o, l = merge_partials(acc, lse, result[0].to(acc.dtype), result[1].to(lse.dtype))
-    return acc.copy_(o), lse.copy_(l)
-
-
 def _add_grads(grads, dq_acc, dkv_acc):
     """``grads`` with dq added into ``dq_acc`` and dk, dv into ``dkv_acc`` where given (those
     returned in their place)."""
@@ -120,7 +114,7 @@ class TorchBackend:
 
     def accumulate(self, q, k, v, pattern, a, causal, acc, lse, plan=None):
         q, k, v = self._widened(acc.dtype, q, k, v)
-        return _merge_into(self.forward(q, k, v, pattern, a, causal), acc, lse)
+        return merge_into(acc, lse, *self.forward(q, k, v, pattern, a, causal))
 
     def position_plan(self, a, pattern):
         return None
@@ -160,7 +154,7 @@ class TritonBackend:
         if plan is not None and acc.dtype == lse.dtype == torch.float32:  # in the kernels
             return _kernels().dilated_fwd(q, k, v, pattern, a.scale, causal, plan, lse=lse,
                                           acc=acc, **_kernel_kw(a))
-        return _merge_into(self.forward(q, k, v, pattern, a, causal, plan=plan), acc, lse)
+        return merge_into(acc, lse, *self.forward(q, k, v, pattern, a, causal, plan=plan))
 
     def forward(self, q, k, v, pattern, a, causal, out=None, lse=None, plan=None):
         dilated_fwd = _kernels().dilated_fwd

@@ -22,7 +22,7 @@ import torch
 from .pattern import ORDERINGS, DilatedPattern
 
 __all__ = ["hilbert_curve", "hilbert_permutation", "to_storage", "from_storage",
-           "storage_positions", "resolve_ordering", "storage_ordering"]
+           "resolve_ordering", "storage_ordering"]
 
 Device = Union[str, torch.device, None]
 
@@ -126,12 +126,6 @@ def hilbert_curve(rows: int, cols: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------- the layout
-def _device_key(device: Device) -> torch.device:
-    device = torch.device("cpu") if device is None else torch.device(device)
-    return torch.device("cuda", torch.cuda.current_device()) \
-        if device.type == "cuda" and device.index is None else device
-
-
 @lru_cache(maxsize=32)
 def _permutation_cached(seq_len: int, segment: int, rate: int,
                         device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +158,10 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
     if not isinstance(pattern, DilatedPattern):
         raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
     seq_len = _check_int("seq_len", seq_len, 0)
-    return _permutation_cached(seq_len, pattern.max_segment, pattern.max_rate, _device_key(device))
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and device.index is None:  # (cached per device: the current one)
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _permutation_cached(seq_len, pattern.max_segment, pattern.max_rate, device)
 
 
 def to_storage(x: torch.Tensor, perm: torch.Tensor, dim: int = -2) -> torch.Tensor:
@@ -189,25 +186,6 @@ def resolve_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[i
     speed of natural, never faster). So ``"natural"`` for every shape.
     """
     return "natural"
-
-
-@lru_cache(maxsize=32)
-def _arange_cached(seq_len: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(seq_len, dtype=torch.int64, device=device)
-
-
-def storage_positions(seq_len: int, pattern: DilatedPattern, ordering: Optional[str] = None,
-                      device: Device = None, *, head_dim: Optional[int] = None) -> torch.Tensor:
-    """True positions of the tokens in storage order, int64 ``[seq_len]``.
-
-    ``ordering``: ``"natural"`` (``arange``), ``"hilbert"`` (``perm`` of
-    :func:`hilbert_permutation`) or ``"auto"`` (:func:`resolve_ordering`, given ``head_dim``);
-    default ``pattern.ordering``; anything else raises ``ValueError``. The result is cached and
-    shared: do not modify it.
-    """
-    if storage_ordering(pattern, seq_len, head_dim, device, ordering) == "hilbert":
-        return hilbert_permutation(seq_len, pattern, device)[0]
-    return _arange_cached(_check_int("seq_len", seq_len, 0), _device_key(device))
 
 
 def storage_ordering(pattern: DilatedPattern, seq_len: int, head_dim: Optional[int] = None,

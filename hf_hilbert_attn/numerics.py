@@ -6,7 +6,7 @@ from typing import Tuple
 
 import torch
 
-__all__ = ["accum_dtype", "finite_or_zero", "merge_partials", "with_sink_logits",
+__all__ = ["accum_dtype", "finite_or_zero", "merge_partials", "merge_into", "with_sink_logits",
            "autocast_inputs", "autocast_off"]
 
 
@@ -31,6 +31,17 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     ref = finite_or_zero(lse)
     return (out_a * torch.exp(lse_a - ref).unsqueeze(-1)
             + out_b * torch.exp(lse_b - ref).unsqueeze(-1)), lse
+
+
+def merge_into(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor,
+               lse_b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`merge_partials` in place: ``(out, lse)`` becomes the merge of itself and ``(out_b,
+    lse_b)`` (over other keys), in its own dtypes; returns it."""
+    new = torch.logaddexp(lse, lse_b.to(lse.dtype))
+    ref = finite_or_zero(new)
+    out.mul_(torch.exp(lse - ref).unsqueeze(-1)).addcmul_(out_b.to(out.dtype),
+                                                          torch.exp(lse_b - ref).unsqueeze(-1))
+    return out, lse.copy_(new)
 
 
 def with_sink_logits(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

@@ -167,10 +167,8 @@ def shard_batch(batch: dict, group=None, layout: str = DEFAULT_LAYOUT,
         if x.shape[dim] != s:
             raise ValueError(f"every sequence tensor must have length {s} at dim {dim}, got "
                              f"shape {tuple(x.shape)}")
-        if sp != s:  # padded to the sharded length sp
-            shape = list(x.shape)
-            shape[dim] = sp - s
-            x = torch.cat([x, x.new_full(shape, value)], dim=dim)
+        if sp != s:  # padded to the sharded length sp (at the end of dim)
+            x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1 - dim) + (0, sp - s), value=value)
         return x.index_select(dim, idx.to(x.device))
 
     out = {"input_ids": take(ids, pad_token_id)}

@@ -59,7 +59,7 @@ def check(pattern, b=2, hq=6, hkv=2, s=301, d=40, dtype=torch.float32, causal=Tr
     ulps); ``fast``: whether the dense-tile plan must apply."""
     q, k, v = fresh(b, hq, hkv, s, d, dtype)
     a = check_inputs(q, k, v, pattern)
-    assert (tiles._fast_plan(pattern, a, causal, q) is not None) == fast
+    assert (tiles.plan_whole(pattern, a, causal, q) is not None) == fast
     dout = torch.randn(b, hq, s, d, dtype=torch.float64)
     dlse = torch.randn(b, hq, s, dtype=torch.float64) if lse_grad else None
 
@@ -124,7 +124,7 @@ def test_random_patterns(seed):
     s = rng.choice([50, 97, 160])
     pattern = random_pattern(rng, s, window=None, sinks=None, nested=True)
     a = check_inputs(*fresh(1, 4, 2, s, 8, torch.float32), pattern)
-    fast = tiles._fast_plan(pattern, a, True, torch.zeros(1)) is not None
+    fast = tiles.plan_whole(pattern, a, True, torch.zeros(1)) is not None
     check(pattern, b=1, hq=4, hkv=2, s=s, d=16, fast=fast)
 
 
@@ -150,8 +150,8 @@ def test_left_to_the_blockwise_path():
                 "k_doc_ids": torch.zeros(90, dtype=torch.long),
                 "q_positions": torch.arange(90) + 3, "k_positions": torch.arange(90) + 3}):
         a = check_inputs(q, k, v, DEFAULT, **kw)
-        assert tiles._fast_plan(DEFAULT, a, True, q) is None
-        assert not tiles._document_runs(DEFAULT, a, True, q)
+        assert tiles.plan_whole(DEFAULT, a, True, q) is None
+        assert not tiles.plan_documents(DEFAULT, a, True, q)
         got = dilated_attention(q, k, v, DEFAULT, backend="torch", **kw)
         # two float32 computations (chunked, dense): each within attention_tol of the exact
         assert_close("out", got, reference_attention(q, k, v, DEFAULT, **kw),
@@ -169,7 +169,7 @@ def test_documents_and_padding(pattern):
     pos = torch.tensor([sum((list(range(n)) for n in row), []) for row in lens])
     q, k, v = fresh(2, 6, 2, 200, 24, torch.float64)
     kw = dict(q_positions=pos, k_positions=pos, q_doc_ids=docs, k_doc_ids=docs)
-    runs = tiles._document_runs(pattern, check_inputs(q, k, v, pattern, **kw), True, q)
+    runs = tiles.plan_documents(pattern, check_inputs(q, k, v, pattern, **kw), True, q)
     assert [(b, lo, hi) for b, lo, hi in runs] == [(0, 0, 70), (0, 70, 73), (0, 73, 183),
                                                     (0, 183, 200), (1, 1, 151), (1, 151, 200)]
     dout, dlse = torch.randn(2, 6, 200, 24, dtype=torch.float64), torch.randn(2, 6, 200,
@@ -192,7 +192,7 @@ def test_documents_and_padding(pattern):
 def test_plan_is_cached():
     q, k, v = fresh(1, 4, 2, 77, 8, torch.float32)
     a = check_inputs(q, k, v, DEFAULT)
-    assert tiles._fast_plan(DEFAULT, a, True, q) is tiles._fast_plan(DEFAULT, a, True, q)
+    assert tiles.plan_whole(DEFAULT, a, True, q) is tiles.plan_whole(DEFAULT, a, True, q)
 
 
 def test_cpu_benchmark_smoke(tmp_path):

@@ -14,7 +14,7 @@ from hf_hilbert_attn.hilbert import (
     hilbert_curve,
     hilbert_permutation,
     resolve_ordering,
-    storage_positions,
+    storage_ordering,
     to_storage,
 )
 
@@ -265,18 +265,17 @@ def test_to_from_storage_roundtrip_and_grad():
     assert torch.equal(from_storage(to_storage(y, perm, 1), inv, 1), y)
 
 
-def test_storage_positions():
+def test_storage_ordering():
     p = DilatedPattern([12, 40], [1, 3])
-    assert torch.equal(storage_positions(97, p, "natural"), torch.arange(97))
-    assert storage_positions(97, p, "hilbert") is hilbert_permutation(97, p)[0]
-    assert storage_positions(97, p) is storage_positions(97, p, "natural")  # pattern.ordering
-    ph = p.replace(ordering="hilbert")
-    assert storage_positions(97, ph) is hilbert_permutation(97, p)[0]
+    assert storage_ordering(p, 97, ordering="natural") == "natural"
+    assert storage_ordering(p, 97, ordering="hilbert") == "hilbert"
+    assert storage_ordering(p, 97) == "natural"  # pattern.ordering
+    assert storage_ordering(p.replace(ordering="hilbert"), 97) == "hilbert"
+    assert storage_ordering(DilatedPattern([12], [1], ordering="hilbert"), 97) == "natural"
     assert resolve_ordering(p, 97, 64) in ("natural", "hilbert")
-    expect = storage_positions(97, p, resolve_ordering(p, 97, 64))
-    assert torch.equal(storage_positions(97, p, "auto", head_dim=64), expect)
+    assert storage_ordering(p, 97, 64, ordering="auto") == resolve_ordering(p, 97, 64)
     with pytest.raises(ValueError, match=r"ordering must be one of .* got 'zorder'"):
-        storage_positions(97, p, "zorder")
+        storage_ordering(p, 97, ordering="zorder")
 
 
 # ---------------------------------------------------------------------------------- invariance

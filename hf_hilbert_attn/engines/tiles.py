@@ -1,6 +1,6 @@
 """The dense-tile engine: PyTorch's fused CPU attention (the kernel SDPA runs on CPU) over dense
 tiles in class coordinates, for causal self-attention at positions 0..S-1 (a prefill or training
-step; packed documents and padding: one call per document, ``_document_runs``).
+step; packed documents and padding: one call per document, ``plan_documents``).
 
 Planned once per (pattern, length, heads) as batched calls of that kernel, each over tiles in
 the *class coordinates* of a config: the tokens ``c, c + r, c + 2r, ...`` of one segment (or of
@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from ..numerics import accum_dtype, finite_or_zero
+from ..numerics import accum_dtype, finite_or_zero, merge_into
 from ..planning import class_uniform, covered_window, covers, nests, priority
 from .documents import document_runs
 
@@ -70,9 +70,7 @@ def _tiles(s, hq, hkv, qh, qt, kt, causal, touched, mask=None):
     written so far. None when nothing is left."""
     keep = (qt < s).any(1) if mask is None else mask.flatten(1).any(1)
     if not bool(keep.all()):
-        qt, kt = qt[keep], kt[keep]
-        qh = None if qh is None else qh[keep]
-        mask = None if mask is None else mask[keep]
+        qt, kt, qh, mask = (None if x is None else x[keep] for x in (qt, kt, qh, mask))
     if qt.shape[0] == 0 or qt.shape[1] == 0 or kt.shape[1] == 0:
         return None
     t = _Tiles()
@@ -210,7 +208,7 @@ def _fast_applies(pattern, a, causal, q) -> bool:
                                                  in enumerate(cfgs) for e in cfgs[:n])))
 
 
-def _fast_plan(pattern, a, causal, q):
+def plan_whole(pattern, a, causal, q):
     """The dense-tile plan for this call, or None when the fast path does not apply."""
     if not _fast_applies(pattern, a, causal, q) or a.q_doc_ids is not None or not (
             a.natural_positions or all(torch.equal(p.cpu(), torch.arange(a.sq).expand_as(p))
@@ -261,15 +259,6 @@ def _gather(t, x, xf, b, rows, length, rng=None):
     return xf.index_select(1, rows).view(b * t.n, -1, length, xf.shape[-1])
 
 
-def _merge_into(o_t, l_t, o, l):
-    """``(o_t, l_t)`` <- the merge of ``(o_t, l_t)`` and ``(o, l)`` (two partial results over
-    disjoint keys), in place."""
-    new = torch.logaddexp(l_t, l)
-    ref = finite_or_zero(new)
-    o_t.mul_(torch.exp(l_t - ref).unsqueeze(-1)).addcmul_(o, torch.exp(l - ref).unsqueeze(-1))
-    l_t.copy_(new)
-
-
 def _write(t, out, lse, o, l, b):
     """Merge the kernel's ``o`` ``[B * n, H or 1, lq, D]`` and ``l`` ``[B * n, H or 1, lq]``
     into ``out`` ``[B, Hq, S + 1, D]`` / ``lse`` ``[B, Hq, S + 1]`` at the tile's rows."""
@@ -282,13 +271,13 @@ def _write(t, out, lse, o, l, b):
             o_t.copy_(o)
             l_t.copy_(l)
         else:
-            _merge_into(o_t, l_t, o, l)
+            merge_into(o_t, l_t, o, l)
         return
     o_all, l_all = out.view(b, -1, out.shape[-1]), lse.view(b, -1)
     o, l = o.reshape(b, -1, o.shape[-1]), l.reshape(b, -1)
     if not t.first:
         o_t, l_t = o_all.index_select(1, t.qw), l_all.index_select(1, t.qw)
-        _merge_into(o_t, l_t, o, l)
+        merge_into(o_t, l_t, o, l)
         o, l = o_t, l_t
     o_all.index_copy_(1, t.qw, o)
     l_all.index_copy_(1, t.qw, l)
@@ -335,7 +324,7 @@ def _fast_forward(plan, q, k, v, scale):
         sc, _, vs = _sink_scores(plan, q, k, v, scale, acc)
         ls = torch.logsumexp(sc, -1)
         p = torch.exp(sc - finite_or_zero(ls)[..., None])
-        _merge_into(out[:, :, lo:], lse[:, :, lo:], torch.matmul(p, vs), ls)
+        merge_into(out[:, :, lo:], lse[:, :, lo:], torch.matmul(p, vs), ls)
     return out, lse
 
 
@@ -423,7 +412,7 @@ class _FastAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
-def _document_runs(pattern, a, causal, q):
+def plan_documents(pattern, a, causal, q):
     """Packed or padded self-attention as ``[(row, lo, hi)]``: storage ranges each holding one
     whole document at positions 0..hi-lo-1 (``documents.document_runs``), each a call of the
     dense-tile path; None for any other layout (or no document)."""
@@ -432,7 +421,7 @@ def _document_runs(pattern, a, causal, q):
     return [(b, lo, hi) for b, lo, hi, _ in document_runs(a, restart=True) or ()] or None
 
 
-def _fast_documents(q, k, v, pattern, a, runs):
+def attend_documents(q, k, v, pattern, a, runs):
     """``(out, lse)`` of the document ``runs``, one dense-tile call each, written into their
     ranges of the sequence (zeros and -inf between them)."""
     out = q.new_zeros(a.batch, a.hq, a.sq, v.shape[-1])
@@ -444,9 +433,7 @@ def _fast_documents(q, k, v, pattern, a, runs):
     return out, lse
 
 
-# Two engines of ``chunked.ENGINES``: the whole sequence, and one call per document.
-plan_whole, plan_documents, attend_documents = _fast_plan, _document_runs, _fast_documents
-
-
+# Two engines of ``chunked.ENGINES``: the whole sequence (``plan_whole``, ``attend_whole``), and
+# one call per document (``plan_documents``, ``attend_documents``).
 def attend_whole(q, k, v, pattern, a, plan):
     return _FastAttention.apply(q, k, v, plan, a.scale)

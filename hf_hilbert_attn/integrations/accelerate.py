@@ -31,7 +31,7 @@ from ..sharding import DEFAULT_LAYOUT, shard_batch
 logger = logging.getLogger(__name__)
 
 __all__ = ["SPTopology", "sequence_parallel_topology", "shard_for_sequence_parallel",
-           "reduce_loss", "global_num_items", "average_gradients"]
+           "reduce_loss", "average_gradients"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,6 @@ def sequence_parallel_topology(accelerator=None, sp_size: Optional[int] = None) 
     return SPTopology(group, rank % sp, sp, rank // sp, world // sp, "split")
 
 
-def global_num_items(num_items: torch.Tensor, group) -> torch.Tensor:
-    """Sum of non-ignored label counts over the SP group (no gradient)."""
-    n = torch.as_tensor(num_items).detach().clone().to(torch.int64)
-    if group is not None:
-        dist.all_reduce(n, group=group)
-    return n
-
-
 def shard_for_sequence_parallel(batch: dict, topo: SPTopology, layout: str = DEFAULT_LAYOUT,
                                 pattern=None, pad_to_multiple: int = 1, **kwargs) -> dict:
     """:func:`~hf_hilbert_attn.sharding.shard_batch` for this rank, plus
@@ -106,9 +98,11 @@ def shard_for_sequence_parallel(batch: dict, topo: SPTopology, layout: str = DEF
     ``sum over this shard / N`` and :func:`reduce_loss` gives the mean over the sequence)."""
     group = topo.group if topo.group is not None else (0, 1)
     shard = shard_batch(batch, group, layout, pattern, pad_to_multiple, **kwargs)
-    if "num_items" in shard:
-        shard["num_items_in_batch"] = global_num_items(shard.pop("num_items"), topo.group).to(
-            shard["input_ids"].device)
+    if "num_items" in shard:  # the sum of the non-ignored label counts over the SP group
+        n = shard.pop("num_items").to(torch.int64)  # (0-dim, made by shard_batch: no gradient)
+        if topo.group is not None:
+            dist.all_reduce(n, group=topo.group)
+        shard["num_items_in_batch"] = n.to(shard["input_ids"].device)
     return shard
 
 

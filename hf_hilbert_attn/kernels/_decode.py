@@ -21,9 +21,8 @@ import triton.language as tl
 from ._common import LN2, Strided, _dot, _logits2, _scales
 from ._launch import launch_all, relaunch
 
-__all__ = ["DecodeLauncher", "Rule", "DECODE_MAX_ROWS"]
+__all__ = ["DecodeLauncher", "Rule"]
 
-DECODE_MAX_ROWS = 128  # G * Sq rows of one tile
 _MIN_TILES, _MAX_SPLITS = 8, 16  # key tiles per split at least, splits at most (the merge
 # reads the partial results one after another: docs/decisions.md D54); a dense head, which
 # reads every key where the others skip the slots no window reaches, takes up to

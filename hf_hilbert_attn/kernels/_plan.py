@@ -103,8 +103,7 @@ def _plan_positions(a, pattern) -> tuple:
         return PositionPlan(False, sk - sq, sk - sq, sk - 1, 0, sk - 1, None, None, qdoc, kdoc), None
     if sq == 0 or sk == 0:
         return None, "empty query or key positions"
-    qlo, qhi = int(qp.min()), int(qp.max())
-    klo, khi = int(kp.min()), int(kp.max())
+    (qlo, qhi), (klo, khi) = ((int(p.min()), int(p.max())) for p in (qp, kp))
     if min(qlo, klo) < 0:
         return None, f"negative positions (min {min(qlo, klo)})"
     per = period(pattern, W_CAP)

@@ -281,19 +281,17 @@ def plan_pieces(pattern: DilatedPattern, causal: bool, plan: RingPlan, q_pos: to
 # ---------------------------------------------------------------------------------- cache
 @dataclass
 class CachedPlan:
-    """A plan with what it was made from: ``key`` (pattern, heads, causal, device, ...) and
-    the positions and key document ids ``(q_pos, k_pos, k_doc)`` it was planned for."""
+    """A plan with what it was made from (besides its key in :class:`PlanCache`: pattern, heads,
+    causal, device, ...): the positions and key document ids ``(q_pos, k_pos, k_doc)``."""
 
-    key: tuple
     inputs: Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
     plan: RingPlan
     pieces: Pieces
 
-    def matches(self, key: tuple, inputs) -> bool:
-        """Same key and the same inputs, compared by value."""
-        return self.key == key and all(
-            a is b is None or (a is not None and b is not None and bool(torch.equal(a, b)))
-            for a, b in zip(inputs, self.inputs))
+    def matches(self, inputs) -> bool:
+        """The same inputs, compared by value."""
+        return all(a is b is None or (a is not None and b is not None and bool(torch.equal(a, b)))
+                   for a, b in zip(inputs, self.inputs))
 
 
 class PlanCache:
@@ -312,7 +310,7 @@ class PlanCache:
     def lookup(self, group, key: tuple, inputs) -> Optional[CachedPlan]:
         """The group's cached plan if it was made for ``key`` and equal ``inputs``, else None."""
         entry = self._by_group.get(group, {}).get(key)
-        return entry if entry is not None and entry.matches(key, inputs) else None
+        return entry if entry is not None and entry.matches(inputs) else None
 
     def store(self, group, key: tuple, inputs, plan: RingPlan, pieces: Pieces) -> CachedPlan:
         """Keep ``plan`` as the group's plan for ``key`` (copies of ``inputs``: callers may change
@@ -322,7 +320,7 @@ class PlanCache:
         plans.pop(key, None)
         while len(plans) >= self.PER_GROUP:
             plans.pop(next(iter(plans)))  # the oldest key
-        return plans.setdefault(key, CachedPlan(key, kept, plan, pieces))  # (popped above)
+        return plans.setdefault(key, CachedPlan(kept, plan, pieces))  # (popped above)
 
     def get(self, group) -> Optional[CachedPlan]:
         """The group's last plan, whatever it was made for (None if none)."""

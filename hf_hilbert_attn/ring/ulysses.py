@@ -25,23 +25,13 @@ from .attention import _shard_inputs, ring_attention
 from .comm import agree, all_gather, split_group, weak_group
 from .plan import PlanCache
 
-__all__ = ["ulysses_attention", "sequence_parallel_attention", "resolve_mode", "ulysses_size",
-           "check_heads"]
+__all__ = ["ulysses_attention", "sequence_parallel_attention", "resolve_mode", "ulysses_size"]
 
 
 def heads_split(hq: int, hkv: int, world: int) -> bool:
     """Whether ``hq`` query and ``hkv`` key/value heads shard over ``world`` ranks: ``world``
     divides ``hq``, and divides ``hkv`` or is a multiple of it."""
     return not (hq % world or (hkv % world and world % hkv))
-
-
-def check_heads(hq: int, hkv: int, world: int) -> None:
-    """``ValueError`` unless :func:`heads_split`."""
-    if not heads_split(hq, hkv, world):
-        raise ValueError(
-            f"mode='ulysses' shards heads: {hq} query and {hkv} key/value heads do not split "
-            f"over {world} ranks (the ranks must divide the query heads, and divide or be a "
-            "multiple of the key/value heads); use mode='ring'")
 
 
 class _AllToAll(torch.autograd.Function):
@@ -131,7 +121,7 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
 
     Arguments and result as :func:`~hf_hilbert_attn.ring_attention`; queries and keys are the
     same tokens' (``Sq == Sk`` on every rank). ``ValueError``: heads that do not split over the
-    group (:func:`check_heads`), or ranks that disagree on the call. ``_ring`` (private, mode
+    group (:func:`heads_split`), or ranks that disagree on the call. ``_ring`` (private, mode
     ``"hybrid"``): the group across which the gathered sequences form a ring (None: one)."""
     kw = dict(q_positions=q_positions, k_positions=k_positions, causal=causal, scale=scale,
               q_doc_ids=q_doc_ids, k_doc_ids=k_doc_ids, return_lse=return_lse, backend=backend,
@@ -145,7 +135,11 @@ def ulysses_attention(q, k, v, pattern, *, group, q_positions, k_positions, caus
     if a.sq != a.sk:
         raise ValueError(f"mode='ulysses' needs queries and keys of the same tokens, got "
                          f"{a.sq} queries and {a.sk} keys on this rank; use mode='ring'")
-    check_heads(a.hq, a.hkv, world)
+    if not heads_split(a.hq, a.hkv, world):
+        raise ValueError(
+            f"mode='ulysses' shards heads: {a.hq} query and {a.hkv} key/value heads do not split "
+            f"over {world} ranks (the ranks must divide the query heads, and divide or be a "
+            "multiple of the key/value heads); use mode='ring'")
     inputs = (a.q_positions, a.k_positions, a.q_doc_ids, a.k_doc_ids)
     entry = _GATHERED.lookup(group, ("ulysses",), inputs)
     if not agree(q, k, v, pattern, causal, a.scale, a.q_positions, a.k_positions, a.k_doc_ids,

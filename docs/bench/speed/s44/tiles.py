@@ -48,14 +48,10 @@ def gpu_ms_by_kernel(step):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("shapes", nargs="+")
-    ap.add_argument("--tile", action="append", default=[], type=parse_tile)
-    args = ap.parse_args()
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
-          flush=True)
-    for shape in args.shapes:
+def cases(shapes):
+    """``(label, step, (q, k, v))`` of each ``HQ/HKV/D:S,S[@PATTERN]``: bf16 inputs (seeded by
+    the length) and one forward + backward of the library on them."""
+    for shape in shapes:
         shape, _, pname = shape.partition("@")
         pattern = as_pattern(pname or "default")
         heads, seqs = shape.split(":")
@@ -67,28 +63,43 @@ def main():
             for t in (q, k, v):
                 t.requires_grad_(True)
 
-            def step():
+            def step(q=q, k=k, v=v, g=g, pattern=pattern):
                 dilated_attention(q, k, v, pattern).backward(g)
 
-            print(f"== {pname or 'default'} {hq}/{hkv}/{d} S={s}", flush=True)
-            base = None
-            for name, blocks in [("base", None)] + args.tile:
-                configure(blocks=blocks)
-                q.grad = k.grad = v.grad = None
-                step()
-                grads = [t.grad.float() for t in (q, k, v)]
-                if base is None:
-                    base, diff = grads, 0.0
-                else:
-                    diff = max(float((a - b).abs().max() / b.abs().max())
-                               for a, b in zip(grads, base))
-                by = gpu_ms_by_kernel(step)
-                ms = triton.testing.do_bench(step, rep=200, return_mode="median",
-                                             grad_to_none=[q, k, v])
-                parts = "  ".join(f"{n} {t:.3f}" for n, t in sorted(by.items()))
-                print(f"  {name:20s} fwd+bwd {ms:8.3f} ms  grad diff {diff:.1e}  {parts}",
-                      flush=True)
-            configure(blocks=None)
+            yield f"{pname or 'default'} {hq}/{hkv}/{d} S={s}", step, (q, k, v)
+
+
+def measure(name, step, qkv, base):
+    """One variant's line (per kernel GPU ms, fwd+bwd ms, gradients against ``base``'s, None:
+    these are the base); returns its gradients."""
+    for t in qkv:
+        t.grad = None
+    step()
+    grads = [t.grad.float() for t in qkv]
+    diff = 0.0 if base is None else max(float((a - b).abs().max() / b.abs().max())
+                                        for a, b in zip(grads, base))
+    by = gpu_ms_by_kernel(step)
+    ms = triton.testing.do_bench(step, rep=200, return_mode="median", grad_to_none=list(qkv))
+    parts = "  ".join(f"{n} {t:.3f}" for n, t in sorted(by.items()))
+    print(f"  {name:20s} fwd+bwd {ms:8.3f} ms  grad diff {diff:.1e}  {parts}", flush=True)
+    return grads
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shapes", nargs="+")
+    ap.add_argument("--tile", action="append", default=[], type=parse_tile)
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
+          flush=True)
+    for label, step, qkv in cases(args.shapes):
+        print(f"== {label}", flush=True)
+        base = None
+        for name, blocks in [("base", None)] + args.tile:
+            configure(blocks=blocks)
+            grads = measure(name, step, qkv, base)
+            base = grads if base is None else base
+        configure(blocks=None)
 
 
 if __name__ == "__main__":

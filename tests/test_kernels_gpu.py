@@ -25,6 +25,7 @@ from hf_hilbert_attn import DilatedPattern, dilated_attention, reference_attenti
 pytestmark = pytest.mark.gpu
 
 LONGNET_SMALL = DilatedPattern([256, 512, 1024, 2048, 4096], [1, 2, 4, 6, 12])
+EARLIER_SMALL = DilatedPattern([1024, 4096], [1, 4])
 group = pytest.mark.xdist_group
 
 
@@ -121,12 +122,15 @@ def test_modes(mode, causal):
 
 @pytest.mark.parametrize("case", ["sliding_sinks", "per_head_noncausal", "all_dense_head",
                                   "batch_float16", "unaligned_rows", "d64_sinks",
-                                  "d64_unaligned_rows"])
+                                  "d64_unaligned_rows", "earlier", "earlier_all_noncausal",
+                                  "d64_earlier"])
 def test_hopper_dkdv_kernel(case):
-    """On an H100 the dk/dv launches without an earlier config run the Gluon kernel
-    (``kernels/_dkdv_wgmma.py``, D92) at head size 128 and 64 and match the reference as
-    ``_check`` asks; q and dO rows it cannot load 16 bytes at a time (a row stride not a multiple
-    of 8 elements) take the Triton kernel on the Gluon kernel's key tiles."""
+    """On an H100 the dk/dv launches that need no per-pair union mask (no earlier config, or
+    earlier ones covering whole query ranges: not ``MIXED``) run the Gluon kernel
+    (``kernels/_dkdv_wgmma.py``, D92, D95) at head size 128 and 64 and match the reference as
+    ``_check`` asks (``earlier*``: every dk/dv launch on it); q and dO rows it cannot load 16
+    bytes at a time (a row stride not a multiple of 8 elements) take the Triton kernel on the
+    Gluon kernel's key tiles."""
     from hf_hilbert_attn.kernels import _dkdv_wgmma
 
     if _dkdv_wgmma.KERNEL is None or torch.cuda.get_device_capability() != (9, 0):
@@ -141,12 +145,19 @@ def test_hopper_dkdv_kernel(case):
         "unaligned_rows": (SLIDING_SMALL, dict(s=1000, wide=1)),
         "d64_sinks": (LONGNET_SMALL.replace(sink_tokens=2), dict(s=2049, hq=9, hkv=3, d=64)),
         "d64_unaligned_rows": (SLIDING_SMALL, dict(s=1000, hq=6, hkv=2, d=64, wide=1)),
+        # (rate 4's segments hold whole ones of rate 1 and 4 x 128 keys: not MIXED)
+        "earlier": (EARLIER_SMALL, dict(s=5000, hq=8, hkv=2)),
+        "earlier_all_noncausal": (EARLIER_SMALL.replace(query_dilation="all"),
+                                  dict(s=4500, hq=4, hkv=2, causal=False)),
+        "d64_earlier": (EARLIER_SMALL, dict(s=5000, hq=9, hkv=3, d=64)),
     }[case]
     cuda = torch.profiler.ProfilerActivity.CUDA
     with torch.profiler.profile(activities=[cuda]) as prof:
         _check(pattern, **kw)
     ran = any("_dkdv_wgmma_kernel" in e.name for e in prof.events())
     assert ran == ("unaligned" not in case), f"the Gluon dk/dv kernel ran: {ran}"
+    triton_ran = any(e.name.startswith("_dkdv_kernel") for e in prof.events())
+    assert not ("earlier" in case and triton_ran), "a launch with earlier configs took Triton's"
 
 
 def test_head_dim_64_and_mqa():

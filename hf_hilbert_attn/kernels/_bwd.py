@@ -257,10 +257,11 @@ def plan_bwd(c: Call) -> BwdPlan:
             lp = _trimmed(c, ln, kv_merge, False)  # kv_merge: no sink key
             if lp is None:
                 continue
-            fl = _flags(c, prio, ln, kv_tiles[False][1], bool(sinks) and li == sink_li, utab)
-            # Hopper: the Gluon kernel where it covers the launch, on its key tiles (no earlier
-            # config: flags alike for any tile), the Triton one's keywords kept (run's `aligned`)
+            # Hopper: the Gluon kernel where it covers the launch, on its key tiles (the flags'
+            # MIXED is the tile's), the Triton one's keywords kept (run's `aligned`)
+            fl = _flags(c, prio, ln, _dkdv_wgmma.BN, bool(sinks) and li == sink_li, utab)
             wg = _dkdv_wgmma.eligible(fl, c)
+            fl = fl if wg else _flags(c, prio, ln, kv_tiles[False][1], fl.SINK, utab)
             bm, bn, warps, stages = _dkdv_wgmma.TRITON_TILE if wg else \
                 kv_tiles[fl.EARLIER and not fl.MIXED]
             kseg0, knseg, kblk0, knblk = _tiles(lp.klo, lp.khi, ln.w, ln.r, bn, ln.w == W_CAP)

@@ -1,6 +1,7 @@
-"""The dk/dv kernel on Hopper (sm_90), in Gluon: the launches of ``_dkdv._dkdv_kernel`` without
-an earlier config (no union test), at natural positions, without documents or soft-capped
-scores, in 16-bit at head size 128 or 64. Same arguments, same result; its schedule explicit:
+"""The dk/dv kernel on Hopper (sm_90), in Gluon: the launches of ``_dkdv._dkdv_kernel`` that
+need no per-pair union mask (no earlier config, or earlier ones that cover whole query ranges of
+a key tile: not ``MIXED``), at natural positions, without documents or soft-capped scores, in
+16-bit at head size 128 or 64. Same arguments, same result; its schedule explicit:
 
 * ``Sᵀ = K Qᵀ`` and ``dPᵀ = V dOᵀ`` issued together and waited for once, while the dv and dk
   products of the step before may still run (Triton's compiler waits for every product before
@@ -14,7 +15,8 @@ scores, in 16-bit at head size 128 or 64. Same arguments, same result; its sched
 64 queries a step against 128 keys, 8 warps: no spills in the loops on sm_90 (at most a few bytes
 outside them). On an H100 at 64K (Hq 32 / Hkv 8), against the Triton kernel in one process: dk/dv
 of the band of ``default`` 12.61 → 7.93 ms, of ``default`` 20.38 → 12.26; at head size 64
-(Hq 32 / Hkv 8) ``default`` 13.91 → 10.07 with 32 a step (docs/decisions.md D92, D93).
+(Hq 32 / Hkv 8) ``default`` 13.91 → 10.07 with 32 a step (docs/decisions.md D92, D93); with
+earlier configs, ``longnet_lm``'s dk/dv 10.18 → 9.32 ms, ``pow2``'s 10.61 → 9.70 (D95).
 ``KERNEL`` is None where this Triton is not the one whose Gluon API it was written for (3.6);
 ``_bwd.plan_bwd`` then keeps ``_dkdv_kernel``.
 """
@@ -22,8 +24,8 @@ of the band of ``default`` 12.61 → 7.93 ms, of ``default`` 20.38 → 12.26; at
 import torch
 import triton
 
-from ._common import (LOG2E, _kv_program, _launch_order, _launch_scalars, _launch_sinks,
-                      _n_range, _participates)
+from ._common import (LOG2E, _covered, _kv_program, _launch_order, _launch_scalars,
+                      _launch_sinks, _n_range, _participates)
 
 KERNEL = None
 BM, BN, WARPS = 64, 128, 8  # queries a step, keys a program, warps (two warpgroups)
@@ -101,7 +103,6 @@ if triton.__version__.startswith("3.6."):
         if F.SLIDING:
             qn_hi = gl.minimum(qn_hi, n_last + LB + 1)
         qn_hi = gl.where(n_last >= n_first, qn_hi, qn_lo)
-        n_tiles = gl.cdiv(gl.maximum(qn_hi - qn_lo, 0), BM)
 
         offs_n = blk * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
         # a thread's row's offsets from a step's first (held; a step's part: one uniform number)
@@ -116,80 +117,97 @@ if triton.__version__.startswith("3.6."):
         for hh in range(GROUP):
             h = hk * GROUP + hh
             active = ((h + HBASE) % R) == c if F.PER_HEAD else h >= 0
-            if active:
-                h64 = h.to(gl.int64)
-                q_base = q.ptr + b64 * q.sb + h64 * q.sh
-                do_base = do.ptr + b64 * do.sb + h64 * do.sh
-                first = sbase - QOFF
-                # lse and delta ([B, Hq, Sq], one layout) of the head
-                lrow = b64 * lse.sb + h64 * lse.sh
-                lse_h, dl_h = lse.ptr + lrow, delta.ptr + lrow
-                row = first + R * qn_lo
-                ok = j_ar < qn_hi - qn_lo
-                _rows(q_bufs.index(0), q_base, q_off, q.ss, row, ok)
-                _rows(do_bufs.index(0), do_base, do_off, do.ss, row, ok)
-                cp.commit_group()
-                # (rows past the span: lse +inf, so p = 0)
-                lse_n = gl.load(lse_h + row + j_rows, mask=ok, other=float("inf"))
-                dl_n = gl.load(dl_h + row + j_rows, mask=ok, other=0.0)
-                cur = 0  # (the ring's buffers of step i and i + 1, stepped: no i % 3)
-                for i in range(n_tiles):
-                    nxt = gl.where(cur == 2, 0, cur + 1)
-                    start = qn_lo + i * BM
-                    gl.thread_barrier()  # (step i-2's products done, step i-1's lse, delta read)
-                    lse_n = lse_n * LOG2E
-                    lse_s.store(gl.where(lse_n == float("-inf"), float("inf"), lse_n))
-                    dl_s.store(dl_n)
-                    row_n = first + R * (start + BM)
-                    ok_n = j_ar < qn_hi - (start + BM)
-                    _rows(q_bufs.index(nxt), q_base, q_off, q.ss, row_n, ok_n)
-                    _rows(do_bufs.index(nxt), do_base, do_off, do.ss, row_n, ok_n)
+            # the query ranges: [qn_lo, qn_hi) less, after earlier configs, the queries they
+            # cover for the whole key tile (no launch here needs the per-pair union mask: not
+            # MIXED); causal and sliding, the covered queries start at 0 (the upper range only)
+            a_hi, b_lo = qn_hi, qn_lo
+            if F.EARLIER:
+                ca, cb, ma, mb = _covered(sbase + R * n_first,
+                                          sbase + R * gl.maximum(n_last, n_first), sbase, R,
+                                          h + HBASE, qn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
+                                          SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=True)
+                a_hi, b_lo = gl.minimum(ca, qn_hi), gl.maximum(cb, qn_lo)
+            for part in range(1 if F.SLIDING and F.CAUSAL or not F.EARLIER else 0, 2):
+                lo = gl.where(part == 0, qn_lo, b_lo)
+                hi = gl.where(part == 0, a_hi, qn_hi)
+                n_tiles = gl.cdiv(gl.maximum(hi - lo, 0), BM)
+                if active:
+                    h64 = h.to(gl.int64)
+                    q_base = q.ptr + b64 * q.sb + h64 * q.sh
+                    do_base = do.ptr + b64 * do.sb + h64 * do.sh
+                    first = sbase - QOFF
+                    # lse and delta ([B, Hq, Sq], one layout) of the head
+                    lrow = b64 * lse.sb + h64 * lse.sh
+                    lse_h, dl_h = lse.ptr + lrow, delta.ptr + lrow
+                    row = first + R * lo
+                    ok = j_ar < hi - lo
+                    _rows(q_bufs.index(0), q_base, q_off, q.ss, row, ok)
+                    _rows(do_bufs.index(0), do_base, do_off, do.ss, row, ok)
                     cp.commit_group()
-                    # the next step's lse and delta, into registers while this step computes
-                    lse_n = gl.load(lse_h + row_n + j_rows, mask=ok_n, other=float("inf"))
-                    dl_n = gl.load(dl_h + row_n + j_rows, mask=ok_n, other=0.0)
-                    cp.wait_group(1)  # step i's tiles are in
-                    gl.thread_barrier()
-                    fence_async_shared()
-                    st = warpgroup_mma(k_smem, q_bufs.index(cur).permute((1, 0)), zs,
-                                       use_acc=False, is_async=True)
-                    dpt = warpgroup_mma(v_smem, do_bufs.index(cur).permute((1, 0)), zs,
-                                        use_acc=False, is_async=True)
-                    st, dpt, dk_t, dv_t = warpgroup_mma_wait(0, deps=(st, dpt, dk_acc, dv_acc))
-                    lse2 = lse_s.load(gl.SliceLayout(0, SL))
-                    dl = dl_s.load(gl.SliceLayout(0, SL))
-                    pt = gl.exp2(st * scales[1] - lse2[None, :])
-                    # the mask only where the tile meets the diagonal or a window's edge
-                    edge = False
-                    if F.CAUSAL:
-                        edge = start < blk * BN + BN - 1 + LC
-                    if F.SLIDING:
-                        edge = edge | (start + BM - 1 > blk * BN + LB)
-                        if not F.CAUSAL:
-                            edge = edge | (start < blk * BN + BN - 1 - LB)
-                    if edge:
-                        # tested on a column's constant part: a thread's columns (a wgmma
-                        # accumulator's) are 2 * (lane % 4) (bits 6) plus constants, so a row's
-                        # bounds meet immediates, no column held (m_ar = m_ar & 6 + m_ar & -7)
-                        m_ar = gl.arange(0, BM, layout=gl.SliceLayout(0, SL))
-                        m_c = (m_ar & -7)[None, :]
-                        rel = offs_n[:, None] - (start + (m_ar & 6))[None, :]
-                        # n_q >= n_k + LC causal (LC: the class steps earlier configs own),
-                        # else n_q >= n_k - LB; the window: n_q <= n_k + LB
-                        keep = rel + (LC if F.CAUSAL else -LB) <= m_c
+                    # (rows past the span: lse +inf, so p = 0)
+                    lse_n = gl.load(lse_h + row + j_rows, mask=ok, other=float("inf"))
+                    dl_n = gl.load(dl_h + row + j_rows, mask=ok, other=0.0)
+                    cur = 0  # (the ring's buffers of step i and i + 1, stepped: no i % 3)
+                    for i in range(n_tiles):
+                        nxt = gl.where(cur == 2, 0, cur + 1)
+                        start = lo + i * BM
+                        # (step i-2's products done, step i-1's lse, delta read)
+                        gl.thread_barrier()
+                        lse_n = lse_n * LOG2E
+                        lse_s.store(gl.where(lse_n == float("-inf"), float("inf"), lse_n))
+                        dl_s.store(dl_n)
+                        row_n = first + R * (start + BM)
+                        ok_n = j_ar < hi - (start + BM)
+                        _rows(q_bufs.index(nxt), q_base, q_off, q.ss, row_n, ok_n)
+                        _rows(do_bufs.index(nxt), do_base, do_off, do.ss, row_n, ok_n)
+                        cp.commit_group()
+                        # the next step's lse and delta, into registers while this step computes
+                        lse_n = gl.load(lse_h + row_n + j_rows, mask=ok_n, other=float("inf"))
+                        dl_n = gl.load(dl_h + row_n + j_rows, mask=ok_n, other=0.0)
+                        cp.wait_group(1)  # step i's tiles are in
+                        gl.thread_barrier()
+                        fence_async_shared()
+                        st = warpgroup_mma(k_smem, q_bufs.index(cur).permute((1, 0)), zs,
+                                           use_acc=False, is_async=True)
+                        dpt = warpgroup_mma(v_smem, do_bufs.index(cur).permute((1, 0)), zs,
+                                            use_acc=False, is_async=True)
+                        st, dpt, dk_t, dv_t = warpgroup_mma_wait(0, deps=(st, dpt, dk_acc, dv_acc))
+                        lse2 = lse_s.load(gl.SliceLayout(0, SL))
+                        dl = dl_s.load(gl.SliceLayout(0, SL))
+                        pt = gl.exp2(st * scales[1] - lse2[None, :])
+                        # the mask only where the tile meets the diagonal or a window's edge
+                        edge = False
+                        if F.CAUSAL:
+                            edge = start < blk * BN + BN - 1 + LC
                         if F.SLIDING:
-                            keep = keep & (m_c <= rel + LB)
-                        pt = gl.where(keep, pt, 0.0)
-                    dst = pt * (dpt - dl[None, :])
-                    dv_acc = warpgroup_mma(gl.convert_layout(pt.to(dt), AOP), do_bufs.index(cur),
-                                           warpgroup_mma_init(dv_t), is_async=True)
-                    dk_acc = warpgroup_mma(gl.convert_layout(dst.to(dt), AOP), q_bufs.index(cur),
-                                           warpgroup_mma_init(dk_t), is_async=True)
-                    cur = nxt
-                dk_t, dv_t = warpgroup_mma_wait(0, deps=(dk_acc, dv_acc))
-                dk_acc, dv_acc = warpgroup_mma_init(dk_t), warpgroup_mma_init(dv_t)
-                cp.wait_group(0)
-                gl.thread_barrier()
+                            edge = edge | (start + BM - 1 > blk * BN + LB)
+                            if not F.CAUSAL:
+                                edge = edge | (start < blk * BN + BN - 1 - LB)
+                        if edge:
+                            # tested on a column's constant part: a thread's columns (a wgmma
+                            # accumulator's) are 2 * (lane % 4) (bits 6) plus constants, so a row's
+                            # bounds meet immediates, no column held (m_ar = m_ar & 6 + m_ar & -7)
+                            m_ar = gl.arange(0, BM, layout=gl.SliceLayout(0, SL))
+                            m_c = (m_ar & -7)[None, :]
+                            rel = offs_n[:, None] - (start + (m_ar & 6))[None, :]
+                            # n_q >= n_k + LC causal (LC: the class steps earlier configs own),
+                            # else n_q >= n_k - LB; the window: n_q <= n_k + LB
+                            keep = rel + (LC if F.CAUSAL else -LB) <= m_c
+                            if F.SLIDING:
+                                keep = keep & (m_c <= rel + LB)
+                            pt = gl.where(keep, pt, 0.0)
+                        dst = pt * (dpt - dl[None, :])
+                        dv_acc = warpgroup_mma(gl.convert_layout(pt.to(dt), AOP),
+                                               do_bufs.index(cur), warpgroup_mma_init(dv_t),
+                                               is_async=True)
+                        dk_acc = warpgroup_mma(gl.convert_layout(dst.to(dt), AOP),
+                                               q_bufs.index(cur), warpgroup_mma_init(dk_t),
+                                               is_async=True)
+                        cur = nxt
+                    dk_t, dv_t = warpgroup_mma_wait(0, deps=(dk_acc, dv_acc))
+                    dk_acc, dv_acc = warpgroup_mma_init(dk_t), warpgroup_mma_init(dv_t)
+                    cp.wait_group(0)
+                    gl.thread_barrier()
         dk_out, dv_out = warpgroup_mma_wait(0, deps=(dk_acc, dv_acc))
         dk_out = dk_out * scales[0]
 
@@ -237,5 +255,5 @@ def eligible(flags, c) -> bool:
             and c.cfg.tile_override("dkdv", False) is None
             and c.dtype in (torch.bfloat16, torch.float16) and c.device.type == "cuda"
             and torch.cuda.get_device_capability(c.device) == (9, 0)
-            and not (flags.EARLIER or flags.MAPPED or flags.HAS_DOC or flags.SOFTCAP
+            and not (flags.MIXED or flags.MAPPED or flags.HAS_DOC or flags.SOFTCAP
                      or flags.IEEE))

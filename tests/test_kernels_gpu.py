@@ -123,14 +123,15 @@ def test_modes(mode, causal):
 @pytest.mark.parametrize("case", ["sliding_sinks", "per_head_noncausal", "all_dense_head",
                                   "batch_float16", "unaligned_rows", "d64_sinks",
                                   "d64_unaligned_rows", "earlier", "earlier_all_noncausal",
-                                  "d64_earlier"])
+                                  "d64_earlier", "mixed", "mixed_loop"])
 def test_hopper_dkdv_kernel(case):
-    """On an H100 the dk/dv launches that need no per-pair union mask (no earlier config, or
-    earlier ones covering whole query ranges: not ``MIXED``) run the Gluon kernel
+    """On an H100 the dk/dv launches at natural positions run the Gluon kernel
     (``kernels/_dkdv_wgmma.py``, D92, D95) at head size 128 and 64 and match the reference as
-    ``_check`` asks (``earlier*``: every dk/dv launch on it); q and dO rows it cannot load 16
-    bytes at a time (a row stride not a multiple of 8 elements) take the Triton kernel on the
-    Gluon kernel's key tiles."""
+    ``_check`` asks: without an earlier config, with earlier ones covering whole query ranges,
+    and with the per-pair union mask (``MIXED``: the key tables, ``mixed``, or the runtime loop
+    over more than four earlier configs, ``mixed_loop``); ``earlier*`` and ``mixed*``: every
+    dk/dv launch on it. q and dO rows it cannot load 16 bytes at a time (a row stride not a
+    multiple of 8 elements) take the Triton kernel on the Gluon kernel's key tiles."""
     from hf_hilbert_attn.kernels import _dkdv_wgmma
 
     if _dkdv_wgmma.KERNEL is None or torch.cuda.get_device_capability() != (9, 0):
@@ -150,6 +151,10 @@ def test_hopper_dkdv_kernel(case):
         "earlier_all_noncausal": (EARLIER_SMALL.replace(query_dilation="all"),
                                   dict(s=4500, hq=4, hkv=2, causal=False)),
         "d64_earlier": (EARLIER_SMALL, dict(s=5000, hq=9, hkv=3, d=64)),
+        # (rates 6 and 12 do not nest with 4: per-pair union masks; six configs: the loop)
+        "mixed": (LONGNET_SMALL, dict(s=2049, hq=4, hkv=2)),
+        "mixed_loop": (DilatedPattern([256, 512, 1024, 2048, 4096, 8192], [1, 2, 4, 6, 12, 24]),
+                       dict(s=5000, hq=9, hkv=3, d=64)),
     }[case]
     cuda = torch.profiler.ProfilerActivity.CUDA
     with torch.profiler.profile(activities=[cuda]) as prof:
@@ -157,7 +162,8 @@ def test_hopper_dkdv_kernel(case):
     ran = any("_dkdv_wgmma_kernel" in e.name for e in prof.events())
     assert ran == ("unaligned" not in case), f"the Gluon dk/dv kernel ran: {ran}"
     triton_ran = any(e.name.startswith("_dkdv_kernel") for e in prof.events())
-    assert not ("earlier" in case and triton_ran), "a launch with earlier configs took Triton's"
+    assert not (("earlier" in case or "mixed" in case) and triton_ran), \
+        "a launch with earlier configs took Triton's"
 
 
 def test_head_dim_64_and_mqa():
@@ -207,10 +213,10 @@ def test_first_call_compiles_its_kernels_together(monkeypatch):
     monkeypatch.setattr(kernels._config, "_CONFIG",
                         dataclasses.replace(kernels.kernel_config(), compile_threads=4))
     kernels._calls._CALLS.clear()
-    # (on an H100 with Triton 3.6 the first config's dk/dv launches take the Gluon kernel)
+    # (on an H100 with Triton 3.6 every dk/dv launch here takes the Gluon kernel)
     gluon = kernels._dkdv_wgmma.KERNEL if torch.cuda.get_device_capability() == (9, 0) else None
-    fns = [kernels._fwd._fwd_kernel, kernels._bwd._dq_kernel, kernels._dkdv._dkdv_kernel]
-    fns += [gluon] if gluon is not None else []
+    fns = [kernels._fwd._fwd_kernel, kernels._bwd._dq_kernel,
+           kernels._dkdv._dkdv_kernel if gluon is None else gluon]
     for fn in fns:
         fn.device_caches.clear()  # this process's kernels (Triton's disk cache stays)
     seen = []

@@ -269,7 +269,8 @@ def plan_bwd(c: Call) -> BwdPlan:
                                     kblk0), sinks, len(prio), psz, kv_merge))
             kw = dict(BM=bm, BN=bn, D=D, F=fl, num_warps=warps, num_stages=stages)
             kv_alt.append(kw if wg else None)
-            kw = dict(BM=_dkdv_wgmma.BM, BN=bn, D=D, F=fl, num_warps=_dkdv_wgmma.WARPS) if wg \
+            kw = dict(BM=_dkdv_wgmma.BM_MIXED if fl.MIXED else _dkdv_wgmma.BM, BN=bn, D=D, F=fl,
+                      num_warps=_dkdv_wgmma.WARPS) if wg \
                 else kw
             kv_items.append(((knseg * kcls[li] * knblk, B * ng), kw))
     # (the dq launches, then the dk/dv launches)

@@ -1,7 +1,8 @@
-"""The dk/dv kernel on Hopper (sm_90), in Gluon: the launches of ``_dkdv._dkdv_kernel`` that
-need no per-pair union mask (no earlier config, or earlier ones that cover whole query ranges of
-a key tile: not ``MIXED``), at natural positions, without documents or soft-capped scores, in
-16-bit at head size 128 or 64. Same arguments, same result; its schedule explicit:
+"""The dk/dv kernel on Hopper (sm_90), in Gluon: the launches of ``_dkdv._dkdv_kernel`` at
+natural positions, without documents or soft-capped scores, in 16-bit at head size 128 or 64 —
+without an earlier config, with earlier ones (the query ranges they cover for a whole key tile
+skipped) and with the per-pair union mask (``MIXED``: on the steps that meet the diagonal or
+the range that needs it). Same arguments, same result; its schedule explicit:
 
 * ``Sᵀ = K Qᵀ`` and ``dPᵀ = V dOᵀ`` issued together and waited for once, while the dv and dk
   products of the step before may still run (Triton's compiler waits for every product before
@@ -13,10 +14,12 @@ a key tile: not ``MIXED``), at natural positions, without documents or soft-capp
   instructions bound it, and what it holds through the loop its registers (64 queries a step).
 
 64 queries a step against 128 keys, 8 warps: no spills in the loops on sm_90 (at most a few bytes
-outside them). On an H100 at 64K (Hq 32 / Hkv 8), against the Triton kernel in one process: dk/dv
+outside them); 32 a step in ``MIXED`` launches (the union test's registers: at 64, 328 bytes of
+spills at head size 128). On an H100 at 64K (Hq 32 / Hkv 8), against the Triton kernel in one process: dk/dv
 of the band of ``default`` 12.61 → 7.93 ms, of ``default`` 20.38 → 12.26; at head size 64
 (Hq 32 / Hkv 8) ``default`` 13.91 → 10.07 with 32 a step (docs/decisions.md D92, D93); with
-earlier configs, ``longnet_lm``'s dk/dv 10.18 → 9.32 ms, ``pow2``'s 10.61 → 9.70 (D95).
+earlier configs, ``longnet_lm``'s dk/dv 10.18 → 9.32 ms, ``pow2``'s 10.61 → 9.70 (D95); with
+``MIXED`` launches too, ``longnet_lm``'s 9.32 → 8.55 (D96).
 ``KERNEL`` is None where this Triton is not the one whose Gluon API it was written for (3.6);
 ``_bwd.plan_bwd`` then keeps ``_dkdv_kernel``.
 """
@@ -25,10 +28,12 @@ import torch
 import triton
 
 from ._common import (LOG2E, _covered, _kv_program, _launch_order, _launch_scalars,
-                      _launch_sinks, _n_range, _participates)
+                      _launch_sinks, _n_range, _participates, _union_keep, _union_prologue,
+                      _union_tab)
 
 KERNEL = None
 BM, BN, WARPS = 64, 128, 8  # queries a step, keys a program, warps (two warpgroups)
+BM_MIXED = 32  # queries a step where the per-pair union mask is tested (MIXED: registers)
 TRITON_TILE = (32, BN, 8, 2)  # _dkdv_kernel's tile on the same key tiles (rows it cannot load)
 
 if triton.__version__.startswith("3.6."):
@@ -105,6 +110,8 @@ if triton.__version__.startswith("3.6."):
         qn_hi = gl.where(n_last >= n_first, qn_hi, qn_lo)
 
         offs_n = blk * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+        pk = sbase + R * offs_n  # (the keys' positions and whether they exist: MIXED's test)
+        pk_ok = (offs_n >= kn_lo) & (offs_n < kn_hi)
         # a thread's row's offsets from a step's first (held; a step's part: one uniform number)
         j_ar = gl.arange(0, BM, layout=gl.SliceLayout(1, QL))
         j_rows = R * j_ar
@@ -118,14 +125,21 @@ if triton.__version__.startswith("3.6."):
             h = hk * GROUP + hh
             active = ((h + HBASE) % R) == c if F.PER_HEAD else h >= 0
             # the query ranges: [qn_lo, qn_hi) less, after earlier configs, the queries they
-            # cover for the whole key tile (no launch here needs the per-pair union mask: not
-            # MIXED); causal and sliding, the covered queries start at 0 (the upper range only)
+            # cover for the whole key tile; causal and sliding, the covered queries start at 0
+            # (the upper range only). MIXED: the per-pair union mask on the steps that meet the
+            # diagonal, a window's edge or [ma, mb) (uni: its program-side keys, as
+            # _dkdv._dkdv_union's)
             a_hi, b_lo = qn_hi, qn_lo
-            if F.EARLIER:
-                ca, cb, ma, mb = _covered(sbase + R * n_first,
-                                          sbase + R * gl.maximum(n_last, n_first), sbase, R,
-                                          h + HBASE, qn_hi, CFG, NPRI, PER_HEAD=F.PER_HEAD,
-                                          SLIDING=F.SLIDING, CAUSAL=F.CAUSAL, KSIDE=True)
+            pk0, pk1 = sbase + R * n_first, sbase + R * gl.maximum(n_last, n_first)
+            if F.MIXED:
+                ca, cb, ma, mb, uni = _union_prologue(pk, pk_ok, pk0, pk1, sbase, R, h + HBASE,
+                                                      qn_hi, CFG, NPRI, KEYS, PSZ, UTAB=F.UTAB,
+                                                      F=F, KSIDE=True)
+                a_hi, b_lo = gl.minimum(ca, qn_hi), gl.maximum(cb, qn_lo)
+            elif F.EARLIER:
+                ca, cb, ma, mb = _covered(pk0, pk1, sbase, R, h + HBASE, qn_hi, CFG, NPRI,
+                                          PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING,
+                                          CAUSAL=F.CAUSAL, KSIDE=True)
                 a_hi, b_lo = gl.minimum(ca, qn_hi), gl.maximum(cb, qn_lo)
             for part in range(1 if F.SLIDING and F.CAUSAL or not F.EARLIER else 0, 2):
                 lo = gl.where(part == 0, qn_lo, b_lo)
@@ -196,6 +210,20 @@ if triton.__version__.startswith("3.6."):
                             if F.SLIDING:
                                 keep = keep & (m_c <= rel + LB)
                             pt = gl.where(keep, pt, 0.0)
+                        if F.MIXED:
+                            if edge | ((start < mb) & (start + BM > ma)):
+                                pq = sbase + R * (start + gl.arange(0, BM,
+                                                                    layout=gl.SliceLayout(0, SL)))
+                                if F.UTAB > 0:
+                                    kp0, kp1, kp2, kp3 = uni[4], uni[5], uni[6], uni[7]
+                                    union = _union_tab(kp0, kp1, kp2, kp3, KEYS, PSZ, pq,
+                                                       UTAB=F.UTAB)
+                                else:
+                                    union = _union_keep(pq[None, :], pk[:, None], pk0, pk1, R,
+                                                        h + HBASE, CFG, NPRI,
+                                                        PER_HEAD=F.PER_HEAD, SLIDING=F.SLIDING,
+                                                        SINK=False)
+                                pt = gl.where(union, pt, 0.0)
                         dst = pt * (dpt - dl[None, :])
                         dv_acc = warpgroup_mma(gl.convert_layout(pt.to(dt), AOP),
                                                do_bufs.index(cur), warpgroup_mma_init(dv_t),
@@ -255,5 +283,4 @@ def eligible(flags, c) -> bool:
             and c.cfg.tile_override("dkdv", False) is None
             and c.dtype in (torch.bfloat16, torch.float16) and c.device.type == "cuda"
             and torch.cuda.get_device_capability(c.device) == (9, 0)
-            and not (flags.MIXED or flags.MAPPED or flags.HAS_DOC or flags.SOFTCAP
-                     or flags.IEEE))
+            and not (flags.MAPPED or flags.HAS_DOC or flags.SOFTCAP or flags.IEEE))

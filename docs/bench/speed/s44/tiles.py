@@ -85,6 +85,27 @@ def measure(name, step, qkv, base):
     return grads
 
 
+def compare_rules(shapes, old_rule, what):
+    """The cases of ``shapes`` with the Gluon dk/dv kernel's eligibility as the library has it,
+    then ``old_rule``, then as it has it again, in one process (``what``: the launches that
+    differ, in the labels); each run plans anew."""
+    from hf_hilbert_attn.kernels import _calls
+
+    new = _dkdv_wgmma.eligible
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, flush=True)
+    for label, step, qkv in cases(shapes):
+        print(f"== {label}", flush=True)
+        base = None
+        for name, rule in ((f"gluon {what}", new), (f"triton {what}", old_rule),
+                           (f"gluon {what}", new)):
+            _dkdv_wgmma.eligible = rule
+            _calls._CALLS.clear()
+            configure()  # (a new configuration: the prepared calls plan anew)
+            grads = measure(name, step, qkv, base)
+            base = grads if base is None else base
+        _dkdv_wgmma.eligible = new
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shapes", nargs="+")

@@ -200,8 +200,17 @@ def test_missing_tool_package_names_the_extra(capsys, tmp_path, monkeypatch):
     png = tmp_path / "mask.png"
     msg = _input_error(capsys, "show-pattern", "tiny", "--length", "8", "--png", str(png))
     assert msg == ('hf-hilbert-attn show-pattern: error: matplotlib is not installed: '
-                   'the tools extra, pip install -e ".[tools]" in a checkout'), msg
+                   'the tools extra, pip install -e ".[tools]" in a checkout or a built wheel '
+                   'with [tools]'), msg
     assert not png.exists()
+
+
+def test_eval_without_matplotlib_stops_before_any_model(capsys, tmp_path, monkeypatch):
+    # the plots need it: one line at once, not after every cell has run (--no-plots runs)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    msg = _input_error(capsys, "eval", "--out-dir", str(tmp_path))
+    assert msg.startswith("hf-hilbert-attn eval: error: matplotlib is not installed"), msg
+    assert not (tmp_path / "results.csv").exists()
 
 
 def test_library_import_loads_no_tool():

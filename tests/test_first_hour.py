@@ -258,6 +258,16 @@ def test_no_progress_bars_in_a_redirected_log(tmp_path, monkeypatch):
     run_eval(EvalConfig(patterns=("tiny",), include_sdpa=False, tasks=("perplexity",),
                         lengths=(64,), out_dir=str(tmp_path), plots=False))
     assert "ppl L=64" not in log.getvalue() and "it/s" not in log.getvalue(), log.getvalue()
+    # nor Transformers' own tqdm bar while it dequantizes a GGUF file (fetch-model)
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from hf_hilbert_attn.tools.evaluation.assets import _quiet_gguf_bar
+
+    monkeypatch.setattr(gguf_utils, "tqdm", gguf_utils.tqdm)  # (restored after the test)
+    _quiet_gguf_bar()
+    for _ in gguf_utils.tqdm(range(3), desc="dequantizing", file=log):
+        pass
+    assert "dequantizing" not in log.getvalue(), log.getvalue()
 
 
 @pytest.mark.parametrize("q_shape, k_shape, kw", [

@@ -225,8 +225,9 @@ def test_evaluate_summarize_and_report(char, words, tmp_path):
     assert all(p.stat().st_size > 1000 for p in pngs)
 
 
-def test_eval_ruler_task_writes_csv_and_heat_maps(tmp_path):
-    # `hf-hilbert-attn eval --tasks ruler`: every task, per method, at the passkey lengths
+def test_eval_ruler_task_writes_csv_and_heat_maps(tmp_path, capsys):
+    # `hf-hilbert-attn eval --tasks ruler`: every task, per method, at the passkey lengths; the
+    # mean per task printed and in results.md
     from hf_hilbert_attn.tools.cli import main
     from hf_hilbert_attn.tools.evaluation.ruler import TASKS
 
@@ -236,4 +237,10 @@ def test_eval_ruler_task_writes_csv_and_heat_maps(tmp_path):
     assert {r["method"] for r in rows} == {"hilbert_dilated:tiny"}
     assert sorted({r["task"] for r in rows}) == sorted(TASKS)
     assert {int(r["length"]) for r in rows} == {512}
+    printed, written = capsys.readouterr().out, (tmp_path / "results.md").read_text()
+    for task in TASKS:
+        mean = sum(float(r["score"]) for r in rows if r["task"] == task) / sum(
+            r["task"] == task for r in rows)
+        line = f"| hilbert_dilated:tiny | {task} | 512 | {mean:.4g} |"
+        assert line in printed and line in written, line
     assert (tmp_path / "ruler" / "hilbert_dilated_tiny" / "ruler_tasks.png").stat().st_size > 0

@@ -66,7 +66,8 @@ from hf_hilbert_attn.long_context import offload_checkpoints, tile_mlp
 from hf_hilbert_attn.sharding import DEFAULT_LAYOUT, LAYOUT_CHOICES
 from hf_hilbert_attn.training import LOSS_BACKENDS, enable_checkpointing
 
-from .evaluation._args import InputError, InputNotFound, missing_extra, resolve_pattern
+from .evaluation._args import (InputError, InputNotFound, missing_extra,
+                             quiet_libraries_if_redirected, resolve_pattern, show_progress)
 from .finetune_data import ByteTokenizer, RetrievalMix, load_texts, pack, step_batch
 from .models import MODEL_SHAPES, CausalLMWithLoss, compile_layers
 
@@ -326,6 +327,7 @@ def _main(argv=None):
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("accelerate").setLevel(logging.WARNING)
+    quiet_libraries_if_redirected()  # (a log gets train_log.jsonl's lines, no bars)
     accelerator, topo = _accelerator(args)
     out = Path(args.output_dir)
     if accelerator.is_main_process:
@@ -421,8 +423,8 @@ def _train(args, accelerator, topo, training, state: TrainState, blocks, mix, pa
     shard_pattern = None if pattern is None else sharding_pattern(
         accelerator.unwrap_model(model).lm.config)
     tokens_per_step = args.seq_len * args.batch_size * topo.dp_size
-    bar = tqdm(total=args.max_steps, initial=state.step, disable=not accelerator.is_main_process,
-               desc="train", unit="step")
+    bar = tqdm(total=args.max_steps, initial=state.step, desc="train", unit="step",
+               disable=not (accelerator.is_main_process and show_progress()))
     model.train()
     cuda = accelerator.device.type == "cuda"
     if cuda:

@@ -140,8 +140,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-sdpa", action="store_true", help="do not evaluate the sdpa baseline")
     p.add_argument("--tasks", nargs="+", choices=EVAL_TASKS, default=["perplexity", "passkey"],
                    help="ruler: the RULER-style retrieval tasks (evaluation.ruler) at the passkey "
-                        "lengths and depths, teacher-forced; ruler.csv and heat maps (the "
-                        "built-in model's prompts are then 512 tokens long by default)")
+                        "lengths and depths, teacher-forced; the mean per task printed, "
+                        "ruler.csv and heat maps (the built-in model's prompts are then 512 "
+                        "tokens long by default); list every task wanted: --tasks perplexity "
+                        "passkey ruler")
     p.add_argument("--lengths", nargs="+", type=length, default=None,
                    help="context lengths for perplexity (and passkey unless --passkey-lengths); "
                         "default 128 256 512 (built-in) or 2k 4k 8k 16k")

@@ -221,5 +221,7 @@ def progress_bar(iterable: Optional[Iterable] = None, *, desc: str = "",
 
         if leave is not None:
             tqdm_kwargs["leave"] = leave
-        return tqdm(iterable, desc=desc, total=total, unit=unit, file=stream, **tqdm_kwargs)
+        # (disable=False: a terminal of ours draws, whatever TQDM_DISABLE says for others')
+        return tqdm(iterable, desc=desc, total=total, unit=unit, file=stream, disable=False,
+                    **tqdm_kwargs)
     return LineProgress(iterable, total=total, desc=desc, unit=unit, stream=stream)

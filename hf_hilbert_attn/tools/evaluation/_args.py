@@ -37,7 +37,8 @@ def missing_extra(e: ImportError) -> str | None:
     extra = TOOL_EXTRAS.get(top)
     if extra is None or not isinstance(e, ModuleNotFoundError):
         return None
-    return f'{top} is not installed: the {extra} extra, pip install -e ".[{extra}]" in a checkout'
+    return (f'{top} is not installed: the {extra} extra, pip install -e ".[{extra}]" in a '
+            f'checkout or a built wheel with [{extra}]')
 
 
 def report_input_errors(fn: Callable[[], int], prog: str, debug: bool = False) -> int:

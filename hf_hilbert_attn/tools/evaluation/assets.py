@@ -17,6 +17,7 @@ The corpus half (its split rule, ``fetch_corpus``) is :mod:`.assets_corpus`.
 from __future__ import annotations
 
 import copy
+import functools
 import datetime
 import hashlib
 import importlib.util
@@ -358,12 +359,24 @@ def convert_gguf(gguf_path, out_dir, *, source: Optional[Dict] = None,
     return prov
 
 
+def _quiet_gguf_bar() -> None:
+    """Off a terminal, no bar for Transformers' dequantizing of a GGUF file (it draws one with
+    tqdm itself, outside its own progress-bar switch): a log gets our lines only."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from ._args import show_progress
+
+    if not show_progress() and getattr(gguf_utils, "tqdm", None) is not None:
+        gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=True)
+
+
 def _load_gguf(path: Path, log: Log):
     """``(tokenizer, dequantized model)`` of a GGUF file; every weight must be in the file."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d, f = str(path.parent), path.name
+    _quiet_gguf_bar()
     log(f"loading the tokenizer from {f} ...")
     try:
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f)

@@ -278,8 +278,10 @@ def _run_eval(cfg: EvalConfig, tokenizer) -> Dict:
     out = report.write_eval_report(rows, cfg.out_dir, notes=notes, plots=cfg.plots,
                                    title=f"{model_name} on {device.type} ({common['dtype']})")
     out["files"]["settings"] = results.settings_path
-    if ruler_rows:
+    if ruler_rows:  # (its table printed and in results.md too; per prompt: ruler.csv)
         out["files"].update(_ruler_files(ruler_rows, cfg, model_name))
+        out["markdown"] += _ruler_markdown(ruler_rows)
+        out["files"]["markdown"].write_text(out["markdown"])
     out["notes"] = notes
     out["rows"] = rows
     return out
@@ -292,7 +294,8 @@ def _topology(cfg: EvalConfig, device, notes: List[str]):
     _init_distributed(device)
     if not torch.distributed.is_initialized():
         raise InputError(f"--sp-size {cfg.sp_size} needs a process group: start the eval "
-                         f"with `torchrun --nproc_per_node N` or `accelerate launch`")
+                         f"with `torchrun --nproc_per_node N` or `accelerate launch --multi_gpu "
+                         f"--num_processes N` (the flag also on CPUs)")
     from hf_hilbert_attn.integrations.accelerate import sequence_parallel_topology
 
     topo = sequence_parallel_topology(None, cfg.sp_size)
@@ -368,6 +371,17 @@ def _ruler_files(ruler_rows: List[Dict], cfg: EvalConfig, model_name: str) -> Di
         for path in plot_ruler(mine, folder, title=f"{model_name}, {label}"):
             files[f"{path.stem}_{label}"] = path
     return files
+
+
+def _ruler_markdown(ruler_rows: List[Dict]) -> str:
+    """The RULER-style tasks' mean score per method, task and prompt length."""
+    from .report import markdown_table
+    from .ruler_report import summarize
+
+    body = [[g["method"], g["task"], g["length"], g["score"], g["n"]]
+            for g in summarize(ruler_rows, by=("method", "task", "length"))]
+    return ("\n\n## RULER-style tasks (mean score per method, task and length)\n\n"
+            + markdown_table(["method", "task", "length", "score", "prompts"], body) + "\n")
 
 
 # Settings that change the numbers: a resumed eval must use the same ones.
@@ -481,6 +495,8 @@ def _validate(cfg: EvalConfig) -> None:
                          f"got {cfg.stride}")
     if cfg.ppl_tokens < 2:
         raise InputError(f"ppl_tokens must be >= 2, got {cfg.ppl_tokens}")
+    if cfg.plots:  # missing, one line before any model runs, not after every cell
+        import matplotlib  # noqa: F401
     if "perplexity" in cfg.tasks and cfg.ppl_tokens < max(cfg.lengths):
         raise InputError(f"ppl_tokens ({cfg.ppl_tokens}) must be >= the longest context length "
                          f"({max(cfg.lengths)})")

@@ -17,8 +17,8 @@ The corpus half (its split rule, ``fetch_corpus``) is :mod:`.assets_corpus`.
 from __future__ import annotations
 
 import copy
-import functools
 import datetime
+import functools
 import hashlib
 import importlib.util
 import json

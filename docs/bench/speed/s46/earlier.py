@@ -6,9 +6,9 @@ ms (profiler), fwd+bwd ms (do_bench) and the gradients' largest difference ÷ la
 
 ``triton`` runs the plan with the kernel's eligibility as before (no earlier config), so only
 those launches change; the profiler names the Gluon kernel ``dkdv_wgmma``. (Since session 47
-the loop is ``tiles.compare_rules``, shared with ``s47/mixed.py``; and the library's eligibility
-takes MIXED launches too, so ``triton`` also leaves those on the Gluon kernel's rule only where
-they have no earlier config: none.)
+the loop is ``tiles.compare_rules``, shared with ``s47/mixed.py``. The library's eligibility now
+takes MIXED launches too, and every MIXED launch has an earlier config, so on today's tree
+``triton`` moves those to the Triton kernel as well; session 47's call 1 ran it before that.)
 """
 import os
 import sys

@@ -281,7 +281,7 @@ def test_torch_compile_fullgraph_with_backward(monkeypatch):
         assert_close(name, a, b, tol, "compiled vs eager")
 
 
-@NATURAL
+# (its own unit: mostly its own specializations (offsets, chunks))
 def test_offset_runs_and_head_chunked_backward(monkeypatch):
     # queries and keys at consecutive positions from different starts (ring pieces: natural
     # loads with offsets, positions relative to a base), and float32 backward buffers forced
@@ -327,7 +327,7 @@ def test_launchers_write_into_views():
         assert torch.equal(g[:, :, rows], r)
 
 
-@NATURAL
+# (its own unit: mostly its own specializations (the lse gradient))
 def test_an_lse_gradient_after_a_call_without_one_on_the_same_layout():
     # A planned backward keeps its compiled launches per layout (kernels/_launch.py, D69); its
     # delta pass compiles with and without an lse gradient on the same heads' guards, so a call
@@ -356,7 +356,7 @@ def test_an_lse_gradient_after_a_call_without_one_on_the_same_layout():
         assert err <= 2 * err_b, f"{name}: ours {err:.3e} vs PyTorch {err_b:.3e} (relative)"
 
 
-@NATURAL
+# (its own unit: mostly its own specializations (alignment))
 def test_relaunch_without_binding_follows_alignment():
     # A planned call launched again goes straight to the compiled kernels (kernels/_launch.py)
     # while every tensor keeps its dtype and 16-byte alignment: fresh data of the same layout

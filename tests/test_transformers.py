@@ -651,8 +651,11 @@ def test_bad_patterns_raise():
 
 # ------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
-@pytest.mark.xdist_group("gpu_transformers")  # one worker compiles the kernels both use
-@pytest.mark.parametrize("cache", ["dynamic", "static"])  # static: generate() compiles the forward
+# dynamic: with the other Transformers tests (one worker compiles the kernels they use);
+# static: generate() compiles the forward (Inductor, most of its time): a unit of its own
+@pytest.mark.parametrize("cache", [
+    pytest.param("dynamic", marks=pytest.mark.xdist_group("gpu_transformers")),
+    pytest.param("static", marks=pytest.mark.xdist_group("gpu_transformers_static"))])
 def test_gpu_cached_generate_matches_full_forward(cache):
     model = configure(tiny_model("llama"), SMALL).cuda()
     prompt_len, new = 41, 6

@@ -27,8 +27,8 @@ from hf_hilbert_attn.patterns import as_pattern
 from hf_hilbert_attn.tools import aot
 
 
-def sass_loops(cubin: bytes):
-    """``(instructions, MMAs, spill stores, spill loads)`` of each loop with an MMA."""
+def sass_loop_bodies(cubin: bytes):
+    """The SASS lines of each loop holding an MMA (a back branch to an earlier label)."""
     nvdisasm = os.path.join(os.path.dirname(aot.ptxas_path(90)), "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -42,8 +42,14 @@ def sass_loops(cubin: bytes):
         if m and labels.get(m.group(1), i) < i:
             body = [b for b in lines[labels[m.group(1)]:i] if "/*" in b and ";" in b]
             if any("HGMMA" in b for b in body):
-                yield (len(body), sum("HGMMA" in b for b in body), sum("STL" in b for b in body),
-                       sum("LDL" in b for b in body))
+                yield body
+
+
+def sass_loops(cubin: bytes):
+    """``(instructions, MMAs, spill stores, spill loads)`` of each loop with an MMA."""
+    for body in sass_loop_bodies(cubin):
+        yield (len(body), sum("HGMMA" in b for b in body), sum("STL" in b for b in body),
+               sum("LDL" in b for b in body))
 
 
 def main():

@@ -9,35 +9,17 @@ Triton (3.6) first on ``PYTHONPATH``:
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "s44")]
 import fwd_probe  # noqa: E402
+from gluon_compile_check import sass_loop_bodies as loops  # noqa: E402
 from hf_hilbert_attn import DilatedPattern  # noqa: E402
 from hf_hilbert_attn.patterns import as_pattern  # noqa: E402
 from hf_hilbert_attn.tools import aot  # noqa: E402
-
-
-def loops(cubin: bytes):
-    """The SASS lines of each loop holding an MMA (back branch to an earlier label)."""
-    nvdisasm = os.path.join(os.path.dirname(aot.ptxas_path(90)), "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        lines = subprocess.run([nvdisasm, "-c", f.name], capture_output=True,
-                               text=True).stdout.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines)
-              if (m := re.match(r"\.(L_x_\d+):", line.strip()))}
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", line)
-        if m and labels.get(m.group(1), i) < i:
-            body = [b for b in lines[labels[m.group(1)]:i] if "/*" in b and ";" in b]
-            if any("HGMMA" in b for b in body):
-                yield body
 
 
 def opcodes(body) -> collections.Counter:

@@ -6,7 +6,7 @@ doing the same masked attention in the same dtype, for out, dq, dk, dv. Outputs 
 
 The time of this file is Triton compiling kernels on a cold cache (seconds per specialization:
 the constexpr flags, dtype, head dim, and whether integer strides are multiples of 16). A test
-that mostly reuses another's specializations shares its ``xdist_group`` (one worker of ``-n 8``
+that mostly reuses another's specializations shares its ``xdist_group`` (one worker of ``-n 16``
 compiles them once; ``--dist loadgroup``); a short one that does runs on its own, after the
 unit that compiles them (Triton's disk cache is shared by the workers). tests/conftest.py plans
 the units onto the workers from their recorded times, and each call compiles its kernels side

@@ -265,17 +265,19 @@ def _key_tile(start_n, end, sbase, R, b64, keys, BN: tl.constexpr, D: tl.constex
         kidx = tl.load(KINV + b64 * skinv + pk, mask=col_ok, other=-1)
         col_ok = col_ok & (kidx >= 0)
         kidx = tl.where(col_ok, kidx, 0)
-    elif EDGE:
-        kidx = tl.where(col_ok, pk, 0)
+        first, rows = 0, kidx.to(tl.int64)[:, None]
     else:
-        kidx = pk
-    kidx64 = kidx.to(tl.int64)
-    if EDGE or MAPPED == 2:
-        k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_base + kidx64[:, None] * sks + offs_d[None, :])
-        v = tl.load(v_base + kidx64[:, None] * svs + offs_d[None, :])
+        # natural positions: rows R apart from the tile's first, whose offset is one number, so
+        # the rows' own offsets are the same at every tile (hoisted out of the key loop: no
+        # 64-bit address arithmetic per element and step; masked rows are not read)
+        kidx = tl.where(col_ok, pk, 0) if EDGE else pk
+        first = tl.cast(sbase + R * start_n, tl.int64)  # (an int in the interpreter)
+        rows = (R * tl.arange(0, BN)).to(tl.int64)[:, None]
+    ok = col_ok[:, None] if EDGE or MAPPED == 2 else None
+    k = tl.load((k_base + first * sks) + (rows * sks + offs_d[None, :]), mask=ok,
+                other=0.0 if EDGE or MAPPED == 2 else None)
+    v = tl.load((v_base + first * svs) + (rows * svs + offs_d[None, :]), mask=ok,
+                other=0.0 if EDGE or MAPPED == 2 else None)
     return offs_n, pk, col_ok, kidx, k, v
 
 

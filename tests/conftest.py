@@ -132,38 +132,39 @@ def pytest_configure_node(node):
     node.workerinput["loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
-# Seconds a work unit (an ``xdist_group``, or a test) took with a cold Triton cache on the
-# device machine (H100, 16 CPU cores, `-m gpu -n 16 --durations=40`, sums per unit, session 47,
-# call 1: docs/bench/speed/s47/call1_gpu_suite_cold_H100.txt; units under 14 s there keep
-# session 42's numbers). Compiling kernels dominates (the CPU is busy throughout); a unit whose
-# kernels another worker compiled before reads them from Triton's disk cache. Only the plan
-# below uses them: a stale number costs time, never a result. The suite's wall time is its
-# longest unit or its work over the workers, whichever is larger, plus ~20 s of start: in
-# session 47, 155 s, bound by `gpu_natural` (127 s) and `gpu_layer_types` (117 s). Session 48
-# split them (the three tests of `gpu_natural` that compile mostly their own kernels, and the
-# static caches' generate tests, whose time is Inductor's, are units of their own; their
-# numbers below are the session-47 tests' own plus a few seconds for the kernels they no longer
-# share): planned, the longest worker holds 112 s of the 1,712 s of work (16 workers).
+# Seconds a work unit (an ``xdist_group``, or a test) took with a cold Triton cache on the device
+# machine (H100, 16 CPU cores, `-m gpu -n 16 --durations=40`, sums per unit, session 49, call 1:
+# docs/bench/speed/s49/call1_gpu_suite_cold_H100.txt; units under 12 s there keep earlier sessions'
+# numbers). Compiling kernels dominates (the CPU is busy throughout); a unit whose kernels another
+# worker compiled before reads them from Triton's disk cache. Only the plan below uses them: a stale
+# number costs time, never a result. The suite's wall time is its longest unit or its work over the
+# workers, whichever is larger, plus ~20 s of start: in session 47, 155 s, bound by `gpu_natural`
+# (127 s) and `gpu_layer_types` (117 s). Session 48 split them (the three tests of `gpu_natural`
+# that compile mostly their own kernels, and the static caches' generate tests, whose time is
+# Inductor's, are units of their own; their numbers below are the session-47 tests' own plus a few
+# seconds for the kernels they no longer share): planned, the longest worker holds 112 s of the
+# 1,712 s of work (16 workers); session 49's cold suite with that plan: 136 s, its longest unit
+# `gpu_layer_types_static` (89 s).
 _UNIT_SECONDS = {
-    "gpu_sliding_sinks": 90, "test_head_dim_256": 76, "test_soft_capped_scores": 74,
-    "test_ring_local_pieces": 73, "gpu_layer_types_static": 69, "gpu_transformers": 60,
-    "gpu_segment_sinks": 55, "gpu_natural": 55, "test_sinks_and_sliding[sliding-4-float16]": 55,
-    "test_sliding_modes_with_sinks[per_head-False-128]": 52, "test_modes[all-False]": 51,
-    "test_modes[all-True]": 51, "test_position_map": 51,
-    "test_sliding_modes_with_sinks[all-False-64]": 49, "gpu_float16": 48,
-    "test_gpu_head_sizes_the_kernels_lack_run_on_them[deepseek_v3]": 48, "gpu_layer_types": 45,
-    "gpu_transformers_static": 43, "test_longnet_like[float16-4096]": 42,
-    "test_modes[per_head-False]": 41, "test_first_call_compiles_its_kernels_together": 38,
-    "test_longnet_like[bfloat16-4096]": 37, "test_hopper_dkdv_kernel[per_head_noncausal]": 36,
-    "test_an_lse_gradient_after_a_call_without_one_on_the_same_layout": 32,
-    "test_gpu_head_sizes_the_kernels_lack_run_on_them[phi3]": 31,
-    "test_hopper_dkdv_kernel[d64_sinks]": 29, "test_offset_runs_and_head_chunked_backward": 28,
-    "test_torch_compile_fullgraph_with_backward": 26, "test_hopper_dkdv_kernel[batch_float16]": 26,
-    "test_head_dim_64_and_mqa": 22, "test_relaunch_without_binding_follows_alignment": 21,
-    "test_sinks_and_sliding[sliding-0-bfloat16]": 18, "test_dense_heads_bf16[positions]": 17,
+    "gpu_sliding_sinks": 72, "test_head_dim_256": 60, "test_soft_capped_scores": 64,
+    "test_ring_local_pieces": 62, "gpu_layer_types_static": 89, "gpu_transformers": 64,
+    "gpu_segment_sinks": 42, "gpu_natural": 50, "test_sinks_and_sliding[sliding-4-float16]": 48,
+    "test_sliding_modes_with_sinks[per_head-False-128]": 41, "test_modes[all-False]": 40,
+    "test_modes[all-True]": 45, "test_position_map": 44,
+    "test_sliding_modes_with_sinks[all-False-64]": 40, "gpu_float16": 34,
+    "test_gpu_head_sizes_the_kernels_lack_run_on_them[deepseek_v3]": 38, "gpu_layer_types": 38,
+    "gpu_transformers_static": 47, "test_longnet_like[float16-4096]": 34,
+    "test_modes[per_head-False]": 31, "test_first_call_compiles_its_kernels_together": 28,
+    "test_longnet_like[bfloat16-4096]": 14, "test_hopper_dkdv_kernel[per_head_noncausal]": 34,
+    "test_an_lse_gradient_after_a_call_without_one_on_the_same_layout": 31,
+    "test_gpu_head_sizes_the_kernels_lack_run_on_them[phi3]": 28,
+    "test_hopper_dkdv_kernel[d64_sinks]": 26, "test_offset_runs_and_head_chunked_backward": 28,
+    "test_torch_compile_fullgraph_with_backward": 34, "test_hopper_dkdv_kernel[batch_float16]": 20,
+    "test_head_dim_64_and_mqa": 18, "test_relaunch_without_binding_follows_alignment": 25,
+    "test_sinks_and_sliding[sliding-0-bfloat16]": 13, "test_dense_heads_bf16[positions]": 17,
     "test_hopper_dkdv_kernel[earlier_all_noncausal]": 17, "test_hopper_dkdv_kernel[earlier]": 16,
     "test_hopper_dkdv_kernel[unaligned_rows]": 15,
-    "test_sliding_sinks_decode_positions_and_documents[position_map]": 14,
+    "test_sliding_sinks_decode_positions_and_documents[position_map]": 12,
     "test_packed_documents": 15, "test_decode_matches_reference": 13,
     "test_gpu_pattern_cache_decode_matches_dynamic_cache[concatenated]": 9,
     "test_dense_heads_bf16[documents]": 9, "test_dense_heads_bf16[natural]": 6,
@@ -174,8 +175,8 @@ _UNIT_SECONDS = {
     "test_gpu_a_long_cache_splits_its_keys_by_head[kernel-sliding]": 1, "test_16k_tokens": 1,
     # under 14 s in session 47 (not among its 40 longest)
     **{f"test_hopper_dkdv_kernel[{case}]": 12 for case in (
-        "sliding_sinks", "all_dense_head", "d64_unaligned_rows", "d64_earlier", "mixed",
-        "mixed_loop")},
+        "sliding_sinks", "all_dense_head", "d64_unaligned_rows", "d64_earlier", "mixed")},
+    "test_hopper_dkdv_kernel[mixed_loop]": 16,
     "test_gpu_a_long_cache_splits_its_keys_by_head[torch-sliding]": 12,
     "test_gpu_a_long_cache_splits_its_keys_by_head[torch-segment]": 12,
 }

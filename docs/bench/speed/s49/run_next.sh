@@ -1,12 +1,14 @@
 #!/bin/bash
-# For the next session (about 340 s on an H100; not run in session 49: its device time ran out).
+# For the next session (about 400 s on an H100; not run in session 49: its device time ran out).
 # Before the call, on the CPU machine: git apply docs/bench/speed/s49/static_generate_once.diff
 # Then: the GPU suite cold with the mixed layers' static-cache generate test compiling once
 # (89 s of session 49's 136 s cold suite was that unit: three Inductor compiles); then where a
 # short sliding band's forward loses time (issue 34): a 512-token band alone (no merge, no sink),
 # with one sink key, sliding_sparse without and with its sink, per launch at 64K beside our dense
 # kernel; the band on 64 x 64 / 4 warps and on 128 x 32 / 8 warps (FWD1: the launches without an
-# earlier config).
+# earlier config); and band_probe.py: the band alone in plain Triton, one query head a program
+# (our schedule), a key/value head's query heads packed in a program's rows, and persistent
+# programs walking a flattened loop, beside our library's forward of the same band.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 P=docs/bench/speed/s49/patterns
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt
@@ -24,3 +26,5 @@ HF_HILBERT_FWD1_BLOCKS=$t timeout 50 python examples/benchmarks/kernel_timing.py
   > $OUT/bands_fwd1_$t.txt
 echo "FWD1=$t"; grep -E "^(ours|profile)" $OUT/bands_fwd1_$t.txt | cut -c1-220
 done
+timeout 100 python docs/bench/speed/s49/band_probe.py --seq 16384 65536 2>&1 | grep -v -i warn \
+  | tee $OUT/band_probe.txt

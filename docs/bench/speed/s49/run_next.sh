@@ -1,5 +1,5 @@
 #!/bin/bash
-# For the next session (about 400 s on an H100; not run in session 49: its device time ran out).
+# For the next session (about 560 s on an H100; not run in session 49: its device time ran out).
 # Before the call, on the CPU machine: git apply docs/bench/speed/s49/static_generate_once.diff
 # Then: the GPU suite cold with the mixed layers' static-cache generate test compiling once
 # (89 s of session 49's 136 s cold suite was that unit: three Inductor compiles); then where a
@@ -28,3 +28,5 @@ echo "FWD1=$t"; grep -E "^(ours|profile)" $OUT/bands_fwd1_$t.txt | cut -c1-220
 done
 timeout 100 python docs/bench/speed/s49/band_probe.py --seq 16384 65536 2>&1 | grep -v -i warn \
   | tee $OUT/band_probe.txt
+timeout 120 python docs/bench/speed/s49/step_floor.py 1b 65536 3 2>&1 | grep -v -i warn \
+  | tee $OUT/step_floor_1b.txt

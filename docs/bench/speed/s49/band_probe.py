@@ -41,22 +41,25 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _tiles(acc, l_i, m_i, qt, kp, vp, krow0, lo, hi, qpos, S, W, qk_scale, BN: tl.constexpr,
+def _tiles(acc, l_i, m_i, qt, kp, vp, krow0, lo, n, qpos, S, W, qk_scale, BN: tl.constexpr,
            D: tl.constexpr, MASK: tl.constexpr, STAGES: tl.constexpr):
-    """Key tiles ``[lo, hi)`` of one key/value head (rows from ``krow0`` of the flat ``[*, D]``
-    view); ``MASK``: the window and causal mask (edge and diagonal tiles) and the sequence end."""
+    """``n`` key tiles from key ``lo`` of one key/value head (rows from ``krow0`` of the flat
+    ``[*, D]`` view; the trip count, not the keys, bounds the loop, so a loop around it may be
+    flattened); ``MASK``: the window and causal mask and the sequence's ends."""
     offs_n = tl.arange(0, BN)
     offs = (offs_n.to(tl.int64) * D)[:, None] + tl.arange(0, D)[None, :]  # (the same each tile)
-    for start in tl.range(lo, hi, BN, num_stages=STAGES):
-        base = (krow0 + start).to(tl.int64) * D
-        kj = start + offs_n
+    for j in tl.range(0, n, num_stages=STAGES):
+        kj = lo + j * BN + offs_n
+        base = (krow0 + lo + j * BN).to(tl.int64) * D
+        inside = (kj >= 0) & (kj < S)
         if MASK:
-            k = tl.load(kp + base + offs, mask=(kj < S)[:, None], other=0.0)
+            k = tl.load(kp + base + offs, mask=inside[:, None], other=0.0)
         else:
             k = tl.load(kp + base + offs)
         s = tl.dot(qt, k.T) * qk_scale
         if MASK:
-            ok = (kj[None, :] <= qpos[:, None]) & (kj[None, :] > qpos[:, None] - W)
+            ok = (kj[None, :] <= qpos[:, None]) & (kj[None, :] > qpos[:, None] - W) & \
+                inside[None, :]
             s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new) if MASK else m_new
@@ -65,7 +68,7 @@ def _tiles(acc, l_i, m_i, qt, kp, vp, krow0, lo, hi, qpos, S, W, qk_scale, BN: t
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if MASK:
-            v = tl.load(vp + base + offs, mask=(kj < S)[:, None], other=0.0)
+            v = tl.load(vp + base + offs, mask=inside[:, None], other=0.0)
         else:
             v = tl.load(vp + base + offs)
         acc = tl.dot(p.to(v.dtype), v, acc)
@@ -85,12 +88,13 @@ def _band(qt, kp, vp, krow0, pa, pb, qpos, S, W, qk_scale, BM: tl.constexpr, BN:
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, qt, kp, vp, krow0, full_lo, full_hi, qpos, S, W,
-                           qk_scale, BN=BN, D=D, MASK=False, STAGES=STAGES)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, qt, kp, vp, krow0, lo, full_lo, qpos, S, W, qk_scale,
-                           BN=BN, D=D, MASK=True, STAGES=STAGES)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, qt, kp, vp, krow0, full_hi, pb + 1, qpos, S, W,
-                           qk_scale, BN=BN, D=D, MASK=True, STAGES=STAGES)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, qt, kp, vp, krow0, full_lo, (full_hi - full_lo) // BN,
+                           qpos, S, W, qk_scale, BN=BN, D=D, MASK=False, STAGES=STAGES)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, qt, kp, vp, krow0, lo, (full_lo - lo) // BN, qpos, S,
+                           W, qk_scale, BN=BN, D=D, MASK=True, STAGES=STAGES)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, qt, kp, vp, krow0, full_hi,
+                           (pb + 1 - full_hi + BN - 1) // BN, qpos, S, W, qk_scale, BN=BN, D=D,
+                           MASK=True, STAGES=STAGES)
     return acc / l_i[:, None]
 
 
@@ -137,39 +141,21 @@ def _persistent_fwd(q, k, v, o, S, HQ, GROUP, W, qk_scale, NT, TOTAL, NKT, BM: t
     tile) in one loop nest the compiler flattens (its inner loop's bounds may not depend on the
     item: every item takes the ``NKT`` key tiles ending at its diagonal, those before the
     sequence's start masked); every tile masked."""
-    offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
-    offs = (offs_n.to(tl.int64) * D)[:, None] + offs_d[None, :]
     offs_m = (tl.arange(0, BM) * D)[:, None] + offs_d[None, :]
     for t in tl.range(tl.program_id(0), TOTAL, tl.num_programs(0), flatten=True):
         bh = t // NT
         mb = NT - 1 - t % NT
         b, h = bh // HQ, bh % HQ
-        krow0 = (b * (HQ // GROUP) + h // GROUP) * S
         qpos = mb * BM + tl.arange(0, BM)
         row0 = (bh * S + mb * BM).to(tl.int64) * D  # (a number: the store rebuilds the rows'
         qt = tl.load(q + row0 + offs_m)            # offsets, so no tensor of them is carried)
-        first = mb * BM + BM - NKT * BN
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
-        for j in tl.range(0, NKT, num_stages=STAGES):
-            kj = first + j * BN + offs_n
-            base = (krow0 + first + j * BN).to(tl.int64) * D
-            kt = tl.load(k + base + offs, mask=(kj >= 0)[:, None], other=0.0)
-            s = tl.dot(qt, kt.T) * qk_scale
-            ok = (kj[None, :] <= qpos[:, None]) & (kj[None, :] > qpos[:, None] - W) & \
-                (kj >= 0)[None, :]
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - m_use[:, None])
-            alpha = tl.math.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            vt = tl.load(v + base + offs, mask=(kj >= 0)[:, None], other=0.0)
-            acc = tl.dot(p.to(vt.dtype), vt, acc)
-            m_i = m_new
+        acc, l_i, m_i = _tiles(acc, l_i, m_i, qt, k, v, (b * (HQ // GROUP) + h // GROUP) * S,
+                               mb * BM + BM - NKT * BN, NKT, qpos, S, W, qk_scale, BN=BN, D=D,
+                               MASK=True, STAGES=STAGES)
         tl.store(o + row0 + offs_m, (acc / l_i[:, None]).to(qt.dtype))
 
 

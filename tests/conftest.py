@@ -144,10 +144,11 @@ def pytest_configure_node(node):
 # Inductor's, are units of their own; their numbers below are the session-47 tests' own plus a few
 # seconds for the kernels they no longer share): planned, the longest worker holds 112 s of the
 # 1,712 s of work (16 workers); session 49's cold suite with that plan: 136 s, its longest unit
-# `gpu_layer_types_static` (89 s).
+# `gpu_layer_types_static` (89 s; 63 s in session 50's, one Inductor compile instead of three:
+# D100).
 _UNIT_SECONDS = {
     "gpu_sliding_sinks": 72, "test_head_dim_256": 60, "test_soft_capped_scores": 64,
-    "test_ring_local_pieces": 62, "gpu_layer_types_static": 89, "gpu_transformers": 64,
+    "test_ring_local_pieces": 62, "gpu_layer_types_static": 63, "gpu_transformers": 64,
     "gpu_segment_sinks": 42, "gpu_natural": 50, "test_sinks_and_sliding[sliding-4-float16]": 48,
     "test_sliding_modes_with_sinks[per_head-False-128]": 41, "test_modes[all-False]": 40,
     "test_modes[all-True]": 45, "test_position_map": 44,

@@ -20,7 +20,7 @@ timeout 90 python examples/benchmarks/kernel_timing.py --no-check --seq 65536 --
   --pattern $P/band512.yaml $P/band512_sink.yaml $P/sliding_sparse_nosink.yaml \
   sliding_sparse 2>&1 | grep -v -i warn > $OUT/bands.txt
 grep -E "^(ours|÷|profile)" $OUT/bands.txt | cut -c1-220
-for t in 64,64,4,3 128,32,8,3; do
+for t in 64,64,4,3 128,32,8,3; do  # (file names with commas do not come back from the device)
 HF_HILBERT_FWD1_BLOCKS=$t timeout 50 python examples/benchmarks/kernel_timing.py --no-check \
   --seq 65536 --profile --pattern $P/band512.yaml $P/band512_sink.yaml 2>&1 | grep -v -i warn \
   > $OUT/bands_fwd1_$t.txt

@@ -11,6 +11,8 @@ does, side by side with the library in one run:
 - ``lse``: query rows masked (``row_ok``) on load and store, and the log-sum-exp stored;
 - ``stages1``: the masked (edge, diagonal) loops of two tiles each without software pipelining
   (``num_stages=1``): a 3-stage pipeline's fill on a 2-trip loop may cost more than it hides;
+- ``edge_first``: the window's edge loop before the whole tiles, as the library orders them;
+- ``ascending``: programs in ascending query-tile order, as the library launches them;
 - ``row+lse``: both of the first two.
 
     python docs/bench/speed/s50/band_gap.py                    # GPU: check each, time them
@@ -33,13 +35,14 @@ import band_probe as P  # noqa: E402
 @triton.jit
 def _gap_fwd(q, k, v, o, lse, ints, S_, HQ_, GROUP_, W_, qk_scale, BM: tl.constexpr,
              BN: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr,
-             ROW: tl.constexpr, LSE: tl.constexpr):
+             ROW: tl.constexpr, LSE: tl.constexpr, EDGE_FIRST: tl.constexpr,
+             ASC: tl.constexpr):
     """``band_probe._head_fwd`` with the switches of the module's docstring."""
     if ROW:
         S, HQ, GROUP, W = tl.load(ints), tl.load(ints + 1), tl.load(ints + 2), tl.load(ints + 3)
     else:
         S, HQ, GROUP, W = S_, HQ_, GROUP_, W_
-    mb = tl.num_programs(0) - 1 - tl.program_id(0)
+    mb = tl.program_id(0) if ASC else tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // HQ, bh % HQ
     krow0 = (b * (HQ // GROUP) + h // GROUP) * S
@@ -57,10 +60,14 @@ def _gap_fwd(q, k, v, o, lse, ints, S_, HQ_, GROUP_, W_, qk_scale, BM: tl.conste
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
+    if EDGE_FIRST:
+        acc, l_i, m_i = P._tiles(acc, l_i, m_i, qt, k, v, krow0, lo, (full_lo - lo) // BN, qpos,
+                                 S, W, qk_scale, BN=BN, D=D, MASK=True, STAGES=EDGE_STAGES)
     acc, l_i, m_i = P._tiles(acc, l_i, m_i, qt, k, v, krow0, full_lo, (full_hi - full_lo) // BN,
                              qpos, S, W, qk_scale, BN=BN, D=D, MASK=False, STAGES=STAGES)
-    acc, l_i, m_i = P._tiles(acc, l_i, m_i, qt, k, v, krow0, lo, (full_lo - lo) // BN, qpos, S,
-                             W, qk_scale, BN=BN, D=D, MASK=True, STAGES=EDGE_STAGES)
+    if not EDGE_FIRST:
+        acc, l_i, m_i = P._tiles(acc, l_i, m_i, qt, k, v, krow0, lo, (full_lo - lo) // BN, qpos,
+                                 S, W, qk_scale, BN=BN, D=D, MASK=True, STAGES=EDGE_STAGES)
     acc, l_i, m_i = P._tiles(acc, l_i, m_i, qt, k, v, krow0, full_hi,
                              (pb + 1 - full_hi + BN - 1) // BN, qpos, S, W, qk_scale, BN=BN, D=D,
                              MASK=True, STAGES=EDGE_STAGES)
@@ -74,7 +81,8 @@ def _gap_fwd(q, k, v, o, lse, ints, S_, HQ_, GROUP_, W_, qk_scale, BM: tl.conste
 
 
 VARIANTS = {"head": {}, "row": dict(ROW=True), "lse": dict(LSE=True),
-            "stages1": dict(EDGE_STAGES=1), "row+lse": dict(ROW=True, LSE=True)}
+            "stages1": dict(EDGE_STAGES=1), "edge_first": dict(EDGE_FIRST=True),
+            "ascending": dict(ASC=True), "row+lse": dict(ROW=True, LSE=True)}
 
 
 def run(name, q, k, v, window, BM=128, BN=64, stages=3, warps=8):
@@ -82,7 +90,8 @@ def run(name, q, k, v, window, BM=128, BN=64, stages=3, warps=8):
     o = torch.empty_like(q)
     lse = torch.empty(B, HQ, S, device=q.device, dtype=torch.float32)
     ints = torch.tensor([S, HQ, HQ // k.shape[1], window], device=q.device, dtype=torch.int32)
-    flags = dict(ROW=False, LSE=False, EDGE_STAGES=stages) | VARIANTS[name]
+    flags = dict(ROW=False, LSE=False, EDGE_STAGES=stages, EDGE_FIRST=False, ASC=False) \
+        | VARIANTS[name]
     _gap_fwd[(S // BM, B * HQ)](q, k, v, o, lse, ints, S, HQ, HQ // k.shape[1], window,
                                 1.0 / math.sqrt(D) * P.LOG2E, BM=BM, BN=BN, D=D, STAGES=stages,
                                 num_warps=warps, num_stages=stages, **flags)

@@ -5,7 +5,8 @@
 #   mkdir -p ab_old && git archive HEAD hf_hilbert_attn | tar -x -C ab_old \
 #       && mv ab_old/hf_hilbert_attn ab_old/hf_old        # (not committed; delete after)
 # Then: where the library's 512-token band forward loses 11-16 % to a plain kernel of the same
-# schedule (band_gap.py: a launch row read first, masked rows + lse, unpipelined masked loops);
+# schedule (band_gap.py: a launch row read first, masked rows + lse, unpipelined masked loops,
+# the library's loop and program order);
 # the forward and dq with unpipelined masked loops (the diff) against the package before
 # (ab_old/hf_old) in one process: forwards per pattern at 64K and 16K, the dense forward and
 # `default` fwd+bwd (ab_one.py), outputs compared (identical expected: same arithmetic, other

@@ -19,7 +19,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .pattern import ORDERINGS, DilatedPattern
+from .pattern import ORDERINGS, DilatedPattern, check_pattern
 
 __all__ = ["hilbert_curve", "hilbert_permutation", "to_storage", "from_storage",
            "resolve_ordering", "storage_ordering"]
@@ -155,8 +155,7 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
     ``perm[i]`` the position of the token stored at ``i``, ``inv[p]`` the storage index of ``p``.
     Cached per ``(seq_len, max_segment, max_rate, device)`` and shared: do not modify.
     """
-    if not isinstance(pattern, DilatedPattern):
-        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
+    check_pattern(pattern)
     seq_len = _check_int("seq_len", seq_len, 0)
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda" and device.index is None:  # (cached per device: the current one)

@@ -431,6 +431,17 @@ class DilatedPattern:
         return 4.0 * head_dim * pairs * batch * (2.5 if backward else 1.0)
 
 
+def check_pattern(pattern) -> "DilatedPattern":
+    """``pattern`` if it is a :class:`DilatedPattern`, else ``TypeError`` saying how to make one
+    (the op and the layouts take the pattern itself; names, YAML paths and dicts are read by
+    ``hf_hilbert_attn.patterns.as_pattern``, as ``configure`` reads them)."""
+    if not isinstance(pattern, DilatedPattern):
+        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__} "
+                        "(hf_hilbert_attn.patterns.as_pattern makes one of a shipped name, a YAML "
+                        "path or a dict)")
+    return pattern
+
+
 def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:
     """Warn about a config that allows no pair another config does not (e.g. windows given in
     decreasing order, ``[32, 16]`` with rates ``[1, 2]``; the rule: ``planning.covers``):

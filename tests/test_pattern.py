@@ -1,6 +1,7 @@
 """DilatedPattern (README, "The pattern"): validation, IO, the rule's three forms agree, pair counting,
 and the reference attention against a per-pair evaluation of the rule."""
 
+import math
 import random
 from pathlib import Path
 
@@ -371,12 +372,14 @@ P = DilatedPattern([4, 8], [1, 2])
         (lambda: _qkv(sq=9, sk=8), {}, ValueError, r"without positions, Sq \(9\) must be <= Sk \(8\)"),
         (_qkv, dict(backend="cuda"), ValueError,
          r"backend must be one of \('auto', 'torch', 'triton'\), got 'cuda'"),
+        (_qkv, dict(scale="0.1"), ValueError, "scale must be a finite number or None, got '0.1'"),
+        (_qkv, dict(scale=math.inf), ValueError, "scale must be a finite number or None, got inf"),
         (_qkv, dict(q_positions=torch.arange(8.0)), ValueError,
          "q_positions must be an integer tensor, got dtype torch.float32"),
         (_qkv, dict(k_positions=torch.ones(8, dtype=torch.bool)), ValueError,
          "k_positions must be an integer tensor, got dtype torch.bool"),
         (_qkv, dict(q_positions=torch.arange(7)), ValueError,
-         r"q_positions must have shape \[8\] or \[1 or 1, 8\], got \(1, 7\)"),
+         r"q_positions must have shape \[8\] or \[1, 8\], got \(1, 7\)"),
         (lambda: _qkv(b=2), dict(k_positions=torch.zeros(3, 8, dtype=torch.int64)), ValueError,
          r"k_positions must have shape \[8\] or \[1 or 2, 8\], got \(3, 8\)"),
         (_qkv, dict(k_positions=torch.zeros(1, 1, 8, dtype=torch.int64)), ValueError,
@@ -409,6 +412,8 @@ def test_bad_pattern_and_reference_dtype():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="pattern must be a DilatedPattern, got dict"):
         dilated_attention(q, k, v, P.to_dict())
+    with pytest.raises(TypeError, match=r"got str \(hf_hilbert_attn.patterns.as_pattern makes"):
+        dilated_attention(q, k, v, "default")  # (a name: the error says what reads one)
     with pytest.raises(TypeError, match="k must be a torch.Tensor, got list"):
         dilated_attention(q, [[1.0]], v, P)
     with pytest.raises(ValueError, match="reference dtype must be float32 or float64, got torch.float16"):

@@ -1,7 +1,8 @@
 """One process, two packages (as ``s48/ab_one.py``: the previous commit's copy renamed ``hf_old``
 in ``ab_old/``, not committed, against this tree's): the forward of each ``--pattern`` at
-``--seq`` (32 / 8 heads, head size 128, bf16, no gradient), ms per call from CUDA events, rounds
-interleaved, the best printed; outputs compared (identical expected where the change keeps the
+``--seq`` (32 / 8 heads, head size ``--dim``, default 128, bf16, no gradient; ``--backward``:
+forward + backward), ms per call from CUDA events, rounds interleaved, the best printed; outputs
+(and with ``--backward`` dq, dk, dv) compared (identical expected where the change keeps the
 arithmetic).
 
     mkdir -p ab_old && git archive HEAD hf_hilbert_attn | tar -x -C ab_old \
@@ -30,19 +31,25 @@ def main():
     ap.add_argument("--pattern", nargs="+", default=["dense", "default", "sliding_sparse"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-n", type=int, default=10)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--backward", action="store_true")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(1, h, a.seq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-               for h in (32, 8, 8))
+    q, k, v = (torch.randn(1, h, a.seq, a.dim, device="cuda", dtype=torch.bfloat16, generator=g,
+                           requires_grad=a.backward) for h in (32, 8, 8))
+    do = torch.randn_like(q)
     pkgs = {"old": hf_old, "new": hf_new}
 
     def case(m, name):
         pat = m.DilatedPattern.dense(a.seq) if name == "dense" else m.patterns.as_pattern(name)
 
         def fwd():
+            if a.backward:  # (the output, then the gradients)
+                out = m.dilated_attention(q, k, v, pat, backend="triton")
+                return (out, *torch.autograd.grad(out, (q, k, v), do))
             with torch.no_grad():
-                return m.dilated_attention(q, k, v, pat, backend="triton")
+                return (m.dilated_attention(q, k, v, pat, backend="triton"),)
         return fwd
 
     cases = {(p, n): case(m, n) for n in a.pattern for p, m in pkgs.items()}
@@ -53,10 +60,12 @@ def main():
         print(f"round {r}: " + ", ".join(f"{p} {n} {res[p, n][-1]:.3f}" for p, n in res),
               flush=True)
     for n in a.pattern:
-        same = torch.equal(cases["old", n](), cases["new", n]())
+        same = all(map(torch.equal, cases["old", n](), cases["new", n]()))
         o, w = min(res["old", n]), min(res["new", n])
-        print(f"{n} S={a.seq} forward: old {o:.3f} ms, new {w:.3f} ms (best of {a.rounds}), "
-              f"new/old {w / o:.3f}, outputs identical: {same}", flush=True)
+        what = "fwd+bwd" if a.backward else "forward"
+        compared = "outputs and gradients" if a.backward else "outputs"
+        print(f"{n} S={a.seq} D={a.dim} {what}: old {o:.3f} ms, new {w:.3f} ms (best of "
+              f"{a.rounds}), new/old {w / o:.3f}, {compared} identical: {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .pattern import ORDERINGS, DilatedPattern, check_pattern
+from .pattern import ORDERINGS, DilatedPattern
 
 __all__ = ["hilbert_curve", "hilbert_permutation", "to_storage", "from_storage",
            "resolve_ordering", "storage_ordering"]
@@ -92,13 +92,11 @@ def _free_end(major: int, minor: int) -> torch.Tensor:
 def _check_int(name: str, n, minimum: int) -> int:
     # operator.index accepts Python / numpy / 0-d tensor integers and rejects floats and strings.
     try:
-        if isinstance(n, bool):
-            raise TypeError
-        value = operator.index(n)
+        value = None if isinstance(n, bool) else operator.index(n)
     except TypeError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {n!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {n!r}")
     return value
 
 
@@ -155,7 +153,8 @@ def hilbert_permutation(seq_len: int, pattern: DilatedPattern,
     ``perm[i]`` the position of the token stored at ``i``, ``inv[p]`` the storage index of ``p``.
     Cached per ``(seq_len, max_segment, max_rate, device)`` and shared: do not modify.
     """
-    check_pattern(pattern)
+    if not isinstance(pattern, DilatedPattern):
+        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__}")
     seq_len = _check_int("seq_len", seq_len, 0)
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda" and device.index is None:  # (cached per device: the current one)

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from .pattern import DilatedPattern, check_pattern
+from .pattern import DilatedPattern
 from .plan_cache import kept, memoised
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -52,9 +52,8 @@ def _positions(name, t, batch, length, device):
         raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
     t = t.unsqueeze(0) if t.dim() == 1 else t
     if t.dim() != 2 or t.shape[-1] != length or t.shape[0] not in (1, batch):
-        rows = "1" if batch == 1 else f"1 or {batch}"
-        raise ValueError(
-            f"{name} must have shape [{length}] or [{rows}, {length}], got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape [{length}] or ["
+                         f"{1 if batch == 1 else f'1 or {batch}'}, {length}], got {tuple(t.shape)}")
     return t.to(device=device, dtype=torch.int64)
 
 
@@ -103,7 +102,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
                  scale: Optional[float] = None, q_positions=None, k_positions=None,
                  q_doc_ids=None, k_doc_ids=None, softcap: Optional[float] = None) -> AttnInputs:
     """Validate shapes/dtypes and normalise positions; raises ``ValueError``/``TypeError``."""
-    check_pattern(pattern)
+    if not isinstance(pattern, DilatedPattern):
+        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__} "
+                        "(hf_hilbert_attn.patterns.as_pattern reads a name, a YAML path, a dict)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -126,13 +127,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dil
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})"
                          + _layout_hint(q, k))
-    given, scale = scale, d ** -0.5 if scale is None else scale
-    try:  # (a number, or a one-number tensor; never text)
-        scale = math.nan if isinstance(scale, (str, bytes, bool)) else float(scale)
-    except (TypeError, ValueError, RuntimeError):
-        scale = math.nan
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number or None, got {given!r}")
+    if scale is not None and (isinstance(scale, (str, bytes)) or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    scale = d ** -0.5 if scale is None else scale
     if softcap is not None and not (type(softcap) in (int, float) and 0 < softcap < math.inf):
         raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
     dev = q.device

@@ -51,13 +51,13 @@ LEGACY_FIELDS = {"sink_tokens": 0, "window": "segment", "dense_kv_heads": ()}
 __all__ = ["DilatedPattern", "QUERY_DILATION_MODES", "ORDERINGS", "WINDOWS"]
 
 
-def _as_int(v, error: str) -> int:
+def _as_int(v, error: str, minimum: float = -math.inf) -> int:
     # integral floats / numpy ints from YAML or configs are accepted, anything else raises
-    try:
-        as_int = int(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{error}, got {v!r}") from None
-    if as_int != v or isinstance(v, bool):
+    try:  # (an infinite float: OverflowError)
+        as_int = None if isinstance(v, bool) else int(v)
+    except (TypeError, ValueError, OverflowError):
+        as_int = None
+    if as_int is None or as_int != v or as_int < minimum:
         raise ValueError(f"{error}, got {v!r}")
     return as_int
 
@@ -124,9 +124,7 @@ class DilatedPattern:
                               ("window", WINDOWS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
-        sink = _as_int(self.sink_tokens, "sink_tokens must be an integer >= 0")
-        if sink < 0:
-            raise ValueError(f"sink_tokens must be an integer >= 0, got {sink}")
+        sink = _as_int(self.sink_tokens, "sink_tokens must be an integer >= 0", 0)
         dense = self.dense_kv_heads
         if isinstance(dense, (int, str)) or dense is None:
             raise ValueError(f"dense_kv_heads must be a list of key/value head indices, "
@@ -429,17 +427,6 @@ class DilatedPattern:
         the backward (the FlashAttention-2 convention)."""
         pairs = self.count_pairs_total(seq_len, num_heads, causal=causal, num_kv_heads=num_kv_heads)
         return 4.0 * head_dim * pairs * batch * (2.5 if backward else 1.0)
-
-
-def check_pattern(pattern) -> "DilatedPattern":
-    """``pattern`` if it is a :class:`DilatedPattern`, else ``TypeError`` saying how to make one
-    (the op and the layouts take the pattern itself; names, YAML paths and dicts are read by
-    ``hf_hilbert_attn.patterns.as_pattern``, as ``configure`` reads them)."""
-    if not isinstance(pattern, DilatedPattern):
-        raise TypeError(f"pattern must be a DilatedPattern, got {type(pattern).__name__} "
-                        "(hf_hilbert_attn.patterns.as_pattern makes one of a shipped name, a YAML "
-                        "path or a dict)")
-    return pattern
 
 
 def _warn_covered(w: tuple, r: tuple, sliding: bool) -> None:

@@ -42,6 +42,7 @@ def random_pattern(rng: random.Random, max_w: int = 40) -> DilatedPattern:
         (dict(segment_lengths=[4.5], dilation_rates=[1]), r"segment_lengths\[0\] must be an integer, got 4.5"),
         (dict(segment_lengths=[4], dilation_rates=["2"]), r"dilation_rates\[0\] must be an integer, got '2'"),
         (dict(segment_lengths=[True], dilation_rates=[1]), r"segment_lengths\[0\] must be an integer, got True"),
+        (dict(segment_lengths=[math.inf], dilation_rates=[1]), r"segment_lengths\[0\] must be an integer, got inf"),
         (dict(segment_lengths=4, dilation_rates=[1]), r"segment_lengths must be a non-empty list of integers, got 4"),
         (dict(segment_lengths=[4], dilation_rates=None), r"dilation_rates must be a non-empty list of integers, got None"),
         (dict(segment_lengths=[4], dilation_rates=[1], sink_tokens=-1),
@@ -412,7 +413,7 @@ def test_bad_pattern_and_reference_dtype():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="pattern must be a DilatedPattern, got dict"):
         dilated_attention(q, k, v, P.to_dict())
-    with pytest.raises(TypeError, match=r"got str \(hf_hilbert_attn.patterns.as_pattern makes"):
+    with pytest.raises(TypeError, match=r"got str \(hf_hilbert_attn.patterns.as_pattern reads"):
         dilated_attention(q, k, v, "default")  # (a name: the error says what reads one)
     with pytest.raises(TypeError, match="k must be a torch.Tensor, got list"):
         dilated_attention(q, [[1.0]], v, P)

@@ -358,7 +358,7 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
         # the input dtype and have no sink key.
         sinkg = (torch.zeros if bp.zero_sinks else torch.empty)(
             (B, HKV, 2 * bp.sinks, D), device=dev, dtype=torch.float32) if bp.sinks \
-            else _dummy(dev)
+            else _dummy(dev).view(torch.float32)  # (float32 either way: one compile serves)
         if not bp.kv_merge:
             _fill_skipped(fill, 1, (dk, 0.0), (dv, 0.0))
         dqacc, dkacc, dvacc = (dq, dk, dv) if bp.chunks is None else \
@@ -374,7 +374,7 @@ def bwd_runner(q, k, pattern, plan: PositionPlan, causal: bool, scale: float, sk
             none = (_dummy(dev).data_ptr(), 0, 0, 0)
             relaunch_kept(last[1], _bwd_heads(x, x[14] if bp.sinks else none, none))
         else:
-            none = Strided(_dummy(dev), 0, 0, 0)
+            none = Strided(_dummy(dev).view(torch.float32), 0, 0, 0)
             heads = _bwd_heads(tuple(_strided(t) for t in ts[:14]),
                                _strided(sinkg) if bp.sinks else none, none, lead)
             launches, which = [], []

@@ -18,9 +18,13 @@
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 P=docs/bench/speed/s49/patterns
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/card.txt
-TRITON_CACHE_DIR=/tmp/suite_cold timeout 185 python -m pytest -q -m gpu -n 16 -p no:benchmark \
-  -p no:cacheprovider --durations=30 tests > $OUT/gpu_suite_cold.txt 2>&1
+# (every compile logged per worker with the test that made it: docs/bench/speed/s43/compile_log.py)
+TRITON_CACHE_DIR=/tmp/suite_cold COMPILE_LOG=/tmp/clog HF_HILBERT_TEST_TIMELINE=/tmp/clog \
+  PYTHONPATH=$PWD:$PWD/docs/bench/speed/s43 timeout 185 python -m pytest -q -m gpu -n 16 \
+  -p no:benchmark -p no:cacheprovider -p compile_log --durations=30 tests \
+  > $OUT/gpu_suite_cold.txt 2>&1
 tail -1 $OUT/gpu_suite_cold.txt; grep -E "^(FAILED|ERROR)" $OUT/gpu_suite_cold.txt | head
+tar czf $OUT/suite_compiles.tgz -C /tmp clog
 timeout 110 python docs/bench/speed/s50/ab_fwd.py --seq 65536 -n 5 --pattern default \
   sliding_sparse longnet_lm pow2 $P/band512.yaml 2>&1 | grep -v -i warn | tee $OUT/ab_fwd_64k.txt
 timeout 70 python docs/bench/speed/s48/ab_one.py --seq 65536 2>&1 | grep -v -i warn | tail -3 \

@@ -5,6 +5,8 @@ runs). Arguments: substrings of test ids whose specializations are then compiled
 at a time and timed. Run from the repository root:
 
     python docs/bench/speed/s40/suite_specs.py [TEST_ID_SUBSTRING ...]
+
+(``test_`` selects every test; a fresh ``TRITON_CACHE_DIR`` for compile times.)
 """
 import os, sys, inspect, collections, json
 os.environ.pop("TRITON_INTERPRET", None)
@@ -82,6 +84,7 @@ for tid, ks in sorted(per_test.items(), key=lambda x: -len(x[1])):
 import time
 want = sys.argv[1:]
 tot = collections.defaultdict(float)
+compiled, by_variant = set(), {}
 for tid, ks in per_test.items():
     if not any(w in tid for w in want):
         continue
@@ -97,5 +100,18 @@ for tid, ks in per_test.items():
         flags = {n: v for n, v in aot.constexpr_values(jit_fn, aot.specialize(
             jit_fn, args, kwargs, 90)[1]).items() if n in ("BM", "BN", "EARLIER", "MIXED", "SINK")}
         print(f"  {tid[:50]:50s} {k[0]:14s} {dt:5.1f} s  {flags}")
+        if k not in compiled:  # (the first test to need it compiles it; later ones hit the cache)
+            compiled.add(k)
+            row = by_variant.setdefault((k[0], flags.get("EARLIER"), flags.get("MIXED"),
+                                         flags.get("SINK")), [0, 0.0])
+            row[0], row[1] = row[0] + 1, row[1] + dt
 for tid, t in tot.items():
     print(f"{tid}: {t:.1f} s compile (sm_90, this CPU, one at a time)")
+# (session 52) the compiles (not the cache hits of specializations an earlier test made) by
+# kernel and union flags: where the compile time goes
+if want:
+    print("\n| kernel | EARLIER | MIXED | SINK | compiles | seconds | each |\n|---|---|---|---|---|---|---|")
+    for (n, e, m, sk), (c, t) in sorted(by_variant.items(), key=lambda x: -x[1][1]):
+        print(f"| {n} | {e} | {m} | {sk} | {c} | {t:.1f} | {t / c:.1f} |")
+    print(f"| all | | | | {sum(c for c, _ in by_variant.values())} | "
+          f"{sum(t for _, t in by_variant.values()):.1f} | |")

@@ -355,6 +355,30 @@ def test_progress_lines_at_a_bounded_rate(monkeypatch):
     assert not isinstance(progress_bar(total=3, stream=tty, terminal_bar=False), tqdm)
 
 
+def test_progress_time_left_weighs_steps_by_their_cost(monkeypatch):
+    """A benchmark's steps grow with their length squared: weighted, the time left after two
+    cheap steps counts the expensive one to come (an average step would say seconds)."""
+    import io
+    import types
+
+    from hf_hilbert_attn.tools import progress
+
+    clock = [100.0]  # (this module's clock only)
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setenv("HF_HILBERT_PROGRESS_SECONDS", "0")  # a line per step
+    log = io.StringIO()
+    with progress.progress_bar(total=3, desc="b", unit="steps", stream=log,
+                               weights=[1, 1, 100]) as bar:
+        for t in (2.0, 4.0):  # each cheap step took 2 s: 2 s per unit of cost
+            clock[0] = 100.0 + t
+            bar.update(1)
+    lines = log.getvalue().splitlines()
+    assert lines[1] == "b: 1/3 steps, 2s elapsed, ~3m22s left", lines  # 2 + 200 s to come
+    assert lines[2] == "b: 2/3 steps, 4s elapsed, ~3m20s left", lines
+    with pytest.raises(ValueError, match="weights must be 3 positive numbers"):
+        progress.LineProgress(total=3, stream=io.StringIO(), interval=0, weights=[1, 2])
+
+
 def test_bench_cpu_prints_progress_lines_when_stderr_is_a_log(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HILBERT_PROGRESS_SECONDS", "0")
     rc = main(["bench", "cpu", "--lengths", "128", "256", "--shapes", "2/1x16", "--patterns",

@@ -226,9 +226,16 @@ def test_every_tool_writes_under_one_results_root():
     from hf_hilbert_attn.tools.evaluation.quality import QualityConfig
     from hf_hilbert_attn.tools.evaluation.runner import EvalConfig
 
+    from hf_hilbert_attn.tools.evaluation.runner import config_from_args
+
     p = build_parser()
+    evals = {m: config_from_args(p.parse_args(["eval", *m])).resolved().out_dir
+             for m in ((), ("./runs/my-llama/",))}
+    # an eval writes into a folder named after its model (another model's never meets it)
+    assert evals == {(): "hf_hilbert_results/eval/builtin",
+                     ("./runs/my-llama/",): "hf_hilbert_results/eval/my-llama"}, evals
     got = {
-        "eval": p.parse_args(["eval"]).out_dir,
+        "eval": str(Path(evals[()]).parent),
         "bench_model": p.parse_args(["bench", "model", "--preset", "tiny"]).out_dir,
         "bench_generate": p.parse_args(["bench", "generate", "--preset", "tiny"]).out_dir,
         "quality": p.parse_args(["quality", "--model", "m", "--corpus", "c"]).out,
@@ -236,7 +243,7 @@ def test_every_tool_writes_under_one_results_root():
         "bench_attention": attention.parse_args([]).out_dir,
     }
     assert got == {k: f"hf_hilbert_results/{k}" for k in got}, got
-    assert EvalConfig().out_dir == got["eval"]
+    assert EvalConfig().resolved().out_dir == evals[()]
     assert QualityConfig.__dataclass_fields__["out"].default == got["quality"]
     assert "hf_hilbert_results/<command>/" in (ROOT / "docs/usage.md").read_text()
 
@@ -419,6 +426,10 @@ sys.exit(code)
     (["show-pattern", "--ascii-max", "999"], 2, "must be in [0, 128], got 999"),
     (["quality", "--tasks", "ruler"], 2, "invalid choice: 'ruler'"),
     (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    # a misspelt option: the subcommand's usage line, not the top-level one
+    (["eval", "--lenght", "64"], 2, "hf-hilbert-attn eval: error: unrecognized arguments: --lenght"),
+    (["calibrate", "m", "--budgett", "0.1"], 2,
+     "hf-hilbert-attn calibrate: error: unrecognized arguments: --budgett 0.1"),
 ])
 def test_help_and_argument_errors_load_no_torch(argv, code, message):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -391,7 +391,11 @@ def test_report_only_redraws_from_the_csv(study, capsys):
     assert main(["quality", "--report-only", str(out)]) == 0
     assert (out / "quality.md").read_text() == md
     assert (out / "quality_ppl.png").is_file() and (out / "quality_passkey.png").is_file()
-    assert "## Perplexity by context length" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "## Perplexity by context length" in printed
+    # the study's fine-tuned models are named, as they take the most disk
+    assert (out / "finetune").is_dir() and \
+        f"fine-tuned models: {out / 'finetune'}/<label>/final" in printed
 
 
 def test_study_goes_on_after_a_failing_method(dirs, tmp_path, monkeypatch):

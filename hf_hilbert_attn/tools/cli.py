@@ -357,13 +357,13 @@ def build_parser(only: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
                  ).set_defaults(func=_cmd_show_pattern)
     _add_command(sub, "eval", add_eval_arguments, full("eval"),
                  help="long-context eval: perplexity vs length, passkey, speed",
-                 description="Same as examples/eval_long_context.py."
+                 description="(A checkout's examples/eval_long_context.py runs the same.)"
                  ).set_defaults(func=_cmd_eval)
     _add_bench_parsers(sub, full)
     _add_command(sub, "quality", add_quality_arguments, full("quality"),
                  help="perplexity and passkey of dilated patterns vs sdpa on a real model, "
                       "before and after the same fine-tune",
-                 description="Same as examples/quality_study.py."
+                 description="(A checkout's examples/quality_study.py runs the same.)"
                  ).set_defaults(func=_cmd_quality)
 
     def lm_eval_options(le):
@@ -464,13 +464,13 @@ def _add_bench_parsers(sub, full) -> None:
 
     _add_command(bsub, "model", model_options, full("bench", "model"),
                  help="forward+backward of a whole model, sdpa vs hilbert_dilated",
-                 description="Same as examples/benchmarks/bench_model.py."
+                 description="(A checkout's examples/benchmarks/bench_model.py runs the same.)"
                  ).set_defaults(func=_cmd_bench_model)
     _add_command(bsub, "attention", rest("attention"), full("bench", "attention"),
                  help="the attention-op benchmark, ours vs SDPA, FlexAttention and gather-SDPA "
                       "(GPU)",
-                 description="Same as examples/benchmarks/bench_attention.py; "
-                             "`bench attention -- --help` lists its options."
+                 description="`bench attention -- --help` lists its options (a checkout's "
+                             "examples/benchmarks/bench_attention.py runs the same)."
                  ).set_defaults(func=_cmd_bench_attention)
     _add_command(bsub, "cpu", rest("CPU"), full("bench", "cpu"),
                  help="the PyTorch path vs causal SDPA on CPU, side by side",
@@ -502,10 +502,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             argv, rest = argv[:i + 1], argv[i + 1:]
             break
     parser = build_parser(only=_command_of(argv))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     if rest is not None:
         args.rest = rest
-    # The subcommand's own parser gives errors its usage line.
+    # The subcommand's own parser gives errors its usage line (an unknown option too).
     sub_parser = parser
     for action in parser._subparsers._group_actions:  # noqa: SLF001 - argparse has no public way
         if args.command in action.choices:
@@ -513,6 +513,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.command == "bench":
                 for a in sub_parser._subparsers._group_actions:  # noqa: SLF001
                     sub_parser = a.choices[args.bench_command]
+    if unknown:
+        sub_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # parsed: now the library loads (torch, Transformers; it registers hilbert_dilated, also
     # where the package's __init__ defers that while the command parses its arguments)
     from hf_hilbert_attn import ATTN_IMPLEMENTATION  # noqa: F401

@@ -164,10 +164,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=positive_int, default=8)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, …")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    p.add_argument("--out-dir", default=results_dir("eval"),
-                   help="where results.md/.csv and PNGs go (default %(default)s); results.csv "
-                        "is written after every cell, and a rerun with the same settings "
-                        "resumes from it")
+    p.add_argument("--out-dir", default=None,
+                   help=f"where results.md/.csv and PNGs go (default {results_dir('eval')}/"
+                        "<the model folder's name, or builtin>); results.csv is written after "
+                        "every cell, and a rerun with the same settings resumes from it")
     p.add_argument("--fresh", action="store_true",
                    help="discard OUT_DIR/results.csv instead of resuming from it")
     p.add_argument("--sp-size", type=positive_int, default=1,
@@ -237,7 +237,7 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
                                     "one document)")
     p.add_argument("--methods", default=str(QUALITY_METHODS),
                    help="YAML list of methods: label, attn_implementation (sdpa | "
-                        "hilbert_dilated), pattern (configs/ name, YAML path or inline dict); "
+                        "hilbert_dilated), pattern (a shipped name, YAML path or inline dict); "
                         "default: the packaged quality_study.yaml")
     p.add_argument("--methods-filter", nargs="+", default=[], metavar="LABEL",
                    help="run only these labels (shell globs, e.g. 'seg*' sdpa)")

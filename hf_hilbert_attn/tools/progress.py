@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from typing import Iterable, Optional, TextIO
+from typing import Iterable, Optional, Sequence, TextIO
 
 __all__ = ["progress_bar", "stage", "is_terminal", "interval_seconds", "format_seconds",
            "LineProgress", "INTERVAL_ENV"]
@@ -112,20 +112,25 @@ class LineProgress(_Null):
 
     A line when it starts, one when it closes, and in between at most one every ``interval``
     seconds: on :meth:`update`, or from a timer thread while one step runs longer than that.
-    A line: ``DESC: N/TOTAL UNIT (POSTFIX), ELAPSED elapsed, ~LEFT left``.
+    A line: ``DESC: N/TOTAL UNIT (POSTFIX), ELAPSED elapsed, ~LEFT left``. ``weights``: each
+    step's expected cost (``total`` of them; e.g. a benchmark's lengths squared): the time left
+    is the finished steps' seconds per unit of cost times the cost to come, not an average step.
     """
 
     def __init__(self, iterable: Optional[Iterable] = None, *, total: Optional[int] = None,
                  desc: str = "", unit: str = "it", stream: Optional[TextIO] = None,
-                 interval: Optional[float] = None, **_tqdm_kwargs):
+                 interval: Optional[float] = None, weights: Optional[Sequence[float]] = None,
+                 **_tqdm_kwargs):
         super().__init__(iterable)
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)
-        self.total, self.desc, self.unit = total, desc, unit
+        if weights is not None and (len(weights) != total or min(weights, default=1) <= 0):
+            raise ValueError(f"weights must be {total} positive numbers, got {weights}")
+        self.total, self.desc, self.unit, self.weights = total, desc, unit, weights
         self.stream = sys.stderr if stream is None else stream
         self.interval = interval_seconds() if interval is None else float(interval)
         self.postfix = ""
-        self.t0 = self.last = time.monotonic()
+        self.t0 = self.last = self.stepped = time.monotonic()  # (stepped: the last update)
         self._lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -150,8 +155,16 @@ class LineProgress(_Null):
             text += f" ({self.postfix})"
         text += f", {format_seconds(elapsed)} elapsed"
         if self.total and 0 < self.n < self.total:
-            text += f", ~{format_seconds(elapsed / self.n * (self.total - self.n))} left"
+            text += f", ~{format_seconds(self._left(elapsed))} left"
         return text
+
+    def _left(self, elapsed: float) -> float:
+        if self.weights is None:
+            return elapsed / self.n * (self.total - self.n)
+        done, now = sum(self.weights[:self.n]), self.stepped - self.t0
+        rate = now / done  # seconds per unit of cost, over the finished steps
+        after = rate * sum(self.weights[self.n + 1:])  # the steps after the running one
+        return max(rate * self.weights[self.n] - (elapsed - now), 0.0) + after
 
     def _maybe_emit(self) -> None:
         with self._lock:
@@ -168,6 +181,7 @@ class LineProgress(_Null):
     # -- tqdm's interface
     def update(self, n: int = 1) -> None:
         self.n += n
+        self.stepped = time.monotonic()
         self._maybe_emit()
 
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
@@ -202,14 +216,15 @@ class LineProgress(_Null):
 def progress_bar(iterable: Optional[Iterable] = None, *, desc: str = "",
                  total: Optional[int] = None, unit: str = "it", disable: bool = False,
                  leave: Optional[bool] = None, stream: Optional[TextIO] = None,
-                 terminal_bar: bool = True, **tqdm_kwargs):
+                 terminal_bar: bool = True, weights: Optional[Sequence[float]] = None,
+                 **tqdm_kwargs):
     """A progress bar for one stage of a long command, with tqdm's arguments.
 
     ``disable``: no output at all (``--no-progress``, a non-zero rank). Otherwise, stderr (or
     ``stream``) a terminal: a tqdm bar (``leave``, unless None, and the other keywords go to
     tqdm; with
     ``terminal_bar=False`` none, for a command whose own lines show progress there); not a
-    terminal: a :class:`LineProgress`.
+    terminal: a :class:`LineProgress` (``weights``: its steps' costs, for the time left).
     """
     stream = sys.stderr if stream is None else stream
     if disable:
@@ -224,4 +239,5 @@ def progress_bar(iterable: Optional[Iterable] = None, *, desc: str = "",
         # (disable=False: a terminal of ours draws, whatever TQDM_DISABLE says for others')
         return tqdm(iterable, desc=desc, total=total, unit=unit, file=stream, disable=False,
                     **tqdm_kwargs)
-    return LineProgress(iterable, total=total, desc=desc, unit=unit, stream=stream)
+    return LineProgress(iterable, total=total, desc=desc, unit=unit, stream=stream,
+                        weights=weights)

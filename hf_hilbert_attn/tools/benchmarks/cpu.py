@@ -4,7 +4,9 @@ Per (shape, length) the implementations run interleaved (SDPA, then each pattern
 and each reports its median, so a load that comes and goes on a shared machine hits all of
 them alike. ``fwd_ratio`` is SDPA's time over ours (above 1: ours is faster); ``fwdbwd_*``
 time forward + backward of ``<out, dout>``. ``--model`` adds a tiny Llama's forward with
-``attn_implementation="hilbert_dilated"`` vs ``"sdpa"`` (random weights).
+``attn_implementation="hilbert_dilated"`` vs ``"sdpa"`` (random weights). The defaults (two
+shapes, 1K-16K, two patterns) take about 3 minutes on 2 cores; a step's time grows with its
+length squared (32K alone: about 10 more).
 
     hf-hilbert-attn bench cpu --lengths 1K 4K 8K 16K 32K --backward
     python -m hf_hilbert_attn.tools.benchmarks.cpu --lengths 4K 8K --shapes 9/3x64 --repeats 5
@@ -51,7 +53,8 @@ def _size(text: str) -> int:
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", nargs="+", type=_size,
-                   default=[_size(x) for x in ("1K", "4K", "8K", "16K", "32K")])
+                   default=[_size(x) for x in ("1K", "4K", "8K", "16K")],
+                   help="sequence lengths (default 1K 4K 8K 16K)")
     p.add_argument("--shapes", nargs="+", type=parse_shape,
                    default=[parse_shape(s) for s in SHAPES],
                    help="Hq/HkvxD (default 9/3x64 32/8x128)")
@@ -67,6 +70,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default=results_dir("bench_cpu"),
                    help="folder for the CSV and Markdown (default %(default)s)")
     p.add_argument("--tag", default="", help="suffix for the output file names")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -113,16 +117,19 @@ def _attention_fns(q, k, v, patterns, backward: bool):
     return fwd, {name: step(f) for name, f in impls.items()}
 
 
-def _progress(total: int, what: str):
-    """Lines on a stderr that is not a terminal (each row's own line shows progress there)."""
-    return progress_bar(total=total, desc=f"bench cpu ({what})", unit="steps",
-                        terminal_bar=False)
+def _progress(args, costs: list, what: str):
+    """Lines on a stderr that is not a terminal (each row's own line shows progress there);
+    the time left weighs each step by its cost (``costs``: a step's length squared times its
+    heads and head size), not as an average step."""
+    return progress_bar(total=len(costs), desc=f"bench cpu ({what})", unit="steps",
+                        terminal_bar=False, weights=costs, disable=args.no_progress)
 
 
 def bench_attention(args, patterns) -> List[dict]:
     dtype = getattr(torch, args.dtype)
     rows = []
-    with _progress(len(args.shapes) * len(args.lengths), "attention") as bar:
+    costs = [s * s * hq * d for hq, _, d in args.shapes for s in args.lengths]
+    with _progress(args, costs, "attention") as bar:
         for hq, hkv, d in args.shapes:
             for s in args.lengths:
                 bar.set_postfix_str(f"running {hq}/{hkv}x{d} at {C.fmt_size(s)}"
@@ -156,7 +163,7 @@ def bench_model(args, patterns) -> List[dict]:
     import hf_hilbert_attn
 
     rows = []
-    with _progress(len(args.lengths), "tiny Llama forward") as bar:
+    with _progress(args, [s * s for s in args.lengths], "tiny Llama forward") as bar:
         for s in args.lengths:
             bar.set_postfix_str(f"running {C.fmt_size(s)} tokens")
             cfg = LlamaConfig(vocab_size=1024, hidden_size=576, intermediate_size=1536,
@@ -213,7 +220,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Li
     rows = bench_attention(args, patterns)
     if args.model:
         rows += bench_model(args, patterns)
-    paths = C.output_paths(args.out, "cpu", "cpu", args.tag)
+    # named by the thread count, as the GPU benchmarks by the card: other counts, other files
+    name = f"cpu_{torch.get_num_threads()}threads" + (f"_{C.sanitize(args.tag)}" * bool(args.tag))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    paths = {"csv": Path(args.out) / f"{name}.csv"}
+    replaced = paths["csv"].exists()
     C.write_csv(rows, paths["csv"])
     for r in rows:
         r["length_s"] = C.fmt_size(r["length"])
@@ -225,7 +236,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Li
     md = paths["csv"].with_suffix(".md")
     md.write_text(table)
     print(table)
-    print(f"wrote {paths['csv']} and {md}")
+    print(f"wrote {paths['csv']} and {md}" + (" (replacing an earlier run's: --tag keeps both)"
+                                              if replaced else ""))
     return rows
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import statistics
 import time
 from pathlib import Path
@@ -197,7 +198,7 @@ def run_benchmark(args) -> Dict:
                     if not args.quiet:
                         print(f"{method} {kind} context {context}: {r['status']}, "
                               f"{r['ms_per_token']:.4g} ms per token, peak "
-                              f"{r['peak_mem_gib']:.4g} GiB", flush=True)
+                              f"{_peak(r['peak_mem_gib'])}", flush=True)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"bench_generate_{args.preset}_{device_tag(device)}"
@@ -247,12 +248,17 @@ def _sdpa_backends(method: str):
                         SDPBackend.MATH])
 
 
+def _peak(gib: float) -> str:
+    """Peak GPU memory as printed; NaN in the CSV (a CPU, a run that failed): not measured."""
+    return "not measured" if math.isnan(gib) else f"{gib:.4g} GiB"
+
+
 def _markdown(rows, preset, gpu, label, pattern) -> str:
     from .report import markdown_table
 
     body = [[r["method"], r["cache"], r["context"], r["status"], r["ms_per_token"],
-             r["prefill_tokens_per_s"], r["peak_mem_gib"], r["cache_gib"], r["stored_tokens"]]
-            for r in rows]
+             r["prefill_tokens_per_s"], "–" if math.isnan(r["peak_mem_gib"]) else
+             r["peak_mem_gib"], r["cache_gib"], r["stored_tokens"]] for r in rows]
     return (f"# bench_generate ({preset}) on {gpu}: generate() after a long context\n\n"
             f"hilbert_dilated:{label} ({pattern}); prefill in chunks of {rows[0]['prefill_chunk']}"
             f" tokens, then {rows[0]['new_tokens']} greedy tokens; `pattern` = PatternCache, "

@@ -528,6 +528,9 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(str(e))
     print(res["markdown"])
     print(f"wrote {', '.join(str(v) for v in res['files'].values())}")
+    tuned = Path(args.report_only or args.out) / "finetune"
+    if tuned.is_dir():  # (a model per fine-tuned method: often the most disk of the study)
+        print(f"fine-tuned models: {tuned}/<label>/final (delete them when done)")
     return 1 if res.get("errors") else 0
 
 

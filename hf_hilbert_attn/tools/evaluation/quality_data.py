@@ -61,7 +61,7 @@ def load_methods(spec, base_dir: Optional[Path] = None) -> List[QualityMethod]:
 
     Each entry: ``label`` (letters, digits, ``_ . + -``; unique), ``attn_implementation``
     (``sdpa`` or ``hilbert_dilated``; default ``hilbert_dilated`` when a pattern is given, else
-    ``sdpa``) and, for hilbert_dilated, ``pattern``: a ``configs/`` name (``default``,
+    ``sdpa``) and, for hilbert_dilated, ``pattern``: a shipped pattern name (``default``,
     ``longnet_lm``, ...), a YAML path (relative paths are tried from the current directory, then
     from the methods file's), or an inline dict with ``segment_lengths``, ``dilation_rates`` and
     optionally ``query_dilation``, ``sink_tokens``, ``window``, ``ordering``.
@@ -126,7 +126,7 @@ def _method(entry, at: str, seen: set, base_dir: Optional[Path]) -> QualityMetho
             raise StudyError(f"{at}: sdpa takes no pattern (it is the dense control)")
         return QualityMethod(label, impl)
     if spec_p is None:
-        raise StudyError(f"{at}: hilbert_dilated needs a pattern (a configs/ name, a YAML "
+        raise StudyError(f"{at}: hilbert_dilated needs a pattern (a shipped name, a YAML "
                          f"path or an inline dict)")
     try:
         if isinstance(spec_p, dict):

@@ -70,7 +70,7 @@ class EvalConfig:
     max_new_tokens: int = 8
     device: str = "auto"
     dtype: str = "auto"
-    out_dir: str = results_dir("eval")
+    out_dir: Optional[str] = None  # default: hf_hilbert_results/eval/<the model folder's name>
     sp_size: int = 1
     seed: int = 0
     plots: bool = True
@@ -93,6 +93,9 @@ class EvalConfig:
                                  and "ruler" in c.tasks else c.lengths)
         if c.ppl_tokens is None:
             c.ppl_tokens = 4 * max(c.lengths)
+        if c.out_dir is None:  # a folder per model: another model's eval never meets its results
+            name = Path(c.model).resolve().name if c.model else "builtin"
+            c.out_dir = f"{results_dir('eval')}/{name}"
         return c
 
 
@@ -428,7 +431,8 @@ class _Results:
     def _previous(self) -> List[Dict]:
         if not self.settings_path.exists():
             raise InputError(f"{self.out} has a results.csv but no eval_settings.json (an "
-                             f"older run?): use --fresh to start over, or another --out-dir")
+                             f"older run?): use --fresh (fresh=True) to start over, or another "
+                             f"--out-dir (out_dir=)")
         old = json.loads(self.settings_path.read_text())
         diff = [f"{k}: {old.get(k)!r} -> {self.settings[k]!r}" for k in _VALUE_SETTINGS
                 if old.get(k) != self.settings[k]]
@@ -436,7 +440,8 @@ class _Results:
                  if label in old.get("methods", {}) and old["methods"][label] != pat]
         if diff:
             raise InputError(f"{self.out} holds results of other settings ({'; '.join(diff)}): "
-                             f"use --fresh to start over, or another --out-dir")
+                             f"use --fresh (fresh=True) to start over, or another --out-dir "
+                             f"(out_dir=)")
         return report.read_eval_csv(self.csv)
 
     def add(self, rows: List[Dict]) -> None:

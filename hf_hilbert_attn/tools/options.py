@@ -240,7 +240,9 @@ def add_quality_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
                         "hilbert_dilated), pattern (a shipped name, YAML path or inline dict); "
                         "default: the packaged quality_study.yaml")
     p.add_argument("--methods-filter", nargs="+", default=[], metavar="LABEL",
-                   help="run only these labels (shell globs, e.g. 'seg*' sdpa)")
+                   help="run only these labels (shell globs, e.g. 'seg*' sdpa); in the "
+                        "packaged study, label 'default' is the pattern the study replaced, and "
+                        "the shipped default pattern is 'slide2k_sink1'")
     p.add_argument("--out", default=results_dir("quality"),
                    help="output directory (default %(default)s)")
     p.add_argument("--lengths", nargs="+", type=length, default=[1024, 2048, 4096, 8192],

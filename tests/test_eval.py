@@ -337,6 +337,23 @@ def test_bench_model_compiled_layers_same_loss(tmp_path):
 
 
 # ----------------------------------------------------------------------------- sequence parallel
+def test_sequence_parallel_size_that_does_not_divide_the_processes_is_one_line(tmp_path):
+    # every rank of `torchrun --nproc_per_node 2 ... --sp-size 3` said so in a traceback
+    import torch.distributed as dist
+
+    from hf_hilbert_attn.tools.evaluation import runner
+    from hf_hilbert_attn.tools.evaluation._args import InputError
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises(InputError, match=r"^--sp-size 3 must divide the number of "
+                                             r"processes \(1\)$"):
+            runner._topology(EvalConfig(sp_size=3), torch.device("cpu"), [])
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.multiprocess
 def test_sequence_parallel_perplexity_equals_single_process(tmp_path):
     import os

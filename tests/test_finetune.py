@@ -397,6 +397,9 @@ def test_finetune_arguments_inline_pattern_aliases_and_defaults():
     (["--model", "/nonexistent"], "--model /nonexistent: path not found"),
     (["--data", "/no/such/dir"], "--data /no/such/dir: path not found"),
     (["--pattern", "8,16:1,32"], r"dilation_rates\[1\] must be <= segment_lengths\[1\]"),
+    # one process (`accelerate launch --num_processes 2` without --multi_gpu): how to launch
+    (["--sp-size", "2"], r"--sp-size 2 must divide the number of processes \(1\); start it "
+                         r"with `torchrun --nproc_per_node N` or `accelerate launch --multi_gpu"),
 ])
 def test_finetune_bad_inputs_are_one_line(extra, message, capsys):
     import re

@@ -95,7 +95,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local model path (default: a tiny built-in Llama)")
     p.add_argument("--model-preset", choices=("1b",), default=None,
                    help="random-initialised model of a preset shape instead of --model "
-                   "(1b: Llama-3.2-1B shape, the one of examples/benchmarks/bench_model.py)")
+                   "(1b: Llama-3.2-1B shape, the one of `hf-hilbert-attn bench model --preset 1b`)")
     p.add_argument("--loss-chunk", type=int, default=0,
                    help="cross-entropy over N positions at a time from the final hidden states "
                    "(the [S, vocab] logits are never whole); 0: the model's own loss")
@@ -142,7 +142,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=100)
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (0: never)")
     p.add_argument("--log-every", type=int, default=1)
-    p.add_argument("--output-dir", default="runs/finetune")
+    p.add_argument("--output-dir", default="runs/finetune",
+                   help="checkpoints and the final model (default %(default)s)")
     p.add_argument("--resume", default=None, help="'latest' or a checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
@@ -185,7 +186,9 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
                                 f"downloaded)")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.sp_size is not None and (args.sp_size < 1 or world % args.sp_size):
-        p.error(f"--sp-size {args.sp_size} must divide the number of processes ({world})")
+        p.error(f"--sp-size {args.sp_size} must divide the number of processes ({world})" + (
+            "; start it with `torchrun --nproc_per_node N` or `accelerate launch --multi_gpu "
+            "--num_processes N` (the flag also on CPUs)" if world == 1 else ""))
     for flag in ("batch_size", "max_steps", "log_every"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")

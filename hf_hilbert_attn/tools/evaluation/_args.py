@@ -183,8 +183,9 @@ def _resolve_pattern(spec: str) -> Tuple[str, DilatedPattern]:
         w_text, r_text, *options = spec.split(":")
         label = "_".join([w_text + "_r" + r_text] + options).replace(",", "-").replace("=", "")
         return label, pattern
+    builtin = sorted(set(BUILTIN_PATTERNS) - set(patterns.names()))  # ('dense' is both)
     raise ValueError(
         f"unknown pattern {spec!r}: give a .yaml file, a shipped pattern name "
-        f"{patterns.names()}, a built-in name {sorted(BUILTIN_PATTERNS)}, or an inline "
+        f"{patterns.names()}, a built-in name {builtin}, or an inline "
         f"{patterns.INLINE_FORM}"
     )

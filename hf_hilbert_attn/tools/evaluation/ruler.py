@@ -280,7 +280,8 @@ class RulerGenerator:
                 continue
             at = full.find(s.strip(), pos)
             if at < 0:
-                raise ValueError(f"answer item {s!r} not found in the decoded answer {full!r}")
+                raise ValueError(f"answer item {s!r} not found in the decoded answer {full!r}: "
+                                 f"the tokenizer must decode tokens back to their text")
             b, e = at, at + len(s.strip())
             t0 = next(t for t, end in enumerate(ends) if end > b)
             t1 = next(t for t, end in enumerate(ends) if end >= e) + 1

@@ -301,6 +301,9 @@ def _topology(cfg: EvalConfig, device, notes: List[str]):
                          f"--num_processes N` (the flag also on CPUs)")
     from hf_hilbert_attn.integrations.accelerate import sequence_parallel_topology
 
+    world = torch.distributed.get_world_size()
+    if world % cfg.sp_size:  # (every rank says so in one line, not a traceback)
+        raise InputError(f"--sp-size {cfg.sp_size} must divide the number of processes ({world})")
     topo = sequence_parallel_topology(None, cfg.sp_size)
     notes.append(f"hilbert_dilated perplexity windows sharded over {cfg.sp_size} ranks (ring "
                  f"attention); sdpa and passkey (generate) run unsharded on every rank")

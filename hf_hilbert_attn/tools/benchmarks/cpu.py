@@ -221,11 +221,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Li
     if args.model:
         rows += bench_model(args, patterns)
     # named by the thread count, as the GPU benchmarks by the card: other counts, other files
-    name = f"cpu_{torch.get_num_threads()}threads" + (f"_{C.sanitize(args.tag)}" * bool(args.tag))
+    tag = "_" + C.sanitize(args.tag) if args.tag else ""
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    paths = {"csv": Path(args.out) / f"{name}.csv"}
-    replaced = paths["csv"].exists()
-    C.write_csv(rows, paths["csv"])
+    csv_path = Path(args.out) / f"cpu_{torch.get_num_threads()}threads{tag}.csv"
+    replaced = csv_path.exists()
+    C.write_csv(rows, csv_path)
     for r in rows:
         r["length_s"] = C.fmt_size(r["length"])
     cols = [c for c in COLUMNS if any(c[1] in r for r in rows)]
@@ -233,11 +233,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> Li
              f"{torch.get_num_threads()} threads, median of {args.repeats} interleaved runs; "
              f"×SDPA = SDPA time / ours (above 1: ours faster).\n\n"
              + C.markdown_table(rows, cols) + "\n")
-    md = paths["csv"].with_suffix(".md")
+    md = csv_path.with_suffix(".md")
     md.write_text(table)
     print(table)
-    print(f"wrote {paths['csv']} and {md}" + (" (replacing an earlier run's: --tag keeps both)"
-                                              if replaced else ""))
+    print(f"wrote {csv_path} and {md}" + (" (replacing an earlier run's: --tag keeps both)"
+                                          if replaced else ""))
     return rows
 
 
